@@ -1,0 +1,172 @@
+//! Command-line contract (DESIGN's names). Every flag that has an environment variable says so in --help.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+pub const EXIT_CODES: &str = "\
+Exit codes:
+  0  success; for `wait` and `sweep`: every chosen GPU is clean
+  1  `wait`/`sweep` timed out with memory still held (what holds it is printed), or a target could not be
+     signalled; `kill`: some target was refused or failed
+  2  error: bad arguments or config, no host could be read, or the action was not confirmed";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpusweep",
+    version,
+    about = "Who holds this GPU memory, and is it gone yet?",
+    long_about = "Watches GPU memory on one or many hosts, explains every MiB (which live process holds it, or that \
+                  nobody does), kills leftovers precisely, and re-watches until every GPU reads zero.\n\n\
+                  With no subcommand it opens the terminal UI. Without an NVIDIA driver it still shows holders, \
+                  zombies and /dev/shm; try --demo for a simulated cluster.",
+    after_help = EXIT_CODES
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Args, Clone, Default)]
+pub struct Global {
+    /// Hosts: [user@]host[:port], comma lists, ranges (node[01-16]), @group, `local`, or cmd:COMMAND.
+    /// Repeatable. Default: this host.
+    #[arg(long, global = true, env = "GPUSWEEP_HOSTS", value_delimiter = ';')]
+    pub hosts: Vec<String>,
+    /// File with one host spec per line (# comments).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub hostfile: Option<PathBuf>,
+    /// The simulated cluster (gpu-a warming up, gpu-b after a pkill, gpu-c Blackwell). --hosts picks among them.
+    #[arg(long, global = true)]
+    pub demo: bool,
+    /// Poll interval (e.g. 500ms, 2s). Default 1s.
+    #[arg(long, global = true, env = "GPUSWEEP_INTERVAL", value_name = "DUR")]
+    pub interval: Option<String>,
+    /// Device files that make a process a holder (repeatable). Default /dev/nvidia*.
+    #[arg(long = "device-glob", global = true, value_name = "GLOB")]
+    pub device_globs: Vec<String>,
+    /// Config file. Default $GPUSWEEP_CONFIG or ~/.config/gpusweep/config.toml.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Do not load NVML: judge by holders, zombies and /dev/shm alone.
+    #[arg(long, global = true)]
+    pub no_nvml: bool,
+    /// SSH: learn unknown host keys (like OpenSSH's accept-new). A changed key is always refused.
+    #[arg(long, global = true)]
+    pub accept_new: bool,
+    /// SSH: upload this binary to hosts that have no gpusweep (same architecture only).
+    #[arg(long, global = true)]
+    pub deploy: bool,
+    /// SSH: the command that starts the agent on remote hosts. Default "gpusweep agent".
+    #[arg(
+        long,
+        global = true,
+        value_name = "CMD",
+        env = "GPUSWEEP_REMOTE_COMMAND"
+    )]
+    pub remote_command: Option<String>,
+    /// SSH: the ssh_config file to read. Default ~/.ssh/config.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub ssh_config: Option<PathBuf>,
+    /// SSH: known_hosts file to check (and learn into). Default ~/.ssh/known_hosts (+ /etc/ssh/ssh_known_hosts).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub known_hosts: Option<PathBuf>,
+    /// SSH: private key to try (repeatable), besides ssh-agent and ~/.ssh/id_*.
+    #[arg(long = "identity", short = 'i', global = true, value_name = "FILE")]
+    pub identities: Vec<PathBuf>,
+    /// Seconds to wait for a host's first reading.
+    #[arg(long, global = true, value_name = "SECS")]
+    pub connect_timeout: Option<u64>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// One reading of every host: GPUs, processes, holders, findings. A table, or --json.
+    Snapshot {
+        /// The documented JSON contract instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Block until every chosen GPU is clean. Exit 0 clean, 1 timeout (naming what holds memory), 2 error.
+    Wait {
+        /// GPU indices (0,1,4-7). Default: all.
+        #[arg(long, value_name = "LIST")]
+        gpus: Option<String>,
+        /// Clean means at most this many MiB used. Default 0.
+        #[arg(long, env = "GPUSWEEP_TOLERANCE_MIB", value_name = "MIB")]
+        tolerance: Option<u64>,
+        /// Give up after this long (e.g. 30s). Default: never.
+        #[arg(long, value_name = "DUR")]
+        timeout: Option<String>,
+        /// Poll interval while waiting. Default 100ms.
+        #[arg(long, value_name = "DUR", default_value = "100ms")]
+        poll: String,
+    },
+    /// Signal every holder of the chosen GPUs: TERM, a grace period, KILL; then wait until clean.
+    Sweep {
+        #[arg(long, value_name = "LIST")]
+        gpus: Option<String>,
+        /// Time between TERM and KILL.
+        #[arg(long, value_name = "DUR", default_value = "10s")]
+        grace: String,
+        /// Print the plan and do nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Do not ask (required when stdin is not a terminal).
+        #[arg(long, short = 'y')]
+        yes: bool,
+        /// Do not wait for the GPUs to become clean afterwards.
+        #[arg(long)]
+        no_wait: bool,
+        /// Give up waiting for clean after this long. Default 60s.
+        #[arg(long, value_name = "DUR", default_value = "60s")]
+        timeout: String,
+        #[arg(long, env = "GPUSWEEP_TOLERANCE_MIB", value_name = "MIB")]
+        tolerance: Option<u64>,
+    },
+    /// Signal chosen processes with the same safety as sweep.
+    Kill {
+        /// PIDs on the chosen host.
+        #[arg(required = true)]
+        pids: Vec<u32>,
+        /// The host the PIDs live on (a label as shown by snapshot). Default: the only host.
+        #[arg(long)]
+        host: Option<String>,
+        /// TERM, KILL, INT, HUP, ... or a number.
+        #[arg(long, default_value = "TERM")]
+        signal: String,
+        /// Wait this long for exit, then KILL. Default: do not wait.
+        #[arg(long, value_name = "DUR")]
+        grace: Option<String>,
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+    /// Shared-memory limits per compute capability, and whether a GEMM tile fits.
+    Smem {
+        /// Tile as MxNxK, e.g. 128x256x64.
+        #[arg(long)]
+        tile: Option<String>,
+        /// Element type of A and B.
+        #[arg(long, default_value = "bf16", value_parser = ["bf16", "fp16", "fp8", "fp4", "fp32"])]
+        dtype: String,
+        /// Pipeline stages wanted.
+        #[arg(long, default_value_t = 2)]
+        stages: u64,
+        /// Bytes set aside for the epilogue.
+        #[arg(long, default_value_t = 0)]
+        epilogue: u64,
+        /// Compute capability (e.g. 12.0). Default: the GPUs of the chosen hosts, else every known one.
+        #[arg(long)]
+        cc: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The remote end: JSON snapshots on stdout, one per line; commands on stdin.
+    Agent {
+        /// Which simulated host to serve with --demo.
+        #[arg(long, default_value = "gpu-b")]
+        demo_host: String,
+    },
+}

@@ -1,0 +1,329 @@
+//! Host specs as operators write them: `[user@]host[:port]`, comma lists, cluster ranges (`node[01-16]`,
+//! `gpu-[a-c]`, `n[1,3,5-7]`), `local`, `cmd:COMMAND` (any command that speaks the agent protocol on its
+//! stdio: `kubectl exec`, `docker exec`, a local `gpusweep agent`), and named groups from the config file.
+
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum HostSpec {
+    /// This host, in-process.
+    Local,
+    /// A host of the simulated cluster.
+    Demo(String),
+    Ssh {
+        user: Option<String>,
+        host: String,
+        port: Option<u16>,
+    },
+    /// A local command whose stdio is an agent stream.
+    Command { command: String },
+}
+
+impl HostSpec {
+    /// The name shown for it.
+    pub fn label(&self) -> String {
+        match self {
+            HostSpec::Local => local_hostname(),
+            HostSpec::Demo(n) => n.clone(),
+            HostSpec::Ssh { user, host, port } => {
+                let mut s = String::new();
+                if let Some(u) = user {
+                    s.push_str(u);
+                    s.push('@');
+                }
+                s.push_str(host);
+                if let Some(p) = port {
+                    s.push_str(&format!(":{p}"));
+                }
+                s
+            }
+            HostSpec::Command { command } => {
+                format!("cmd:{}", crate::tui::view::truncate(command, 30))
+            }
+        }
+    }
+}
+
+pub fn local_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// Split on commas that are not inside brackets.
+fn split_top(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut depth = 0i32;
+    let mut cur = String::new();
+    for c in s.chars() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(std::mem::take(&mut cur));
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    out.push(cur);
+    out.into_iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// Most hosts one spec may expand to: a typo like `node[1-999999]` is an error, not a hang.
+pub const MAX_EXPANSION: usize = 10_000;
+
+/// Expand the first bracket range, recursively: `node[01-03]` -> node01 node02 node03 (width kept).
+pub fn expand(s: &str) -> Result<Vec<String>, String> {
+    let Some(open) = s.find('[') else {
+        return Ok(vec![s.to_string()]);
+    };
+    let close = s[open..]
+        .find(']')
+        .map(|i| open + i)
+        .ok_or_else(|| format!("{s:?}: '[' without ']'"))?;
+    let (pre, body, post) = (&s[..open], &s[open + 1..close], &s[close + 1..]);
+    let mut items: Vec<String> = Vec::new();
+    for part in body.split(',') {
+        let part = part.trim();
+        if let Some((a, b)) = part.split_once('-') {
+            if let (Ok(x), Ok(y)) = (a.parse::<u64>(), b.parse::<u64>()) {
+                if y < x {
+                    return Err(format!("{s:?}: range {part} runs backwards"));
+                }
+                if y - x >= MAX_EXPANSION as u64 {
+                    return Err(format!(
+                        "{s:?}: range {part} is larger than {MAX_EXPANSION} hosts"
+                    ));
+                }
+                let width = if a.starts_with('0') { a.len() } else { 0 };
+                items.extend((x..=y).map(|n| format!("{n:0width$}")));
+            } else if a.len() == 1 && b.len() == 1 && a.is_ascii() && b.is_ascii() {
+                let (x, y) = (a.as_bytes()[0], b.as_bytes()[0]);
+                if !(x.is_ascii_alphanumeric() && y.is_ascii_alphanumeric()) || y < x {
+                    return Err(format!("{s:?}: bad range {part}"));
+                }
+                items.extend((x..=y).map(|c| (c as char).to_string()));
+            } else {
+                return Err(format!("{s:?}: bad range {part} (use 01-16 or a-c)"));
+            }
+        } else if !part.is_empty() {
+            items.push(part.to_string());
+        } else {
+            return Err(format!("{s:?}: empty item in brackets"));
+        }
+    }
+    let mut out = Vec::new();
+    for it in items {
+        for rest in expand(post)? {
+            out.push(format!("{pre}{it}{rest}"));
+            if out.len() > MAX_EXPANSION {
+                return Err(format!("{s:?} expands to more than {MAX_EXPANSION} hosts"));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `[user@]host[:port]`, with `[v6addr]:port` for IPv6 literals.
+pub fn parse_one(s: &str) -> Result<HostSpec, String> {
+    if s == "local" {
+        return Ok(HostSpec::Local);
+    }
+    let (user, rest) = match s.rsplit_once('@') {
+        Some((u, r)) if !u.is_empty() => (Some(u.to_string()), r),
+        Some(_) => return Err(format!("{s:?}: empty user before '@'")),
+        None => (None, s),
+    };
+    let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
+        let (h, after) = v6
+            .split_once(']')
+            .ok_or_else(|| format!("{s:?}: '[' without ']'"))?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => Some(
+                p.parse::<u16>()
+                    .map_err(|_| format!("{s:?}: bad port {p:?}"))?,
+            ),
+            None if after.is_empty() => None,
+            None => return Err(format!("{s:?}: junk after ']'")),
+        };
+        (h.to_string(), port)
+    } else if let Some((h, p)) = rest.rsplit_once(':') {
+        (
+            h.to_string(),
+            Some(
+                p.parse::<u16>()
+                    .map_err(|_| format!("{s:?}: bad port {p:?}"))?,
+            ),
+        )
+    } else {
+        (rest.to_string(), None)
+    };
+    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '%');
+    if host.is_empty() || !host.chars().all(ok) || host.starts_with('-') {
+        return Err(format!("{s:?}: {host:?} is not a host name"));
+    }
+    if let Some(u) = &user
+        && (!u
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+            || u.starts_with('-'))
+    {
+        return Err(format!("{s:?}: {u:?} is not a user name"));
+    }
+    Ok(HostSpec::Ssh { user, host, port })
+}
+
+/// Parse every `--hosts` value (and hostfile lines), expanding groups and ranges. Order kept, duplicates dropped.
+pub fn parse_specs(
+    values: &[String],
+    groups: &BTreeMap<String, Vec<String>>,
+) -> Result<Vec<HostSpec>, String> {
+    let mut out: Vec<HostSpec> = Vec::new();
+    let push = |h: HostSpec, out: &mut Vec<HostSpec>| {
+        if !out.contains(&h) {
+            out.push(h);
+        }
+    };
+    for v in values {
+        let v = v.trim();
+        if let Some(cmd) = v.strip_prefix("cmd:") {
+            // A command is taken whole: its commas are its own.
+            if cmd.trim().is_empty() {
+                return Err("cmd: needs a command".into());
+            }
+            push(
+                HostSpec::Command {
+                    command: cmd.trim().to_string(),
+                },
+                &mut out,
+            );
+            continue;
+        }
+        for item in split_top(v) {
+            let name = item.strip_prefix('@').unwrap_or(&item);
+            if let Some(members) = groups.get(name) {
+                for h in parse_specs(members, &BTreeMap::new())? {
+                    push(h, &mut out);
+                }
+                continue;
+            }
+            if item.starts_with('@') {
+                return Err(format!("no group {name:?} in the config file"));
+            }
+            for e in expand(&item)? {
+                push(parse_one(&e)?, &mut out);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A hostfile: one spec per line, `#` comments and blank lines ignored.
+pub fn parse_hostfile(text: &str) -> Vec<String> {
+    text.lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(v: &[HostSpec]) -> Vec<String> {
+        v.iter().map(|h| h.label()).collect()
+    }
+
+    #[test]
+    fn ranges_keep_width_and_letters_work() {
+        assert_eq!(
+            expand("node[01-03]").expect("ok"),
+            ["node01", "node02", "node03"]
+        );
+        assert_eq!(
+            expand("gpu-[a-c]").expect("ok"),
+            ["gpu-a", "gpu-b", "gpu-c"]
+        );
+        assert_eq!(expand("n[1,3,5-6]").expect("ok"), ["n1", "n3", "n5", "n6"]);
+        assert_eq!(
+            expand("r[1-2]n[1-2]").expect("ok"),
+            ["r1n1", "r1n2", "r2n1", "r2n2"]
+        );
+        assert!(expand("n[3-1]").is_err());
+        assert!(expand("n[1-99999999]").is_err());
+        assert!(expand("n[1-").is_err());
+    }
+
+    #[test]
+    fn specs_with_users_ports_lists_and_groups() {
+        let mut g = BTreeMap::new();
+        g.insert("prod".to_string(), vec!["node[1-2]".to_string()]);
+        let v = parse_specs(
+            &[
+                "admin@a:2222,b".into(),
+                "@prod".into(),
+                "prod".into(),
+                "b".into(),
+            ],
+            &g,
+        )
+        .expect("ok");
+        assert_eq!(names(&v), ["admin@a:2222", "b", "node1", "node2"]);
+        assert_eq!(
+            v[0],
+            HostSpec::Ssh {
+                user: Some("admin".into()),
+                host: "a".into(),
+                port: Some(2222)
+            }
+        );
+        assert_eq!(
+            parse_one("[::1]:22").expect("v6"),
+            HostSpec::Ssh {
+                user: None,
+                host: "::1".into(),
+                port: Some(22)
+            }
+        );
+    }
+
+    #[test]
+    fn hostile_specs_are_refused() {
+        assert!(parse_one("a;rm -rf /").is_err());
+        assert!(parse_one("-oProxyCommand=x").is_err());
+        assert!(parse_one("a:notaport").is_err());
+        assert!(parse_one("$(id)@h").is_err());
+        assert!(parse_specs(&["@nope".into()], &BTreeMap::new()).is_err());
+    }
+
+    #[test]
+    fn commands_are_taken_whole() {
+        let v = parse_specs(
+            &["cmd:docker exec a,b gpusweep agent".into()],
+            &BTreeMap::new(),
+        )
+        .expect("ok");
+        assert_eq!(
+            v,
+            vec![HostSpec::Command {
+                command: "docker exec a,b gpusweep agent".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn hostfile_comments() {
+        assert_eq!(
+            parse_hostfile("# nodes\nnode1\n\nnode2 # spare\n"),
+            ["node1", "node2"]
+        );
+    }
+}

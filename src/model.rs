@@ -1,0 +1,272 @@
+//! Plain snapshot types. A snapshot is always whole (never a delta) and every reading that could not be
+//! taken is `None`, rendered as "N/A" — never 0.
+//!
+//! These types are the JSON contract of `gpusweep snapshot --json` and of the agent protocol; fields are only
+//! ever added, never renamed. Bytes are integers.
+
+use serde::{Deserialize, Serialize};
+
+pub const MIB: u64 = 1024 * 1024;
+
+/// Where a host's readings came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceKind {
+    /// In-process NVML + /proc on this host.
+    #[default]
+    Local,
+    /// The deterministic simulated cluster.
+    Demo,
+    /// A remote `gpusweep agent` (over SSH or a local command).
+    Agent,
+    /// Agentless: nvidia-smi CSV and a shell scan of /proc over SSH.
+    Smi,
+}
+
+/// One host at one instant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct HostSnapshot {
+    pub host: String,
+    /// Whole-host error (unreachable, auth failed, agent died). The rest may be from the last good reading.
+    pub error: Option<String>,
+    /// Unix time of the reading, milliseconds.
+    pub taken_at_ms: u64,
+    pub source: SourceKind,
+    /// Why GPUs could not be read at all (for example "no NVIDIA driver: libnvidia-ml.so.1 not found").
+    pub gpu_error: Option<String>,
+    pub driver_version: Option<String>,
+    pub gpus: Vec<Gpu>,
+    /// Processes worth showing: holders, listed processes, zombies, and their ancestors (for the tree).
+    pub processes: Vec<Proc>,
+    pub holders: Vec<Holder>,
+    /// PIDs of processes in state Z (details are in `processes`).
+    pub zombies: Vec<u32>,
+    pub shm: Option<ShmInfo>,
+    /// Processes whose fds could not be read (permissions); they may hold GPUs unseen.
+    pub unreadable_processes: u32,
+    /// True when this reader runs in a child PID namespace (a container): NVML's host PIDs may not be visible.
+    pub in_child_pid_namespace: bool,
+    /// Features this host's source lacks (agentless hosts cannot see shared-memory users, for example).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing_features: Vec<String>,
+    /// Filled by `analyze`; present in JSON output.
+    pub findings: Vec<Finding>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Memory {
+    pub used: Option<u64>,
+    pub total: Option<u64>,
+    pub reserved: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Gpu {
+    pub index: u32,
+    pub uuid: Option<String>,
+    pub name: Option<String>,
+    pub pci_bus_id: Option<String>,
+    /// `/dev/nvidiaN` minor number; holders are matched to GPUs through it.
+    pub minor: Option<u32>,
+    pub memory: Memory,
+    /// Percent.
+    pub utilization: Option<u32>,
+    pub temperature_c: Option<u32>,
+    pub power_mw: Option<u32>,
+    /// "9.0", "12.0".
+    pub compute_capability: Option<String>,
+    pub mig_enabled: Option<bool>,
+    pub persistence_mode: Option<bool>,
+    pub processes: Vec<ListedProcess>,
+    /// This GPU's own error (GpuLost, Unknown...); other GPUs go on.
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessKind {
+    #[default]
+    Compute,
+    Graphics,
+}
+
+/// A PID that NVML lists on a GPU, with the bytes charged to it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct ListedProcess {
+    pub pid: u32,
+    pub used_bytes: Option<u64>,
+    pub kind: ProcessKind,
+    /// Name as the source gave it (nvidia-smi prints "[Not Found]" for a ghost).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// A process as /proc shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Proc {
+    pub pid: u32,
+    pub ppid: u32,
+    /// Session id; a process that is its own session leader is a daemon, not an orphan.
+    pub sid: u32,
+    /// One-letter state from /proc/PID/stat (R, S, D, Z, T...).
+    pub state: char,
+    /// Start time in clock ticks since boot: with the pid, the identity a kill is checked against.
+    pub start_time: u64,
+    /// Unix seconds when it started, when the boot time is known.
+    pub started_at: Option<u64>,
+    pub uid: Option<u32>,
+    pub user: Option<String>,
+    pub comm: String,
+    pub cmdline: String,
+    /// Its fd table could not be read (permissions): whether it holds a GPU is unknown.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fds_unreadable: bool,
+}
+
+impl Proc {
+    /// The command line, or `[comm]` for kernel threads and zombies whose cmdline is gone.
+    pub fn display_cmd(&self) -> String {
+        if self.cmdline.is_empty() {
+            format!("[{}]", self.comm)
+        } else {
+            self.cmdline.clone()
+        }
+    }
+}
+
+/// A live process with a descriptor open on a GPU device file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Holder {
+    pub pid: u32,
+    /// GPU indices whose `/dev/nvidiaN` it has open.
+    pub gpus: Vec<u32>,
+    /// Distinct device files it has open.
+    pub devices: Vec<String>,
+    pub fd_count: u32,
+    /// nvidia-persistenced, nvidia-smi, DCGM, monitors, gpusweep itself: never a leak, never swept.
+    pub benign: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct ShmInfo {
+    /// /dev/shm statvfs, bytes.
+    pub total: Option<u64>,
+    pub used: Option<u64>,
+    pub free: Option<u64>,
+    pub segments: Vec<ShmSegment>,
+    pub shmmax: Option<u64>,
+    pub shmall: Option<u64>,
+    pub shmmni: Option<u64>,
+    pub sysv_segments: Vec<SysvSegment>,
+}
+
+/// A file in /dev/shm whose name marks it as GPU-stack state (nccl-*, torch_*, psm_*, sem.*).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ShmSegment {
+    pub name: String,
+    pub bytes: u64,
+    /// Seconds since last modification.
+    pub age_s: Option<u64>,
+    /// Live PIDs that have it open or mapped; `None` when that could not be checked.
+    pub users: Option<Vec<u32>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SysvSegment {
+    pub shmid: u64,
+    pub bytes: u64,
+    pub creator_pid: u32,
+    pub attached: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FindingKind {
+    Ghost,
+    HiddenHolder,
+    Residual,
+    Orphan,
+    Zombie,
+    ShmLeftover,
+    SmemLimit,
+    /// NVML lists a PID that this PID namespace cannot see (running inside a container).
+    NotVisible,
+}
+
+impl FindingKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FindingKind::Ghost => "ghost",
+            FindingKind::HiddenHolder => "hidden_holder",
+            FindingKind::Residual => "residual",
+            FindingKind::Orphan => "orphan",
+            FindingKind::Zombie => "zombie",
+            FindingKind::ShmLeftover => "shm_leftover",
+            FindingKind::SmemLimit => "smem_limit",
+            FindingKind::NotVisible => "not_visible",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Info,
+    Warning,
+    Leak,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Finding {
+    pub kind: FindingKind,
+    pub severity: Severity,
+    pub host: String,
+    pub gpu: Option<u32>,
+    pub pid: Option<u32>,
+    pub bytes: Option<u64>,
+    /// One line a tired operator understands.
+    pub detail: String,
+    /// What to do about it.
+    pub action: String,
+    /// The process to act on, when it is not `pid` itself (a zombie's parent, a ghost's hidden holder).
+    pub target_pid: Option<u32>,
+}
+
+/// A kill target: a PID is only ever signalled together with the start time it had when it was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Target {
+    pub pid: u32,
+    pub start_time: u64,
+}
+
+/// Format bytes as MiB/GiB for people; `None` is "N/A".
+pub fn fmt_bytes(b: Option<u64>) -> String {
+    match b {
+        None => "N/A".into(),
+        Some(b) if b >= 10 * 1024 * MIB => format!("{:.1} GiB", b as f64 / (1024.0 * MIB as f64)),
+        Some(b) => format!("{} MiB", b / MIB),
+    }
+}
+
+pub fn fmt_opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_else(|| "N/A".into())
+}
+
+impl HostSnapshot {
+    pub fn proc(&self, pid: u32) -> Option<&Proc> {
+        self.processes.iter().find(|p| p.pid == pid)
+    }
+    pub fn holder(&self, pid: u32) -> Option<&Holder> {
+        self.holders.iter().find(|h| h.pid == pid)
+    }
+    pub fn gpu(&self, index: u32) -> Option<&Gpu> {
+        self.gpus.iter().find(|g| g.index == index)
+    }
+}
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

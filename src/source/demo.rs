@@ -1,0 +1,561 @@
+//! The deterministic simulated cluster: anyone can see the product without a GPU, and every test drives it.
+//!
+//! - `gpu-a`: 8 x H200 warming up an EP8 inference server (weights load, then the KV cache is allocated).
+//! - `gpu-b`: 8 x H200 just after a careless `pkill`: an orphaned TP worker still listed on GPU 6, a ghost PID
+//!   on GPU 7 whose context a forked child keeps alive, a zombie whose parent never reaps, nccl leftovers.
+//! - `gpu-c`: 8 x RTX PRO 6000 Blackwell (CC 12.0, 99 KB shared memory per block) serving a small model.
+//!
+//! The state is a pure function of simulated time and the signals received. Killed processes vanish at
+//! once; their memory drains 0.1 s later, as a real H200 did after SIGKILL.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use crate::model::{
+    Gpu, Holder, HostSnapshot, ListedProcess, MIB, Memory, Proc, ProcessKind, ShmInfo, ShmSegment,
+    SourceKind,
+};
+use crate::sweep::{Fate, Outcome, Sig, SignalRequest};
+
+pub const DEMO_HOSTS: &[&str] = &["gpu-a", "gpu-b", "gpu-c"];
+
+/// Simulated time. `Manual` is advanced by tests; `Real` follows the wall clock from creation.
+#[derive(Debug, Clone)]
+pub enum DemoClock {
+    Real(Instant),
+    Manual(Arc<AtomicU64>),
+}
+
+impl DemoClock {
+    pub fn real() -> Self {
+        DemoClock::Real(Instant::now())
+    }
+    pub fn manual(ms: u64) -> (Self, Arc<AtomicU64>) {
+        let a = Arc::new(AtomicU64::new(ms));
+        (DemoClock::Manual(a.clone()), a)
+    }
+    pub fn now_ms(&self) -> u64 {
+        match self {
+            DemoClock::Real(t) => t.elapsed().as_millis() as u64,
+            DemoClock::Manual(a) => a.load(Ordering::SeqCst),
+        }
+    }
+}
+
+/// Unix time the simulated cluster pretends it started at (fixed so snapshots are stable).
+const EPOCH_S: u64 = 1_764_669_600;
+const DRAIN_MS: u64 = 100;
+const H200_TOTAL: u64 = 150_754_820_096;
+const H200_RESERVED: u64 = 644_939_776;
+const PRO6000_TOTAL: u64 = 102_642_237_440;
+const PRO6000_RESERVED: u64 = 503_316_480;
+const GIB: u64 = 1024 * MIB;
+
+#[derive(Debug, Clone)]
+enum Mem {
+    None,
+    Const(u64),
+    /// Weights ramp from 0 to `weights` over [0, load_ms], then the KV cache is taken at `kv_at_ms`.
+    WarmUp {
+        weights: u64,
+        load_ms: u64,
+        kv: u64,
+        kv_at_ms: u64,
+    },
+}
+
+impl Mem {
+    fn at(&self, t: u64) -> u64 {
+        match *self {
+            Mem::None => 0,
+            Mem::Const(b) => b,
+            Mem::WarmUp {
+                weights,
+                load_ms,
+                kv,
+                kv_at_ms,
+            } => {
+                let w = if t >= load_ms {
+                    weights
+                } else {
+                    weights / load_ms.max(1) * t
+                };
+                w + if t >= kv_at_ms { kv } else { 0 }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct SimProc {
+    pid: u32,
+    ppid: u32,
+    sid: u32,
+    state: char,
+    comm: &'static str,
+    cmdline: String,
+    user: &'static str,
+    uid: u32,
+    /// GPUs whose device file it holds.
+    holds: Vec<u32>,
+    /// GPU it is listed on by NVML, with this memory.
+    listed_on: Option<u32>,
+    mem: Mem,
+    benign: bool,
+    killed_at: Option<u64>,
+}
+
+/// Memory NVML keeps charging to a dead PID while `kept_by` lives.
+#[derive(Debug, Clone)]
+struct Ghost {
+    pid: u32,
+    gpu: u32,
+    bytes: u64,
+    kept_by: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct DemoHost {
+    name: String,
+    gpu_name: &'static str,
+    cc: &'static str,
+    total: u64,
+    reserved: u64,
+    procs: Vec<SimProc>,
+    ghosts: Vec<Ghost>,
+    shm: Vec<ShmSegment>,
+    clock: DemoClock,
+}
+
+fn sp(pid: u32, ppid: u32, sid: u32, comm: &'static str, cmdline: &str) -> SimProc {
+    SimProc {
+        pid,
+        ppid,
+        sid,
+        state: 'S',
+        comm,
+        cmdline: cmdline.to_string(),
+        user: "alice",
+        uid: 1000,
+        holds: vec![],
+        listed_on: None,
+        mem: Mem::None,
+        benign: false,
+        killed_at: None,
+    }
+}
+
+fn persistenced() -> SimProc {
+    let mut p = sp(
+        812,
+        1,
+        812,
+        "nvidia-persistenced",
+        "/usr/bin/nvidia-persistenced --user nvidia-persistenced",
+    );
+    p.holds = (0..8).collect();
+    p.benign = true;
+    p.user = "nvidia-persistenced";
+    p.uid = 998;
+    p
+}
+
+impl DemoHost {
+    /// One of the three demo hosts by name ("gpu-a", "gpu-b", "gpu-c"); any other name gets gpu-b's story.
+    pub fn new(name: &str, clock: DemoClock) -> DemoHost {
+        match name {
+            "gpu-a" => Self::warming_up(name, clock),
+            "gpu-c" => Self::blackwell(name, clock),
+            _ => Self::after_pkill(name, clock),
+        }
+    }
+
+    fn base(
+        name: &str,
+        clock: DemoClock,
+        gpu_name: &'static str,
+        cc: &'static str,
+        total: u64,
+        reserved: u64,
+    ) -> Self {
+        DemoHost {
+            name: name.to_string(),
+            gpu_name,
+            cc,
+            total,
+            reserved,
+            procs: vec![persistenced()],
+            ghosts: vec![],
+            shm: vec![],
+            clock,
+        }
+    }
+
+    fn warming_up(name: &str, clock: DemoClock) -> Self {
+        let mut h = Self::base(name, clock, "NVIDIA H200", "9.0", H200_TOTAL, H200_RESERVED);
+        let mut launcher = sp(
+            4100,
+            3980,
+            3980,
+            "python3",
+            "python3 -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 --tp 8 --ep 8 --port 30000",
+        );
+        launcher.holds = vec![];
+        h.procs.push(sp(3980, 1, 3980, "bash", "-bash"));
+        h.procs.push(launcher);
+        for i in 0..8u32 {
+            let mut w = sp(
+                4120 + i,
+                4100,
+                3980,
+                "python3",
+                &format!("sglang::scheduler_TP{i}_EP{i}"),
+            );
+            w.holds = vec![i];
+            w.listed_on = Some(i);
+            // Each rank loads at a slightly different pace, as real ranks do.
+            w.mem = Mem::WarmUp {
+                weights: 84 * GIB + i as u64 * 64 * MIB,
+                load_ms: 40_000 + i as u64 * 1_500,
+                kv: 46 * GIB,
+                kv_at_ms: 55_000 + i as u64 * 700,
+            };
+            h.procs.push(w);
+        }
+        h
+    }
+
+    fn after_pkill(name: &str, clock: DemoClock) -> Self {
+        let mut h = Self::base(name, clock, "NVIDIA H200", "9.0", H200_TOTAL, H200_RESERVED);
+        // The launcher (7000) is gone. TP6 survived and was reparented to PID 1.
+        let mut tp6 = sp(7306, 1, 7000, "python3", "sglang::scheduler_TP6");
+        tp6.holds = vec![6];
+        tp6.listed_on = Some(6);
+        tp6.mem = Mem::Const(71 * GIB + 412 * MIB);
+        h.procs.push(tp6);
+        // TP7 (7307) was killed, but a child it forked inherited the CUDA context: NVML still charges 7307.
+        let mut child = sp(
+            7391,
+            1,
+            7000,
+            "python3",
+            "python3 -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=12)",
+        );
+        child.holds = vec![7];
+        h.procs.push(child);
+        h.ghosts.push(Ghost {
+            pid: 7307,
+            gpu: 7,
+            bytes: 10_640_949_248,
+            kept_by: 7391,
+        });
+        // A benchmark driver that never waits for its finished client.
+        h.procs.push(sp(
+            7340,
+            3900,
+            3900,
+            "bash",
+            "bash run_bench.sh --concurrency 64",
+        ));
+        h.procs.push(sp(3900, 1, 3900, "bash", "-bash"));
+        let mut z = sp(7350, 7340, 3900, "python3", "");
+        z.state = 'Z';
+        h.procs.push(z);
+        h.shm = vec![
+            ShmSegment {
+                name: "nccl-7f3a2c".into(),
+                bytes: 33_554_432,
+                age_s: Some(95),
+                users: Some(vec![]),
+            },
+            ShmSegment {
+                name: "nccl-91bd04".into(),
+                bytes: 33_554_432,
+                age_s: Some(95),
+                users: Some(vec![]),
+            },
+            ShmSegment {
+                name: "torch_7000_2381".into(),
+                bytes: 1_048_576,
+                age_s: Some(97),
+                users: Some(vec![]),
+            },
+        ];
+        h
+    }
+
+    fn blackwell(name: &str, clock: DemoClock) -> Self {
+        let mut h = Self::base(
+            name,
+            clock,
+            "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+            "12.0",
+            PRO6000_TOTAL,
+            PRO6000_RESERVED,
+        );
+        h.procs.push(sp(
+            5200,
+            1,
+            5200,
+            "vllm",
+            "vllm serve Qwen/Qwen3-32B --tensor-parallel-size 4 --port 8000",
+        ));
+        for i in 0..4u32 {
+            let mut w = sp(
+                5210 + i,
+                5200,
+                5200,
+                "python3",
+                &format!("VllmWorker TP{i}"),
+            );
+            w.holds = vec![i];
+            w.listed_on = Some(i);
+            w.mem = Mem::Const(82 * GIB + i as u64 * 16 * MIB);
+            h.procs.push(w);
+        }
+        h
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn alive(p: &SimProc) -> bool {
+        p.killed_at.is_none()
+    }
+
+    /// Memory still charged for a process: live, or killed less than DRAIN_MS ago.
+    fn charged(&self, p: &SimProc, t: u64) -> Option<u64> {
+        let draining = p.killed_at.is_some_and(|k| t < k + DRAIN_MS);
+        (Self::alive(p) || draining).then(|| p.mem.at(t))
+    }
+
+    fn killed_for(&self, pid: u32, t: u64) -> bool {
+        self.procs
+            .iter()
+            .any(|p| p.pid == pid && p.killed_at.is_some_and(|k| t >= k + DRAIN_MS))
+    }
+
+    pub fn snapshot(&self) -> HostSnapshot {
+        let t = self.clock.now_ms();
+        let mut gpus = Vec::new();
+        for i in 0..8u32 {
+            let mut listed = Vec::new();
+            let mut used = 0u64;
+            for p in &self.procs {
+                if p.listed_on == Some(i)
+                    && let Some(b) = self.charged(p, t)
+                {
+                    listed.push(ListedProcess {
+                        pid: p.pid,
+                        used_bytes: Some(b),
+                        kind: ProcessKind::Compute,
+                        name: None,
+                    });
+                    // Context overhead NVML does not charge to the process.
+                    used += b + 10 * MIB;
+                }
+            }
+            for g in self.ghosts.iter().filter(|g| g.gpu == i) {
+                if !self.killed_for(g.kept_by, t) {
+                    listed.push(ListedProcess {
+                        pid: g.pid,
+                        used_bytes: Some(g.bytes),
+                        kind: ProcessKind::Compute,
+                        name: None,
+                    });
+                    used += g.bytes + 9 * MIB;
+                }
+            }
+            let busy = !listed.is_empty() && used > 40 * GIB;
+            let wave = ((t as f64 / 1000.0 + i as f64) * 0.7).sin();
+            let util = if busy && self.name != "gpu-b" {
+                (70.0 + 25.0 * wave) as u32
+            } else {
+                0
+            };
+            gpus.push(Gpu {
+                index: i,
+                uuid: Some(format!(
+                    "GPU-{:08x}-{:04x}-4e0f-9a31-{:012x}",
+                    fnv(&self.name),
+                    i * 0x1111,
+                    0x3cdbbcebd2a0u64 + i as u64
+                )),
+                name: Some(self.gpu_name.to_string()),
+                pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x18 + i * 0x10)),
+                minor: Some(i),
+                memory: Memory {
+                    used: Some(used),
+                    total: Some(self.total),
+                    reserved: Some(self.reserved),
+                },
+                utilization: Some(util),
+                temperature_c: Some(31 + util / 3),
+                power_mw: Some(if self.cc == "12.0" { 38_000 } else { 76_000 } + util * 5_500),
+                compute_capability: Some(self.cc.to_string()),
+                mig_enabled: Some(false),
+                persistence_mode: Some(true),
+                processes: listed,
+                error: None,
+            });
+        }
+        let mut processes = Vec::new();
+        let mut holders = Vec::new();
+        let mut zombies = Vec::new();
+        for p in self.procs.iter().filter(|p| Self::alive(p)) {
+            processes.push(Proc {
+                pid: p.pid,
+                ppid: p.ppid,
+                sid: p.sid,
+                state: p.state,
+                start_time: 10_000 + p.pid as u64 * 3,
+                started_at: Some(EPOCH_S - 600 + p.pid as u64 / 100),
+                uid: Some(p.uid),
+                user: Some(p.user.to_string()),
+                comm: p.comm.to_string(),
+                cmdline: p.cmdline.clone(),
+                fds_unreadable: false,
+            });
+            if p.state == 'Z' {
+                zombies.push(p.pid);
+            }
+            if !p.holds.is_empty() {
+                let mut devices: Vec<String> =
+                    p.holds.iter().map(|g| format!("/dev/nvidia{g}")).collect();
+                devices.push("/dev/nvidia-uvm".into());
+                devices.push("/dev/nvidiactl".into());
+                holders.push(Holder {
+                    pid: p.pid,
+                    gpus: p.holds.clone(),
+                    fd_count: devices.len() as u32 + 20,
+                    devices,
+                    benign: p.benign,
+                });
+            }
+        }
+        processes.sort_by_key(|p| p.pid);
+        holders.sort_by_key(|h| h.pid);
+        HostSnapshot {
+            host: self.name.clone(),
+            error: None,
+            taken_at_ms: EPOCH_S * 1000 + t,
+            source: SourceKind::Demo,
+            gpu_error: None,
+            driver_version: Some("580.159.04".into()),
+            gpus,
+            processes,
+            holders,
+            zombies,
+            shm: Some(ShmInfo {
+                total: Some(128 * GIB),
+                used: Some(self.shm.iter().map(|s| s.bytes).sum()),
+                free: Some(128 * GIB - self.shm.iter().map(|s| s.bytes).sum::<u64>()),
+                segments: self.shm.clone(),
+                shmmax: Some(18_446_744_073_692_774_399),
+                shmall: Some(18_446_744_073_692_774_399),
+                shmmni: Some(4096),
+                sysv_segments: vec![],
+            }),
+            unreadable_processes: 0,
+            in_child_pid_namespace: false,
+            missing_features: vec![],
+            findings: vec![],
+        }
+    }
+
+    /// Signals act on the simulation with the same refusals as real delivery.
+    pub fn signal(&mut self, req: &SignalRequest) -> Vec<Outcome> {
+        let t = self.clock.now_ms();
+        let mut out = Vec::new();
+        for target in &req.targets {
+            let mut o = Outcome {
+                pid: target.pid,
+                start_time: target.start_time,
+                cmdline: target.cmdline.clone(),
+                fate: Fate::AlreadyGone,
+            };
+            if target.pid <= 1 {
+                o.fate = Fate::Refused {
+                    reason: "PID 1 is never signalled".into(),
+                };
+                out.push(o);
+                continue;
+            }
+            let Some(idx) = self
+                .procs
+                .iter()
+                .position(|p| p.pid == target.pid && Self::alive(p))
+            else {
+                out.push(o);
+                continue;
+            };
+            if 10_000 + target.pid as u64 * 3 != target.start_time {
+                o.fate = Fate::Refused {
+                    reason: "PID reused: start time differs".into(),
+                };
+                out.push(o);
+                continue;
+            }
+            let p = &self.procs[idx];
+            o.cmdline = p.cmdline.clone();
+            if p.state == 'Z' {
+                o.fate = Fate::Signalled { signal: req.signal };
+                out.push(o);
+                continue;
+            }
+            if matches!(
+                req.signal,
+                Sig::Kill | Sig::Term | Sig::Int | Sig::Hup | Sig::Quit
+            ) {
+                self.kill_tree(target.pid, t);
+                o.fate = Fate::Exited {
+                    signal: req.signal,
+                    after_ms: 0,
+                };
+            } else {
+                o.fate = Fate::Signalled { signal: req.signal };
+            }
+            out.push(o);
+        }
+        out
+    }
+
+    /// A process dies; a launcher takes its workers with it; its zombie children are reaped by init.
+    fn kill_tree(&mut self, pid: u32, t: u64) {
+        let children: Vec<u32> = self
+            .procs
+            .iter()
+            .filter(|p| p.ppid == pid && Self::alive(p))
+            .map(|p| p.pid)
+            .collect();
+        if let Some(p) = self.procs.iter_mut().find(|p| p.pid == pid) {
+            p.killed_at = Some(t);
+        }
+        for c in children {
+            let zombie = self.procs.iter().any(|p| p.pid == c && p.state == 'Z');
+            if zombie || self.procs.iter().any(|p| p.pid == c && p.comm == "python3") {
+                self.kill_tree(c, t);
+            }
+        }
+    }
+}
+
+fn fnv(s: &str) -> u32 {
+    s.bytes().fold(0x811c9dc5u32, |h, b| {
+        (h ^ b as u32).wrapping_mul(0x01000193)
+    })
+}
+
+impl super::Source for DemoHost {
+    fn host(&self) -> &str {
+        &self.name
+    }
+    fn poll(&mut self) -> anyhow::Result<HostSnapshot> {
+        Ok(self.snapshot())
+    }
+    fn signal(&mut self, req: &SignalRequest) -> Vec<Outcome> {
+        DemoHost::signal(self, req)
+    }
+}

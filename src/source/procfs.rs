@@ -1,0 +1,575 @@
+//! /proc and /dev/shm: processes, holders (fds open on GPU device files), zombies, shared-memory leftovers,
+//! System V limits.
+//!
+//! Reading every fd link of every process is the costly part of a poll (thousands of processes, hundreds of fds
+//! each on a busy node). So each poll reads `/proc/PID/stat` for every process (cheap, and it is how zombies and
+//! reparenting are seen at once), but walks fds only for processes it has not seen before and for known holders.
+//! Everyone else is rescanned on a slower cadence, or sooner when the caller says memory is unexplained.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::CString;
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::model::{Proc, ShmInfo, ShmSegment, SysvSegment};
+
+/// Default device files that make a process a holder.
+pub const DEFAULT_DEVICE_GLOBS: &[&str] = &["/dev/nvidia*"];
+
+/// Names of processes that open GPU device files without holding memory.
+pub const DEFAULT_BENIGN: &[&str] = &[
+    "nvidia-persistenced",
+    "nvidia-smi",
+    "nv-hostengine",
+    "dcgm-exporter",
+    "dcgmi",
+    "nvtop",
+    "nvitop",
+    "gpustat",
+    "all-smi",
+    "gpusweep",
+    "Xorg",
+];
+
+/// Name prefixes in /dev/shm that the GPU stack leaves behind.
+pub const SHM_PATTERNS: &[&str] = &["nccl-", "torch_", "psm_", "sem.", "cuda.shm", "vllm"];
+
+#[derive(Debug, Clone)]
+pub struct ProcfsConfig {
+    pub proc_root: PathBuf,
+    pub shm_dir: PathBuf,
+    pub device_globs: Vec<String>,
+    pub benign: Vec<String>,
+    /// How often every process's fds are walked, at most.
+    pub full_scan_every: Duration,
+    /// How soon a full scan may follow another when memory is unexplained.
+    pub min_full_scan_gap: Duration,
+}
+
+impl Default for ProcfsConfig {
+    fn default() -> Self {
+        ProcfsConfig {
+            proc_root: "/proc".into(),
+            shm_dir: "/dev/shm".into(),
+            device_globs: DEFAULT_DEVICE_GLOBS.iter().map(|s| s.to_string()).collect(),
+            benign: DEFAULT_BENIGN.iter().map(|s| s.to_string()).collect(),
+            full_scan_every: Duration::from_secs(5),
+            min_full_scan_gap: Duration::from_millis(500),
+        }
+    }
+}
+
+/// What one fd walk found for one process.
+#[derive(Debug, Clone, Default)]
+struct FdInfo {
+    devices: Vec<String>,
+    device_fds: u32,
+    shm_open: Vec<String>,
+    readable: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Cached {
+    start_time: u64,
+    fds: FdInfo,
+    cmdline: Option<String>,
+}
+
+/// The raw result of one /proc scan.
+#[derive(Debug, Clone, Default)]
+pub struct ProcTable {
+    /// Every process, keyed by pid (cmdline filled only for those asked for through `fill_details`).
+    pub procs: HashMap<u32, Proc>,
+    /// pid -> (device files, fd count) for every process with a matching device fd open.
+    pub holders: HashMap<u32, (Vec<String>, u32)>,
+    /// PIDs whose fd table could not be read.
+    pub unreadable: HashSet<u32>,
+    /// Whether every process's fds were walked in this scan.
+    pub full: bool,
+    /// /dev/shm paths that each live process has open as an fd.
+    pub shm_open: HashMap<String, Vec<u32>>,
+}
+
+pub struct ProcScanner {
+    cfg: ProcfsConfig,
+    patterns: Vec<glob::Pattern>,
+    cache: HashMap<u32, Cached>,
+    last_full: Option<Instant>,
+    clk_tck: u64,
+    boot_time: Option<u64>,
+    users: HashMap<u32, String>,
+    buf: String,
+    /// Mapped-shm users from the last full scan (mapping outlives the fd).
+    shm_mapped: HashMap<String, Vec<u32>>,
+}
+
+impl ProcScanner {
+    pub fn new(cfg: ProcfsConfig) -> anyhow::Result<Self> {
+        let mut patterns = Vec::new();
+        for g in &cfg.device_globs {
+            patterns.push(
+                glob::Pattern::new(g)
+                    .map_err(|e| anyhow::anyhow!("bad --device-glob {g:?}: {e}"))?,
+            );
+        }
+        // SAFETY: sysconf has no preconditions.
+        let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        let clk_tck = if tck > 0 { tck as u64 } else { 100 };
+        let boot_time = fs::read_to_string(cfg.proc_root.join("stat"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("btime "))
+                    .and_then(|v| v.trim().parse().ok())
+            });
+        Ok(ProcScanner {
+            cfg,
+            patterns,
+            cache: HashMap::new(),
+            last_full: None,
+            clk_tck,
+            boot_time,
+            users: read_passwd(Path::new("/etc/passwd")),
+            buf: String::with_capacity(4096),
+            shm_mapped: HashMap::new(),
+        })
+    }
+
+    pub fn config(&self) -> &ProcfsConfig {
+        &self.cfg
+    }
+
+    /// Scan /proc. `unexplained` asks for a full fd walk sooner (some GPU memory has no live owner);
+    /// `always` names processes whose fds are walked this time whatever the cadence (NVML's listed PIDs).
+    pub fn scan(&mut self, unexplained: bool, always: &HashSet<u32>) -> ProcTable {
+        let now = Instant::now();
+        let full = match self.last_full {
+            None => true,
+            Some(t) => {
+                let since = now.duration_since(t);
+                since >= self.cfg.full_scan_every
+                    || (unexplained && since >= self.cfg.min_full_scan_gap)
+            }
+        };
+        if full {
+            self.last_full = Some(now);
+        }
+        let mut table = ProcTable {
+            full,
+            ..Default::default()
+        };
+        let Ok(dir) = fs::read_dir(&self.cfg.proc_root) else {
+            return table;
+        };
+        let mut seen = HashSet::new();
+        for entry in dir.flatten() {
+            let name = entry.file_name();
+            let Some(pid) = name.to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Some(mut p) = self.read_stat(pid) else {
+                continue;
+            };
+            seen.insert(pid);
+            if p.state == 'Z' {
+                // A zombie has no fds and no memory: nothing more to read.
+                self.cache.remove(&pid);
+                table.procs.insert(pid, p);
+                continue;
+            }
+            let cached = self
+                .cache
+                .get(&pid)
+                .filter(|c| c.start_time == p.start_time);
+            let rescan = match cached {
+                None => true,
+                Some(c) => {
+                    full || !c.fds.devices.is_empty() || !c.fds.readable || always.contains(&pid)
+                }
+            };
+            let fds = if rescan {
+                self.read_fds(pid)
+            } else {
+                cached.map(|c| c.fds.clone()).unwrap_or_default()
+            };
+            let cmdline = cached.and_then(|c| c.cmdline.clone());
+            if !fds.readable {
+                table.unreadable.insert(pid);
+            }
+            if !fds.devices.is_empty() {
+                table
+                    .holders
+                    .insert(pid, (fds.devices.clone(), fds.device_fds));
+            }
+            for s in &fds.shm_open {
+                table.shm_open.entry(s.clone()).or_default().push(pid);
+            }
+            if let Some(c) = &cmdline {
+                p.cmdline = c.clone();
+            }
+            self.cache.insert(
+                pid,
+                Cached {
+                    start_time: p.start_time,
+                    fds,
+                    cmdline,
+                },
+            );
+            table.procs.insert(pid, p);
+        }
+        self.cache.retain(|pid, _| seen.contains(pid));
+        table
+    }
+
+    /// Read cmdline and user for the processes that will be shown (cached per pid and start time).
+    pub fn fill_details(&mut self, table: &mut ProcTable, pids: &HashSet<u32>) {
+        for &pid in pids {
+            let Some(p) = table.procs.get_mut(&pid) else {
+                continue;
+            };
+            if p.cmdline.is_empty() && p.state != 'Z' {
+                let c = read_cmdline(&self.cfg.proc_root.join(pid.to_string()).join("cmdline"));
+                if let Some(entry) = self.cache.get_mut(&pid) {
+                    entry.cmdline = Some(c.clone());
+                }
+                p.cmdline = c;
+            }
+            if let Some(uid) = p.uid {
+                p.user = Some(
+                    self.users
+                        .get(&uid)
+                        .cloned()
+                        .unwrap_or_else(|| uid.to_string()),
+                );
+            }
+        }
+    }
+
+    pub fn is_benign(&self, p: &Proc, self_pid: u32) -> bool {
+        if p.pid == self_pid {
+            return true;
+        }
+        let argv0 = p.cmdline.split(' ').next().unwrap_or("");
+        let base0 = argv0.rsplit('/').next().unwrap_or("");
+        // `python3 /usr/bin/nvitop`: the script is the program.
+        let argv1 = p.cmdline.split(' ').nth(1).unwrap_or("");
+        let base1 = argv1.rsplit('/').next().unwrap_or("");
+        self.cfg
+            .benign
+            .iter()
+            .any(|b| p.comm == *b || base0 == b || (base0.starts_with("python") && base1 == b))
+    }
+
+    fn read_stat(&mut self, pid: u32) -> Option<Proc> {
+        let dir = self.cfg.proc_root.join(pid.to_string());
+        self.buf.clear();
+        fs::File::open(dir.join("stat"))
+            .ok()?
+            .read_to_string(&mut self.buf)
+            .ok()?;
+        let mut p = parse_stat(&self.buf)?;
+        p.started_at = self.boot_time.map(|b| b + p.start_time / self.clk_tck);
+        p.uid = fs::metadata(&dir).ok().map(|m| m.uid());
+        Some(p)
+    }
+
+    fn read_fds(&self, pid: u32) -> FdInfo {
+        let fd_dir = self.cfg.proc_root.join(pid.to_string()).join("fd");
+        let mut info = FdInfo::default();
+        let Ok(dir) = fs::read_dir(&fd_dir) else {
+            return info;
+        };
+        info.readable = true;
+        let shm = self.cfg.shm_dir.as_os_str().as_encoded_bytes();
+        for entry in dir.flatten() {
+            let Ok(target) = fs::read_link(entry.path()) else {
+                continue;
+            };
+            let bytes = target.as_os_str().as_encoded_bytes();
+            // Sockets, pipes and anon inodes are most fds; skip them before any matching.
+            if !bytes.starts_with(b"/") {
+                continue;
+            }
+            if bytes.starts_with(shm) {
+                info.shm_open.push(target.to_string_lossy().into_owned());
+                continue;
+            }
+            if self.patterns.iter().any(|p| p.matches_path(&target)) {
+                info.device_fds += 1;
+                let t = target.to_string_lossy().into_owned();
+                if !info.devices.contains(&t) {
+                    info.devices.push(t);
+                }
+            }
+        }
+        info.devices.sort();
+        info
+    }
+
+    /// Shared-memory state. `table` tells which live processes have segments open; on full scans the maps of
+    /// every process are read too, since NCCL maps a segment and closes its fd.
+    pub fn read_shm(&mut self, table: &ProcTable) -> ShmInfo {
+        let mut info = ShmInfo::default();
+        if let Some((total, free)) = statvfs(&self.cfg.shm_dir) {
+            info.total = Some(total);
+            info.free = Some(free);
+            info.used = Some(total.saturating_sub(free));
+        }
+        let now = std::time::SystemTime::now();
+        let mut names = Vec::new();
+        if let Ok(dir) = fs::read_dir(&self.cfg.shm_dir) {
+            for e in dir.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if !SHM_PATTERNS.iter().any(|p| name.starts_with(p)) {
+                    continue;
+                }
+                let Ok(md) = e.metadata() else { continue };
+                let age_s = md
+                    .modified()
+                    .ok()
+                    .and_then(|m| now.duration_since(m).ok())
+                    .map(|d| d.as_secs());
+                names.push(name.clone());
+                info.segments.push(ShmSegment {
+                    name,
+                    bytes: md.len(),
+                    age_s,
+                    users: None,
+                });
+            }
+        }
+        if table.full && !names.is_empty() {
+            self.shm_mapped = self.read_shm_maps(table);
+        }
+        for seg in &mut info.segments {
+            let path = self
+                .cfg
+                .shm_dir
+                .join(&seg.name)
+                .to_string_lossy()
+                .into_owned();
+            let mut users: Vec<u32> = table.shm_open.get(&path).cloned().unwrap_or_default();
+            if let Some(m) = self.shm_mapped.get(&path) {
+                users.extend(m.iter().copied().filter(|p| table.procs.contains_key(p)));
+            }
+            users.sort_unstable();
+            users.dedup();
+            seg.users = Some(users);
+        }
+        info.segments.sort_by(|a, b| a.name.cmp(&b.name));
+        let sys = self.cfg.proc_root.join("sys/kernel");
+        let read_u64 = |f: &str| {
+            fs::read_to_string(sys.join(f))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+        };
+        info.shmmax = read_u64("shmmax");
+        info.shmall = read_u64("shmall");
+        info.shmmni = read_u64("shmmni");
+        info.sysv_segments = fs::read_to_string(self.cfg.proc_root.join("sysvipc/shm"))
+            .map(|s| parse_sysvipc_shm(&s))
+            .unwrap_or_default();
+        info
+    }
+
+    fn read_shm_maps(&self, table: &ProcTable) -> HashMap<String, Vec<u32>> {
+        let mut out: HashMap<String, Vec<u32>> = HashMap::new();
+        let shm = self.cfg.shm_dir.to_string_lossy().into_owned();
+        for (&pid, p) in &table.procs {
+            if p.state == 'Z' {
+                continue;
+            }
+            let Ok(maps) =
+                fs::read_to_string(self.cfg.proc_root.join(pid.to_string()).join("maps"))
+            else {
+                continue;
+            };
+            for line in maps.lines() {
+                if let Some(i) = line.find(&shm) {
+                    let path = line[i..].trim_end_matches(" (deleted)").to_string();
+                    let v = out.entry(path).or_default();
+                    if !v.contains(&pid) {
+                        v.push(pid);
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Parse `/proc/PID/stat`. The comm may hold spaces and parentheses, so fields are read after the last ')'.
+pub fn parse_stat(s: &str) -> Option<Proc> {
+    let open = s.find('(')?;
+    let close = s.rfind(')')?;
+    let pid = s[..open].trim().parse().ok()?;
+    let comm = s[open + 1..close].to_string();
+    let mut f = s[close + 1..].split_ascii_whitespace();
+    let state = f.next()?.chars().next()?;
+    let ppid = f.next()?.parse().ok()?;
+    let _pgrp = f.next()?;
+    let sid = f.next()?.parse().ok()?;
+    // starttime is field 22; after ')' we have consumed fields 3..=6, so skip 15 more.
+    let start_time = f.nth(15)?.parse().ok()?;
+    Some(Proc {
+        pid,
+        ppid,
+        sid,
+        state,
+        start_time,
+        comm,
+        ..Default::default()
+    })
+}
+
+pub fn read_cmdline(path: &Path) -> String {
+    let Ok(raw) = fs::read(path) else {
+        return String::new();
+    };
+    let mut s: String = String::from_utf8_lossy(&raw).replace('\0', " ");
+    let t = s.trim_end().len();
+    s.truncate(t);
+    s
+}
+
+/// `/proc/sysvipc/shm`: a header line, then key shmid perms size cpid lpid nattch ...
+pub fn parse_sysvipc_shm(s: &str) -> Vec<SysvSegment> {
+    s.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_ascii_whitespace().collect();
+            Some(SysvSegment {
+                shmid: f.get(1)?.parse().ok()?,
+                bytes: f.get(3)?.parse().ok()?,
+                creator_pid: f.get(4)?.parse().ok()?,
+                attached: f.get(6)?.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+fn read_passwd(path: &Path) -> HashMap<u32, String> {
+    fs::read_to_string(path)
+        .map(|s| {
+            s.lines()
+                .filter_map(|l| {
+                    let mut f = l.split(':');
+                    let name = f.next()?;
+                    let uid = f.nth(1)?.parse().ok()?;
+                    Some((uid, name.to_string()))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// (total, available) bytes of a filesystem.
+pub fn statvfs(path: &Path) -> Option<(u64, u64)> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: `st` is plain data written by statvfs; `c` is a valid NUL-terminated path.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c.as_ptr(), &mut st) != 0 {
+            return None;
+        }
+        let frsize = st.f_frsize as u64;
+        Some((st.f_blocks as u64 * frsize, st.f_bavail as u64 * frsize))
+    }
+}
+
+/// The minor number a device file stands for: `/dev/nvidia3` -> 3. Control files (nvidiactl, nvidia-uvm,
+/// nvidia-caps/*) stand for no single GPU.
+pub fn device_minor(path: &str) -> Option<u32> {
+    let base = path.rsplit('/').next()?;
+    let digits = base.strip_prefix("nvidia")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// True when this process lives in a child PID namespace (a container), where NVML's host PIDs are not visible.
+pub fn in_child_pid_namespace(proc_root: &Path) -> bool {
+    fs::read_to_string(proc_root.join("self/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("NSpid:"))
+                .map(|l| l.split_whitespace().count() > 2)
+        })
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_with_spaces_and_parens_in_comm() {
+        let s = "946 (python3 (w) x) S 1 924 924 0 -1 4194560 1 0 0 0 5 3 0 0 20 0 2 0 123456 100 5 18446744073709551615";
+        let p = parse_stat(s).expect("parses");
+        assert_eq!(
+            (p.pid, p.ppid, p.sid, p.state, p.start_time),
+            (946, 1, 924, 'S', 123456)
+        );
+        assert_eq!(p.comm, "python3 (w) x");
+    }
+
+    #[test]
+    fn stat_garbage_is_none() {
+        assert!(parse_stat("").is_none());
+        assert!(parse_stat("12 (x) S").is_none());
+        assert!(parse_stat("x (y) S 1 2 3").is_none());
+    }
+
+    #[test]
+    fn device_minor_maps_only_gpu_files() {
+        assert_eq!(device_minor("/dev/nvidia0"), Some(0));
+        assert_eq!(device_minor("/dev/nvidia7"), Some(7));
+        assert_eq!(device_minor("/tmp/x/nvidia12"), Some(12));
+        assert_eq!(device_minor("/dev/nvidiactl"), None);
+        assert_eq!(device_minor("/dev/nvidia-uvm"), None);
+        assert_eq!(device_minor("/dev/nvidia-caps/nvidia-cap1"), None);
+    }
+
+    #[test]
+    fn sysvipc_parses_rows() {
+        let s = "       key      shmid perms                  size  cpid  lpid nattch   uid   gid  cuid  cgid      atime      dtime      ctime                   rss                  swap\n         0          3  1600                 524288  1234  1240      2     0     0     0     0 1700000000 0 1700000000 524288 0\n";
+        let v = parse_sysvipc_shm(s);
+        assert_eq!(
+            v,
+            vec![SysvSegment {
+                shmid: 3,
+                bytes: 524288,
+                creator_pid: 1234,
+                attached: 2
+            }]
+        );
+    }
+
+    #[test]
+    fn scan_finds_self_with_a_stand_in_device_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dev = dir.path().join("nvidia0");
+        std::fs::write(&dev, b"").expect("write");
+        let _f = std::fs::File::open(&dev).expect("open");
+        let cfg = ProcfsConfig {
+            device_globs: vec![format!("{}/nvidia*", dir.path().display())],
+            ..Default::default()
+        };
+        let mut s = ProcScanner::new(cfg).expect("scanner");
+        let t = s.scan(false, &HashSet::new());
+        let me = std::process::id();
+        let (devs, n) = t.holders.get(&me).expect("we hold the stand-in device");
+        assert_eq!(devs, &vec![dev.to_string_lossy().into_owned()]);
+        assert!(*n >= 1);
+        assert!(t.full);
+        // The next scan reuses the cache but still rescans holders.
+        let t2 = s.scan(false, &HashSet::new());
+        assert!(!t2.full);
+        assert!(t2.holders.contains_key(&me));
+    }
+}
