@@ -33,7 +33,7 @@ pub struct Cli {
 pub struct Global {
     /// Hosts: [user@]host[:port], comma lists, ranges (node[01-16]), @group, `local`, or cmd:COMMAND.
     /// Repeatable. Default: this host.
-    #[arg(long, global = true, env = "GPUSWEEP_HOSTS", value_delimiter = ';')]
+    #[arg(long, global = true, env = "GPUSWEEP_HOSTS")]
     pub hosts: Vec<String>,
     /// File with one host spec per line (# comments).
     #[arg(long, global = true, value_name = "FILE")]

@@ -561,6 +561,14 @@ pub fn plan(snap: &HostSnapshot, gpus: Option<&[u32]>, protected: &HashSet<u32>)
     };
     for g in snap.gpus.iter().filter(|g| chosen(g.index)) {
         for lp in &g.processes {
+            // A ghost's PID is dead or now names an innocent process: never a target.
+            if snap
+                .findings
+                .iter()
+                .any(|f| f.kind == crate::model::FindingKind::Ghost && f.pid == Some(lp.pid))
+            {
+                continue;
+            }
             if snap.holder(lp.pid).is_some_and(|h| h.benign) {
                 plan.skipped
                     .push((lp.pid, "benign (monitor or driver daemon)".into()));

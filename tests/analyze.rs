@@ -1,0 +1,451 @@
+//! Analysis on fixtures, including what a real H200 showed (shared/reference/h200-observations.md).
+
+use std::collections::HashSet;
+
+use gpusweep::analyze::{AnalyzeOptions, GpuState, analyze, analyzed, gpu_state};
+use gpusweep::model::*;
+use gpusweep::sweep::plan;
+use gpusweep::watch::{Scope, Verdict, Watch, verdict};
+
+const H200_TOTAL: u64 = 143_771 * MIB;
+
+fn gpu(index: u32, used_mib: u64, listed: &[(u32, u64)]) -> Gpu {
+    Gpu {
+        index,
+        uuid: Some("GPU-a5b2e79f-a4e0-1241-ebeb-3cdbbcebd2a0".into()),
+        name: Some("NVIDIA H200".into()),
+        minor: Some(index),
+        memory: Memory {
+            used: Some(used_mib * MIB),
+            total: Some(H200_TOTAL),
+            reserved: Some(616 * MIB),
+        },
+        compute_capability: Some("9.0".into()),
+        processes: listed
+            .iter()
+            .map(|&(pid, b)| ListedProcess {
+                pid,
+                used_bytes: Some(b),
+                kind: ProcessKind::Compute,
+                name: None,
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn proc_(pid: u32, ppid: u32, sid: u32, state: char, cmd: &str) -> Proc {
+    Proc {
+        pid,
+        ppid,
+        sid,
+        state,
+        start_time: 1000 + pid as u64,
+        comm: cmd.split(' ').next().unwrap_or("").into(),
+        cmdline: cmd.into(),
+        ..Default::default()
+    }
+}
+
+fn holder(pid: u32, gpus: &[u32]) -> Holder {
+    let mut devices: Vec<String> = gpus.iter().map(|g| format!("/dev/nvidia{g}")).collect();
+    devices.push("/dev/nvidiactl".into());
+    Holder {
+        pid,
+        gpus: gpus.to_vec(),
+        devices,
+        fd_count: 23,
+        benign: false,
+    }
+}
+
+fn host(gpus: Vec<Gpu>, processes: Vec<Proc>, holders: Vec<Holder>) -> HostSnapshot {
+    HostSnapshot {
+        host: "h200".into(),
+        gpus,
+        processes,
+        holders,
+        ..Default::default()
+    }
+}
+
+fn kinds(f: &[Finding]) -> Vec<(FindingKind, Option<u32>, Option<u32>)> {
+    f.iter().map(|f| (f.kind, f.gpu, f.pid)).collect()
+}
+
+/// The real fork leak: NVML charges 10148 MiB to dead pid 924; orphan child 946 holds /dev/nvidia0; 10157 MiB used.
+fn fork_leak() -> HostSnapshot {
+    host(
+        vec![gpu(0, 10157, &[(924, 10_640_949_248)])],
+        vec![proc_(946, 1, 924, 'S', "python3 leak_fork.py")],
+        vec![holder(946, &[0])],
+    )
+}
+
+#[test]
+fn real_fork_leak_is_ghost_hidden_holder_orphan_and_residual() {
+    let snap = analyzed(fork_leak(), &AnalyzeOptions::default());
+    let k = kinds(&snap.findings);
+    assert!(
+        k.contains(&(FindingKind::Ghost, Some(0), Some(924))),
+        "{k:?}"
+    );
+    assert!(
+        k.contains(&(FindingKind::HiddenHolder, Some(0), Some(946))),
+        "{k:?}"
+    );
+    assert!(
+        k.contains(&(FindingKind::Orphan, Some(0), Some(946))),
+        "{k:?}"
+    );
+    let residual = snap
+        .findings
+        .iter()
+        .find(|f| f.kind == FindingKind::Residual)
+        .expect("residual");
+    assert_eq!(
+        residual.bytes,
+        Some(10157 * MIB),
+        "nothing live is charged, so all used memory is residual"
+    );
+    let ghost = snap
+        .findings
+        .iter()
+        .find(|f| f.kind == FindingKind::Ghost)
+        .expect("ghost");
+    assert_eq!(ghost.bytes, Some(10_640_949_248));
+    assert_eq!(
+        ghost.target_pid,
+        Some(946),
+        "the ghost names the process that keeps its memory alive"
+    );
+    assert!(
+        ghost.detail.contains("924") && ghost.detail.contains("946"),
+        "{}",
+        ghost.detail
+    );
+    assert_eq!(
+        gpu_state(&snap, &snap.gpus[0], &AnalyzeOptions::default()),
+        GpuState::Leak
+    );
+    // The plan kills 946, and nothing else (924 is dead).
+    let p = plan(&snap, None, &HashSet::from([1]));
+    assert_eq!(p.items.iter().map(|i| i.pid).collect::<Vec<_>>(), vec![946]);
+    assert_eq!(p.items[0].bytes, Some(10157 * MIB));
+}
+
+#[test]
+fn live_process_charged_20gb_is_in_use_not_a_leak() {
+    // Real: NVML listed pid 510 Used(20640169984) while the GPU read 19692 MiB.
+    let snap = analyzed(
+        host(
+            vec![gpu(0, 19692, &[(510, 20_640_169_984)])],
+            vec![proc_(510, 400, 400, 'S', "python3 hold.py")],
+            vec![holder(510, &[0])],
+        ),
+        &AnalyzeOptions::default(),
+    );
+    assert!(snap.findings.is_empty(), "{:?}", snap.findings);
+    assert_eq!(
+        gpu_state(&snap, &snap.gpus[0], &AnalyzeOptions::default()),
+        GpuState::InUse
+    );
+    let p = plan(&snap, Some(&[0]), &HashSet::new());
+    assert_eq!(p.items.len(), 1);
+    assert_eq!(p.items[0].bytes, Some(20_640_169_984));
+    assert!(p.items[0].why.contains("listed on GPU 0"));
+}
+
+#[test]
+fn zombie_names_its_parent_and_holds_nothing() {
+    // Real: the child 1345 exited and stayed Z under its parent; its 5380 MiB was released.
+    let snap = analyzed(
+        host(
+            vec![gpu(0, 0, &[])],
+            vec![
+                proc_(1300, 1200, 1200, 'S', "python3 parent.py"),
+                proc_(1345, 1300, 1200, 'Z', ""),
+            ],
+            vec![holder(1300, &[0])],
+        )
+        .with_zombies(vec![1345]),
+        &AnalyzeOptions::default(),
+    );
+    let z = snap
+        .findings
+        .iter()
+        .find(|f| f.kind == FindingKind::Zombie)
+        .expect("zombie");
+    assert_eq!(z.pid, Some(1345));
+    assert_eq!(z.target_pid, Some(1300));
+    assert!(z.action.contains("1300") && z.action.contains("killing a zombie does nothing"));
+    assert_eq!(
+        gpu_state(&snap, &snap.gpus[0], &AnalyzeOptions::default()),
+        GpuState::Clean
+    );
+    // A sweep never targets a zombie.
+    assert!(
+        plan(&snap, None, &HashSet::new())
+            .items
+            .iter()
+            .all(|i| i.pid != 1345)
+    );
+}
+
+trait WithZombies {
+    fn with_zombies(self, z: Vec<u32>) -> Self;
+}
+impl WithZombies for HostSnapshot {
+    fn with_zombies(mut self, z: Vec<u32>) -> Self {
+        self.zombies = z;
+        self
+    }
+}
+
+#[test]
+fn reused_pid_is_a_ghost_not_a_live_process() {
+    let snap = analyzed(
+        host(
+            vec![gpu(0, 5000, &[(777, 5000 * MIB)])],
+            vec![proc_(777, 1, 777, 'S', "sshd: alice")],
+            vec![],
+        ),
+        &AnalyzeOptions::default(),
+    );
+    let g = snap
+        .findings
+        .iter()
+        .find(|f| f.kind == FindingKind::Ghost)
+        .expect("ghost");
+    assert!(g.detail.contains("reused"), "{}", g.detail);
+    // And the plan does not kill the innocent process that now has that PID.
+    assert!(plan(&snap, None, &HashSet::new()).items.is_empty());
+}
+
+#[test]
+fn pids_of_another_namespace_are_not_ghosts() {
+    let mut s = host(vec![gpu(0, 5000, &[(4242, 5000 * MIB)])], vec![], vec![]);
+    s.in_child_pid_namespace = true;
+    let f = analyze(&s, &AnalyzeOptions::default());
+    assert_eq!(
+        kinds(&f),
+        vec![(FindingKind::NotVisible, Some(0), Some(4242))]
+    );
+    assert!(f[0].detail.contains("not visible from this PID namespace"));
+}
+
+#[test]
+fn cuinit_only_4mib_with_nothing_listed_is_residual() {
+    let f = analyze(
+        &host(vec![gpu(0, 4, &[])], vec![], vec![]),
+        &AnalyzeOptions::default(),
+    );
+    assert_eq!(kinds(&f), vec![(FindingKind::Residual, Some(0), None)]);
+    assert_eq!(f[0].bytes, Some(4 * MIB));
+    // With a 4 MiB tolerance it is clean.
+    let f = analyze(
+        &host(vec![gpu(0, 4, &[])], vec![], vec![]),
+        &AnalyzeOptions {
+            tolerance: 4 * MIB,
+            ..Default::default()
+        },
+    );
+    assert!(f.is_empty());
+}
+
+#[test]
+fn benign_holders_are_never_leaks_or_targets() {
+    let mut smi = holder(50, &[0]);
+    smi.benign = true;
+    let s = analyzed(
+        host(
+            vec![gpu(0, 300, &[])],
+            vec![proc_(50, 1, 40, 'S', "nvidia-smi -l 5")],
+            vec![smi],
+        ),
+        &AnalyzeOptions::default(),
+    );
+    assert!(
+        s.findings.iter().all(|f| f.pid != Some(50)),
+        "{:?}",
+        s.findings
+    );
+    assert!(plan(&s, None, &HashSet::new()).items.is_empty());
+}
+
+#[test]
+fn idle_holder_with_no_unexplained_memory_is_not_hidden() {
+    // Every NVML user opens /dev/nvidia0; on a clean GPU that is not a leak.
+    let s = analyze(
+        &host(
+            vec![gpu(0, 0, &[])],
+            vec![proc_(60, 55, 55, 'S', "python3 -c import pynvml")],
+            vec![holder(60, &[0])],
+        ),
+        &AnalyzeOptions::default(),
+    );
+    assert!(s.is_empty(), "{s:?}");
+}
+
+#[test]
+fn smem_limit_only_below_hopper() {
+    let mut b = gpu(0, 0, &[]);
+    b.compute_capability = Some("12.0".into());
+    b.name = Some("NVIDIA RTX PRO 6000 Blackwell".into());
+    let f = analyze(
+        &host(vec![b, gpu(1, 0, &[])], vec![], vec![]),
+        &AnalyzeOptions::default(),
+    );
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].kind, FindingKind::SmemLimit);
+    assert!(
+        f[0].detail.contains("99 KB") && f[0].detail.contains("227 KB"),
+        "{}",
+        f[0].detail
+    );
+}
+
+#[test]
+fn shm_leftovers_only_when_nobody_uses_them() {
+    let mut s = host(vec![], vec![], vec![]);
+    s.shm = Some(ShmInfo {
+        segments: vec![
+            ShmSegment {
+                name: "nccl-dead".into(),
+                bytes: 33_554_432,
+                age_s: Some(60),
+                users: Some(vec![]),
+            },
+            ShmSegment {
+                name: "nccl-live".into(),
+                bytes: 33_554_432,
+                age_s: Some(60),
+                users: Some(vec![123]),
+            },
+            ShmSegment {
+                name: "nccl-unknown".into(),
+                bytes: 1,
+                age_s: None,
+                users: None,
+            },
+        ],
+        ..Default::default()
+    });
+    let f = analyze(&s, &AnalyzeOptions::default());
+    assert_eq!(f.len(), 1);
+    assert!(f[0].detail.contains("nccl-dead"));
+    assert_eq!(f[0].action, "rm /dev/shm/nccl-dead");
+}
+
+#[test]
+fn daemons_reparented_to_init_are_not_orphans() {
+    // A service is its own session leader; a worker whose launcher died is not.
+    let s = analyze(
+        &host(
+            vec![gpu(0, 0, &[])],
+            vec![proc_(900, 1, 900, 'S', "tritonserver")],
+            vec![holder(900, &[0])],
+        ),
+        &AnalyzeOptions::default(),
+    );
+    assert!(s.iter().all(|f| f.kind != FindingKind::Orphan));
+}
+
+#[test]
+fn missing_readings_are_none_and_gpu_state_is_unknown() {
+    let mut g = gpu(0, 0, &[]);
+    g.memory.used = None;
+    let s = host(vec![g], vec![], vec![]);
+    assert!(analyze(&s, &AnalyzeOptions::default()).is_empty());
+    assert_eq!(
+        gpu_state(&s, &s.gpus[0], &AnalyzeOptions::default()),
+        GpuState::Unknown
+    );
+    let json = serde_json::to_value(&s).expect("json");
+    assert!(
+        json["gpus"][0]["memory"]["used"].is_null(),
+        "a missing reading is null in JSON, never 0"
+    );
+    assert!(json["gpus"][0]["utilization"].is_null());
+}
+
+#[test]
+fn watch_verdicts_and_timing() {
+    let dirty = analyzed(fork_leak(), &AnalyzeOptions::default());
+    match verdict(&dirty, &Scope::default(), 0) {
+        Verdict::Dirty(why) => assert!(
+            why[0].contains("GPU 0") && why[0].contains("946"),
+            "{why:?}"
+        ),
+        v => panic!("{v:?}"),
+    }
+    let clean = host(vec![gpu(0, 0, &[])], vec![], vec![]);
+    let mut w = Watch::new(vec!["h200".into()], Scope::default(), 0, 1000);
+    assert!(!w.observe(&dirty, 1100));
+    assert!(w.observe(&clean, 1222));
+    assert_eq!(w.took_ms(), Some(222));
+    // Scope: only GPU 1 matters, and GPU 1 is clean.
+    let mut two = fork_leak();
+    two.gpus.push(gpu(1, 0, &[]));
+    assert_eq!(
+        verdict(
+            &two,
+            &Scope {
+                gpus: Some(vec![1])
+            },
+            0
+        ),
+        Verdict::Clean
+    );
+    // No GPU readable: judged by holders alone.
+    let no_gpu = host(
+        vec![],
+        vec![proc_(5, 1, 2, 'S', "x")],
+        vec![holder(5, &[0])],
+    );
+    assert!(matches!(
+        verdict(&no_gpu, &Scope::default(), 0),
+        Verdict::Dirty(_)
+    ));
+    let mut err = clean.clone();
+    err.error = Some("unreachable".into());
+    assert!(matches!(
+        verdict(&err, &Scope::default(), 0),
+        Verdict::Unknown(_)
+    ));
+}
+
+#[test]
+fn json_contract_field_names() {
+    let snap = analyzed(fork_leak(), &AnalyzeOptions::default());
+    let v = serde_json::to_value(&snap).expect("json");
+    for k in [
+        "host",
+        "error",
+        "gpus",
+        "holders",
+        "findings",
+        "zombies",
+        "shm",
+        "processes",
+    ] {
+        assert!(v.get(k).is_some(), "missing {k}");
+    }
+    let g = &v["gpus"][0];
+    for k in [
+        "index",
+        "uuid",
+        "name",
+        "memory",
+        "compute_capability",
+        "processes",
+    ] {
+        assert!(g.get(k).is_some(), "missing gpus[].{k}");
+    }
+    assert_eq!(g["memory"]["used"], serde_json::json!(10157 * MIB));
+    let f = &v["findings"][0];
+    for k in ["kind", "gpu", "pid", "bytes", "detail"] {
+        assert!(f.get(k).is_some(), "missing findings[].{k}");
+    }
+    assert_eq!(f["kind"], "ghost");
+}

@@ -1,0 +1,449 @@
+//! The real binary against real processes (no GPU needed) and the demo cluster.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Env {
+        Env {
+            dir: tempfile::tempdir().expect("tempdir"),
+        }
+    }
+    fn audit(&self) -> PathBuf {
+        self.dir.path().join("actions.jsonl")
+    }
+    fn glob(&self) -> String {
+        format!("{}/nvidia*", self.dir.path().display())
+    }
+    fn device(&self) -> PathBuf {
+        let p = self.dir.path().join("nvidia0");
+        if !p.exists() {
+            std::fs::write(&p, b"").expect("stand-in device");
+        }
+        p
+    }
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_gpusweep"));
+        c.args(args)
+            .env("GPUSWEEP_AUDIT_LOG", self.audit())
+            .env("GPUSWEEP_CONFIG", self.dir.path().join("no-config.toml"))
+            .env_remove("GPUSWEEP_HOSTS")
+            .stdin(Stdio::null());
+        c
+    }
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().expect("run gpusweep")
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn stat_field(pid: u32, n: usize) -> Option<String> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &s[s.rfind(')')? + 2..];
+    after.split_whitespace().nth(n).map(str::to_string)
+}
+
+/// Wait for a condition on real processes, up to a bound (not a sleep-as-synchronisation: it returns as soon
+/// as the condition holds).
+fn await_cond(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A double-forked `sleep` holding `dev` open: its shell exits at once, so it is reparented to PID 1.
+fn orphan_holding(dev: &Path) -> u32 {
+    let out = Command::new("sh")
+        .args(["-c", "sleep 300 <\"$1\" >/dev/null 2>&1 & echo $!", "sh"])
+        .arg(dev)
+        .output()
+        .expect("sh");
+    let pid: u32 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("pid");
+    await_cond("reparenting", || stat_field(pid, 1).as_deref() == Some("1"));
+    pid
+}
+
+fn alive(pid: u32) -> bool {
+    stat_field(pid, 0).is_some_and(|s| s != "Z")
+}
+
+#[test]
+fn orphan_holder_is_found_and_swept_with_yes() {
+    let env = Env::new();
+    let dev = env.device();
+    let pid = orphan_holding(&dev);
+    let glob = env.glob();
+
+    let o = env.run(&["snapshot", "--json", "--no-nvml", "--device-glob", &glob]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let h = &v["hosts"][0];
+    let holder = h["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .find(|x| x["pid"] == pid)
+        .expect("the sleep is a holder");
+    assert_eq!(holder["gpus"], serde_json::json!([0]));
+    let orphan = h["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .find(|f| f["kind"] == "orphan" && f["pid"] == pid);
+    assert!(
+        orphan.is_some(),
+        "orphan finding expected: {}",
+        h["findings"]
+    );
+    assert!(h["error"].is_null());
+
+    let o = env.run(&[
+        "sweep",
+        "--yes",
+        "--no-nvml",
+        "--device-glob",
+        &glob,
+        "--grace",
+        "5s",
+        "--timeout",
+        "10s",
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(
+        t.contains(&format!("{pid} sleep 300: exited after TERM")),
+        "{t}"
+    );
+    assert!(t.contains("clean"), "{t}");
+    assert!(!alive(pid));
+    let log = std::fs::read_to_string(env.audit()).expect("audit log");
+    let line: serde_json::Value =
+        serde_json::from_str(log.lines().last().expect("a line")).expect("json line");
+    assert_eq!(line["pid"], pid);
+    assert_eq!(line["signal"], "TERM");
+    assert_eq!(line["result"], "sent");
+    assert!(
+        line["cmdline"]
+            .as_str()
+            .expect("cmdline")
+            .contains("sleep 300")
+    );
+}
+
+#[test]
+fn zombie_is_found_with_its_parent() {
+    let env = Env::new();
+    // sh forks `true`, then becomes `sleep`, which never reaps it.
+    let mut parent = Command::new("sh")
+        .args(["-c", "true & echo $!; exec sleep 300"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(parent.stdout.take().expect("stdout")),
+        &mut line,
+    )
+    .expect("read");
+    let zpid: u32 = line.trim().parse().expect("pid");
+    await_cond("the zombie", || stat_field(zpid, 0).as_deref() == Some("Z"));
+    let o = env.run(&[
+        "snapshot",
+        "--json",
+        "--no-nvml",
+        "--device-glob",
+        &env.glob(),
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let h = &v["hosts"][0];
+    assert!(
+        h["zombies"]
+            .as_array()
+            .expect("zombies")
+            .contains(&serde_json::json!(zpid))
+    );
+    let f = h["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .find(|f| f["kind"] == "zombie" && f["pid"] == zpid)
+        .expect("zombie finding");
+    assert_eq!(f["target_pid"], parent.id(), "the action is on the parent");
+    let _ = parent.kill();
+    let _ = parent.wait();
+}
+
+#[test]
+fn pid_1_and_ancestors_are_refused_and_no_tty_needs_yes() {
+    let env = Env::new();
+    let o = env.run(&["kill", "1", "--yes", "--no-nvml"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("refused: PID 1 is never signalled"),
+        "{}",
+        text(&o)
+    );
+
+    let me = std::process::id().to_string();
+    let o = env.run(&["kill", &me, "--yes", "--no-nvml", "--signal", "KILL"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("an ancestor of gpusweep is never signalled"),
+        "{}",
+        text(&o)
+    );
+
+    let mut victim = Command::new("sleep").arg("300").spawn().expect("sleep");
+    let o = env.run(&["kill", &victim.id().to_string(), "--no-nvml"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("refusing to signal without --yes"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        victim.try_wait().expect("try_wait").is_none(),
+        "nothing was sent"
+    );
+    let o = env.run(&[
+        "kill",
+        &victim.id().to_string(),
+        "--no-nvml",
+        "--yes",
+        "--signal",
+        "KILL",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let st = victim.wait().expect("wait");
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(9));
+}
+
+#[test]
+fn reused_pid_is_refused_through_the_library() {
+    use gpusweep::sweep::{AuditLog, Fate, Sig, SignalRequest, TargetInfo, deliver};
+    let env = Env::new();
+    let audit = AuditLog {
+        path: Some(env.audit()),
+    };
+    let mut child = Command::new("sleep").arg("300").spawn().expect("sleep");
+    let pid = child.id();
+    let start: u64 = stat_field(pid, 19)
+        .expect("starttime")
+        .parse()
+        .expect("num");
+    // The PID now names a process that started at another time: exactly what a reused PID looks like.
+    let stale = SignalRequest {
+        targets: vec![TargetInfo {
+            pid,
+            start_time: start + 1,
+            cmdline: "old".into(),
+        }],
+        signal: Sig::Kill,
+        grace_ms: None,
+    };
+    let out = deliver("local", &stale, &audit);
+    assert!(
+        matches!(&out[0].fate, Fate::Refused { reason } if reason.contains("PID reused")),
+        "{out:?}"
+    );
+    assert!(
+        child.try_wait().expect("try_wait").is_none(),
+        "the innocent process lives"
+    );
+    assert!(
+        !env.audit().exists()
+            || std::fs::read_to_string(env.audit())
+                .expect("read")
+                .is_empty(),
+        "nothing sent, nothing logged"
+    );
+    let ok = SignalRequest {
+        targets: vec![TargetInfo {
+            pid,
+            start_time: start,
+            cmdline: String::new(),
+        }],
+        signal: Sig::Term,
+        grace_ms: Some(5000),
+    };
+    let out = deliver("local", &ok, &audit);
+    // Our own child stays a zombie until we wait, but the pidfd reports its exit.
+    assert!(
+        matches!(
+            out[0].fate,
+            Fate::Exited {
+                signal: Sig::Term,
+                ..
+            }
+        ),
+        "{out:?}"
+    );
+    let _ = child.wait();
+}
+
+#[test]
+fn an_unwritable_audit_log_means_no_signal() {
+    use gpusweep::sweep::{AuditLog, Fate, Sig, SignalRequest, TargetInfo, deliver};
+    let mut child = Command::new("sleep").arg("300").spawn().expect("sleep");
+    let pid = child.id();
+    let start: u64 = stat_field(pid, 19)
+        .expect("starttime")
+        .parse()
+        .expect("num");
+    let audit = AuditLog {
+        path: Some(PathBuf::from("/proc/version/actions.jsonl")),
+    };
+    let req = SignalRequest {
+        targets: vec![TargetInfo {
+            pid,
+            start_time: start,
+            cmdline: String::new(),
+        }],
+        signal: Sig::Kill,
+        grace_ms: None,
+    };
+    let out = deliver("local", &req, &audit);
+    assert!(
+        matches!(&out[0].fate, Fate::Refused { reason } if reason.contains("audit log") || reason.contains("cannot")),
+        "{out:?}"
+    );
+    assert!(child.try_wait().expect("try_wait").is_none());
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn smem_tile_fit_from_the_issue() {
+    let env = Env::new();
+    let o = env.run(&[
+        "smem",
+        "--tile",
+        "128x256x128",
+        "--dtype",
+        "bf16",
+        "--cc",
+        "12.0",
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("does NOT fit") && t.contains("98,320") && t.contains("101,376"),
+        "{t}"
+    );
+    let o = env.run(&[
+        "smem",
+        "--tile",
+        "128x256x128",
+        "--dtype",
+        "bf16",
+        "--cc",
+        "9.0",
+    ]);
+    assert!(
+        text(&o).contains("fits on CC 9.0: 2 stages"),
+        "{}",
+        text(&o)
+    );
+    let o = env.run(&["smem", "--cc", "4.2"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("unknown compute capability"));
+    // Without --cc, the demo's GPUs decide.
+    let o = env.run(&["smem", "--demo", "--tile", "128x256x128"]);
+    let t = text(&o);
+    assert!(
+        t.contains("CC 12.0") && t.contains("CC 9.0") && t.contains("gpu-c:0"),
+        "{t}"
+    );
+}
+
+#[test]
+fn demo_snapshot_wait_and_sweep() {
+    let env = Env::new();
+    let o = env.run(&["snapshot", "--json", "--demo"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let hosts: Vec<&str> = v["hosts"]
+        .as_array()
+        .expect("hosts")
+        .iter()
+        .map(|h| h["host"].as_str().expect("name"))
+        .collect();
+    assert_eq!(hosts, ["gpu-a", "gpu-b", "gpu-c"]);
+    assert_eq!(v["hosts"][0]["gpus"].as_array().expect("gpus").len(), 8);
+
+    let o = env.run(&["wait", "--demo", "--hosts", "gpu-b", "--timeout", "300ms"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("gpu-b: GPU 6") && text(&o).contains("gpu-b: GPU 7"),
+        "{}",
+        text(&o)
+    );
+    let o = env.run(&[
+        "wait",
+        "--demo",
+        "--hosts",
+        "gpu-b",
+        "--gpus",
+        "0-5",
+        "--timeout",
+        "5s",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+
+    let o = env.run(&["sweep", "--demo", "--hosts", "gpu-b", "--dry-run"]);
+    let t = text(&o);
+    assert!(
+        t.contains("7306") && t.contains("7391") && !t.contains("  812"),
+        "{t}"
+    );
+    let o = env.run(&[
+        "sweep",
+        "--demo",
+        "--hosts",
+        "gpu-b",
+        "--yes",
+        "--timeout",
+        "10s",
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("clean: every chosen GPU reads zero"), "{t}");
+}
+
+#[test]
+fn bad_arguments_exit_2_with_a_reason() {
+    let env = Env::new();
+    for (args, needle) in [
+        (vec!["wait", "--gpus", "x"], "--gpus"),
+        (
+            vec!["snapshot", "--demo", "--hosts", "gpu-z"],
+            "no \"gpu-z\"",
+        ),
+        (vec!["snapshot", "--hosts", "a;b"], "not a host name"),
+        (vec!["snapshot", "--interval", "soon"], "--interval"),
+        (vec!["kill", "1", "--signal", "NOPE"], "unknown signal"),
+    ] {
+        let o = env.run(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains(needle), "{args:?}: {}", text(&o));
+    }
+}
