@@ -19,7 +19,7 @@ use crate::source::procfs::ProcfsConfig;
 use crate::source::{LocalSource, Source, agent_client, ssh};
 use crate::sweep::{AuditLog, Outcome, SignalRequest};
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum HostCmd {
     Signal { id: u64, req: SignalRequest },
     Interval(Duration),

@@ -81,7 +81,7 @@ pub fn parse(text: &str) -> Result<Config, String> {
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     let t = s.trim();
     if let Ok(secs) = t.parse::<f64>() {
-        if secs.is_finite() && secs >= 0.0 && secs < 1e9 {
+        if secs.is_finite() && (0.0..1e9).contains(&secs) {
             return Ok(std::time::Duration::from_secs_f64(secs));
         }
         return Err(format!("{s:?} is not a duration"));

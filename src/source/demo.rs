@@ -23,13 +23,13 @@ pub const DEMO_HOSTS: &[&str] = &["gpu-a", "gpu-b", "gpu-c"];
 /// Simulated time. `Manual` is advanced by tests; `Real` follows the wall clock from creation.
 #[derive(Debug, Clone)]
 pub enum DemoClock {
-    Real(Instant),
+    Real(Instant, u64),
     Manual(Arc<AtomicU64>),
 }
 
 impl DemoClock {
     pub fn real() -> Self {
-        DemoClock::Real(Instant::now())
+        DemoClock::Real(Instant::now(), crate::model::now_ms())
     }
     pub fn manual(ms: u64) -> (Self, Arc<AtomicU64>) {
         let a = Arc::new(AtomicU64::new(ms));
@@ -37,13 +37,20 @@ impl DemoClock {
     }
     pub fn now_ms(&self) -> u64 {
         match self {
-            DemoClock::Real(t) => t.elapsed().as_millis() as u64,
+            DemoClock::Real(t, _) => t.elapsed().as_millis() as u64,
             DemoClock::Manual(a) => a.load(Ordering::SeqCst),
+        }
+    }
+    /// Unix ms at simulated time 0: the real start for a live demo, a fixed date under test.
+    fn base_unix_ms(&self) -> u64 {
+        match self {
+            DemoClock::Real(_, base) => *base,
+            DemoClock::Manual(_) => EPOCH_S * 1000,
         }
     }
 }
 
-/// Unix time the simulated cluster pretends it started at (fixed so snapshots are stable).
+/// Unix time a simulated cluster under test pretends it started at (fixed so screens are stable).
 const EPOCH_S: u64 = 1_764_669_600;
 const DRAIN_MS: u64 = 100;
 const H200_TOTAL: u64 = 150_754_820_096;
@@ -339,6 +346,7 @@ impl DemoHost {
 
     pub fn snapshot(&self) -> HostSnapshot {
         let t = self.clock.now_ms();
+        let base_s = self.clock.base_unix_ms() / 1000;
         let mut gpus = Vec::new();
         for i in 0..8u32 {
             let mut listed = Vec::new();
@@ -411,7 +419,7 @@ impl DemoHost {
                 sid: p.sid,
                 state: p.state,
                 start_time: 10_000 + p.pid as u64 * 3,
-                started_at: Some(EPOCH_S - 600 + p.pid as u64 / 100),
+                started_at: Some(base_s - 600 + p.pid as u64 / 100),
                 uid: Some(p.uid),
                 user: Some(p.user.to_string()),
                 comm: p.comm.to_string(),
@@ -440,7 +448,7 @@ impl DemoHost {
         HostSnapshot {
             host: self.name.clone(),
             error: None,
-            taken_at_ms: EPOCH_S * 1000 + t,
+            taken_at_ms: self.clock.base_unix_ms() + t,
             source: SourceKind::Demo,
             gpu_error: None,
             driver_version: Some("580.159.04".into()),

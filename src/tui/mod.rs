@@ -1,6 +1,8 @@
-//! The terminal UI.
+//! The terminal UI: `app` holds state and `update(Action)`, `view` renders it, `run` drives both.
+
+pub mod app;
+pub mod keymap;
+pub mod run;
 pub mod view;
 
-pub fn run(_s: &crate::commands::Settings) -> anyhow::Result<i32> {
-    anyhow::bail!("the TUI is not built yet")
-}
+pub use run::run;

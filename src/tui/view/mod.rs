@@ -1,4 +1,22 @@
-//! Pure render functions.
+//! Pure render functions: each takes the app by shared reference and draws; none changes state or does I/O.
+
+mod dialog;
+mod findings;
+mod gpus;
+mod header;
+mod hosts;
+mod processes;
+mod smem;
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Borders, Paragraph};
+
+use crate::analyze::GpuState;
+use crate::tui::app::{App, Level, Panel};
+use crate::tui::keymap::Cmd;
 
 /// Cut `s` to at most `max` characters, with an ellipsis when cut.
 pub fn truncate(s: &str, max: usize) -> String {
@@ -11,4 +29,211 @@ pub fn truncate(s: &str, max: usize) -> String {
         t.push('…');
         t
     }
+}
+
+/// Where each panel goes. Also used to map mouse clicks to panels.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Areas {
+    pub header: Rect,
+    pub banner: Rect,
+    pub hosts: Rect,
+    pub gpus: Rect,
+    pub procs: Rect,
+    pub findings: Rect,
+    pub smem: Rect,
+    pub status: Rect,
+    pub compact: bool,
+}
+
+pub fn layout(area: Rect, app: &App) -> Areas {
+    let compact = area.height < 30;
+    let border = if compact { 1 } else { 2 };
+    let host_rows = app.hosts.len().clamp(1, if compact { 3 } else { 10 }) as u16;
+    let gpu_rows = app
+        .snap()
+        .map(|s| s.gpus.len())
+        .unwrap_or(1)
+        .clamp(1, if compact { 8 } else { 16 }) as u16;
+    let banner = u16::from(app.banner.is_some() || app.rewatch.is_some());
+    let v = Layout::vertical([
+        Constraint::Length(1),
+        Constraint::Length(banner),
+        Constraint::Length(host_rows + border),
+        Constraint::Length(gpu_rows + border + 1),
+        Constraint::Min(3),
+        Constraint::Length(1),
+    ])
+    .split(area);
+    let mut a = Areas {
+        header: v[0],
+        banner: v[1],
+        hosts: v[2],
+        gpus: v[3],
+        status: v[5],
+        compact,
+        ..Default::default()
+    };
+    // The shared-memory panel takes the room of the GPU and process panels.
+    a.smem = Rect {
+        height: v[3].height + v[4].height,
+        ..v[3]
+    };
+    if compact {
+        // One bottom panel: findings when they have the focus, processes otherwise.
+        if app.focus == Panel::Findings {
+            a.findings = v[4];
+        } else {
+            a.procs = v[4];
+        }
+    } else if area.width >= 140 {
+        let h = Layout::horizontal([Constraint::Percentage(58), Constraint::Percentage(42)])
+            .split(v[4]);
+        a.procs = h[0];
+        a.findings = h[1];
+    } else {
+        let h =
+            Layout::vertical([Constraint::Percentage(55), Constraint::Percentage(45)]).split(v[4]);
+        a.procs = h[0];
+        a.findings = h[1];
+    }
+    a
+}
+
+pub fn render(app: &App, f: &mut Frame) {
+    let a = layout(f.area(), app);
+    header::render(app, f, a.header, a.banner);
+    hosts::render(app, f, a.hosts, a.compact);
+    if app.smem_open {
+        smem::render(app, f, a.smem);
+    } else {
+        gpus::render(app, f, a.gpus, a.compact);
+        if a.procs.height > 0 {
+            processes::render(app, f, a.procs, a.compact);
+        }
+        if a.findings.height > 0 {
+            findings::render(app, f, a.findings, a.compact);
+        }
+    }
+    status_line(app, f, a.status);
+    dialog::render(app, f);
+}
+
+/// A style that honours NO_COLOR: without colour, emphasis stays (bold, reverse) and glyphs carry meaning.
+pub fn fg(app: &App, c: Color) -> Style {
+    if app.color {
+        Style::default().fg(c)
+    } else {
+        Style::default()
+    }
+}
+
+pub fn state_style(app: &App, s: GpuState) -> Style {
+    match s {
+        GpuState::Clean => fg(app, Color::Green),
+        GpuState::InUse => fg(app, Color::Cyan),
+        GpuState::Leak => fg(app, Color::Red).add_modifier(Modifier::BOLD),
+        GpuState::Unknown => fg(app, Color::DarkGray),
+        GpuState::Error => fg(app, Color::Magenta),
+    }
+}
+
+pub fn selected(app: &App) -> Style {
+    if app.color {
+        Style::default()
+            .bg(Color::DarkGray)
+            .add_modifier(Modifier::BOLD)
+    } else {
+        Style::default().add_modifier(Modifier::REVERSED)
+    }
+}
+
+pub fn panel(app: &App, title: &str, focused: bool, compact: bool) -> Block<'static> {
+    let mut b = if compact {
+        Block::new().borders(Borders::TOP)
+    } else {
+        Block::bordered()
+    };
+    let t = if focused {
+        format!("▶ {title} ")
+    } else {
+        format!(" {title} ")
+    };
+    b = b.title(t);
+    if focused {
+        b = b.border_style(fg(app, Color::Yellow));
+    }
+    b
+}
+
+/// Used / total as a text bar: `███████░░░ 71.4 GiB/140.4 GiB`.
+pub fn bar(used: Option<u64>, total: Option<u64>, width: usize) -> String {
+    match (used, total) {
+        (Some(u), Some(t)) if t > 0 => {
+            let filled = ((u as f64 / t as f64) * width as f64).round() as usize;
+            let filled = filled.min(width);
+            format!("{}{}", "█".repeat(filled), "░".repeat(width - filled))
+        }
+        _ => "?".repeat(width),
+    }
+}
+
+/// The last `width` samples as a sparkline, scaled to `max`.
+pub fn sparkline(
+    samples: Option<&std::collections::VecDeque<u64>>,
+    max: u64,
+    width: usize,
+) -> String {
+    const TICKS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let Some(s) = samples else {
+        return String::new();
+    };
+    let skip = s.len().saturating_sub(width);
+    s.iter()
+        .skip(skip)
+        .map(|&v| {
+            if v == 0 || max == 0 {
+                ' '
+            } else {
+                TICKS[((v as f64 / max as f64) * 7.0).round().min(7.0) as usize]
+            }
+        })
+        .collect()
+}
+
+fn status_line(app: &App, f: &mut Frame, area: Rect) {
+    let line = if app.filter_editing {
+        Line::from(vec![
+            Span::styled(" filter: ", fg(app, Color::Yellow)),
+            Span::raw(format!("{}▏", app.filter)),
+            Span::raw("  (Enter keep, Esc clear)"),
+        ])
+    } else if let Some((msg, level)) = &app.status {
+        let st = match level {
+            Level::Info => fg(app, Color::White),
+            Level::Good => fg(app, Color::Green),
+            Level::Bad => fg(app, Color::Red),
+        };
+        Line::from(Span::styled(
+            format!(" {}", truncate(msg, area.width.saturating_sub(2) as usize)),
+            st,
+        ))
+    } else {
+        let km = &app.keymap;
+        let hint = [
+            (Cmd::Quit, "quit"),
+            (Cmd::Help, "help"),
+            (Cmd::NextPanel, "panel"),
+            (Cmd::Kill, "kill"),
+            (Cmd::Sweep, "sweep"),
+            (Cmd::Rewatch, "re-watch"),
+            (Cmd::Filter, "filter"),
+            (Cmd::Smem, "smem"),
+        ]
+        .iter()
+        .map(|(c, w)| format!("{} {w}", km.keys_for(*c)))
+        .collect::<Vec<_>>()
+        .join("  ");
+        Line::from(Span::styled(format!(" {hint}"), fg(app, Color::DarkGray)))
+    };
+    f.render_widget(Paragraph::new(line), area);
 }

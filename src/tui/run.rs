@@ -1,0 +1,149 @@
+//! The event loop: terminal events, host events and a clock feed `App::update`; effects go to the fleet;
+//! the screen is drawn only when something changed, at most every 16 ms. The terminal is restored on every
+//! way out: normal quit, error, panic (ratatui's hook, chained) and SIGTERM/SIGHUP.
+
+use std::collections::HashSet;
+use std::io::stdout;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow};
+use crossterm::event::{DisableMouseCapture, EnableMouseCapture, Event, EventStream, KeyEventKind};
+use crossterm::execute;
+use futures::StreamExt;
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::collect::{Fleet, HostEvent};
+use crate::commands::Settings;
+use crate::hosts::HostSpec;
+use crate::model::now_ms;
+use crate::tui::app::{Action, App, Effect};
+use crate::tui::keymap::Keymap;
+use crate::tui::view;
+
+const FRAME: Duration = Duration::from_millis(16);
+
+/// The app as the binary starts it (also used by tests over the demo cluster).
+pub fn new_app(s: &Settings, labels: Vec<String>) -> anyhow::Result<App> {
+    let keymap = Keymap::with_overrides(&s.config.keys).map_err(|e| anyhow!("config: {e}"))?;
+    let color = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let mut app = App::new(labels, s.fleet.interval, keymap, s.fleet.analyze, color);
+    for (i, spec) in s.specs.iter().enumerate() {
+        let p = if *spec == HostSpec::Local {
+            crate::sweep::protected_pids()
+        } else {
+            HashSet::from([0, 1])
+        };
+        app.protected.insert(i, p);
+    }
+    Ok(app)
+}
+
+pub fn action_of(ev: HostEvent) -> Action {
+    match ev {
+        HostEvent::Snapshot { host, snap } => Action::Snapshot(host, snap),
+        HostEvent::Status { host, status } => Action::Status(host, status),
+        HostEvent::Outcomes { host, id, outcomes } => Action::Outcomes(host, id, outcomes),
+    }
+}
+
+fn apply(fleet: &Fleet, effects: Vec<Effect>) {
+    for e in effects {
+        match e {
+            Effect::Send(h, c) => fleet.send(h, c),
+            Effect::Broadcast(c) => fleet.broadcast(c),
+        }
+    }
+}
+
+pub fn run(s: &Settings) -> anyhow::Result<i32> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("async runtime")?;
+    let res = rt.block_on(async {
+        let mut fleet = Fleet::start(&s.specs, &s.fleet)?;
+        let mut app = new_app(s, fleet.labels.clone())?;
+        let mut terminal = ratatui::init();
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let _ = execute!(stdout(), DisableMouseCapture);
+            prev(info);
+        }));
+        let _ = execute!(stdout(), EnableMouseCapture);
+        let r = event_loop(&mut terminal, &mut fleet, &mut app).await;
+        let _ = execute!(stdout(), DisableMouseCapture);
+        ratatui::restore();
+        r
+    });
+    rt.shutdown_background();
+    res.map(|_| 0)
+}
+
+async fn event_loop(
+    terminal: &mut ratatui::DefaultTerminal,
+    fleet: &mut Fleet,
+    app: &mut App,
+) -> anyhow::Result<()> {
+    let mut events = EventStream::new();
+    let mut term = signal(SignalKind::terminate())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    if let Ok(sz) = terminal.size() {
+        app.update(Action::Resize(sz.width, sz.height));
+    }
+    app.update(Action::Tick(now_ms()));
+    let mut dirty = true;
+    let mut last_draw = Instant::now() - FRAME;
+    let mut next_tick = Instant::now();
+    loop {
+        if dirty && last_draw.elapsed() >= FRAME {
+            terminal.draw(|f| view::render(app, f))?;
+            dirty = false;
+            last_draw = Instant::now();
+        }
+        let frame_wait = if dirty {
+            FRAME.saturating_sub(last_draw.elapsed())
+        } else {
+            Duration::from_secs(3600)
+        };
+        let tick_wait = next_tick.saturating_duration_since(Instant::now());
+        let mut effects = Vec::new();
+        // Every event is handled at the time it arrives: elapsed times (re-watch) need that precision.
+        let stamp = |app: &mut App| {
+            app.update(Action::Tick(now_ms()));
+        };
+        tokio::select! {
+            ev = events.next() => match ev {
+                Some(Ok(Event::Key(k))) if k.kind != KeyEventKind::Release => { stamp(app); effects = app.update(Action::Key(k)); dirty = true; }
+                Some(Ok(Event::Mouse(m))) => { effects = app.update(Action::Mouse(m)); dirty = true; }
+                Some(Ok(Event::Resize(w, h))) => { app.update(Action::Resize(w, h)); dirty = true; }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(anyhow!("terminal: {e}")),
+                None => return Ok(()),
+            },
+            ev = fleet.events.recv() => {
+                let Some(ev) = ev else { return Ok(()) };
+                stamp(app);
+                effects.extend(app.update(action_of(ev)));
+                // Take everything queued before drawing once.
+                while let Ok(ev) = fleet.events.try_recv() {
+                    effects.extend(app.update(action_of(ev)));
+                }
+                dirty = true;
+            },
+            _ = tokio::time::sleep(tick_wait) => {
+                app.update(Action::Tick(now_ms()));
+                let period = if app.rewatch.is_some() { Duration::from_millis(100) } else { Duration::from_secs(1) };
+                next_tick = Instant::now() + period;
+                dirty = true;
+            },
+            _ = tokio::time::sleep(frame_wait) => {},
+            _ = term.recv() => return Ok(()),
+            _ = hup.recv() => return Ok(()),
+        }
+        apply(fleet, effects);
+        if app.quit {
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! Kill and sweep confirmations (exactly whom, with what), and the key help.
+
+use ratatui::Frame;
+use ratatui::layout::Rect;
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
+
+use super::{fg, truncate};
+use crate::model::fmt_bytes;
+use crate::sweep::{Sig, plan_summary};
+use crate::tui::app::{App, Dialog, SweepScope, TUI_GRACE};
+use crate::tui::keymap::Cmd;
+
+fn centered(area: Rect, w: u16, h: u16) -> Rect {
+    let w = w.min(area.width);
+    let h = h.min(area.height);
+    Rect {
+        x: area.x + (area.width - w) / 2,
+        y: area.y + (area.height - h) / 2,
+        width: w,
+        height: h,
+    }
+}
+
+fn choice(app: &App, label: &str, on: bool) -> Span<'static> {
+    if on {
+        Span::styled(
+            format!("[{label}]"),
+            fg(app, Color::Yellow).add_modifier(Modifier::BOLD | Modifier::REVERSED),
+        )
+    } else {
+        Span::raw(format!(" {label} "))
+    }
+}
+
+pub fn render(app: &App, f: &mut Frame) {
+    let Some(d) = &app.dialog else { return };
+    let area = f.area();
+    match d {
+        Dialog::Kill {
+            host,
+            target,
+            user,
+            signal,
+        } => {
+            let w = area.width.min(76);
+            let r = centered(area, w, 11);
+            let inner_w = w.saturating_sub(12) as usize;
+            let label = app
+                .hosts
+                .get(*host)
+                .map(|h| h.label.clone())
+                .unwrap_or_default();
+            let lines = vec![
+                Line::from(format!(" host    {label}")),
+                Line::from(format!(
+                    " pid     {}  (start time {} — re-checked before sending)",
+                    target.pid, target.start_time
+                )),
+                Line::from(format!(" user    {}", user.as_deref().unwrap_or("N/A"))),
+                Line::from(format!(" command {}", truncate(&target.cmdline, inner_w))),
+                Line::default(),
+                Line::from(vec![
+                    Span::raw(" signal  "),
+                    choice(
+                        app,
+                        &format!("TERM, KILL after {}s", TUI_GRACE.as_secs()),
+                        *signal == Sig::Term,
+                    ),
+                    Span::raw("  "),
+                    choice(app, "KILL now", *signal == Sig::Kill),
+                ]),
+                Line::default(),
+                Line::from(Span::styled(
+                    " Enter/y send   Tab switch signal   Esc cancel",
+                    fg(app, Color::DarkGray),
+                )),
+            ];
+            f.render_widget(Clear, r);
+            f.render_widget(
+                Paragraph::new(lines).block(
+                    Block::bordered()
+                        .title(" Kill process ")
+                        .border_style(fg(app, Color::Red)),
+                ),
+                r,
+            );
+        }
+        Dialog::Sweep {
+            scope,
+            host,
+            gpu,
+            plan,
+        } => {
+            let w = area.width.min(110);
+            let h = (plan.items.len() as u16 + 9).min(area.height);
+            let r = centered(area, w, h);
+            let label = app
+                .hosts
+                .get(*host)
+                .map(|h| h.label.clone())
+                .unwrap_or_default();
+            let mut scopes = vec![Span::raw(" scope   ")];
+            if let Some(g) = gpu {
+                scopes.push(choice(
+                    app,
+                    &format!("GPU {g} of {label}"),
+                    *scope == SweepScope::Gpu,
+                ));
+                scopes.push(Span::raw(" "));
+            }
+            scopes.push(choice(
+                app,
+                &format!("all of {label}"),
+                *scope == SweepScope::Host,
+            ));
+            scopes.push(Span::raw(" "));
+            scopes.push(choice(app, "everything", *scope == SweepScope::Everything));
+            let mut lines = vec![Line::from(scopes), Line::default()];
+            if plan.items.is_empty() {
+                lines.push(Line::from(
+                    " nothing to signal: no live holder or listed process in this scope",
+                ));
+            } else {
+                lines.push(Line::from(Span::styled(
+                    format!(
+                        " {:<10} {:>7} {:<8} {:<6} {:>10}  COMMAND",
+                        "HOST", "PID", "USER", "GPUS", "GPU MEM"
+                    ),
+                    Style::default().add_modifier(Modifier::BOLD),
+                )));
+                let cmd_w = w.saturating_sub(52) as usize;
+                for i in &plan.items {
+                    lines.push(Line::from(format!(
+                        " {:<10} {:>7} {:<8} {:<6} {:>10}  {}",
+                        truncate(&i.host, 10),
+                        i.pid,
+                        truncate(i.user.as_deref().unwrap_or("N/A"), 8),
+                        if i.gpus.is_empty() {
+                            "-".into()
+                        } else {
+                            i.gpus
+                                .iter()
+                                .map(u32::to_string)
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        },
+                        fmt_bytes(i.bytes),
+                        truncate(&i.cmdline, cmd_w)
+                    )));
+                }
+            }
+            lines.push(Line::default());
+            lines.push(Line::from(format!(
+                " {} — TERM, then KILL after {}s; then re-watch until clean",
+                plan_summary(plan),
+                TUI_GRACE.as_secs()
+            )));
+            lines.push(Line::from(Span::styled(
+                " Enter/y sweep   Tab change scope   Esc cancel",
+                fg(app, Color::DarkGray),
+            )));
+            f.render_widget(Clear, r);
+            f.render_widget(
+                Paragraph::new(lines).block(
+                    Block::bordered()
+                        .title(" Sweep ")
+                        .border_style(fg(app, Color::Red)),
+                ),
+                r,
+            );
+        }
+        Dialog::Help => {
+            let r = centered(area, 64, (Cmd::ALL.len() as u16 + 9).min(area.height));
+            let mut lines: Vec<Line> = Cmd::ALL
+                .iter()
+                .map(|(c, _, what)| Line::from(format!(" {:<12} {what}", app.keymap.keys_for(*c))))
+                .collect();
+            lines.push(Line::from(" C-c          quit (always)"));
+            lines.push(Line::default());
+            lines.push(Line::from(
+                " marks: ghost = dead PID still charged; hidden = holds a GPU,",
+            ));
+            lines.push(Line::from(
+                " not listed; orphan = launcher gone; zombie = parent must reap.",
+            ));
+            lines.push(Line::from(
+                " GPU cells: · clean  ▁…█ in use (fill)  ! leak  ? N/A",
+            ));
+            lines.push(Line::from(Span::styled(
+                " any key closes",
+                fg(app, Color::DarkGray),
+            )));
+            f.render_widget(Clear, r);
+            f.render_widget(
+                Paragraph::new(lines)
+                    .wrap(Wrap { trim: false })
+                    .block(Block::bordered().title(" Keys ")),
+                r,
+            );
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! The header line and the re-watch / all-zero banner.
+
+use ratatui::Frame;
+use ratatui::layout::Rect;
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::Paragraph;
+
+use super::{fg, truncate};
+use crate::tui::app::App;
+use crate::watch::{fmt_ms, fmt_secs};
+
+pub fn render(app: &App, f: &mut Frame, area: Rect, banner: Rect) {
+    let (clean, inuse, leak, unknown) = app.counts();
+    let total = clean + inuse + leak + unknown;
+    let sweep = match app.last_sweep_ms {
+        Some(t) => format!(
+            "last sweep {} ago",
+            fmt_secs(app.now_ms.saturating_sub(t) / 1000)
+        ),
+        None => "no sweep yet".into(),
+    };
+    if area.width < 100 {
+        let sweep = match app.last_sweep_ms {
+            Some(t) => format!(
+                "swept {} ago",
+                fmt_secs(app.now_ms.saturating_sub(t) / 1000)
+            ),
+            None => "no sweep".into(),
+        };
+        let line = Line::from(vec![
+            Span::styled(
+                " gpusweep ",
+                fg(app, Color::Black)
+                    .bg_if(app, Color::Cyan)
+                    .add_modifier(Modifier::BOLD),
+            ),
+            Span::raw(format!(" {}h {total} GPUs ", app.hosts.len())),
+            Span::styled(format!("{clean}✓ "), fg(app, Color::Green)),
+            Span::styled(format!("{inuse}● "), fg(app, Color::Cyan)),
+            Span::styled(
+                format!("{leak}!"),
+                if leak > 0 {
+                    fg(app, Color::Red).add_modifier(Modifier::BOLD)
+                } else {
+                    Style::default()
+                },
+            ),
+            Span::raw(if unknown > 0 {
+                format!(" {unknown}?")
+            } else {
+                String::new()
+            }),
+            Span::raw(format!(
+                " │ {sweep} │ poll {}",
+                fmt_ms(app.interval.as_millis() as u64)
+            )),
+        ]);
+        f.render_widget(Paragraph::new(line), area);
+    } else {
+        render_wide(app, f, area, (clean, inuse, leak, unknown), &sweep);
+    }
+    render_banner(app, f, banner);
+}
+
+fn render_wide(
+    app: &App,
+    f: &mut Frame,
+    area: Rect,
+    (clean, inuse, leak, unknown): (usize, usize, usize, usize),
+    sweep: &str,
+) {
+    let total = clean + inuse + leak + unknown;
+    let mut spans = vec![
+        Span::styled(
+            " gpusweep ",
+            fg(app, Color::Black)
+                .bg_if(app, Color::Cyan)
+                .add_modifier(Modifier::BOLD),
+        ),
+        Span::raw(format!(
+            " {} host{} │ {total} GPUs: ",
+            app.hosts.len(),
+            if app.hosts.len() == 1 { "" } else { "s" }
+        )),
+        Span::styled(format!("{clean} ✓ clean"), fg(app, Color::Green)),
+        Span::raw("  "),
+        Span::styled(format!("{inuse} ● in use"), fg(app, Color::Cyan)),
+        Span::raw("  "),
+        Span::styled(
+            format!("{leak} ! leak"),
+            if leak > 0 {
+                fg(app, Color::Red).add_modifier(Modifier::BOLD)
+            } else {
+                Style::default()
+            },
+        ),
+    ];
+    if unknown > 0 {
+        spans.push(Span::raw(format!("  {unknown} ? N/A")));
+    }
+    spans.push(Span::raw(format!(
+        " │ {sweep} │ poll {}",
+        fmt_ms(app.interval.as_millis() as u64)
+    )));
+    f.render_widget(Paragraph::new(Line::from(spans)), area);
+}
+
+fn render_banner(app: &App, f: &mut Frame, banner: Rect) {
+    if banner.height == 0 {
+        return;
+    }
+    let line = if let Some(rw) = &app.rewatch {
+        let elapsed = app.now_ms.saturating_sub(rw.watch.started_ms);
+        let rem = rw.watch.remaining();
+        let first = rem
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "waiting for readings".into());
+        let more = if rem.len() > 1 {
+            format!(" (+{} more)", rem.len() - 1)
+        } else {
+            String::new()
+        };
+        Line::from(vec![
+            Span::styled(
+                format!(" ⟳ re-watching {} {} ", rw.label, fmt_ms(elapsed)),
+                fg(app, Color::Black)
+                    .bg_if(app, Color::Yellow)
+                    .add_modifier(Modifier::BOLD),
+            ),
+            Span::raw(truncate(
+                &format!(" still held: {first}{more}"),
+                banner.width.saturating_sub(30) as usize,
+            )),
+        ])
+    } else if let Some(b) = &app.banner {
+        Line::from(vec![
+            Span::styled(
+                format!(" {b} "),
+                fg(app, Color::Black)
+                    .bg_if(app, Color::Green)
+                    .add_modifier(Modifier::BOLD),
+            ),
+            Span::styled("  Esc to dismiss", fg(app, Color::DarkGray)),
+        ])
+    } else {
+        Line::default()
+    };
+    f.render_widget(Paragraph::new(line), banner);
+}
+
+trait BgIf {
+    fn bg_if(self, app: &App, c: Color) -> Style;
+}
+
+impl BgIf for Style {
+    fn bg_if(self, app: &App, c: Color) -> Style {
+        if app.color {
+            self.bg(c)
+        } else {
+            self.add_modifier(Modifier::REVERSED)
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! One row per host: a strip with one cell per GPU (fill and state), findings, connection state.
+
+use ratatui::Frame;
+use ratatui::layout::Rect;
+use ratatui::style::Color;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::Paragraph;
+
+use super::{fg, panel, selected, state_style, truncate};
+use crate::analyze::{GpuState, gpu_state};
+use crate::collect::ConnStatus;
+use crate::model::Severity;
+use crate::tui::app::{App, Panel};
+use crate::watch::fmt_secs;
+
+/// One character per GPU: `·` clean, a block as high as its memory fill when in use, `!` leak, `?` N/A.
+pub fn cell(state: GpuState, used: Option<u64>, total: Option<u64>) -> char {
+    const FILL: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    match state {
+        GpuState::Clean => '·',
+        GpuState::Leak => '!',
+        GpuState::Unknown => '?',
+        GpuState::Error => '✗',
+        GpuState::InUse => match (used, total) {
+            (Some(u), Some(t)) if t > 0 => {
+                FILL[((u as f64 / t as f64) * 7.0).round().min(7.0) as usize]
+            }
+            _ => '●',
+        },
+    }
+}
+
+pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
+    let focused = app.focus == Panel::Hosts;
+    let block = panel(app, "Hosts", focused, compact);
+    let inner = block.inner(area);
+    f.render_widget(block, area);
+    let rows = inner.height as usize;
+    let start = app.selected_host.saturating_sub(rows.saturating_sub(1));
+    let name_w = app
+        .hosts
+        .iter()
+        .map(|h| h.label.chars().count())
+        .max()
+        .unwrap_or(4)
+        .clamp(4, 24);
+    let mut lines = Vec::new();
+    for (i, h) in app.hosts.iter().enumerate().skip(start).take(rows) {
+        let mut spans = vec![Span::raw(if i == app.selected_host {
+            "▸ "
+        } else {
+            "  "
+        })];
+        spans.push(Span::raw(format!(
+            "{:<name_w$} ",
+            truncate(&h.label, name_w)
+        )));
+        let mut leaks = 0;
+        let mut warn = 0;
+        match &h.snap {
+            Some(s) if s.error.is_none() && !s.gpus.is_empty() => {
+                spans.push(Span::raw("["));
+                for g in &s.gpus {
+                    let st = gpu_state(s, g, &app.analyze);
+                    spans.push(Span::styled(
+                        cell(st, g.memory.used, g.memory.total).to_string(),
+                        state_style(app, st),
+                    ));
+                }
+                spans.push(Span::raw("] "));
+                let clean = s
+                    .gpus
+                    .iter()
+                    .filter(|g| gpu_state(s, g, &app.analyze) == GpuState::Clean)
+                    .count();
+                spans.push(Span::raw(format!("{clean}/{} clean ", s.gpus.len())));
+                leaks = s
+                    .findings
+                    .iter()
+                    .filter(|f| f.severity == Severity::Leak)
+                    .count();
+                warn = s
+                    .findings
+                    .iter()
+                    .filter(|f| f.severity == Severity::Warning)
+                    .count();
+            }
+            Some(s) if s.error.is_none() => {
+                spans.push(Span::styled(
+                    truncate(s.gpu_error.as_deref().unwrap_or("no GPUs"), 28),
+                    fg(app, Color::DarkGray),
+                ));
+                spans.push(Span::raw(" "));
+                warn = s.findings.len();
+            }
+            _ => spans.push(Span::styled("[no reading]", fg(app, Color::DarkGray))),
+        }
+        if leaks > 0 {
+            spans.push(Span::styled(format!("{leaks} leak "), fg(app, Color::Red)));
+        }
+        if warn > 0 {
+            spans.push(Span::styled(
+                format!("{warn} warn "),
+                fg(app, Color::Yellow),
+            ));
+        }
+        let conn = match &h.status {
+            ConnStatus::Up => Span::styled("up", fg(app, Color::Green)),
+            ConnStatus::Connecting => Span::styled("connecting…", fg(app, Color::Yellow)),
+            ConnStatus::Down(e) => {
+                let seen = h
+                    .last_seen_ms
+                    .map(|t| {
+                        format!(
+                            ", seen {} ago",
+                            fmt_secs(app.now_ms.saturating_sub(t) / 1000)
+                        )
+                    })
+                    .unwrap_or_default();
+                Span::styled(
+                    format!("down: {}{seen}", truncate(e, 40)),
+                    fg(app, Color::Red),
+                )
+            }
+        };
+        spans.push(conn);
+        let mut line = Line::from(spans);
+        if i == app.selected_host && focused {
+            line = line.style(selected(app));
+        }
+        lines.push(line);
+    }
+    f.render_widget(Paragraph::new(lines), inner);
+}

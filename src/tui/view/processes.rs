@@ -1,0 +1,116 @@
+//! Holders, listed processes, ghosts and zombies of the selected host; marks are words as well as colours.
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::widgets::{Cell, Row, Table, TableState};
+
+use super::{fg, panel, selected, truncate};
+use crate::model::fmt_bytes;
+use crate::tui::app::{App, Panel};
+use crate::watch::fmt_secs;
+
+fn mark_style(app: &App, marks: &[&str]) -> Style {
+    if marks.iter().any(|m| matches!(*m, "ghost" | "hidden")) {
+        fg(app, Color::Red).add_modifier(Modifier::BOLD)
+    } else if marks.iter().any(|m| matches!(*m, "orphan" | "zombie")) {
+        fg(app, Color::Yellow)
+    } else if marks.contains(&"benign") {
+        fg(app, Color::DarkGray)
+    } else {
+        Style::default()
+    }
+}
+
+pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
+    let focused = app.focus == Panel::Processes;
+    let rows_data = app.process_rows();
+    let mut title = format!("Processes ({}) sort:{}", rows_data.len(), app.sort.name());
+    if app.tree {
+        title.push_str(" tree");
+    }
+    if !app.filter.is_empty() {
+        title.push_str(&format!(" filter:{}", app.filter));
+    }
+    let block = panel(app, &title, focused, compact);
+    let wide = area.width >= 90;
+    let now_s = app
+        .snap()
+        .map(|s| s.taken_at_ms / 1000)
+        .unwrap_or(app.now_ms / 1000);
+    let mut widths = vec![Constraint::Length(7)];
+    let mut header = vec!["PID"];
+    if wide {
+        widths.extend([
+            Constraint::Length(8),
+            Constraint::Length(1),
+            Constraint::Length(7),
+        ]);
+        header.extend(["USER", "S", "PPID"]);
+    } else {
+        widths.push(Constraint::Length(1));
+        header.push("S");
+    }
+    widths.extend([Constraint::Length(5), Constraint::Length(9)]);
+    header.extend(["GPUS", "GPU MEM"]);
+    if wide {
+        widths.push(Constraint::Length(6));
+        header.push("AGE");
+    }
+    widths.extend([Constraint::Length(13), Constraint::Min(10)]);
+    header.extend(["MARK", "COMMAND"]);
+    let rows: Vec<Row> = rows_data
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let mut cells = vec![Cell::from(r.pid.to_string())];
+            if wide {
+                cells.push(Cell::from(truncate(&r.user, 8)));
+                cells.push(Cell::from(r.state.to_string()));
+                cells.push(Cell::from(
+                    r.ppid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+                ));
+            } else {
+                cells.push(Cell::from(r.state.to_string()));
+            }
+            cells.push(Cell::from(if r.gpus.is_empty() {
+                "-".into()
+            } else {
+                r.gpus
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            }));
+            cells.push(Cell::from(if r.bytes.is_some() {
+                fmt_bytes(r.bytes)
+            } else {
+                "-".into()
+            }));
+            if wide {
+                cells.push(Cell::from(
+                    r.started_at
+                        .map(|t| fmt_secs(now_s.saturating_sub(t)))
+                        .unwrap_or_else(|| "N/A".into()),
+                ));
+            }
+            cells.push(Cell::from(r.marks.join(",")).style(mark_style(app, &r.marks)));
+            let indent = if app.tree && r.depth > 0 {
+                format!("{}└ ", "  ".repeat(r.depth - 1))
+            } else {
+                String::new()
+            };
+            cells.push(Cell::from(format!("{indent}{}", r.cmd)));
+            let mut row = Row::new(cells);
+            if focused && i == app.proc_sel {
+                row = row.style(selected(app));
+            }
+            row
+        })
+        .collect();
+    let table = Table::new(rows, widths)
+        .header(Row::new(header).style(fg(app, Color::Gray).add_modifier(Modifier::BOLD)))
+        .block(block);
+    let mut state = TableState::default().with_selected(focused.then_some(app.proc_sel));
+    f.render_stateful_widget(table, area, &mut state);
+}

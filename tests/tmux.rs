@@ -1,0 +1,97 @@
+//! The real binary in a real terminal: tmux starts `gpusweep --demo`, keys are typed, the screen is read.
+//! tmux is required (the README's test command installs it); this test fails rather than skip without it.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn cmd(&self, args: &[&str]) -> std::process::Output {
+        Command::new("tmux")
+            .arg("-L")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .expect("tmux is required: apt-get install tmux")
+    }
+    fn keys(&self, keys: &[&str]) {
+        let mut a = vec!["send-keys", "-t", "gs"];
+        a.extend_from_slice(keys);
+        assert!(self.cmd(&a).status.success());
+    }
+    fn screen(&self) -> String {
+        String::from_utf8_lossy(&self.cmd(&["capture-pane", "-p", "-t", "gs"]).stdout).into_owned()
+    }
+    /// Wait until the screen shows `needle` (returns at once when it does).
+    fn await_text(&self, needle: &str) -> String {
+        let t = Instant::now();
+        loop {
+            let s = self.screen();
+            if s.contains(needle) {
+                return s;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "timed out waiting for {needle:?}; screen:\n{s}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["kill-server"]);
+    }
+}
+
+#[test]
+fn demo_open_gpu_b_sweep_confirm_and_see_all_zero() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let t = Tmux {
+        socket: format!("gpusweep-test-{}", std::process::id()),
+    };
+    let bin = env!("CARGO_BIN_EXE_gpusweep");
+    let cmd = format!(
+        "GPUSWEEP_CONFIG={0}/none.toml GPUSWEEP_AUDIT_LOG={0}/a.jsonl {bin} --demo; echo EXITED $?; sleep 30",
+        dir.path().display()
+    );
+    let o = t.cmd(&[
+        "new-session",
+        "-d",
+        "-s",
+        "gs",
+        "-x",
+        "160",
+        "-y",
+        "48",
+        &cmd,
+    ]);
+    assert!(
+        o.status.success(),
+        "tmux new-session: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    t.await_text("gpu-b [······");
+    t.keys(&["j", "Enter"]);
+    t.await_text("▶ GPUs on gpu-b");
+    t.keys(&["S"]);
+    t.await_text("Sweep");
+    t.keys(&["Tab"]);
+    let s = t.await_text("[all of gpu-b]");
+    assert!(
+        s.contains("7306") && s.contains("7391"),
+        "the plan names the orphan and the hidden holder:\n{s}"
+    );
+    t.keys(&["Enter"]);
+    let s = t.await_text("gpu-b: all 8 GPUs read zero after");
+    assert!(s.contains("gpu-b [········] 8/8 clean"), "{s}");
+    // Re-watch everything: gpu-a is busy, so it keeps watching and says what still holds memory.
+    t.keys(&["Escape", "w"]);
+    t.await_text("re-watching every host");
+    t.keys(&["w", "q"]);
+    t.await_text("EXITED 0");
+}
