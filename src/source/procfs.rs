@@ -249,18 +249,7 @@ impl ProcScanner {
     }
 
     pub fn is_benign(&self, p: &Proc, self_pid: u32) -> bool {
-        if p.pid == self_pid {
-            return true;
-        }
-        let argv0 = p.cmdline.split(' ').next().unwrap_or("");
-        let base0 = argv0.rsplit('/').next().unwrap_or("");
-        // `python3 /usr/bin/nvitop`: the script is the program.
-        let argv1 = p.cmdline.split(' ').nth(1).unwrap_or("");
-        let base1 = argv1.rsplit('/').next().unwrap_or("");
-        self.cfg
-            .benign
-            .iter()
-            .any(|b| p.comm == *b || base0 == b || (base0.starts_with("python") && base1 == b))
+        p.pid == self_pid || is_benign_name(p, &self.cfg.benign)
     }
 
     fn read_stat(&mut self, pid: u32) -> Option<Proc> {
@@ -399,6 +388,17 @@ impl ProcScanner {
         }
         out
     }
+}
+
+/// A process whose name (comm, argv[0], or the script a Python interpreter runs) is in `benign`.
+pub fn is_benign_name(p: &Proc, benign: &[String]) -> bool {
+    let mut args = p.cmdline.split(' ');
+    let base0 = args.next().unwrap_or("").rsplit('/').next().unwrap_or("");
+    // `python3 /usr/bin/nvitop`: the script is the program.
+    let base1 = args.next().unwrap_or("").rsplit('/').next().unwrap_or("");
+    benign
+        .iter()
+        .any(|b| p.comm == *b || base0 == b || (base0.starts_with("python") && base1 == b))
 }
 
 /// Parse `/proc/PID/stat`. The comm may hold spaces and parentheses, so fields are read after the last ')'.

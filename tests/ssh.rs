@@ -1,0 +1,492 @@
+//! Remote hosts through a real OpenSSH sshd that each test starts on loopback (127.0.0.1-3, one port), with
+//! generated host and user keys; the remote end is this binary's `agent --demo`. sshd is required (the
+//! README's test command installs openssh-server); these tests fail rather than skip without it.
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use gpusweep::analyze::AnalyzeOptions;
+use gpusweep::collect::{ConnStatus, Fleet, FleetOptions, HostEvent};
+use gpusweep::hosts::HostSpec;
+use gpusweep::source::demo::DemoClock;
+use gpusweep::source::procfs::ProcfsConfig;
+use gpusweep::source::ssh::SshOptions;
+use gpusweep::sweep::AuditLog;
+
+const BIN: &str = env!("CARGO_BIN_EXE_gpusweep");
+
+struct Sshd {
+    dir: tempfile::TempDir,
+    port: u16,
+    child: Child,
+}
+
+fn keygen(path: &Path) {
+    let o = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(path)
+        .output()
+        .expect("ssh-keygen is required");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+impl Sshd {
+    fn start() -> Sshd {
+        let dir = tempfile::tempdir().expect("tmp");
+        let d = dir.path();
+        keygen(&d.join("host_ed25519"));
+        keygen(&d.join("id_ed25519"));
+        keygen(&d.join("bad_ed25519"));
+        keygen(&d.join("other_host_ed25519"));
+        std::fs::copy(d.join("id_ed25519.pub"), d.join("authorized_keys"))
+            .expect("authorized_keys");
+        std::fs::create_dir_all(d.join("home/.ssh")).expect("home");
+        std::fs::create_dir_all(d.join("bin")).expect("bin");
+        // A fake nvidia-smi printing the reference H200's real CSV (idle GPU, ghost PID 924).
+        let fake = "#!/bin/sh\ncase \"$*\" in\n *query-gpu*) echo '0, GPU-a5b2e79f-a4e0-1241-ebeb-3cdbbcebd2a0, NVIDIA H200, 10157, 143771, 616, 9.0, Enabled, 00000000:00:06.0' ;;\n *query-compute-apps=pid,gpu_uuid*) echo '924, GPU-a5b2e79f-a4e0-1241-ebeb-3cdbbcebd2a0, 10148, [Not Found]' ;;\n *query-compute-apps=pid*) echo '924' ;;\nesac\n";
+        let fake_path = d.join("bin/nvidia-smi");
+        std::fs::write(&fake_path, fake).expect("fake nvidia-smi");
+        Command::new("chmod")
+            .arg("755")
+            .arg(&fake_path)
+            .status()
+            .expect("chmod");
+        std::fs::create_dir_all("/run/sshd").expect("/run/sshd (run the tests as root)");
+        let port = free_port();
+        let cfg = format!(
+            "Port {port}\nListenAddress 127.0.0.1\nListenAddress 127.0.0.2\nListenAddress 127.0.0.3\nHostKey {d}/host_ed25519\nAuthorizedKeysFile {d}/authorized_keys\nPidFile {d}/sshd.pid\nStrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\nPermitRootLogin yes\nAllowTcpForwarding yes\nSetEnv PATH={d}/bin:/usr/local/bin:/usr/bin:/bin GPUSWEEP_CONFIG={d}/none.toml\nMaxStartups 200:30:400\nMaxSessions 200\nLogLevel ERROR\n",
+            d = d.display()
+        );
+        std::fs::write(d.join("sshd_config"), cfg).expect("config");
+        let sshd = ["/usr/sbin/sshd", "/usr/bin/sshd"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .expect("sshd is required: apt-get install openssh-server");
+        let child = Command::new(sshd)
+            .arg("-D")
+            .arg("-e")
+            .arg("-f")
+            .arg(d.join("sshd_config"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start sshd");
+        let s = Sshd { dir, port, child };
+        let t = Instant::now();
+        for a in ["127.0.0.1", "127.0.0.2", "127.0.0.3"] {
+            while TcpStream::connect((a, port)).is_err() {
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "sshd did not start listening"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        s.known_hosts(&["127.0.0.1", "127.0.0.2", "127.0.0.3"], "host_ed25519.pub");
+        s
+    }
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+    fn known_hosts(&self, addrs: &[&str], key: &str) {
+        let pubkey = std::fs::read_to_string(self.path(key)).expect("pub");
+        let mut parts = pubkey.split_whitespace();
+        let (alg, b64) = (parts.next().expect("alg"), parts.next().expect("key"));
+        let text: String = addrs
+            .iter()
+            .map(|a| format!("[{a}]:{} {alg} {b64}\n", self.port))
+            .collect();
+        std::fs::write(self.path("known_hosts"), text).expect("known_hosts");
+    }
+    fn host(&self, n: u8) -> String {
+        format!("root@127.0.0.{n}:{}", self.port)
+    }
+    fn cmd(&self, remote: &str, args: &[&str]) -> Command {
+        self.cmd_with_key(remote, "id_ed25519", args)
+    }
+    fn cmd_with_key(&self, remote: &str, key: &str, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(args)
+            .arg("--known-hosts")
+            .arg(self.path("known_hosts"))
+            .arg("-i")
+            .arg(self.path(key))
+            .arg("--remote-command")
+            .arg(remote)
+            .arg("--connect-timeout")
+            .arg("10")
+            .env("HOME", self.path("home"))
+            .env("GPUSWEEP_CONFIG", self.path("none.toml"))
+            .env("GPUSWEEP_AUDIT_LOG", self.path("audit.jsonl"))
+            .env_remove("SSH_AUTH_SOCK")
+            .env_remove("GPUSWEEP_HOSTS")
+            .stdin(Stdio::null());
+        c
+    }
+    fn run(&self, remote: &str, args: &[&str]) -> Output {
+        self.cmd(remote, args).output().expect("gpusweep")
+    }
+    fn demo_agent(&self) -> String {
+        format!("{BIN} agent --demo --demo-host gpu-b")
+    }
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("json: {e}: {}", text(o)))
+}
+
+#[test]
+fn snapshot_of_three_hosts_and_one_that_is_down() {
+    let s = Sshd::start();
+    let hosts = format!(
+        "{},{},{},root@127.0.0.4:{}",
+        s.host(1),
+        s.host(2),
+        s.host(3),
+        s.port
+    );
+    let t = Instant::now();
+    let o = s.run(&s.demo_agent(), &["snapshot", "--json", "--hosts", &hosts]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v = json(&o);
+    let hs = v["hosts"].as_array().expect("hosts");
+    assert_eq!(hs.len(), 4);
+    for h in &hs[..3] {
+        assert!(h["error"].is_null(), "{}", h["error"]);
+        assert_eq!(h["source"], "agent");
+        let kinds: Vec<&str> = h["findings"]
+            .as_array()
+            .expect("f")
+            .iter()
+            .filter_map(|f| f["kind"].as_str())
+            .collect();
+        for k in [
+            "ghost",
+            "hidden_holder",
+            "residual",
+            "orphan",
+            "zombie",
+            "shm_leftover",
+        ] {
+            assert!(
+                kinds.contains(&k),
+                "{k} missing on {}: {kinds:?}",
+                h["host"]
+            );
+        }
+    }
+    assert!(
+        hs[3]["error"]
+            .as_str()
+            .expect("error")
+            .contains("connection refused"),
+        "{}",
+        hs[3]["error"]
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "a down host must not stall the others"
+    );
+}
+
+#[test]
+fn remote_sweep_then_wait_across_hosts() {
+    let s = Sshd::start();
+    let hosts = format!("{},{}", s.host(1), s.host(2));
+    let o = s.run(
+        &s.demo_agent(),
+        &["wait", "--hosts", &hosts, "--timeout", "1500ms"],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("{}: GPU 7", s.host(1)))
+            && text(&o).contains(&format!("{}: GPU 6", s.host(2))),
+        "{}",
+        text(&o)
+    );
+    let o = s.run(
+        &s.demo_agent(),
+        &[
+            "wait",
+            "--hosts",
+            &hosts,
+            "--gpus",
+            "0-5",
+            "--timeout",
+            "10s",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = s.run(
+        &s.demo_agent(),
+        &["sweep", "--yes", "--hosts", &hosts, "--timeout", "15s"],
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(
+        t.contains(&format!("{}: 7391", s.host(1))) && t.contains(&format!("{}: 7306", s.host(2))),
+        "{t}"
+    );
+    assert!(t.contains("clean: every chosen GPU reads zero"), "{t}");
+}
+
+#[test]
+fn host_keys_unknown_changed_and_learned() {
+    let s = Sshd::start();
+    let h = s.host(1);
+    std::fs::write(s.path("known_hosts"), "").expect("empty");
+    let o = s.run(&s.demo_agent(), &["snapshot", "--json", "--hosts", &h]);
+    let e = json(&o)["hosts"][0]["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        e.contains("unknown host key") && e.contains("--accept-new"),
+        "{e}"
+    );
+    s.known_hosts(&["127.0.0.1"], "other_host_ed25519.pub");
+    let o = s.run(
+        &s.demo_agent(),
+        &["snapshot", "--json", "--hosts", &h, "--accept-new"],
+    );
+    let e = json(&o)["hosts"][0]["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        e.contains("HOST KEY CHANGED"),
+        "a changed key is refused even with --accept-new: {e}"
+    );
+    std::fs::write(s.path("known_hosts"), "").expect("empty");
+    let o = s.run(
+        &s.demo_agent(),
+        &["snapshot", "--json", "--hosts", &h, "--accept-new"],
+    );
+    assert!(json(&o)["hosts"][0]["error"].is_null(), "{}", text(&o));
+    let learned = std::fs::read_to_string(s.path("known_hosts")).expect("read");
+    assert!(
+        learned.contains(&format!("[127.0.0.1]:{}", s.port)),
+        "{learned}"
+    );
+}
+
+#[test]
+fn failed_authentication_says_what_was_tried() {
+    let s = Sshd::start();
+    // A key the server does not know.
+    let o = s
+        .cmd_with_key(
+            &s.demo_agent(),
+            "bad_ed25519",
+            &["snapshot", "--json", "--hosts", &s.host(1)],
+        )
+        .output()
+        .expect("run");
+    let e = json(&o)["hosts"][0]["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        e.contains("authentication failed for user root") && e.contains("bad_ed25519"),
+        "{e}"
+    );
+    assert_eq!(o.status.code(), Some(2), "no host could be read");
+}
+
+#[test]
+fn garbage_instead_of_the_protocol() {
+    let s = Sshd::start();
+    let o = s.run(
+        "echo hello from a login banner; cat",
+        &["snapshot", "--json", "--hosts", &s.host(1)],
+    );
+    let e = json(&o)["hosts"][0]["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        e.contains("did not speak the agent protocol") && e.contains("hello from a login banner"),
+        "{e}"
+    );
+    let bad = r#"printf '%s\n' '{"type":"hello","protocol":1,"version":"t","host":"h","pid":1}' 'NOT JSON'; cat"#;
+    let o = s.run(bad, &["snapshot", "--json", "--hosts", &s.host(1)]);
+    let e = json(&o)["hosts"][0]["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        e.contains("garbage from the agent") && e.contains("NOT JSON"),
+        "{e}"
+    );
+}
+
+#[test]
+fn agentless_fallback_reads_the_fake_nvidia_smi() {
+    let s = Sshd::start();
+    let o = s.run(
+        "gpusweep-not-installed agent",
+        &["snapshot", "--json", "--hosts", &s.host(1)],
+    );
+    let v = json(&o);
+    let h = &v["hosts"][0];
+    assert!(h["error"].is_null(), "{}", text(&o));
+    assert_eq!(h["source"], "smi");
+    assert_eq!(
+        h["gpus"][0]["uuid"],
+        "GPU-a5b2e79f-a4e0-1241-ebeb-3cdbbcebd2a0"
+    );
+    assert_eq!(h["gpus"][0]["memory"]["used"], 10157u64 * 1024 * 1024);
+    assert!(
+        h["gpus"][0]["utilization"].is_null(),
+        "not asked of the fake: N/A, not 0"
+    );
+    assert!(
+        h["missing_features"]
+            .as_array()
+            .expect("features")
+            .iter()
+            .any(|f| f.as_str().unwrap_or("").starts_with("signals"))
+    );
+    let kinds: Vec<&str> = h["findings"]
+        .as_array()
+        .expect("f")
+        .iter()
+        .filter_map(|f| f["kind"].as_str())
+        .collect();
+    assert!(
+        kinds.contains(&"ghost") && kinds.contains(&"residual"),
+        "{kinds:?}"
+    );
+    // Kills are refused there: no pidfd without the agent.
+    let o = s.run(
+        "gpusweep-not-installed agent",
+        &["kill", "1234567", "--hosts", &s.host(1), "--yes"],
+    );
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+}
+
+#[test]
+fn proxy_jump_through_a_first_host() {
+    let s = Sshd::start();
+    let cfg = format!(
+        "Host target\n  HostName 127.0.0.2\n  Port {0}\n  User root\n  ProxyJump root@127.0.0.1:{0}\n",
+        s.port
+    );
+    std::fs::write(s.path("ssh_config"), cfg).expect("cfg");
+    let cfg_path = s.path("ssh_config").display().to_string();
+    let o = s.run(
+        &s.demo_agent(),
+        &[
+            "snapshot",
+            "--json",
+            "--hosts",
+            "target",
+            "--ssh-config",
+            &cfg_path,
+        ],
+    );
+    let v = json(&o);
+    assert!(v["hosts"][0]["error"].is_null(), "{}", text(&o));
+    assert_eq!(v["hosts"][0]["host"], "target");
+    assert_eq!(v["hosts"][0]["gpus"].as_array().expect("gpus").len(), 8);
+}
+
+#[test]
+fn local_command_transport() {
+    let o = Command::new(BIN)
+        .args([
+            "snapshot",
+            "--json",
+            "--hosts",
+            &format!("cmd:{BIN} agent --demo --demo-host gpu-c"),
+        ])
+        .env("GPUSWEEP_CONFIG", "/nonexistent/gpusweep.toml")
+        .output()
+        .expect("run");
+    let v = json(&o);
+    assert!(v["hosts"][0]["error"].is_null(), "{}", text(&o));
+    assert!(
+        v["hosts"][0]["findings"]
+            .as_array()
+            .expect("f")
+            .iter()
+            .any(|f| f["kind"] == "smem_limit")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_killed_mid_stream_is_reported_and_reconnected() {
+    let s = Sshd::start();
+    let opts = FleetOptions {
+        interval: Duration::from_millis(200),
+        analyze: AnalyzeOptions::default(),
+        procfs: ProcfsConfig::default(),
+        load_nvml: false,
+        audit: AuditLog {
+            path: Some(s.path("audit.jsonl")),
+        },
+        ssh: SshOptions {
+            remote_command: format!("timeout 1 {BIN} agent --demo"),
+            identities: vec![s.path("id_ed25519")],
+            known_hosts: Some(s.path("known_hosts")),
+            ssh_config: Some(s.path("none_config")),
+            connect_timeout: Duration::from_secs(10),
+            ..Default::default()
+        },
+        demo_clock: DemoClock::real(),
+    };
+    let spec = HostSpec::Ssh {
+        user: Some("root".into()),
+        host: "127.0.0.1".into(),
+        port: Some(s.port),
+    };
+    let mut fleet = Fleet::start(&[spec], &opts).expect("fleet");
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut snapshots_after_down = 0;
+    let mut down = None;
+    while snapshots_after_down == 0 {
+        let ev = tokio::time::timeout_at(deadline, fleet.events.recv())
+            .await
+            .expect("events in time")
+            .expect("event");
+        match ev {
+            HostEvent::Snapshot { .. } if down.is_some() => snapshots_after_down += 1,
+            HostEvent::Snapshot { .. } => seen.push("snapshot"),
+            HostEvent::Status {
+                status: ConnStatus::Down(e),
+                ..
+            } => down = Some(e),
+            _ => {}
+        }
+    }
+    assert!(!seen.is_empty(), "readings before the agent died");
+    assert!(
+        down.as_deref().unwrap_or("").contains("agent exited"),
+        "{down:?}"
+    );
+}
