@@ -153,19 +153,9 @@ fn orphan_holder_is_found_and_swept_with_yes() {
 #[test]
 fn zombie_is_found_with_its_parent() {
     let env = Env::new();
-    // sh forks `true`, then becomes `sleep`, which never reaps it.
-    let mut parent = Command::new("sh")
-        .args(["-c", "true & echo $!; exec sleep 300"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(parent.stdout.take().expect("stdout")),
-        &mut line,
-    )
-    .expect("read");
-    let zpid: u32 = line.trim().parse().expect("pid");
+    // This test process is the parent, and it does not wait() until the end: a real zombie.
+    let mut child = Command::new("true").spawn().expect("spawn");
+    let zpid = child.id();
     await_cond("the zombie", || stat_field(zpid, 0).as_deref() == Some("Z"));
     let o = env.run(&[
         "snapshot",
@@ -180,7 +170,9 @@ fn zombie_is_found_with_its_parent() {
         h["zombies"]
             .as_array()
             .expect("zombies")
-            .contains(&serde_json::json!(zpid))
+            .contains(&serde_json::json!(zpid)),
+        "{zpid} not in {}",
+        h["zombies"]
     );
     let f = h["findings"]
         .as_array()
@@ -188,9 +180,12 @@ fn zombie_is_found_with_its_parent() {
         .iter()
         .find(|f| f["kind"] == "zombie" && f["pid"] == zpid)
         .expect("zombie finding");
-    assert_eq!(f["target_pid"], parent.id(), "the action is on the parent");
-    let _ = parent.kill();
-    let _ = parent.wait();
+    assert_eq!(
+        f["target_pid"],
+        std::process::id(),
+        "the action is on the parent"
+    );
+    let _ = child.wait();
 }
 
 #[test]

@@ -76,6 +76,8 @@ struct Cached {
     start_time: u64,
     fds: FdInfo,
     cmdline: Option<String>,
+    /// The process as last read; reused between full scans for processes nobody needs fresh.
+    proc_: Proc,
 }
 
 /// The raw result of one /proc scan.
@@ -102,6 +104,9 @@ pub struct ProcScanner {
     boot_time: Option<u64>,
     users: HashMap<u32, String>,
     buf: String,
+    path_buf: String,
+    /// System V limits and segments, re-read on full scans only.
+    sysv: (Option<u64>, Option<u64>, Option<u64>, Vec<SysvSegment>),
     /// Mapped-shm users from the last full scan (mapping outlives the fd).
     shm_mapped: HashMap<String, Vec<u32>>,
 }
@@ -134,6 +139,8 @@ impl ProcScanner {
             boot_time,
             users: read_passwd(Path::new("/etc/passwd")),
             buf: String::with_capacity(4096),
+            path_buf: String::with_capacity(64),
+            sysv: (None, None, None, Vec::new()),
             shm_mapped: HashMap::new(),
         })
     }
@@ -170,12 +177,25 @@ impl ProcScanner {
             let Some(pid) = name.to_str().and_then(|s| s.parse::<u32>().ok()) else {
                 continue;
             };
-            let Some(mut p) = self.read_stat(pid) else {
+            // Between full scans only processes that matter now are re-read: new ones, holders, NVML's
+            // listed PIDs. The rest keep their last reading (a kill re-checks the start time anyway).
+            let reuse = !full
+                && !always.contains(&pid)
+                && self
+                    .cache
+                    .get(&pid)
+                    .is_some_and(|c| c.fds.devices.is_empty() && c.fds.readable);
+            let fresh = if reuse {
+                self.cache.get(&pid).map(|c| c.proc_.clone())
+            } else {
+                self.read_stat(pid)
+            };
+            let Some(mut p) = fresh else {
                 continue;
             };
             seen.insert(pid);
             if p.state == 'Z' {
-                // A zombie has no fds and no memory: nothing more to read.
+                // A zombie has no fds and no memory: nothing more to read. Not cached, so re-read each poll.
                 self.cache.remove(&pid);
                 table.procs.insert(pid, p);
                 continue;
@@ -216,6 +236,7 @@ impl ProcScanner {
                     start_time: p.start_time,
                     fds,
                     cmdline,
+                    proc_: p.clone(),
                 },
             );
             table.procs.insert(pid, p);
@@ -237,6 +258,11 @@ impl ProcScanner {
                 }
                 p.cmdline = c;
             }
+            if p.uid.is_none() {
+                p.uid = fs::metadata(self.cfg.proc_root.join(pid.to_string()))
+                    .ok()
+                    .map(|m| m.uid());
+            }
             if let Some(uid) = p.uid {
                 p.user = Some(
                     self.users
@@ -253,15 +279,22 @@ impl ProcScanner {
     }
 
     fn read_stat(&mut self, pid: u32) -> Option<Proc> {
-        let dir = self.cfg.proc_root.join(pid.to_string());
+        use std::fmt::Write as _;
+        // One reused buffer for the path: this runs for every process on every poll.
+        let mut path = std::mem::take(&mut self.path_buf);
+        path.clear();
+        let _ = write!(path, "{}/{pid}/stat", self.cfg.proc_root.display());
         self.buf.clear();
-        fs::File::open(dir.join("stat"))
-            .ok()?
-            .read_to_string(&mut self.buf)
-            .ok()?;
+        let ok = fs::File::open(&path)
+            .ok()
+            .and_then(|mut f| f.read_to_string(&mut self.buf).ok())
+            .is_some();
+        self.path_buf = path;
+        if !ok {
+            return None;
+        }
         let mut p = parse_stat(&self.buf)?;
         p.started_at = self.boot_time.map(|b| b + p.start_time / self.clk_tck);
-        p.uid = fs::metadata(&dir).ok().map(|m| m.uid());
         Some(p)
     }
 
@@ -349,18 +382,23 @@ impl ProcScanner {
             seg.users = Some(users);
         }
         info.segments.sort_by(|a, b| a.name.cmp(&b.name));
-        let sys = self.cfg.proc_root.join("sys/kernel");
-        let read_u64 = |f: &str| {
-            fs::read_to_string(sys.join(f))
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-        };
-        info.shmmax = read_u64("shmmax");
-        info.shmall = read_u64("shmall");
-        info.shmmni = read_u64("shmmni");
-        info.sysv_segments = fs::read_to_string(self.cfg.proc_root.join("sysvipc/shm"))
-            .map(|s| parse_sysvipc_shm(&s))
-            .unwrap_or_default();
+        if table.full {
+            let sys = self.cfg.proc_root.join("sys/kernel");
+            let read_u64 = |f: &str| {
+                fs::read_to_string(sys.join(f))
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+            };
+            self.sysv = (
+                read_u64("shmmax"),
+                read_u64("shmall"),
+                read_u64("shmmni"),
+                fs::read_to_string(self.cfg.proc_root.join("sysvipc/shm"))
+                    .map(|s| parse_sysvipc_shm(&s))
+                    .unwrap_or_default(),
+            );
+        }
+        (info.shmmax, info.shmall, info.shmmni, info.sysv_segments) = self.sysv.clone();
         info
     }
 
