@@ -50,6 +50,9 @@ pub struct Global {
     /// Config file. Default $GPUSWEEP_CONFIG or ~/.config/gpusweep/config.toml.
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// TUI: watch this host even without an NVIDIA driver (otherwise the TUI opens the demo cluster there).
+    #[arg(long, global = true)]
+    pub local: bool,
     /// Do not load NVML: judge by holders, zombies and /dev/shm alone.
     #[arg(long, global = true)]
     pub no_nvml: bool,

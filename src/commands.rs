@@ -28,6 +28,10 @@ pub struct Settings {
     pub config: Config,
     pub connect_timeout: Duration,
     pub demo: bool,
+    /// Hosts came from --hosts, --hostfile or the config file (not the local default).
+    pub hosts_given: bool,
+    /// --local: never fall back to the demo cluster.
+    pub local: bool,
 }
 
 pub fn settings(g: &Global) -> anyhow::Result<Settings> {
@@ -46,6 +50,7 @@ pub fn settings(g: &Global) -> anyhow::Result<Settings> {
             std::fs::read_to_string(f).with_context(|| format!("--hostfile {}", f.display()))?;
         host_values.extend(hosts::parse_hostfile(&text));
     }
+    let mut hosts_given = !host_values.is_empty();
     let specs = if g.demo {
         if host_values.is_empty() {
             DEMO_HOSTS
@@ -72,6 +77,7 @@ pub fn settings(g: &Global) -> anyhow::Result<Settings> {
         if host_values.is_empty() {
             host_values = config.hosts.clone();
         }
+        hosts_given = !host_values.is_empty();
         if host_values.is_empty() {
             vec![HostSpec::Local]
         } else {
@@ -128,6 +134,8 @@ pub fn settings(g: &Global) -> anyhow::Result<Settings> {
         config,
         connect_timeout,
         demo: g.demo,
+        hosts_given,
+        local: g.local || g.no_nvml,
     })
 }
 

@@ -55,7 +55,33 @@ fn apply(fleet: &Fleet, effects: Vec<Effect>) {
     }
 }
 
+/// With no hosts named and no NVIDIA driver here, the TUI shows the demo cluster (and says so) rather than an
+/// empty screen; `--local` keeps this host.
+fn demo_fallback(s: &Settings) -> Option<(Settings, String)> {
+    if s.demo || s.hosts_given || s.local || s.specs != [HostSpec::Local] {
+        return None;
+    }
+    let why = crate::source::nvml::NvmlReader::open().err()?;
+    let mut d = s.clone();
+    d.demo = true;
+    d.specs = crate::source::demo::DEMO_HOSTS
+        .iter()
+        .map(|h| HostSpec::Demo(h.to_string()))
+        .collect();
+    Some((
+        d,
+        format!(
+            "{why}: showing the simulated demo cluster (--local watches this host, --hosts others)"
+        ),
+    ))
+}
+
 pub fn run(s: &Settings) -> anyhow::Result<i32> {
+    let fallback = demo_fallback(s);
+    let (s, note) = match &fallback {
+        Some((d, note)) => (d, Some(note.clone())),
+        None => (s, None),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -64,6 +90,9 @@ pub fn run(s: &Settings) -> anyhow::Result<i32> {
     let res = rt.block_on(async {
         let mut fleet = Fleet::start(&s.specs, &s.fleet)?;
         let mut app = new_app(s, fleet.labels.clone())?;
+        if let Some(n) = note {
+            app.status = Some((n, crate::tui::app::Level::Info));
+        }
         let mut terminal = ratatui::init();
         let prev = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {

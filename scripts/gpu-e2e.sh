@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# End-to-end validation on a real NVIDIA GPU host with PyTorch (written for one H200; works with more GPUs).
+# Makes real leaks with PyTorch and checks what gpusweep finds, that sweeps bring the GPU back to 0 MiB, the
+# TUI under tmux, the agent path, and the speed numbers. Results go to $OUT (default /tmp/gpusweep-e2e):
+#   summary.txt  PASS/FAIL per check and the key numbers     e2e.log   everything, step by step
+#   tui.txt      TUI screens captured under tmux             bench.txt whole-process timings, poll bench, TUI CPU
+#   ep.log       the EP-style job killed and swept (gpu-ep.sh)   forkleak.json / actions.jsonl
+# Usage: BIN=.gpu/gpusweep scripts/gpu-e2e.sh      (BENCH=.gpu/poll-bench for the in-process poll benchmark)
+set -u
+cd "$(dirname "$0")/.."
+BIN=${BIN:-.gpu/gpusweep}
+BENCH=${BENCH:-.gpu/poll-bench}
+OUT=${OUT:-/tmp/gpusweep-e2e}
+G=scripts/gpu
+mkdir -p "$OUT"
+LOG=$OUT/e2e.log
+SUM=$OUT/summary.txt
+: >"$LOG"; : >"$SUM"
+export GPUSWEEP_CONFIG=/nonexistent/gpusweep.toml GPUSWEEP_AUDIT_LOG=$OUT/actions.jsonl PYTHONUNBUFFERED=1
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done; tmux kill-server 2>/dev/null; rm -f /dev/shm/nccl-gpusweep-e2e-*; }
+trap cleanup EXIT
+
+say() { echo "== $*" | tee -a "$LOG"; }
+pass() { echo "PASS $*" | tee -a "$SUM" "$LOG"; }
+fail() { echo "FAIL $*" | tee -a "$SUM" "$LOG"; }
+note() { echo "NOTE $*" | tee -a "$SUM" "$LOG"; }
+check() { local d=$1; shift; if "$@" >>"$LOG" 2>&1; then pass "$d"; else fail "$d"; fi; }
+# wait_line FILE REGEX SECS: until the file has a matching line
+wait_line() { local i=0; while ! grep -qE "$2" "$1" 2>/dev/null; do sleep 0.2; i=$((i+1)); [ $i -gt $(($3*5)) ] && return 1; done; }
+# jcheck FILE EXPR: a Python expression over h (the first host of a snapshot) and K(kind, pid=None)
+jcheck() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+h = json.load(open(sys.argv[1]))["hosts"][0]
+def K(kind, pid=None, **kw):
+    return [f for f in h["findings"] if f["kind"] == kind and (pid is None or f["pid"] == pid)
+            and all(f.get(k) == v for k, v in kw.items())]
+ok = eval(sys.argv[2])
+print("check:", sys.argv[2], "->", bool(ok))
+sys.exit(0 if ok else 1)
+PY
+}
+gpu0_used_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 | tr -d ' '; }
+# bg FILE CMD...: start in the background (this shell is its parent), pid in $BGPID
+bg() { local out=$1; shift; "$@" >"$out" 2>&1 & BGPID=$!; PIDS+=("$BGPID"); }
+stat_state() { awk '{print $3}' "/proc/$1/stat" 2>/dev/null; }
+
+say "environment $(date -u +%FT%TZ)"
+{ uname -a; nvidia-smi -L; nvidia-smi --query-gpu=driver_version,memory.total,compute_cap --format=csv; python3 -c 'import torch; print("torch", torch.__version__)'; "$BIN" --version; } >>"$LOG" 2>&1
+
+say "1. idle GPU reads clean"
+"$BIN" snapshot >>"$LOG" 2>&1
+"$BIN" snapshot --json >"$OUT/idle.json" 2>>"$LOG"
+check "idle: every GPU reads used = 0 with the reservation apart" jcheck "$OUT/idle.json" 'all(g["memory"]["used"] == 0 and g["memory"]["reserved"] > 0 for g in h["gpus"])'
+check "idle: no leak findings" jcheck "$OUT/idle.json" 'not [f for f in h["findings"] if f["severity"] == "leak"]'
+check "idle: wait exits 0 at once" "$BIN" wait --timeout 5s
+cat "$OUT/idle.json" >>"$LOG"; rm -f "$OUT/idle.json"
+
+say "2. whole-process cost: gpusweep snapshot --json vs one nvidia-smi query"
+python3 - "$BIN" >"$OUT/bench.txt" 2>&1 <<'PY'
+import statistics, subprocess, sys, time
+def t(cmd, n=40):
+    xs = []
+    for _ in range(n):
+        a = time.perf_counter(); subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); xs.append((time.perf_counter() - a) * 1000)
+    return statistics.median(xs), min(xs), max(xs)
+g = t([sys.argv[1], "snapshot", "--json"]); n = t(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader"])
+print("gpusweep snapshot --json: median %.1f ms (min %.1f, max %.1f) over 40 runs" % g)
+print("nvidia-smi --query-gpu=memory.used: median %.1f ms (min %.1f, max %.1f) over 40 runs" % n)
+print("RESULT gpusweep_ms=%.1f nvidia_smi_ms=%.1f faster=%s" % (g[0], n[0], g[0] < n[0]))
+PY
+cat "$OUT/bench.txt" | tee -a "$LOG"
+check "speed: a whole snapshot process beats one nvidia-smi query" grep -q "faster=True" "$OUT/bench.txt"
+if [ -x "$BENCH" ]; then
+  say "in-process poll benchmark (criterion)"
+  timeout 150 "$BENCH" --bench 2>&1 | grep -E "poll bench|time:|^poll|^analyze" | tee -a "$OUT/bench.txt" "$LOG"
+fi
+
+say "3. a PyTorch process holding 20 GB is listed with its cmdline"
+bg "$OUT/hold.out" python3 $G/hold.py 20; P=$BGPID
+if wait_line "$OUT/hold.out" READY 90; then
+  "$BIN" snapshot --json >"$OUT/hold.json" 2>>"$LOG"; "$BIN" snapshot >>"$LOG" 2>&1
+  check "holder: pid $P listed on GPU 0 with >= 20 GiB and its cmdline" jcheck "$OUT/hold.json" "any(p['pid'] == $P and p['used_bytes'] >= 20*2**30 for p in h['gpus'][0]['processes']) and any(q['pid'] == $P and 'hold.py' in q['cmdline'] for q in h['processes'])"
+  check "holder: a live listed process is in use, not a leak" jcheck "$OUT/hold.json" 'not [f for f in h["findings"] if f["severity"] == "leak"]'
+  check "holder: the holder's fds on /dev/nvidia0 are seen" jcheck "$OUT/hold.json" "any(x['pid'] == $P and 0 in x['gpus'] for x in h['holders'])"
+  rm -f "$OUT/hold.json"
+  check "holder: gpusweep kill --grace 5s ends it" "$BIN" kill "$P" --yes --grace 5s
+  check "holder: then wait sees 0 MiB" "$BIN" wait --timeout 20s
+else fail "holder: hold.py did not start"; cat "$OUT/hold.out" >>"$LOG"; fi
+
+say "4. the fork leak: parent SIGKILLed, a forked child keeps 10 GB alive"
+bg "$OUT/fork.out" python3 $G/fork_leak.py 10
+if wait_line "$OUT/fork.out" PARENT 90; then
+  read -r _ PARENT _ CHILD < <(grep PARENT "$OUT/fork.out")
+  kill -9 "$PARENT"; wait "$PARENT" 2>/dev/null
+  say "parent $PARENT killed; child $CHILD; nvidia-smi now says:"
+  nvidia-smi 2>&1 | tail -8 >>"$LOG"
+  nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory,process_name --format=csv,noheader,nounits >>"$LOG" 2>&1
+  "$BIN" snapshot --json >"$OUT/forkleak.json" 2>>"$LOG"; "$BIN" snapshot >>"$LOG" 2>&1
+  check "fork leak: ghost = dead parent $PARENT" jcheck "$OUT/forkleak.json" "K('ghost', $PARENT, gpu=0)"
+  check "fork leak: hidden holder = child $CHILD" jcheck "$OUT/forkleak.json" "K('hidden_holder', $CHILD, gpu=0)"
+  check "fork leak: child $CHILD is an orphan (ppid 1)" jcheck "$OUT/forkleak.json" "K('orphan', $CHILD)"
+  check "fork leak: residual of about 10 GB on GPU 0" jcheck "$OUT/forkleak.json" "any(f['bytes'] >= 9*2**30 for f in K('residual', gpu=0))"
+  "$BIN" sweep --dry-run >"$OUT/plan.txt" 2>&1; cat "$OUT/plan.txt" >>"$LOG"
+  check "fork leak: the plan names the child $CHILD and not the dead parent" bash -c "grep -qE '^ +[^ ]+ +$CHILD ' '$OUT/plan.txt' && ! grep -qE '^ +[^ ]+ +$PARENT ' '$OUT/plan.txt'"
+  "$BIN" sweep --yes --grace 5s --timeout 60s >"$OUT/sweep.txt" 2>&1; rc=$?
+  cat "$OUT/sweep.txt" >>"$LOG"
+  check "fork leak: sweep --yes exits 0 (clean)" test $rc -eq 0
+  check "fork leak: GPU 0 reads 0 MiB after the sweep (nvidia-smi: $(gpu0_used_mib) MiB)" test "$(gpu0_used_mib)" = 0
+  note "fork leak: $(grep -o 'clean: .*' "$OUT/sweep.txt")"
+  rm -f "$OUT/plan.txt" "$OUT/sweep.txt"
+else fail "fork leak: fork_leak.py did not start"; cat "$OUT/fork.out" >>"$LOG"; fi
+
+say "5. a zombie: a parent that never waits for its CUDA child"
+bg "$OUT/zombie.out" python3 $G/zombie.py 5 4
+if wait_line "$OUT/zombie.out" PARENT 30; then
+  read -r _ ZP _ ZC < <(grep PARENT "$OUT/zombie.out")
+  i=0; while [ "$(stat_state "$ZC")" != Z ] && [ $i -lt 300 ]; do sleep 0.2; i=$((i+1)); done
+  say "zombie $ZC state $(stat_state "$ZC"), GPU 0 used $(gpu0_used_mib) MiB"
+  "$BIN" snapshot --json >"$OUT/z.json" 2>>"$LOG"
+  check "zombie: $ZC found, the action names its parent $ZP" jcheck "$OUT/z.json" "any(f['target_pid'] == $ZP for f in K('zombie', $ZC))"
+  check "zombie: it holds no memory (GPU 0 clean)" jcheck "$OUT/z.json" 'h["gpus"][0]["memory"]["used"] == 0'
+  grep -A1 '"zombie"' "$OUT/z.json" >>"$LOG"; rm -f "$OUT/z.json"
+  kill -9 "$ZP"
+else fail "zombie: zombie.py did not start"; fi
+
+say "6. /dev/shm: a leftover nccl segment, and one still mapped by a live process"
+dd if=/dev/zero of=/dev/shm/nccl-gpusweep-e2e-leftover bs=1M count=32 status=none
+bg "$OUT/shm.out" python3 $G/shm_user.py nccl-gpusweep-e2e-inuse
+wait_line "$OUT/shm.out" READY 20
+"$BIN" snapshot --json >"$OUT/shm.json" 2>>"$LOG"
+check "shm: the leftover is a finding" jcheck "$OUT/shm.json" "any('nccl-gpusweep-e2e-leftover' in f['detail'] for f in K('shm_leftover'))"
+check "shm: the mapped one is not (its user is seen through /proc/PID/maps)" jcheck "$OUT/shm.json" "not any('nccl-gpusweep-e2e-inuse' in f['detail'] for f in K('shm_leftover')) and any(s['name'] == 'nccl-gpusweep-e2e-inuse' and s['users'] for s in h['shm']['segments'])"
+python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["hosts"][0]["shm"], indent=1))' "$OUT/shm.json" >>"$LOG"
+rm -f "$OUT/shm.json" /dev/shm/nccl-gpusweep-e2e-*
+
+say "7. the agent path: a real GPU through \`gpusweep agent\` on a local command transport"
+bg "$OUT/hold2.out" python3 $G/hold.py 8; P=$BGPID
+if wait_line "$OUT/hold2.out" READY 90; then
+  "$BIN" snapshot --json --hosts "cmd:$BIN agent" >"$OUT/agent.json" 2>>"$LOG"
+  check "agent: the GPU and pid $P come through the agent stream" jcheck "$OUT/agent.json" "h['source'] == 'agent' and h['error'] is None and any(p['pid'] == $P for p in h['gpus'][0]['processes'])"
+  python3 -c 'import json,sys; h=json.load(open(sys.argv[1]))["hosts"][0]; print(h["host"], h["source"], [(g["index"], g["name"], g["memory"]) for g in h["gpus"]])' "$OUT/agent.json" >>"$LOG"
+  rm -f "$OUT/agent.json"
+  "$BIN" sweep --yes --hosts "cmd:$BIN agent" --grace 5s --timeout 30s >>"$LOG" 2>&1
+  check "agent: a sweep through the agent brings GPU 0 to 0 MiB" test "$(gpu0_used_mib)" = 0
+else fail "agent: hold.py did not start"; fi
+
+say "8. the TUI under tmux on the real GPU: a leak appears, a sweep from the keyboard clears it"
+bg "$OUT/fork2.out" python3 $G/fork_leak.py 10
+if wait_line "$OUT/fork2.out" PARENT 90; then
+  read -r _ PARENT _ CHILD < <(grep PARENT "$OUT/fork2.out"); kill -9 "$PARENT"
+  tmux new-session -d -s gs -x 160 -y 48 "$BIN; echo EXITED \$?; sleep 60"
+  cap() { tmux capture-pane -p -t gs; }
+  until_screen() { local i=0; until cap | grep -q "$1"; do sleep 0.2; i=$((i+1)); [ $i -gt $(($2*5)) ] && return 1; done; }
+  if until_screen "hidden_holder" 20; then
+    { echo "---- leak on the real H200 ($(date -u +%FT%TZ))"; cap; } >>"$OUT/tui.txt"; pass "tui: the leak shows as findings"
+    tmux send-keys -t gs S; sleep 0.5
+    { echo "---- sweep dialog"; cap; } >>"$OUT/tui.txt"
+    tmux send-keys -t gs Enter
+    if until_screen "read zero after" 40; then pass "tui: the sweep from the keyboard ends with the all-zero banner"; else fail "tui: no all-zero banner"; fi
+    { echo "---- after the sweep"; cap; } >>"$OUT/tui.txt"
+    check "tui: GPU 0 reads 0 MiB" test "$(gpu0_used_mib)" = 0
+  else fail "tui: the leak did not show"; { echo "---- screen"; cap; } >>"$OUT/tui.txt"; fi
+  tmux send-keys -t gs q; sleep 0.5; tmux kill-server 2>/dev/null
+else fail "tui: fork_leak.py did not start"; fi
+
+say "9. TUI idle cost: 30 s at a 1 s poll (real GPU), then the demo cluster"
+tui_cpu() {
+  tmux new-session -d -s idle -x 160 -y 48 "$*"; sleep 2
+  local pid; pid=$(pgrep -f "^$1" | head -1)
+  local t0 t1; t0=$(awk '{print $14+$15}' /proc/$pid/stat); sleep 30; t1=$(awk '{print $14+$15}' /proc/$pid/stat)
+  local rss; rss=$(awk '/VmRSS/{print $2}' /proc/$pid/status)
+  tmux kill-session -t idle
+  python3 -c "import os,sys; t=(int(sys.argv[2])-int(sys.argv[1]))/os.sysconf('SC_CLK_TCK'); print('TUI %s: %.2f%% of one core over 30 s, %.1f MB resident' % (sys.argv[4], 100*t/30, int(sys.argv[3])/1024))" "$t0" "$t1" "$rss" "$*"
+}
+tui_cpu "$BIN" | tee -a "$OUT/bench.txt" "$LOG"
+tui_cpu "$BIN" --demo | tee -a "$OUT/bench.txt" "$LOG"
+
+say "10. an EP-style job on one GPU: launcher + 4 workers, launcher SIGKILLed, swept"
+WORKERS=4 GPUS=1 GB=8 OUT="$OUT" BIN="$BIN" bash scripts/gpu-ep.sh >>"$LOG" 2>&1
+grep -E "^(PASS|FAIL|NOTE)" "$OUT/ep.log" | sed 's/^/  ep: /' | tee -a "$SUM"
+
+say "summary"
+cat "$SUM"
+grep -q '^FAIL' "$SUM" && exit 1 || exit 0
