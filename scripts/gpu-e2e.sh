@@ -27,7 +27,7 @@ fail() { echo "FAIL $*" | tee -a "$SUM" "$LOG"; }
 note() { echo "NOTE $*" | tee -a "$SUM" "$LOG"; }
 check() { local d=$1; shift; if "$@" >>"$LOG" 2>&1; then pass "$d"; else fail "$d"; fi; }
 # wait_line FILE REGEX SECS: until the file has a matching line
-wait_line() { local i=0; while ! grep -qE "$2" "$1" 2>/dev/null; do sleep 0.2; i=$((i+1)); [ $i -gt $(($3*5)) ] && return 1; done; }
+wait_line() { local i=0; while ! grep -qE "$2" "$1" 2>/dev/null; do sleep 0.2; i=$((i+1)); [ $i -gt $(($3*5)) ] && return 1; done; return 0; }
 # jcheck FILE EXPR: a Python expression over h (the first host of a snapshot) and K(kind, pid=None)
 jcheck() {
   python3 - "$1" "$2" <<'PY'
@@ -152,7 +152,7 @@ if wait_line "$OUT/fork2.out" PARENT 90; then
   read -r _ PARENT _ CHILD < <(grep PARENT "$OUT/fork2.out"); kill -9 "$PARENT"
   tmux new-session -d -s gs -x 160 -y 48 "$BIN; echo EXITED \$?; sleep 60"
   cap() { tmux capture-pane -p -t gs; }
-  until_screen() { local i=0; until cap | grep -q "$1"; do sleep 0.2; i=$((i+1)); [ $i -gt $(($2*5)) ] && return 1; done; }
+  until_screen() { local i=0; until cap | grep -q "$1"; do sleep 0.2; i=$((i+1)); [ $i -gt $(($2*5)) ] && return 1; done; return 0; }
   if until_screen "hidden_holder" 20; then
     { echo "---- leak on the real H200 ($(date -u +%FT%TZ))"; cap; } >>"$OUT/tui.txt"; pass "tui: the leak shows as findings"
     tmux send-keys -t gs S; sleep 0.5

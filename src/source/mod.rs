@@ -44,6 +44,8 @@ impl Deliverer {
 pub struct LocalSource {
     host: String,
     nvml: Result<nvml::NvmlReader, String>,
+    /// NVML is loaded on a thread of its own (about 10 ms on a real H200) while the first /proc scan runs.
+    loader: Option<std::thread::JoinHandle<Result<nvml::NvmlReader, String>>>,
     scanner: ProcScanner,
     self_pid: u32,
     in_child_ns: bool,
@@ -61,11 +63,12 @@ impl LocalSource {
         let in_child_ns = procfs::in_child_pid_namespace(&procfs.proc_root);
         Ok(LocalSource {
             host,
-            nvml: if load_nvml {
-                nvml::NvmlReader::open()
+            nvml: Err(if load_nvml {
+                "NVML loading".into()
             } else {
-                Err("NVML disabled (--no-nvml)".into())
-            },
+                "NVML disabled (--no-nvml)".into()
+            }),
+            loader: load_nvml.then(|| std::thread::spawn(nvml::NvmlReader::open)),
             scanner: ProcScanner::new(procfs)?,
             self_pid: std::process::id(),
             in_child_ns,
@@ -80,6 +83,16 @@ impl Source for LocalSource {
     }
 
     fn poll(&mut self) -> anyhow::Result<HostSnapshot> {
+        // While NVML loads, take the first (full) /proc scan; it walks every process, listed ones included.
+        let early = self
+            .loader
+            .is_some()
+            .then(|| self.scanner.scan(false, &HashSet::new()));
+        if let Some(h) = self.loader.take() {
+            self.nvml = h
+                .join()
+                .unwrap_or_else(|_| Err("NVML loader panicked".into()));
+        }
         let (gpus, gpu_error, driver_version) = match &self.nvml {
             Ok(r) => match r.read() {
                 Ok(g) => (g, None, r.driver_version()),
@@ -91,7 +104,10 @@ impl Source for LocalSource {
             .iter()
             .flat_map(|g| g.processes.iter().map(|p| p.pid))
             .collect();
-        let mut table = self.scanner.scan(false, &listed);
+        let mut table = match early {
+            Some(t) => t,
+            None => self.scanner.scan(false, &listed),
+        };
         if !table.full && memory_unexplained(&gpus, &table) {
             // Memory without a live owner: look at every process now rather than at the next full scan.
             table = self.scanner.scan(true, &listed);

@@ -172,6 +172,9 @@ impl ProcScanner {
             return table;
         };
         let mut seen = HashSet::new();
+        // Pass 1: which processes exist and which need their fds walked.
+        let mut live: Vec<Proc> = Vec::new();
+        let mut to_walk: Vec<u32> = Vec::new();
         for entry in dir.flatten() {
             let name = entry.file_name();
             let Some(pid) = name.to_str().and_then(|s| s.parse::<u32>().ok()) else {
@@ -190,7 +193,7 @@ impl ProcScanner {
             } else {
                 self.read_stat(pid)
             };
-            let Some(mut p) = fresh else {
+            let Some(p) = fresh else {
                 continue;
             };
             seen.insert(pid);
@@ -200,22 +203,44 @@ impl ProcScanner {
                 table.procs.insert(pid, p);
                 continue;
             }
+            // Kernel threads (children of kthreadd) have no fds.
+            let kthread = p.pid == 2 || p.ppid == 2;
             let cached = self
                 .cache
                 .get(&pid)
                 .filter(|c| c.start_time == p.start_time);
-            let rescan = match cached {
-                None => true,
-                Some(c) => {
-                    full || !c.fds.devices.is_empty() || !c.fds.readable || always.contains(&pid)
-                }
-            };
-            let fds = if rescan {
-                self.read_fds(pid)
-            } else {
-                cached.map(|c| c.fds.clone()).unwrap_or_default()
-            };
+            let rescan = !kthread
+                && match cached {
+                    None => true,
+                    Some(c) => {
+                        full || !c.fds.devices.is_empty()
+                            || !c.fds.readable
+                            || always.contains(&pid)
+                    }
+                };
+            if rescan {
+                to_walk.push(pid);
+            }
+            live.push(p);
+        }
+        // Pass 2: walk fds, on several threads when there are many (a full scan of a busy node).
+        let walked = self.walk_all(&to_walk);
+        // Pass 3: assemble the table and the cache.
+        for mut p in live {
+            let pid = p.pid;
+            let cached = self
+                .cache
+                .get(&pid)
+                .filter(|c| c.start_time == p.start_time);
             let cmdline = cached.and_then(|c| c.cmdline.clone());
+            let fds = match walked.get(&pid) {
+                Some(f) => f.clone(),
+                None if p.pid == 2 || p.ppid == 2 => FdInfo {
+                    readable: true,
+                    ..Default::default()
+                },
+                None => cached.map(|c| c.fds.clone()).unwrap_or_default(),
+            };
             if !fds.readable {
                 table.unreadable.insert(pid);
             }
@@ -296,6 +321,30 @@ impl ProcScanner {
         let mut p = parse_stat(&self.buf)?;
         p.started_at = self.boot_time.map(|b| b + p.start_time / self.clk_tck);
         Some(p)
+    }
+
+    /// Walk the fds of `pids`, splitting the work over up to 8 threads when there is enough of it.
+    fn walk_all(&self, pids: &[u32]) -> HashMap<u32, FdInfo> {
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(8);
+        if threads < 2 || pids.len() < 64 {
+            return pids.iter().map(|&p| (p, self.read_fds(p))).collect();
+        }
+        let chunk = pids.len().div_ceil(threads);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = pids
+                .chunks(chunk)
+                .map(|c| {
+                    s.spawn(move || c.iter().map(|&p| (p, self.read_fds(p))).collect::<Vec<_>>())
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap_or_default())
+                .collect()
+        })
     }
 
     fn read_fds(&self, pid: u32) -> FdInfo {
