@@ -167,8 +167,8 @@ else fail "tui: fork_leak.py did not start"; fi
 
 say "9. TUI idle cost: 30 s at a 1 s poll (real GPU), then the demo cluster"
 tui_cpu() {
-  tmux new-session -d -s idle -x 160 -y 48 "$*"; sleep 2
-  local pid; pid=$(pgrep -f "^$1" | head -1)
+  tmux new-session -d -s idle -x 160 -y 48 "exec $*"; sleep 2
+  local pid; pid=$(tmux list-panes -t idle -F '#{pane_pid}')
   local t0 t1; t0=$(awk '{print $14+$15}' /proc/$pid/stat); sleep 30; t1=$(awk '{print $14+$15}' /proc/$pid/stat)
   local rss; rss=$(awk '/VmRSS/{print $2}' /proc/$pid/status)
   tmux kill-session -t idle

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Every gate and every test, on a fresh Debian machine with Rust. Installs the test-only system packages the
+# tests need when they are missing: tmux (the TUI test) and openssh-server/client (the SSH tests, which start
+# their own sshd on loopback). Run as root or with sudo available.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+need=()
+command -v tmux >/dev/null 2>&1 || need+=(tmux)
+{ [ -x /usr/sbin/sshd ] || [ -x /usr/bin/sshd ]; } || need+=(openssh-server)
+command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing test packages: ${need[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+cargo fmt --check
+cargo clippy --all-targets --locked -- -D warnings
+cargo test --all-targets --locked
