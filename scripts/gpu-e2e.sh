@@ -13,13 +13,14 @@ BENCH=${BENCH:-.gpu/poll-bench}
 OUT=${OUT:-/tmp/gpusweep-e2e}
 G=scripts/gpu
 mkdir -p "$OUT"
+W=$(mktemp -d)   # helpers' outputs; only results go to $OUT (8 files come back from the device)
 LOG=$OUT/e2e.log
 SUM=$OUT/summary.txt
 : >"$LOG"; : >"$SUM"
 export GPUSWEEP_CONFIG=/nonexistent/gpusweep.toml GPUSWEEP_AUDIT_LOG=$OUT/actions.jsonl PYTHONUNBUFFERED=1
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done; tmux kill-server 2>/dev/null; rm -f /dev/shm/nccl-gpusweep-e2e-*; }
-trap cleanup EXIT
+trap 'cleanup; rm -rf "$W"' EXIT
 
 say() { echo "== $*" | tee -a "$LOG"; }
 pass() { echo "PASS $*" | tee -a "$SUM" "$LOG"; }
@@ -51,11 +52,11 @@ say "environment $(date -u +%FT%TZ)"
 
 say "1. idle GPU reads clean"
 "$BIN" snapshot >>"$LOG" 2>&1
-"$BIN" snapshot --json >"$OUT/idle.json" 2>>"$LOG"
-check "idle: every GPU reads used = 0 with the reservation apart" jcheck "$OUT/idle.json" 'all(g["memory"]["used"] == 0 and g["memory"]["reserved"] > 0 for g in h["gpus"])'
-check "idle: no leak findings" jcheck "$OUT/idle.json" 'not [f for f in h["findings"] if f["severity"] == "leak"]'
+"$BIN" snapshot --json >"$W/idle.json" 2>>"$LOG"
+check "idle: every GPU reads used = 0 with the reservation apart" jcheck "$W/idle.json" 'all(g["memory"]["used"] == 0 and g["memory"]["reserved"] > 0 for g in h["gpus"])'
+check "idle: no leak findings" jcheck "$W/idle.json" 'not [f for f in h["findings"] if f["severity"] == "leak"]'
 check "idle: wait exits 0 at once" "$BIN" wait --timeout 5s
-cat "$OUT/idle.json" >>"$LOG"; rm -f "$OUT/idle.json"
+cat "$W/idle.json" >>"$LOG"; rm -f "$W/idle.json"
 
 say "2. whole-process cost: gpusweep snapshot --json vs one nvidia-smi query"
 python3 - "$BIN" >"$OUT/bench.txt" 2>&1 <<'PY'
@@ -78,21 +79,21 @@ if [ -x "$BENCH" ]; then
 fi
 
 say "3. a PyTorch process holding 20 GB is listed with its cmdline"
-bg "$OUT/hold.out" python3 $G/hold.py 20; P=$BGPID
-if wait_line "$OUT/hold.out" READY 90; then
-  "$BIN" snapshot --json >"$OUT/hold.json" 2>>"$LOG"; "$BIN" snapshot >>"$LOG" 2>&1
-  check "holder: pid $P listed on GPU 0 with >= 20 GiB and its cmdline" jcheck "$OUT/hold.json" "any(p['pid'] == $P and p['used_bytes'] >= 20*2**30 for p in h['gpus'][0]['processes']) and any(q['pid'] == $P and 'hold.py' in q['cmdline'] for q in h['processes'])"
-  check "holder: a live listed process is in use, not a leak" jcheck "$OUT/hold.json" 'not [f for f in h["findings"] if f["severity"] == "leak"]'
-  check "holder: the holder's fds on /dev/nvidia0 are seen" jcheck "$OUT/hold.json" "any(x['pid'] == $P and 0 in x['gpus'] for x in h['holders'])"
-  rm -f "$OUT/hold.json"
+bg "$W/hold.out" python3 $G/hold.py 20; P=$BGPID
+if wait_line "$W/hold.out" READY 90; then
+  "$BIN" snapshot --json >"$W/hold.json" 2>>"$LOG"; "$BIN" snapshot >>"$LOG" 2>&1
+  check "holder: pid $P listed on GPU 0 with >= 20 GiB and its cmdline" jcheck "$W/hold.json" "any(p['pid'] == $P and p['used_bytes'] >= 20*2**30 for p in h['gpus'][0]['processes']) and any(q['pid'] == $P and 'hold.py' in q['cmdline'] for q in h['processes'])"
+  check "holder: a live listed process is in use, not a leak" jcheck "$W/hold.json" 'not [f for f in h["findings"] if f["severity"] == "leak"]'
+  check "holder: the holder's fds on /dev/nvidia0 are seen" jcheck "$W/hold.json" "any(x['pid'] == $P and 0 in x['gpus'] for x in h['holders'])"
+  rm -f "$W/hold.json"
   check "holder: gpusweep kill --grace 5s ends it" "$BIN" kill "$P" --yes --grace 5s
   check "holder: then wait sees 0 MiB" "$BIN" wait --timeout 20s
-else fail "holder: hold.py did not start"; cat "$OUT/hold.out" >>"$LOG"; fi
+else fail "holder: hold.py did not start"; cat "$W/hold.out" >>"$LOG"; fi
 
 say "4. the fork leak: parent SIGKILLed, a forked child keeps 10 GB alive"
-bg "$OUT/fork.out" python3 $G/fork_leak.py 10
-if wait_line "$OUT/fork.out" PARENT 90; then
-  read -r _ PARENT _ CHILD < <(grep PARENT "$OUT/fork.out")
+bg "$W/fork.out" python3 $G/fork_leak.py 10
+if wait_line "$W/fork.out" PARENT 90; then
+  read -r _ PARENT _ CHILD < <(grep PARENT "$W/fork.out")
   kill -9 "$PARENT"; wait "$PARENT" 2>/dev/null
   say "parent $PARENT killed; child $CHILD; nvidia-smi now says:"
   nvidia-smi 2>&1 | tail -8 >>"$LOG"
@@ -102,54 +103,54 @@ if wait_line "$OUT/fork.out" PARENT 90; then
   check "fork leak: hidden holder = child $CHILD" jcheck "$OUT/forkleak.json" "K('hidden_holder', $CHILD, gpu=0)"
   check "fork leak: child $CHILD is an orphan (ppid 1)" jcheck "$OUT/forkleak.json" "K('orphan', $CHILD)"
   check "fork leak: residual of about 10 GB on GPU 0" jcheck "$OUT/forkleak.json" "any(f['bytes'] >= 9*2**30 for f in K('residual', gpu=0))"
-  "$BIN" sweep --dry-run >"$OUT/plan.txt" 2>&1; cat "$OUT/plan.txt" >>"$LOG"
+  "$BIN" sweep --dry-run >"$W/plan.txt" 2>&1; cat "$W/plan.txt" >>"$LOG"
   check "fork leak: the plan names the child $CHILD and not the dead parent" bash -c "grep -qE '^ +[^ ]+ +$CHILD ' '$OUT/plan.txt' && ! grep -qE '^ +[^ ]+ +$PARENT ' '$OUT/plan.txt'"
-  "$BIN" sweep --yes --grace 5s --timeout 60s >"$OUT/sweep.txt" 2>&1; rc=$?
-  cat "$OUT/sweep.txt" >>"$LOG"
+  "$BIN" sweep --yes --grace 5s --timeout 60s >"$W/sweep.txt" 2>&1; rc=$?
+  cat "$W/sweep.txt" >>"$LOG"
   check "fork leak: sweep --yes exits 0 (clean)" test $rc -eq 0
   check "fork leak: GPU 0 reads 0 MiB after the sweep (nvidia-smi: $(gpu0_used_mib) MiB)" test "$(gpu0_used_mib)" = 0
-  note "fork leak: $(grep -o 'clean: .*' "$OUT/sweep.txt")"
-  rm -f "$OUT/plan.txt" "$OUT/sweep.txt"
-else fail "fork leak: fork_leak.py did not start"; cat "$OUT/fork.out" >>"$LOG"; fi
+  note "fork leak: $(grep -o 'clean: .*' "$W/sweep.txt")"
+  rm -f "$W/plan.txt" "$W/sweep.txt"
+else fail "fork leak: fork_leak.py did not start"; cat "$W/fork.out" >>"$LOG"; fi
 
 say "5. a zombie: a parent that never waits for its CUDA child"
-bg "$OUT/zombie.out" python3 $G/zombie.py 5 4
-if wait_line "$OUT/zombie.out" PARENT 30; then
-  read -r _ ZP _ ZC < <(grep PARENT "$OUT/zombie.out")
+bg "$W/zombie.out" python3 $G/zombie.py 5 4
+if wait_line "$W/zombie.out" PARENT 30; then
+  read -r _ ZP _ ZC < <(grep PARENT "$W/zombie.out")
   i=0; while [ "$(stat_state "$ZC")" != Z ] && [ $i -lt 300 ]; do sleep 0.2; i=$((i+1)); done
   say "zombie $ZC state $(stat_state "$ZC"), GPU 0 used $(gpu0_used_mib) MiB"
-  "$BIN" snapshot --json >"$OUT/z.json" 2>>"$LOG"
-  check "zombie: $ZC found, the action names its parent $ZP" jcheck "$OUT/z.json" "any(f['target_pid'] == $ZP for f in K('zombie', $ZC))"
-  check "zombie: it holds no memory (GPU 0 clean)" jcheck "$OUT/z.json" 'h["gpus"][0]["memory"]["used"] == 0'
-  grep -A1 '"zombie"' "$OUT/z.json" >>"$LOG"; rm -f "$OUT/z.json"
+  "$BIN" snapshot --json >"$W/z.json" 2>>"$LOG"
+  check "zombie: $ZC found, the action names its parent $ZP" jcheck "$W/z.json" "any(f['target_pid'] == $ZP for f in K('zombie', $ZC))"
+  check "zombie: it holds no memory (GPU 0 clean)" jcheck "$W/z.json" 'h["gpus"][0]["memory"]["used"] == 0'
+  grep -A1 '"zombie"' "$W/z.json" >>"$LOG"; rm -f "$W/z.json"
   kill -9 "$ZP"
 else fail "zombie: zombie.py did not start"; fi
 
 say "6. /dev/shm: a leftover nccl segment, and one still mapped by a live process"
 dd if=/dev/zero of=/dev/shm/nccl-gpusweep-e2e-leftover bs=1M count=32 status=none
-bg "$OUT/shm.out" python3 $G/shm_user.py nccl-gpusweep-e2e-inuse
-wait_line "$OUT/shm.out" READY 20
-"$BIN" snapshot --json >"$OUT/shm.json" 2>>"$LOG"
-check "shm: the leftover is a finding" jcheck "$OUT/shm.json" "any('nccl-gpusweep-e2e-leftover' in f['detail'] for f in K('shm_leftover'))"
-check "shm: the mapped one is not (its user is seen through /proc/PID/maps)" jcheck "$OUT/shm.json" "not any('nccl-gpusweep-e2e-inuse' in f['detail'] for f in K('shm_leftover')) and any(s['name'] == 'nccl-gpusweep-e2e-inuse' and s['users'] for s in h['shm']['segments'])"
-python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["hosts"][0]["shm"], indent=1))' "$OUT/shm.json" >>"$LOG"
-rm -f "$OUT/shm.json" /dev/shm/nccl-gpusweep-e2e-*
+bg "$W/shm.out" python3 $G/shm_user.py nccl-gpusweep-e2e-inuse
+wait_line "$W/shm.out" READY 20
+"$BIN" snapshot --json >"$W/shm.json" 2>>"$LOG"
+check "shm: the leftover is a finding" jcheck "$W/shm.json" "any('nccl-gpusweep-e2e-leftover' in f['detail'] for f in K('shm_leftover'))"
+check "shm: the mapped one is not (its user is seen through /proc/PID/maps)" jcheck "$W/shm.json" "not any('nccl-gpusweep-e2e-inuse' in f['detail'] for f in K('shm_leftover')) and any(s['name'] == 'nccl-gpusweep-e2e-inuse' and s['users'] for s in h['shm']['segments'])"
+python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["hosts"][0]["shm"], indent=1))' "$W/shm.json" >>"$LOG"
+rm -f "$W/shm.json" /dev/shm/nccl-gpusweep-e2e-*
 
 say "7. the agent path: a real GPU through \`gpusweep agent\` on a local command transport"
-bg "$OUT/hold2.out" python3 $G/hold.py 8; P=$BGPID
-if wait_line "$OUT/hold2.out" READY 90; then
-  "$BIN" snapshot --json --hosts "cmd:$BIN agent" >"$OUT/agent.json" 2>>"$LOG"
-  check "agent: the GPU and pid $P come through the agent stream" jcheck "$OUT/agent.json" "h['source'] == 'agent' and h['error'] is None and any(p['pid'] == $P for p in h['gpus'][0]['processes'])"
-  python3 -c 'import json,sys; h=json.load(open(sys.argv[1]))["hosts"][0]; print(h["host"], h["source"], [(g["index"], g["name"], g["memory"]) for g in h["gpus"]])' "$OUT/agent.json" >>"$LOG"
-  rm -f "$OUT/agent.json"
+bg "$W/hold2.out" python3 $G/hold.py 8; P=$BGPID
+if wait_line "$W/hold2.out" READY 90; then
+  "$BIN" snapshot --json --hosts "cmd:$BIN agent" >"$W/agent.json" 2>>"$LOG"
+  check "agent: the GPU and pid $P come through the agent stream" jcheck "$W/agent.json" "h['source'] == 'agent' and h['error'] is None and any(p['pid'] == $P for p in h['gpus'][0]['processes'])"
+  python3 -c 'import json,sys; h=json.load(open(sys.argv[1]))["hosts"][0]; print(h["host"], h["source"], [(g["index"], g["name"], g["memory"]) for g in h["gpus"]])' "$W/agent.json" >>"$LOG"
+  rm -f "$W/agent.json"
   "$BIN" sweep --yes --hosts "cmd:$BIN agent" --grace 5s --timeout 30s >>"$LOG" 2>&1
   check "agent: a sweep through the agent brings GPU 0 to 0 MiB" test "$(gpu0_used_mib)" = 0
 else fail "agent: hold.py did not start"; fi
 
 say "8. the TUI under tmux on the real GPU: a leak appears, a sweep from the keyboard clears it"
-bg "$OUT/fork2.out" python3 $G/fork_leak.py 10
-if wait_line "$OUT/fork2.out" PARENT 90; then
-  read -r _ PARENT _ CHILD < <(grep PARENT "$OUT/fork2.out"); kill -9 "$PARENT"
+bg "$W/fork2.out" python3 $G/fork_leak.py 10
+if wait_line "$W/fork2.out" PARENT 90; then
+  read -r _ PARENT _ CHILD < <(grep PARENT "$W/fork2.out"); kill -9 "$PARENT"
   tmux new-session -d -s gs -x 160 -y 48 "$BIN; echo EXITED \$?; sleep 60"
   cap() { tmux capture-pane -p -t gs; }
   until_screen() { local i=0; until cap | grep -q "$1"; do sleep 0.2; i=$((i+1)); [ $i -gt $(($2*5)) ] && return 1; done; return 0; }

@@ -14,26 +14,27 @@ WORKERS=${WORKERS:-8}; GPUS=${GPUS:-8}; GB=${GB:-40}; NCCL=${NCCL:-0}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export GPUSWEEP_CONFIG=${GPUSWEEP_CONFIG:-/nonexistent/gpusweep.toml}
 mkdir -p "$OUT"
+W=$(mktemp -d)
 L=$OUT/ep.log
 : >"$L"
 say() { echo "== $*" | tee -a "$L"; }
 res() { echo "$*" | tee -a "$L"; }
 LP=""
-cleanup() { [ -n "$LP" ] && kill -9 "$LP" 2>/dev/null; pkill -9 -f ep_launcher.py 2>/dev/null; }
+cleanup() { [ -n "$LP" ] && kill -9 "$LP" 2>/dev/null; pkill -9 -f ep_launcher.py 2>/dev/null; rm -rf "$W"; }
 trap cleanup EXIT
 
 say "launch: $WORKERS workers on $GPUS GPU(s), $GB GB each, nccl=$NCCL ($(date -u +%FT%TZ))"
-python3 scripts/gpu/ep_launcher.py --workers "$WORKERS" --gpus "$GPUS" --gb "$GB" $([ "$NCCL" = 1 ] && echo --nccl) >"$OUT/launcher.out" 2>&1 &
+python3 scripts/gpu/ep_launcher.py --workers "$WORKERS" --gpus "$GPUS" --gb "$GB" $([ "$NCCL" = 1 ] && echo --nccl) >"$W/launcher.out" 2>&1 &
 LP=$!
 for i in $(seq 1 40); do
   sleep 1
-  if [ $((i % 4)) = 0 ] || grep -q "ALL READY" "$OUT/launcher.out"; then
+  if [ $((i % 4)) = 0 ] || grep -q "ALL READY" "$W/launcher.out"; then
     say "warm-up +${i}s"; "$BIN" snapshot 2>&1 | sed -n '1,12p' >>"$L"
   fi
-  grep -q "ALL READY" "$OUT/launcher.out" && break
+  grep -q "ALL READY" "$W/launcher.out" && break
 done
-grep -q "ALL READY" "$OUT/launcher.out" || { res "FAIL workers did not get ready"; cat "$OUT/launcher.out" >>"$L"; exit 1; }
-WPIDS=$(sed -n 's/^LAUNCHER [0-9]* WORKERS //p' "$OUT/launcher.out")
+grep -q "ALL READY" "$W/launcher.out" || { res "FAIL workers did not get ready"; cat "$W/launcher.out" >>"$L"; exit 1; }
+WPIDS=$(sed -n 's/^LAUNCHER [0-9]* WORKERS //p' "$W/launcher.out")
 ls -la /dev/shm >>"$L" 2>&1
 
 say "kill -9 the launcher $LP only, as a careless pkill would"
@@ -43,8 +44,8 @@ say "what nvidia-smi --query-gpu=memory.used --format=csv,noheader | head -2 sho
 nvidia-smi --query-gpu=memory.used --format=csv,noheader | head -2 | tee -a "$L"
 say "what gpusweep shows"
 "$BIN" snapshot >>"$L" 2>&1
-"$BIN" snapshot --json >"$OUT/ep.json" 2>>"$L"
-python3 - "$OUT/ep.json" "$WPIDS" "$WORKERS" <<'PY' | tee -a "$L"
+"$BIN" snapshot --json >"$W/ep.json" 2>>"$L"
+python3 - "$W/ep.json" "$WPIDS" "$WORKERS" <<'PY' | tee -a "$L"
 import json, sys
 h = json.load(open(sys.argv[1]))["hosts"][0]
 workers = [int(p) for p in sys.argv[2].split(",")]
@@ -56,15 +57,15 @@ print("NOTE memory held by the orphans: %.1f GiB" % (sum(listed.get(w, 0) or 0 f
 segs = [s["name"] for s in (h.get("shm") or {}).get("segments", [])]
 print(f"NOTE /dev/shm GPU-stack segments seen: {segs}")
 PY
-rm -f "$OUT/ep.json"
+rm -f "$W/ep.json"
 
 say "sweep --yes, then wait"
-"$BIN" sweep --yes --grace 10s --timeout 60s >"$OUT/ep-sweep.txt" 2>&1; rc=$?
-cat "$OUT/ep-sweep.txt" >>"$L"
-[ $rc = 0 ] && res "PASS sweep exit 0: $(grep -o 'clean: .*' "$OUT/ep-sweep.txt")" || res "FAIL sweep exit $rc"
+"$BIN" sweep --yes --grace 10s --timeout 60s >"$W/ep-sweep.txt" 2>&1; rc=$?
+cat "$W/ep-sweep.txt" >>"$L"
+[ $rc = 0 ] && res "PASS sweep exit 0: $(grep -o 'clean: .*' "$W/ep-sweep.txt")" || res "FAIL sweep exit $rc"
 "$BIN" wait --timeout 10s >>"$L" 2>&1 && res "PASS wait: every GPU reads zero" || res "FAIL wait"
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >>"$L"
-rm -f "$OUT/ep-sweep.txt"
+rm -f "$W/ep-sweep.txt"
 
 say "cost: one gpusweep snapshot of all GPUs vs one nvidia-smi query of all GPUs"
 python3 - "$BIN" <<'PY' | tee -a "$L"

@@ -194,11 +194,14 @@ pub fn error_snapshot(host: &str, e: &str) -> HostSnapshot {
 
 pub fn snapshot(s: &Settings, json: bool) -> anyhow::Result<i32> {
     let rt = runtime()?;
+    crate::trace("main", "runtime up");
     let snaps = rt.block_on(async {
         let mut fleet = Fleet::start(&s.specs, &s.fleet)?;
+        crate::trace("main", "fleet started");
         anyhow::Ok(first_snapshots(&mut fleet, s.connect_timeout).await)
     })?;
     rt.shutdown_background();
+    crate::trace("main", "readings in");
     let mut out = std::io::stdout().lock();
     if json {
         let doc = serde_json::json!({ "hosts": snaps });

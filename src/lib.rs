@@ -16,3 +16,14 @@ pub mod source;
 pub mod sweep;
 pub mod tui;
 pub mod watch;
+
+/// `GPUSWEEP_TRACE=1` prints when each phase of a reading or a connection ends, on stderr, with the time since
+/// the first trace line. For finding where time goes on a real host; silent otherwise.
+pub fn trace(host: &str, what: &str) {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *ON.get_or_init(|| std::env::var_os("GPUSWEEP_TRACE").is_some()) {
+        let t = START.get_or_init(std::time::Instant::now).elapsed();
+        eprintln!("[{:>8.3}s] {host}: {what}", t.as_secs_f64());
+    }
+}

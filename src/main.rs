@@ -5,6 +5,7 @@ use gpusweep::cli::{Cli, Command};
 use gpusweep::commands::{self, SmemArgs, SweepArgs};
 
 fn main() {
+    gpusweep::trace("main", "start");
     let cli = Cli::parse();
     let code = match run(cli) {
         Ok(code) => code,
@@ -13,11 +14,13 @@ fn main() {
             2
         }
     };
+    gpusweep::trace("main", "exit");
     std::process::exit(code);
 }
 
 fn run(cli: Cli) -> anyhow::Result<i32> {
     let s = commands::settings(&cli.global)?;
+    gpusweep::trace("main", "settings resolved");
     let explicit_hosts = !cli.global.hosts.is_empty() || cli.global.hostfile.is_some();
     match cli.command {
         None => gpusweep::tui::run(&s),

@@ -230,7 +230,7 @@ where
             }
             _ => return Err(format!("the remote did not speak the agent protocol; it said: {:?}", preview(&first))),
         }
-        super::ssh::trace(&task.label, "agent said hello");
+        crate::trace(&task.label, "agent said hello");
         task.status(ConnStatus::Up);
         send_cmd(&mut writer, &AgentCmd::Interval { ms: interval.as_millis() as u64 }).await?;
         let mut pending: Vec<(u64, SignalRequest)> = Vec::new();
@@ -244,7 +244,7 @@ where
                     };
                     match serde_json::from_slice::<AgentMsg>(&line) {
                         Ok(AgentMsg::Snapshot { mut snapshot }) => {
-                            super::ssh::trace(&task.label, "snapshot");
+                            crate::trace(&task.label, "snapshot");
                             snapshot.host = task.label.clone();
                             snapshot.source = kind;
                             for f in &mut snapshot.findings { f.host = task.label.clone(); }

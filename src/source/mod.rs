@@ -83,15 +83,18 @@ impl Source for LocalSource {
     }
 
     fn poll(&mut self) -> anyhow::Result<HostSnapshot> {
+        crate::trace(&self.host, "poll");
         // While NVML loads, take the first (full) /proc scan; it walks every process, listed ones included.
         let early = self
             .loader
             .is_some()
             .then(|| self.scanner.scan(false, &HashSet::new()));
         if let Some(h) = self.loader.take() {
+            crate::trace(&self.host, "first /proc scan done");
             self.nvml = h
                 .join()
                 .unwrap_or_else(|_| Err("NVML loader panicked".into()));
+            crate::trace(&self.host, "NVML loaded");
         }
         let (gpus, gpu_error, driver_version) = match &self.nvml {
             Ok(r) => match r.read() {
@@ -100,6 +103,7 @@ impl Source for LocalSource {
             },
             Err(e) => (Vec::new(), Some(e.clone()), None),
         };
+        crate::trace(&self.host, "GPUs read");
         let listed: HashSet<u32> = gpus
             .iter()
             .flat_map(|g| g.processes.iter().map(|p| p.pid))
@@ -122,6 +126,7 @@ impl Source for LocalSource {
             self.self_pid,
             self.in_child_ns,
         );
+        crate::trace(&self.host, "snapshot built");
         Ok(snap)
     }
 

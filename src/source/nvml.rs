@@ -15,6 +15,9 @@ use crate::model::{Gpu, ListedProcess, Memory, ProcessKind};
 
 pub struct NvmlReader {
     nvml: Nvml,
+    /// After the first reading every call is microseconds; before it some are driver round trips of
+    /// milliseconds (a device handle ~7 ms, power ~4 ms on a real H200), so the first reading runs them in parallel.
+    warm: std::sync::atomic::AtomicBool,
 }
 
 /// The one line a user sees when NVML cannot be used.
@@ -35,7 +38,17 @@ impl NvmlReader {
         let mut last = None;
         for lib in ["libnvidia-ml.so.1", "libnvidia-ml.so"] {
             match Nvml::builder().lib_path(OsStr::new(lib)).init() {
-                Ok(nvml) => return Ok(NvmlReader { nvml }),
+                Ok(nvml) => {
+                    // Take each device handle now: it is the slowest first call, and this runs on the loader
+                    // thread while /proc is being scanned.
+                    for i in 0..nvml.device_count().unwrap_or(0) {
+                        let _ = nvml.device_by_index(i);
+                    }
+                    return Ok(NvmlReader {
+                        nvml,
+                        warm: std::sync::atomic::AtomicBool::new(false),
+                    });
+                }
                 Err(e) => last = Some(e),
             }
         }
@@ -54,10 +67,28 @@ impl NvmlReader {
             .nvml
             .device_count()
             .map_err(|e| format!("NVML device count: {e}"))?;
-        Ok((0..count).map(|i| self.read_one(i)).collect())
+        let cold = !self.warm.swap(true, std::sync::atomic::Ordering::Relaxed);
+        if cold && count > 1 {
+            return Ok(std::thread::scope(|s| {
+                let hs: Vec<_> = (0..count)
+                    .map(|i| s.spawn(move || self.read_one(i, cold)))
+                    .collect();
+                hs.into_iter()
+                    .enumerate()
+                    .map(|(i, h)| {
+                        h.join().unwrap_or_else(|_| Gpu {
+                            index: i as u32,
+                            error: Some("reader panicked".into()),
+                            ..Default::default()
+                        })
+                    })
+                    .collect()
+            }));
+        }
+        Ok((0..count).map(|i| self.read_one(i, cold)).collect())
     }
 
-    fn read_one(&self, index: u32) -> Gpu {
+    fn read_one(&self, index: u32, cold: bool) -> Gpu {
         let mut gpu = Gpu {
             index,
             ..Default::default()
@@ -69,7 +100,43 @@ impl NvmlReader {
                 return gpu;
             }
         };
-        match dev.memory_info() {
+        let dev = &dev;
+        // Three groups of fields; on a cold reading they go in parallel (see `warm`).
+        let usage = || {
+            let mem = dev.memory_info();
+            let procs = read_processes(dev);
+            (
+                mem,
+                procs,
+                dev.utilization_rates().ok().map(|u| u.gpu),
+                dev.temperature(TemperatureSensor::Gpu).ok(),
+            )
+        };
+        let power = || dev.power_usage().ok();
+        let ident = || {
+            (
+                dev.uuid().ok(),
+                dev.name().ok(),
+                dev.pci_info().ok().map(|p| p.bus_id),
+                dev.minor_number().ok(),
+                dev.cuda_compute_capability()
+                    .ok()
+                    .map(|c| format!("{}.{}", c.major, c.minor)),
+                dev.mig_mode().ok().map(|m| m.current == 1),
+                dev.is_in_persistent_mode().ok(),
+            )
+        };
+        let ((mem, procs, util, temp), power_mw, id) = if cold {
+            std::thread::scope(|s| {
+                let p = s.spawn(power);
+                let i = s.spawn(ident);
+                let u = usage();
+                (u, p.join().ok().flatten(), i.join().unwrap_or_default())
+            })
+        } else {
+            (usage(), power(), ident())
+        };
+        match mem {
             Ok(m) => {
                 gpu.memory = Memory {
                     used: Some(m.used),
@@ -77,61 +144,62 @@ impl NvmlReader {
                     reserved: Some(m.reserved),
                 }
             }
-            Err(e) => {
-                // A lost GPU fails every call; say so once and stop asking it.
-                if matches!(e, NvmlError::GpuLost | NvmlError::Unknown) {
-                    gpu.error = Some(e.to_string());
-                    return gpu;
-                }
+            // A lost GPU fails every call; say so once.
+            Err(e @ (NvmlError::GpuLost | NvmlError::Unknown)) => {
+                gpu.error = Some(e.to_string());
+                return gpu;
             }
+            Err(_) => {}
         }
-        gpu.uuid = dev.uuid().ok();
-        gpu.name = dev.name().ok();
-        gpu.pci_bus_id = dev.pci_info().ok().map(|p| p.bus_id);
-        gpu.minor = dev.minor_number().ok();
-        gpu.utilization = dev.utilization_rates().ok().map(|u| u.gpu);
-        gpu.temperature_c = dev.temperature(TemperatureSensor::Gpu).ok();
-        gpu.power_mw = dev.power_usage().ok();
-        gpu.compute_capability = dev
-            .cuda_compute_capability()
-            .ok()
-            .map(|c| format!("{}.{}", c.major, c.minor));
-        gpu.mig_enabled = dev.mig_mode().ok().map(|m| m.current == 1);
-        gpu.persistence_mode = dev.is_in_persistent_mode().ok();
-        let mut procs = Vec::new();
-        let mut listed_err = None;
-        for (kind, res) in [
-            (ProcessKind::Compute, dev.running_compute_processes()),
-            (ProcessKind::Graphics, dev.running_graphics_processes()),
-        ] {
-            match res {
-                Ok(list) => {
-                    for p in list {
-                        // A process with both contexts is listed twice: keep it once, compute first.
-                        if procs.iter().any(|q: &ListedProcess| q.pid == p.pid) {
-                            continue;
-                        }
-                        let used_bytes = match p.used_gpu_memory {
-                            UsedGpuMemory::Used(b) => Some(b),
-                            UsedGpuMemory::Unavailable => None,
-                        };
-                        procs.push(ListedProcess {
-                            pid: p.pid,
-                            used_bytes,
-                            kind,
-                            name: None,
-                        });
-                    }
-                }
-                Err(NvmlError::NotSupported) => {}
-                Err(e) if kind == ProcessKind::Compute => listed_err = Some(e.to_string()),
-                Err(_) => {}
-            }
+        (
+            gpu.uuid,
+            gpu.name,
+            gpu.pci_bus_id,
+            gpu.minor,
+            gpu.compute_capability,
+            gpu.mig_enabled,
+            gpu.persistence_mode,
+        ) = id;
+        gpu.utilization = util;
+        gpu.temperature_c = temp;
+        gpu.power_mw = power_mw;
+        match procs {
+            Ok(p) => gpu.processes = p,
+            Err(e) => gpu.error = Some(format!("process list: {e}")),
         }
-        if let Some(e) = listed_err {
-            gpu.error = Some(format!("process list: {e}"));
-        }
-        gpu.processes = procs;
         gpu
     }
+}
+
+/// Compute and graphics processes, each PID once (compute first).
+fn read_processes(dev: &nvml_wrapper::Device) -> Result<Vec<ListedProcess>, String> {
+    let mut procs: Vec<ListedProcess> = Vec::new();
+    for (kind, res) in [
+        (ProcessKind::Compute, dev.running_compute_processes()),
+        (ProcessKind::Graphics, dev.running_graphics_processes()),
+    ] {
+        match res {
+            Ok(list) => {
+                for p in list {
+                    if procs.iter().any(|q| q.pid == p.pid) {
+                        continue;
+                    }
+                    let used_bytes = match p.used_gpu_memory {
+                        UsedGpuMemory::Used(b) => Some(b),
+                        UsedGpuMemory::Unavailable => None,
+                    };
+                    procs.push(ListedProcess {
+                        pid: p.pid,
+                        used_bytes,
+                        kind,
+                        name: None,
+                    });
+                }
+            }
+            Err(NvmlError::NotSupported) => {}
+            Err(e) if kind == ProcessKind::Compute => return Err(e.to_string()),
+            Err(_) => {}
+        }
+    }
+    Ok(procs)
 }

@@ -338,7 +338,12 @@ async fn rsa_hash(handle: &Handle<Client>, is_rsa: bool) -> Option<HashAlg> {
     if !is_rsa {
         return None;
     }
-    handle.best_supported_rsa_hash().await.ok().flatten().flatten()
+    handle
+        .best_supported_rsa_hash()
+        .await
+        .ok()
+        .flatten()
+        .flatten()
 }
 
 /// Connect to `t`, through its ProxyJump hops in order.
@@ -411,27 +416,54 @@ pub const NOT_FOUND: &str = "GPUSWEEP-AGENT-NOT-FOUND";
 /// The agent command, guarded so that a host without the program says so in one line: one exec, one round
 /// trip, instead of a probe session before the real one.
 pub fn guarded(remote_command: &str) -> String {
-    let prog = remote_command.split_whitespace().next().unwrap_or("gpusweep");
-    format!("if command -v {} >/dev/null 2>&1; then {remote_command}\nelse echo {NOT_FOUND}; fi", shell_quote(prog))
+    let prog = remote_command
+        .split_whitespace()
+        .next()
+        .unwrap_or("gpusweep");
+    format!(
+        "if command -v {} >/dev/null 2>&1; then {remote_command}\nelse echo {NOT_FOUND}; fi",
+        shell_quote(prog)
+    )
 }
 
 /// Start `command` on a new channel; `Ok(None)` when the host lacks its program.
-async fn start_agent(handle: &Handle<Client>, command: &str) -> Result<Option<(impl tokio::io::AsyncBufRead + Unpin + Send + 'static + use<>, impl tokio::io::AsyncWrite + Unpin + use<>)>, String> {
-    let ch = handle.channel_open_session().await.map_err(|e| format!("open channel: {e}"))?;
-    ch.exec(true, guarded(command)).await.map_err(|e| format!("exec: {e}"))?;
+async fn start_agent(
+    handle: &Handle<Client>,
+    command: &str,
+) -> Result<
+    Option<(
+        impl tokio::io::AsyncBufRead + Unpin + Send + 'static + use<>,
+        impl tokio::io::AsyncWrite + Unpin + use<>,
+    )>,
+    String,
+> {
+    let ch = handle
+        .channel_open_session()
+        .await
+        .map_err(|e| format!("open channel: {e}"))?;
+    ch.exec(true, guarded(command))
+        .await
+        .map_err(|e| format!("exec: {e}"))?;
     let (r, w) = tokio::io::split(ch.into_stream());
     let mut r = BufReader::new(r);
-    let first = crate::source::agent_client::read_line_bounded(&mut r, crate::agent::MAX_LINE_BYTES)
-        .await
-        .map_err(|e| format!("reading the agent: {e}"))?
-        .unwrap_or_default();
+    let first =
+        crate::source::agent_client::read_line_bounded(&mut r, crate::agent::MAX_LINE_BYTES)
+            .await
+            .map_err(|e| format!("reading the agent: {e}"))?
+            .unwrap_or_default();
     if String::from_utf8_lossy(&first).trim() == NOT_FOUND {
         return Ok(None);
     }
     // Hand the first line back to the protocol reader, in front of the rest.
     let mut line = first;
     line.push(b'\n');
-    Ok(Some((BufReader::new(tokio::io::AsyncReadExt::chain(std::io::Cursor::new(line), r)), w)))
+    Ok(Some((
+        BufReader::new(tokio::io::AsyncReadExt::chain(
+            std::io::Cursor::new(line),
+            r,
+        )),
+        w,
+    )))
 }
 
 /// Upload this binary to `~/.cache/gpusweep/gpusweep-VERSION-SHA` when the architectures match; returns the
@@ -475,15 +507,6 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// `GPUSWEEP_TRACE=1` prints when each connection phase ends, on stderr.
-pub fn trace(host: &str, what: &str) {
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    if std::env::var_os("GPUSWEEP_TRACE").is_some() {
-        let t = START.get_or_init(std::time::Instant::now).elapsed();
-        eprintln!("[{:>8.3}s] {host}: {what}", t.as_secs_f64());
-    }
-}
-
 /// One connection's life: connect, then agent (or deploy, or agentless) until it ends. Err says why.
 pub async fn run(
     task: &RemoteTask,
@@ -495,7 +518,7 @@ pub async fn run(
     };
     let opts = &task.opts.ssh;
     let target = resolve(host, user.as_deref(), *port, opts.ssh_config.as_deref());
-    trace(&task.label, "connecting");
+    crate::trace(&task.label, "connecting");
     let session = {
         let _permit = task
             .connect_limit
@@ -506,9 +529,9 @@ pub async fn run(
             .await
             .map_err(|_| format!("no connection within {}s", opts.connect_timeout.as_secs()))??
     };
-    trace(&task.label, "connected and authenticated");
+    crate::trace(&task.label, "connected and authenticated");
     let mut stream = start_agent(&session.handle, &opts.remote_command).await?;
-    trace(&task.label, "agent started");
+    crate::trace(&task.label, "agent started");
     if stream.is_none() && opts.deploy {
         let command = deploy(&session.handle).await?;
         stream = start_agent(&session.handle, &command).await?;
