@@ -104,7 +104,7 @@ if wait_line "$W/fork.out" PARENT 90; then
   check "fork leak: child $CHILD is an orphan (ppid 1)" jcheck "$OUT/forkleak.json" "K('orphan', $CHILD)"
   check "fork leak: residual of about 10 GB on GPU 0" jcheck "$OUT/forkleak.json" "any(f['bytes'] >= 9*2**30 for f in K('residual', gpu=0))"
   "$BIN" sweep --dry-run >"$W/plan.txt" 2>&1; cat "$W/plan.txt" >>"$LOG"
-  check "fork leak: the plan names the child $CHILD and not the dead parent" bash -c "grep -qE '^ +[^ ]+ +$CHILD ' '$OUT/plan.txt' && ! grep -qE '^ +[^ ]+ +$PARENT ' '$OUT/plan.txt'"
+  check "fork leak: the plan names the child $CHILD and not the dead parent" bash -c "grep -qE '^ +[^ ]+ +$CHILD ' '$W/plan.txt' && ! grep -qE '^ +[^ ]+ +$PARENT ' '$W/plan.txt'"
   "$BIN" sweep --yes --grace 5s --timeout 60s >"$W/sweep.txt" 2>&1; rc=$?
   cat "$W/sweep.txt" >>"$LOG"
   check "fork leak: sweep --yes exits 0 (clean)" test $rc -eq 0

@@ -376,10 +376,14 @@ impl App {
                             .count()
                     })
                     .sum();
+                let what = if n == 1 {
+                    "its GPU reads".to_string()
+                } else {
+                    format!("all {n} GPUs read")
+                };
                 self.banner = Some(format!(
-                    "✓ {}: all {n} GPU{} read zero after {}",
+                    "✓ {}: {what} zero after {}",
                     rw.label,
-                    if n == 1 { "" } else { "s" },
                     crate::watch::fmt_ms(took)
                 ));
                 self.rewatch = None;

@@ -21,6 +21,9 @@ use crate::tui::keymap::Keymap;
 use crate::tui::view;
 
 const FRAME: Duration = Duration::from_millis(16);
+/// Readings alone redraw at most this often (keys redraw within a frame): with many hosts each sending a
+/// reading a second, drawing each one would cost more than everything else.
+const DATA_FRAME: Duration = Duration::from_millis(250);
 
 /// The app as the binary starts it (also used by tests over the demo cluster).
 pub fn new_app(s: &Settings, labels: Vec<String>) -> anyhow::Result<App> {
@@ -122,16 +125,24 @@ async fn event_loop(
     }
     app.update(Action::Tick(now_ms()));
     let mut dirty = true;
+    // Only readings changed since the last draw (no key, resize or tick).
+    let mut data_only = false;
     let mut last_draw = Instant::now() - FRAME;
     let mut next_tick = Instant::now();
     loop {
-        if dirty && last_draw.elapsed() >= FRAME {
+        let gap = if data_only && app.rewatch.is_none() {
+            DATA_FRAME
+        } else {
+            FRAME
+        };
+        if dirty && last_draw.elapsed() >= gap {
             terminal.draw(|f| view::render(app, f))?;
             dirty = false;
+            data_only = false;
             last_draw = Instant::now();
         }
         let frame_wait = if dirty {
-            FRAME.saturating_sub(last_draw.elapsed())
+            gap.saturating_sub(last_draw.elapsed())
         } else {
             Duration::from_secs(3600)
         };
@@ -143,9 +154,9 @@ async fn event_loop(
         };
         tokio::select! {
             ev = events.next() => match ev {
-                Some(Ok(Event::Key(k))) if k.kind != KeyEventKind::Release => { stamp(app); effects = app.update(Action::Key(k)); dirty = true; }
-                Some(Ok(Event::Mouse(m))) => { effects = app.update(Action::Mouse(m)); dirty = true; }
-                Some(Ok(Event::Resize(w, h))) => { app.update(Action::Resize(w, h)); dirty = true; }
+                Some(Ok(Event::Key(k))) if k.kind != KeyEventKind::Release => { stamp(app); effects = app.update(Action::Key(k)); dirty = true; data_only = false; }
+                Some(Ok(Event::Mouse(m))) => { effects = app.update(Action::Mouse(m)); dirty = true; data_only = false; }
+                Some(Ok(Event::Resize(w, h))) => { app.update(Action::Resize(w, h)); dirty = true; data_only = false; }
                 Some(Ok(_)) => {}
                 Some(Err(e)) => return Err(anyhow!("terminal: {e}")),
                 None => return Ok(()),
@@ -158,6 +169,7 @@ async fn event_loop(
                 while let Ok(ev) = fleet.events.try_recv() {
                     effects.extend(app.update(action_of(ev)));
                 }
+                data_only = !dirty || data_only;
                 dirty = true;
             },
             _ = tokio::time::sleep(tick_wait) => {
@@ -165,6 +177,7 @@ async fn event_loop(
                 let period = if app.rewatch.is_some() { Duration::from_millis(100) } else { Duration::from_secs(1) };
                 next_tick = Instant::now() + period;
                 dirty = true;
+                data_only = false;
             },
             _ = tokio::time::sleep(frame_wait) => {},
             _ = term.recv() => return Ok(()),
