@@ -632,15 +632,7 @@ pub fn print_plan(plan: &Plan) {
             i.host,
             i.pid,
             truncate(i.user.as_deref().unwrap_or("N/A"), 10),
-            if i.gpus.is_empty() {
-                "-".into()
-            } else {
-                i.gpus
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            },
+            crate::model::fmt_gpus(&i.gpus),
             fmt_bytes(i.bytes),
             truncate(&i.cmdline, 60),
             i.why

@@ -248,6 +248,18 @@ pub fn fmt_bytes(b: Option<u64>) -> String {
     }
 }
 
+/// GPU indices as `0,1,4`, or `-` for none.
+pub fn fmt_gpus(gpus: &[u32]) -> String {
+    if gpus.is_empty() {
+        "-".into()
+    } else {
+        gpus.iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
 pub fn fmt_opt<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map(|v| v.to_string()).unwrap_or_else(|| "N/A".into())
 }

@@ -137,15 +137,7 @@ pub fn render(app: &App, f: &mut Frame) {
                         truncate(&i.host, 10),
                         i.pid,
                         truncate(i.user.as_deref().unwrap_or("N/A"), 8),
-                        if i.gpus.is_empty() {
-                            "-".into()
-                        } else {
-                            i.gpus
-                                .iter()
-                                .map(u32::to_string)
-                                .collect::<Vec<_>>()
-                                .join(",")
-                        },
+                        crate::model::fmt_gpus(&i.gpus),
                         fmt_bytes(i.bytes),
                         truncate(&i.cmdline, cmd_w)
                     )));

@@ -73,15 +73,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
             } else {
                 cells.push(Cell::from(r.state.to_string()));
             }
-            cells.push(Cell::from(if r.gpus.is_empty() {
-                "-".into()
-            } else {
-                r.gpus
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            }));
+            cells.push(Cell::from(crate::model::fmt_gpus(&r.gpus)));
             cells.push(Cell::from(if r.bytes.is_some() {
                 fmt_bytes(r.bytes)
             } else {
