@@ -17,4 +17,8 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings
-cargo test --all-targets --locked
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --all-targets --locked 2>&1 | tee "$log"
+# One closing line with the totals over every test binary.
+awk '/^test result:/ { p += $4; f += $6 } END { printf "all tests: %d passed, %d failed\n", p, f }' "$log"
