@@ -9,7 +9,17 @@ Exit codes:
   0  success; for `wait` and `sweep`: every chosen GPU is clean
   1  `wait`/`sweep` timed out with memory still held (what holds it is printed), or a target could not be
      signalled; `kill`: some target was refused or failed
-  2  error: bad arguments or config, no host could be read, or the action was not confirmed";
+  2  error: bad arguments or config, no host could be read, or the action was not confirmed
+
+Findings:
+  ghost          NVML charges memory to a PID that is gone (or reused): kill the holder it names
+  hidden_holder  a live process has the GPU open, is not listed, and memory is unexplained: kill it
+  residual       used memory no live listed process accounts for: sweep the GPU
+  orphan         a GPU holder whose launcher died (reparented to PID 1): kill it if its job is over
+  zombie         state Z, holds nothing: its parent (named) must reap it
+  shm_leftover   a /dev/shm nccl-*/torch_*/psm_*/sem.* file nobody has open or mapped: rm it
+  smem_limit     less shared memory per block than Hopper's 227 KB: check tiles with `gpusweep smem`
+  not_visible    a listed PID in another PID namespace: run gpusweep on the host";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -18,8 +28,9 @@ Exit codes:
     about = "Who holds this GPU memory, and is it gone yet?",
     long_about = "Watches GPU memory on one or many hosts, explains every MiB (which live process holds it, or that \
                   nobody does), kills leftovers precisely, and re-watches until every GPU reads zero.\n\n\
-                  With no subcommand it opens the terminal UI. Without an NVIDIA driver it still shows holders, \
-                  zombies and /dev/shm; try --demo for a simulated cluster.",
+                  With no subcommand it opens the terminal UI. Where no NVIDIA driver exists and no hosts are \
+                  named, the TUI opens the simulated demo cluster (--local watches this host's holders, zombies \
+                  and /dev/shm instead); the subcommands always read what they are asked to.",
     after_help = EXIT_CODES
 )]
 pub struct Cli {
