@@ -159,7 +159,7 @@ if wait_line "$W/fork2.out" PARENT 90; then
     tmux send-keys -t gs S; sleep 0.5
     { echo "---- sweep dialog"; cap; } >>"$OUT/tui.txt"
     tmux send-keys -t gs Enter
-    if until_screen "read zero after" 40; then pass "tui: the sweep from the keyboard ends with the all-zero banner"; else fail "tui: no all-zero banner"; fi
+    if until_screen "zero after" 40; then pass "tui: the sweep from the keyboard ends with the all-zero banner"; else fail "tui: no all-zero banner"; fi
     { echo "---- after the sweep"; cap; } >>"$OUT/tui.txt"
     check "tui: GPU 0 reads 0 MiB" test "$(gpu0_used_mib)" = 0
   else fail "tui: the leak did not show"; { echo "---- screen"; cap; } >>"$OUT/tui.txt"; fi
