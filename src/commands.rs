@@ -684,6 +684,8 @@ pub fn sweep_cmd(s: &Settings, a: &SweepArgs) -> anyhow::Result<i32> {
             return Ok(0);
         }
         let started = Instant::now();
+        // A target refused or failed: exit 1 unless the GPUs end up clean anyway.
+        let mut failed = false;
         if !plan.items.is_empty() {
             if !confirm(
                 &format!(
@@ -712,11 +714,12 @@ pub fn sweep_cmd(s: &Settings, a: &SweepArgs) -> anyhow::Result<i32> {
             let outs = deliver_all(&mut fleet, &reqs, grace + Duration::from_secs(30)).await;
             println!("signals:");
             print_outcomes(&outs);
+            failed = any_failed(&outs);
         } else {
             println!("nothing to signal");
         }
         if a.no_wait {
-            return Ok(0);
+            return Ok(if failed { 1 } else { 0 });
         }
         fleet.broadcast(HostCmd::Interval(Duration::from_millis(100)));
         let (clean, watch) = watch_until_clean(

@@ -90,10 +90,8 @@ pub fn judged_by_holders_only(snap: &HostSnapshot) -> bool {
     snap.error.is_none() && !snap.gpus.iter().any(|g| g.memory.used.is_some())
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct Watch {
-    pub scope_gpus: Option<Vec<u32>>,
-    #[serde(skip)]
     pub scope: Scope,
     pub tolerance: u64,
     pub started_ms: u64,
@@ -106,7 +104,6 @@ pub struct Watch {
 impl Watch {
     pub fn new(expected: Vec<String>, scope: Scope, tolerance: u64, now_ms: u64) -> Watch {
         Watch {
-            scope_gpus: scope.gpus.clone(),
             scope,
             tolerance,
             started_ms: now_ms,
