@@ -58,13 +58,18 @@ fn apply(fleet: &Fleet, effects: Vec<Effect>) {
     }
 }
 
-/// With no hosts named and no NVIDIA driver here, the TUI shows the demo cluster (and says so) rather than an
+/// With no hosts named and no NVIDIA kernel driver here, the TUI shows the demo cluster (and says so) rather than an
 /// empty screen; `--local` keeps this host.
 fn demo_fallback(s: &Settings) -> Option<(Settings, String)> {
     if s.demo || s.hosts_given || s.local || s.specs != [HostSpec::Local] {
         return None;
     }
-    let why = crate::source::nvml::NvmlReader::open().err()?;
+    // The kernel driver's presence answers the question without loading NVML here (the local source loads it
+    // anyway, and a second load costs a driver attach).
+    if std::path::Path::new("/proc/driver/nvidia/version").exists() {
+        return None;
+    }
+    let why = "no NVIDIA driver on this host";
     let mut d = s.clone();
     d.demo = true;
     d.specs = crate::source::demo::DEMO_HOSTS
