@@ -11,9 +11,8 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use gpusweep::analyze::{AnalyzeOptions, analyzed};
 use gpusweep::source::demo::{DemoClock, DemoHost};
-use gpusweep::source::procfs::ProcfsConfig;
-use gpusweep::source::{LocalSource, Source};
-use gpusweep::sweep::AuditLog;
+use gpusweep::source::local::procfs::ProcfsConfig;
+use gpusweep::source::Source; use gpusweep::source::local::LocalSource;
 
 const EXTRA_PROCS: usize = 500;
 
@@ -40,9 +39,8 @@ fn bench(c: &mut Criterion) {
                 .count()
         })
         .unwrap_or(0);
-    let audit = AuditLog { path: None };
     let mut src =
-        match LocalSource::new("bench".into(), ProcfsConfig::default(), audit.clone(), true) {
+        match LocalSource::new("bench".into(), ProcfsConfig::default(), true) {
             Ok(s) => s,
             Err(e) => panic!("local source: {e}"),
         };
@@ -69,7 +67,7 @@ fn bench(c: &mut Criterion) {
         full_scan_every: Duration::ZERO,
         ..ProcfsConfig::default()
     };
-    let mut full = match LocalSource::new("bench".into(), full_cfg, audit, true) {
+    let mut full = match LocalSource::new("bench".into(), full_cfg, true) {
         Ok(s) => s,
         Err(e) => panic!("local source: {e}"),
     };

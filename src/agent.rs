@@ -2,65 +2,22 @@
 //! then a snapshot every interval, and the outcome of each signal request. It reads commands on stdin, one JSON
 //! object per line, and exits when stdin closes (the SSH channel or the parent went away).
 //!
-//! Signals go through the same `sweep::deliver` as local kills, so the agent applies every safety rule on its
-//! own host: (pid, start time) re-checked through a pidfd, never PID 1, itself or its ancestors, audit-logged.
+//! It runs the runtime's one poll loop over this host (or a demo host); signals go through the same
+//! `act::deliver` as local kills, so every safety rule holds on its own host. Snapshots go out unanalyzed: the
+//! client analyzes them once, with its operator's options.
 
 use std::io::{BufRead, Read, Write};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-use crate::analyze::{AnalyzeOptions, analyzed};
-use crate::model::HostSnapshot;
-use crate::source::Source;
-use crate::sweep::{Outcome, SignalRequest};
-
-/// Bumped on an incompatible change; clients refuse other versions with a clear message.
-pub const PROTOCOL: u32 = 1;
-/// The longest line either side accepts.
-pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
-/// The fastest polling a client may ask for.
-pub const MIN_INTERVAL: Duration = Duration::from_millis(20);
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum AgentMsg {
-    Hello {
-        protocol: u32,
-        version: String,
-        host: String,
-        pid: u32,
-    },
-    Snapshot {
-        snapshot: Box<HostSnapshot>,
-    },
-    Outcomes {
-        id: u64,
-        outcomes: Vec<Outcome>,
-    },
-    Error {
-        message: String,
-    },
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "cmd", rename_all = "snake_case")]
-pub enum AgentCmd {
-    /// Poll every `ms` milliseconds from now on (fast during a re-watch).
-    Interval { ms: u64 },
-    /// Poll now.
-    Poll,
-    /// Signal these targets (the client's confirmed plan); answered by an `outcomes` message with this id.
-    Signal { id: u64, request: SignalRequest },
-}
-
-enum Input {
-    Cmd(AgentCmd),
-    Bad(String),
-    Eof,
-}
+use crate::act::Deliverer;
+use crate::core::format::millis;
+use crate::core::model::HostSnapshot;
+use crate::core::protocol::{AgentCmd, AgentMsg, MAX_LINE_BYTES, MIN_INTERVAL, PROTOCOL};
+use crate::core::signal::Outcome;
+use crate::runtime::poll;
+use crate::source::{ConnStatus, HostCmd, Sink, Source};
 
 type Out = Arc<Mutex<std::io::Stdout>>;
 
@@ -69,11 +26,85 @@ fn emit(out: &Out, msg: &AgentMsg) -> bool {
         return false;
     };
     let Ok(mut o) = out.lock() else { return false };
-    writeln!(o, "{line}").and_then(|_| o.flush()).is_ok()
+    writeln!(o, "{line}").and_then(|()| o.flush()).is_ok()
+}
+
+/// The agent's sink: every reading, error and outcome becomes one line on stdout.
+struct StdoutSink(Out);
+
+impl Sink for StdoutSink {
+    fn reading(&self, snap: HostSnapshot) -> bool {
+        emit(
+            &self.0,
+            &AgentMsg::Snapshot {
+                snapshot: Box::new(snap),
+            },
+        )
+    }
+    fn status(&self, status: ConnStatus) -> bool {
+        match status {
+            ConnStatus::Down(message) => emit(&self.0, &AgentMsg::Error { message }),
+            ConnStatus::Up | ConnStatus::Connecting => true,
+        }
+    }
+    fn outcomes(&self, id: u64, outcomes: Vec<Outcome>) -> bool {
+        emit(&self.0, &AgentMsg::Outcomes { id, outcomes })
+    }
+}
+
+/// Read commands from stdin until it closes; bad lines are answered with an error message.
+fn read_commands(out: &Out, tx: &mpsc::Sender<HostCmd>) {
+    let stdin = std::io::stdin();
+    let mut lock = stdin.lock();
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match lock
+            .by_ref()
+            .take(MAX_LINE_BYTES as u64 + 1)
+            .read_until(b'\n', &mut buf)
+        {
+            Ok(0) | Err(_) => return,
+            Ok(n) if n > MAX_LINE_BYTES => {
+                emit(
+                    out,
+                    &AgentMsg::Error {
+                        message: "command line too long".into(),
+                    },
+                );
+                return;
+            }
+            Ok(_) => {}
+        }
+        let text = String::from_utf8_lossy(&buf);
+        let t = text.trim();
+        if t.is_empty() {
+            continue;
+        }
+        let cmd = match serde_json::from_str::<AgentCmd>(t) {
+            Ok(AgentCmd::Poll) => HostCmd::PollNow,
+            Ok(AgentCmd::Interval { ms }) => {
+                HostCmd::Interval(Duration::from_millis(ms).max(MIN_INTERVAL))
+            }
+            Ok(AgentCmd::Signal { id, request }) => HostCmd::Signal { id, req: request },
+            Err(e) => {
+                emit(
+                    out,
+                    &AgentMsg::Error {
+                        message: format!("bad command: {e}"),
+                    },
+                );
+                continue;
+            }
+        };
+        if tx.send(cmd).is_err() {
+            return;
+        }
+    }
 }
 
 /// Serve `src` until stdin closes. Returns the process exit code.
-pub fn serve(mut src: Box<dyn Source>, interval: Duration) -> i32 {
+pub fn serve(src: Box<dyn Source>, signals: Option<Deliverer>, interval: Duration) -> i32 {
     let out: Out = Arc::new(Mutex::new(std::io::stdout()));
     let hello = AgentMsg::Hello {
         protocol: PROTOCOL,
@@ -84,85 +115,34 @@ pub fn serve(mut src: Box<dyn Source>, interval: Duration) -> i32 {
     if !emit(&out, &hello) {
         return 0;
     }
-    let (tx, rx) = mpsc::channel::<Input>();
-    std::thread::spawn(move || {
-        let stdin = std::io::stdin();
-        let mut lock = stdin.lock();
-        let mut buf = Vec::new();
-        loop {
-            buf.clear();
-            match lock
-                .by_ref()
-                .take(MAX_LINE_BYTES as u64 + 1)
-                .read_until(b'\n', &mut buf)
-            {
-                Ok(0) | Err(_) => {
-                    let _ = tx.send(Input::Eof);
-                    return;
-                }
-                Ok(n) if n > MAX_LINE_BYTES => {
-                    let _ = tx.send(Input::Bad("command line too long".into()));
-                    let _ = tx.send(Input::Eof);
-                    return;
-                }
-                Ok(_) => {}
-            }
-            let text = String::from_utf8_lossy(&buf);
-            let t = text.trim();
-            if t.is_empty() {
-                continue;
-            }
-            let msg = match serde_json::from_str::<AgentCmd>(t) {
-                Ok(c) => Input::Cmd(c),
-                Err(e) => Input::Bad(format!("bad command: {e}")),
-            };
-            if tx.send(msg).is_err() {
-                return;
-            }
+    let (tx, rx) = mpsc::channel::<HostCmd>();
+    let reader_out = out.clone();
+    std::thread::spawn(move || read_commands(&reader_out, &tx));
+    let sink: Arc<dyn Sink> = Arc::new(StdoutSink(out));
+    let interval = Duration::from_millis(millis(interval)).max(MIN_INTERVAL);
+    poll::run(src, signals, &sink, &rx, interval);
+    0
+}
+
+/// `gpusweep agent [--demo-host H]`: serve this host, or a demo host with `--demo`.
+pub fn run(s: &crate::runtime::Settings, demo_host: &str) -> anyhow::Result<i32> {
+    use crate::source::demo::{DEMO_HOSTS, DemoHost};
+    use crate::source::local::LocalSource;
+    if s.demo {
+        if !DEMO_HOSTS.contains(&demo_host) {
+            anyhow::bail!(
+                "--demo-host {demo_host:?}: the demo has {}",
+                DEMO_HOSTS.join(", ")
+            );
         }
-    });
-    let opts = AnalyzeOptions::default();
-    let mut interval = interval.max(MIN_INTERVAL);
-    loop {
-        let msg = match src.poll() {
-            Ok(s) => AgentMsg::Snapshot {
-                snapshot: Box::new(analyzed(s, &opts)),
-            },
-            Err(e) => AgentMsg::Error {
-                message: format!("{e:#}"),
-            },
-        };
-        if !emit(&out, &msg) {
-            return 0;
-        }
-        let next = Instant::now() + interval;
-        loop {
-            let wait = next.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(wait) {
-                Ok(Input::Cmd(AgentCmd::Poll)) => break,
-                Ok(Input::Cmd(AgentCmd::Interval { ms })) => {
-                    interval = Duration::from_millis(ms).max(MIN_INTERVAL);
-                    break;
-                }
-                Ok(Input::Cmd(AgentCmd::Signal { id, request })) => {
-                    if let Some(d) = src.deliverer() {
-                        let out = out.clone();
-                        std::thread::spawn(move || {
-                            let outcomes = d.deliver(&request);
-                            emit(&out, &AgentMsg::Outcomes { id, outcomes });
-                        });
-                    } else {
-                        let outcomes = src.signal(&request);
-                        emit(&out, &AgentMsg::Outcomes { id, outcomes });
-                    }
-                    break;
-                }
-                Ok(Input::Bad(message)) => {
-                    emit(&out, &AgentMsg::Error { message });
-                }
-                Ok(Input::Eof) | Err(mpsc::RecvTimeoutError::Disconnected) => return 0,
-                Err(mpsc::RecvTimeoutError::Timeout) => break,
-            }
-        }
+        let src = DemoHost::new(demo_host, s.fleet.demo_clock.clone());
+        return Ok(serve(Box::new(src), None, s.fleet.interval));
     }
+    let host = crate::core::host::local_hostname();
+    let src = LocalSource::new(host.clone(), s.fleet.procfs.clone(), s.fleet.load_nvml)?;
+    let d = Deliverer {
+        host,
+        audit: s.fleet.audit.clone(),
+    };
+    Ok(serve(Box::new(src), Some(d), s.fleet.interval))
 }

@@ -1,11 +1,11 @@
 //! Analysis on fixtures, including what a real H200 showed (shared/reference/h200-observations.md).
 
-use std::collections::HashSet;
 
 use gpusweep::analyze::{AnalyzeOptions, GpuState, analyze, analyzed, gpu_state};
-use gpusweep::model::*;
-use gpusweep::sweep::plan;
-use gpusweep::watch::{Scope, Verdict, Watch, verdict};
+use gpusweep::core::model::*;
+use gpusweep::analyze::plan::plan;
+use gpusweep::core::signal::Protected;
+use gpusweep::analyze::watch::{Scope, Verdict, Watch, verdict};
 
 const H200_TOTAL: u64 = 143_771 * MIB;
 
@@ -39,7 +39,7 @@ fn proc_(pid: u32, ppid: u32, sid: u32, state: char, cmd: &str) -> Proc {
         pid,
         ppid,
         sid,
-        state,
+        state: ProcState::from_char(state),
         start_time: 1000 + pid as u64,
         comm: cmd.split(' ').next().unwrap_or("").into(),
         cmdline: cmd.into(),
@@ -129,7 +129,7 @@ fn real_fork_leak_is_ghost_hidden_holder_orphan_and_residual() {
         GpuState::Leak
     );
     // The plan kills 946, and nothing else (924 is dead).
-    let p = plan(&snap, None, &HashSet::from([1]));
+    let p = plan(HostId(0), &snap, None, &Protected::remote());
     assert_eq!(p.items.iter().map(|i| i.pid).collect::<Vec<_>>(), vec![946]);
     assert_eq!(p.items[0].bytes, Some(10157 * MIB));
 }
@@ -150,7 +150,7 @@ fn live_process_charged_20gb_is_in_use_not_a_leak() {
         gpu_state(&snap, &snap.gpus[0], &AnalyzeOptions::default()),
         GpuState::InUse
     );
-    let p = plan(&snap, Some(&[0]), &HashSet::new());
+    let p = plan(HostId(0), &snap, Some(&[0]), &Protected::remote());
     assert_eq!(p.items.len(), 1);
     assert_eq!(p.items[0].bytes, Some(20_640_169_984));
     assert!(p.items[0].why.contains("listed on GPU 0"));
@@ -185,7 +185,7 @@ fn zombie_names_its_parent_and_holds_nothing() {
     );
     // A sweep never targets a zombie.
     assert!(
-        plan(&snap, None, &HashSet::new())
+        plan(HostId(0), &snap, None, &Protected::remote())
             .items
             .iter()
             .all(|i| i.pid != 1345)
@@ -219,7 +219,7 @@ fn reused_pid_is_a_ghost_not_a_live_process() {
         .expect("ghost");
     assert!(g.detail.contains("reused"), "{}", g.detail);
     // And the plan does not kill the innocent process that now has that PID.
-    assert!(plan(&snap, None, &HashSet::new()).items.is_empty());
+    assert!(plan(HostId(0), &snap, None, &Protected::remote()).items.is_empty());
 }
 
 #[test]
@@ -270,7 +270,7 @@ fn benign_holders_are_never_leaks_or_targets() {
         "{:?}",
         s.findings
     );
-    assert!(plan(&s, None, &HashSet::new()).items.is_empty());
+    assert!(plan(HostId(0), &s, None, &Protected::remote()).items.is_empty());
 }
 
 #[test]
@@ -380,9 +380,9 @@ fn watch_verdicts_and_timing() {
         v => panic!("{v:?}"),
     }
     let clean = host(vec![gpu(0, 0, &[])], vec![], vec![]);
-    let mut w = Watch::new(vec!["h200".into()], Scope::default(), 0, 1000);
-    assert!(!w.observe(&dirty, 1100));
-    assert!(w.observe(&clean, 1222));
+    let mut w = Watch::new(vec![(HostId(0), "h200".into())], Scope::default(), 0, 1000);
+    assert!(!w.observe(HostId(0), &dirty, 1100));
+    assert!(w.observe(HostId(0), &clean, 1222));
     assert_eq!(w.took_ms(), Some(222));
     // Scope: only GPU 1 matters, and GPU 1 is clean.
     let mut two = fork_leak();

@@ -4,10 +4,11 @@ use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
 use gpusweep::analyze::{AnalyzeOptions, analyzed};
-use gpusweep::model::FindingKind;
+use gpusweep::core::model::FindingKind;
 use gpusweep::source::demo::{DemoClock, DemoHost};
-use gpusweep::sweep::{Fate, Sig, plan};
-use gpusweep::watch::{Scope, Verdict, verdict};
+use gpusweep::core::model::HostId;
+use gpusweep::core::signal::{Fate, Protected, Sig}; use gpusweep::analyze::plan::plan;
+use gpusweep::analyze::watch::{Scope, Verdict, verdict};
 
 #[test]
 fn gpu_b_after_pkill_has_every_kind_of_leftover() {
@@ -49,11 +50,11 @@ fn sweeping_gpu_b_drains_100ms_after_the_kill() {
     let (clock, t) = DemoClock::manual(5_000);
     let mut h = DemoHost::new("gpu-b", clock);
     let s = analyzed(h.snapshot(), &AnalyzeOptions::default());
-    let p = plan(&s, None, &HashSet::from([1]));
+    let p = plan(HostId(0), &s, None, &Protected::remote());
     let pids: Vec<u32> = p.items.iter().map(|i| i.pid).collect();
     assert!(pids.contains(&7306) && pids.contains(&7391), "{pids:?}");
     assert!(!pids.contains(&812), "nvidia-persistenced is benign");
-    let out = h.signal(&p.request("gpu-b", Sig::Term, Some(10_000)));
+    let out = h.signal(&p.request(HostId(0), Sig::Term, Some(10_000)));
     assert!(
         out.iter().all(|o| matches!(o.fate, Fate::Exited { .. })),
         "{out:?}"
@@ -72,14 +73,14 @@ fn sweeping_gpu_b_drains_100ms_after_the_kill() {
 fn demo_refuses_pid_1_and_reused_pids() {
     let (clock, _) = DemoClock::manual(0);
     let mut h = DemoHost::new("gpu-b", clock);
-    let req = gpusweep::sweep::SignalRequest {
+    let req = gpusweep::core::signal::SignalRequest {
         targets: vec![
-            gpusweep::sweep::TargetInfo {
+            gpusweep::core::signal::TargetInfo {
                 pid: 1,
                 start_time: 0,
                 cmdline: String::new(),
             },
-            gpusweep::sweep::TargetInfo {
+            gpusweep::core::signal::TargetInfo {
                 pid: 7306,
                 start_time: 1,
                 cmdline: String::new(),

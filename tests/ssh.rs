@@ -8,12 +8,12 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use gpusweep::analyze::AnalyzeOptions;
-use gpusweep::collect::{ConnStatus, Fleet, FleetOptions, HostEvent};
-use gpusweep::hosts::HostSpec;
+use gpusweep::runtime::{Fleet, FleetOptions, HostEvent}; use gpusweep::source::ConnStatus;
+use gpusweep::core::host::HostSpec;
 use gpusweep::source::demo::DemoClock;
-use gpusweep::source::procfs::ProcfsConfig;
-use gpusweep::source::ssh::SshOptions;
-use gpusweep::sweep::AuditLog;
+use gpusweep::source::local::procfs::ProcfsConfig;
+use gpusweep::source::remote::ssh::SshOptions;
+use gpusweep::act::AuditLog;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpusweep");
 

@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseButton, MouseEvent, MouseEventKind};
 use gpusweep::analyze::{AnalyzeOptions, analyzed};
-use gpusweep::collect::{ConnStatus, HostCmd};
+use gpusweep::source::{ConnStatus, HostCmd};
 use gpusweep::source::demo::{DEMO_HOSTS, DemoClock, DemoHost};
-use gpusweep::sweep::{Fate, Outcome, Sig};
+use gpusweep::core::model::HostId;
+use gpusweep::core::signal::{Fate, Outcome, Protected, Sig};
+use gpusweep::tui::run::mouse_action;
 use gpusweep::tui::app::{Action, App, Dialog, Effect, Panel, SweepScope};
 use gpusweep::tui::keymap::Keymap;
 use gpusweep::tui::view;
@@ -54,7 +56,7 @@ impl Demo {
         let mut eff = Vec::new();
         for i in 0..self.hosts.len() {
             let s = analyzed(self.hosts[i].snapshot(), &AnalyzeOptions::default());
-            eff.extend(self.app.update(Action::Snapshot(i, Box::new(s))));
+            eff.extend(self.app.update(Action::Snapshot(HostId(i), Box::new(s))));
         }
         eff
     }
@@ -69,7 +71,7 @@ impl Demo {
     fn run_effects(&mut self, eff: &[Effect]) {
         for e in eff {
             if let Effect::Send(h, HostCmd::Signal { id, req }) = e {
-                let out = self.hosts[*h].signal(req);
+                let out = self.hosts[h.0].signal(req);
                 self.app.update(Action::Outcomes(*h, *id, out));
             }
         }
@@ -164,7 +166,7 @@ fn screen_sweep_dialog_and_banner() {
     );
     assert_eq!(
         eff.iter()
-            .filter(|e| matches!(e, Effect::Send(1, HostCmd::Signal { .. })))
+            .filter(|e| matches!(e, Effect::Send(HostId(1), HostCmd::Signal { .. })))
             .count(),
         1
     );
@@ -221,7 +223,7 @@ fn screen_smem_help_filter_tree() {
 fn screen_host_down_and_no_gpu() {
     let mut d = Demo::new(2);
     d.app.update(Action::Status(
-        2,
+        HostId(2),
         ConnStatus::Down("connection refused".into()),
     ));
     both("host_down", &mut d);
@@ -230,14 +232,14 @@ fn screen_host_down_and_no_gpu() {
 #[test]
 fn reducer_protects_pid_1_and_explains_zombies() {
     let mut d = gpu_b();
-    d.app.focus = Panel::Processes;
+    d.app.sel.focus = Panel::Processes;
     let zombie = d
         .app
         .process_rows()
         .iter()
         .position(|r| r.pid == 7350)
         .expect("zombie row");
-    d.app.proc_sel = zombie;
+    d.app.sel.proc = zombie;
     d.ch('K');
     assert!(d.app.dialog.is_none());
     assert!(
@@ -254,14 +256,14 @@ fn reducer_protects_pid_1_and_explains_zombies() {
         .iter()
         .position(|r| r.pid == 7307)
         .expect("ghost row");
-    d.app.proc_sel = ghost;
+    d.app.sel.proc = ghost;
     d.ch('K');
     assert!(
         d.app.dialog.is_none(),
         "a dead PID is never offered for a kill"
     );
-    d.app.protected.insert(1, [7391].into_iter().collect());
-    d.app.proc_sel = d
+    d.app.hosts[1].protected = Protected::local(7391, []);
+    d.app.sel.proc = d
         .app
         .process_rows()
         .iter()
@@ -286,7 +288,7 @@ fn reducer_kill_sends_the_confirmed_target_and_reports() {
     d.key(KeyCode::Tab); // KILL now
     let eff = d.key(KeyCode::Enter);
     match &eff[..] {
-        [Effect::Send(1, HostCmd::Signal { req, .. })] => {
+        [Effect::Send(HostId(1), HostCmd::Signal { req, .. })] => {
             assert_eq!(req.signal, Sig::Kill);
             assert_eq!(req.grace_ms, None);
             assert_eq!(req.targets[0].pid, 7306);
@@ -295,7 +297,7 @@ fn reducer_kill_sends_the_confirmed_target_and_reports() {
         other => panic!("{other:?}"),
     }
     d.app.update(Action::Outcomes(
-        1,
+        HostId(1),
         1,
         vec![Outcome {
             pid: 7306,
@@ -317,21 +319,26 @@ fn reducer_navigation_sort_quit_and_mouse() {
     d.ch('j');
     d.ch('j');
     d.ch('j');
-    assert_eq!(d.app.selected_host, 2, "selection stops at the last host");
+    assert_eq!(d.app.sel.host, 2, "selection stops at the last host");
     d.ch('k');
-    assert_eq!(d.app.selected_host, 1);
-    d.app.update(Action::Mouse(MouseEvent {
-        kind: MouseEventKind::Down(MouseButton::Left),
-        column: 5,
-        row: 2,
-        modifiers: KeyModifiers::NONE,
-    }));
+    assert_eq!(d.app.sel.host, 1);
+    let click = mouse_action(
+        &d.app,
+        &MouseEvent {
+            kind: MouseEventKind::Down(MouseButton::Left),
+            column: 5,
+            row: 2,
+            modifiers: KeyModifiers::NONE,
+        },
+    )
+    .expect("a click on a panel is an action");
+    d.app.update(click);
     assert_eq!(
-        d.app.selected_host, 0,
+        d.app.sel.host, 0,
         "a click on the first host row selects it"
     );
     d.ch('s');
-    assert_eq!(d.app.sort.name(), "pid");
+    assert_eq!(d.app.procs.sort.name(), "pid");
     let eff = d.ch('w');
     assert!(eff.contains(&Effect::Broadcast(HostCmd::PollNow)));
     assert!(d.app.rewatch.is_some());

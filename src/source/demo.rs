@@ -12,11 +12,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use crate::model::{
-    Gpu, Holder, HostSnapshot, ListedProcess, MIB, Memory, Proc, ProcessKind, ShmInfo, ShmSegment,
-    SourceKind,
+use crate::core::model::{
+    Gpu, Holder, HostSnapshot, ListedProcess, MIB, Memory, Proc, ProcState, ProcessKind, ShmInfo,
+    ShmSegment, SourceKind,
 };
-use crate::sweep::{Fate, Outcome, Sig, SignalRequest};
+use crate::core::signal::{Fate, Outcome, Sig, SignalRequest};
 
 pub const DEMO_HOSTS: &[&str] = &["gpu-a", "gpu-b", "gpu-c"];
 
@@ -29,7 +29,7 @@ pub enum DemoClock {
 
 impl DemoClock {
     pub fn real() -> Self {
-        DemoClock::Real(Instant::now(), crate::model::now_ms())
+        DemoClock::Real(Instant::now(), crate::core::model::now_ms())
     }
     pub fn manual(ms: u64) -> (Self, Arc<AtomicU64>) {
         let a = Arc::new(AtomicU64::new(ms));
@@ -99,7 +99,7 @@ struct SimProc {
     pid: u32,
     ppid: u32,
     sid: u32,
-    state: char,
+    state: ProcState,
     comm: &'static str,
     cmdline: String,
     user: &'static str,
@@ -140,7 +140,7 @@ fn sp(pid: u32, ppid: u32, sid: u32, comm: &'static str, cmdline: &str) -> SimPr
         pid,
         ppid,
         sid,
-        state: 'S',
+        state: ProcState::Sleeping,
         comm,
         cmdline: cmdline.to_string(),
         user: "alice",
@@ -267,7 +267,7 @@ impl DemoHost {
         ));
         h.procs.push(sp(3900, 1, 3900, "bash", "-bash"));
         let mut z = sp(7350, 7340, 3900, "python3", "");
-        z.state = 'Z';
+        z.state = ProcState::Zombie;
         h.procs.push(z);
         h.shm = vec![
             ShmSegment {
@@ -426,7 +426,7 @@ impl DemoHost {
                 cmdline: p.cmdline.clone(),
                 fds_unreadable: false,
             });
-            if p.state == 'Z' {
+            if p.state.is_zombie() {
                 zombies.push(p.pid);
             }
             if !p.holds.is_empty() {
@@ -508,7 +508,7 @@ impl DemoHost {
             }
             let p = &self.procs[idx];
             o.cmdline = p.cmdline.clone();
-            if p.state == 'Z' {
+            if p.state.is_zombie() {
                 o.fate = Fate::Signalled { signal: req.signal };
                 out.push(o);
                 continue;
@@ -542,7 +542,7 @@ impl DemoHost {
             p.killed_at = Some(t);
         }
         for c in children {
-            let zombie = self.procs.iter().any(|p| p.pid == c && p.state == 'Z');
+            let zombie = self.procs.iter().any(|p| p.pid == c && p.state.is_zombie());
             if zombie || self.procs.iter().any(|p| p.pid == c && p.comm == "python3") {
                 self.kill_tree(c, t);
             }
@@ -560,10 +560,10 @@ impl super::Source for DemoHost {
     fn host(&self) -> &str {
         &self.name
     }
-    fn poll(&mut self) -> anyhow::Result<HostSnapshot> {
+    fn poll(&mut self) -> Result<HostSnapshot, super::SourceError> {
         Ok(self.snapshot())
     }
-    fn signal(&mut self, req: &SignalRequest) -> Vec<Outcome> {
-        DemoHost::signal(self, req)
+    fn simulate_signal(&mut self, req: &SignalRequest) -> Option<Vec<Outcome>> {
+        Some(DemoHost::signal(self, req))
     }
 }

@@ -4,15 +4,18 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
-use crossterm::event::{KeyCode, KeyEvent, MouseButton, MouseEvent, MouseEventKind};
+use crossterm::event::{KeyCode, KeyEvent};
 
+use super::keymap::{Cmd, Keymap};
+use super::rows::{ProcRow, build_rows};
+use crate::analyze::plan::{Plan, plan, plan_summary};
+use crate::analyze::watch::{Scope, Watch};
 use crate::analyze::{AnalyzeOptions, GpuState, gpu_state};
-use crate::collect::{ConnStatus, HostCmd};
-use crate::model::{FindingKind, HostSnapshot, MIB, Severity};
-use crate::smem::{Dtype, Tile};
-use crate::sweep::{self, Fate, Outcome, Plan, Sig, TargetInfo};
-use crate::tui::keymap::{Cmd, Keymap};
-use crate::watch::{Scope, Watch};
+use crate::core::format::{fmt_ms, millis};
+use crate::core::model::{FindingKind, HostId, HostSnapshot, MIB, Severity};
+use crate::core::signal::{Outcome, Protected, Sig, SignalRequest, TargetInfo};
+use crate::core::smem::{Dtype, Tile};
+use crate::source::{ConnStatus, HostCmd};
 
 /// Samples of memory history kept per GPU (10 minutes at a 1 s poll).
 pub const HISTORY: usize = 600;
@@ -23,11 +26,14 @@ pub const REWATCH_INTERVAL: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone)]
 pub enum Action {
-    Snapshot(usize, Box<HostSnapshot>),
-    Status(usize, ConnStatus),
-    Outcomes(usize, u64, Vec<Outcome>),
+    Snapshot(HostId, Box<HostSnapshot>),
+    Status(HostId, ConnStatus),
+    Outcomes(HostId, u64, Vec<Outcome>),
     Key(KeyEvent),
-    Mouse(MouseEvent),
+    /// A click on a row of a panel (the event loop, which owns the layout, found which).
+    Click { panel: Panel, row: usize },
+    /// The mouse wheel: move the selection this many rows.
+    Scroll(i64),
     Resize(u16, u16),
     /// Wall-clock time in Unix milliseconds: ages and elapsed times are computed from it.
     Tick(u64),
@@ -35,12 +41,13 @@ pub enum Action {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
-    Send(usize, HostCmd),
+    Send(HostId, HostCmd),
     Broadcast(HostCmd),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Panel {
+    #[default]
     Hosts,
     Gpus,
     Processes,
@@ -92,14 +99,14 @@ pub enum SweepScope {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Dialog {
     Kill {
-        host: usize,
+        host: HostId,
         target: TargetInfo,
         user: Option<String>,
         signal: Sig,
     },
     Sweep {
         scope: SweepScope,
-        host: usize,
+        host: HostId,
         gpu: Option<u32>,
         plan: Plan,
     },
@@ -122,6 +129,39 @@ pub struct HostView {
     pub last_seen_ms: Option<u64>,
     /// Per GPU index, used MiB over time.
     pub history: HashMap<u32, VecDeque<u64>>,
+    /// The process panel's rows, built once per reading (and when the filter, sort or tree change).
+    pub rows: Vec<ProcRow>,
+    /// PIDs never offered for signals on this host.
+    pub protected: Protected,
+}
+
+/// Which panel has the focus and what is selected in each.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    pub focus: Panel,
+    pub host: usize,
+    pub gpu: usize,
+    pub proc: usize,
+    pub finding: usize,
+}
+
+/// How the process panel shows rows.
+#[derive(Debug, Clone)]
+pub struct ProcView {
+    pub tree: bool,
+    pub filter: String,
+    /// The filter is being typed.
+    pub editing: bool,
+    pub sort: SortKey,
+}
+
+/// What the app was started with.
+#[derive(Debug, Clone)]
+pub struct AppConfig {
+    pub interval: Duration,
+    pub keymap: Keymap,
+    pub analyze: AnalyzeOptions,
+    pub color: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -158,15 +198,8 @@ impl SmemForm {
 #[derive(Debug, Clone)]
 pub struct App {
     pub hosts: Vec<HostView>,
-    pub selected_host: usize,
-    pub focus: Panel,
-    pub gpu_sel: usize,
-    pub proc_sel: usize,
-    pub finding_sel: usize,
-    pub tree: bool,
-    pub filter: String,
-    pub filter_editing: bool,
-    pub sort: SortKey,
+    pub sel: Selection,
+    pub procs: ProcView,
     pub dialog: Option<Dialog>,
     pub smem_open: bool,
     pub smem: SmemForm,
@@ -174,35 +207,12 @@ pub struct App {
     pub rewatch: Option<Rewatch>,
     pub banner: Option<String>,
     pub last_sweep_ms: Option<u64>,
-    pub interval: Duration,
     pub now_ms: u64,
     pub size: (u16, u16),
     pub quit: bool,
-    pub color: bool,
-    pub keymap: Keymap,
-    pub analyze: AnalyzeOptions,
-    /// PIDs never offered for signals on the local host (PID 1, us, our ancestors), by host index.
-    pub protected: HashMap<usize, HashSet<u32>>,
+    pub cfg: AppConfig,
     next_id: u64,
     pending: HashMap<u64, String>,
-}
-
-/// One row of the process panel.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ProcRow {
-    pub pid: u32,
-    pub user: String,
-    pub state: char,
-    pub ppid: Option<u32>,
-    pub gpus: Vec<u32>,
-    pub bytes: Option<u64>,
-    pub started_at: Option<u64>,
-    pub cmd: String,
-    pub marks: Vec<&'static str>,
-    pub depth: usize,
-    pub start_time: Option<u64>,
-    /// A dead PID: shown, never signalled.
-    pub ghost: bool,
 }
 
 impl App {
@@ -222,17 +232,17 @@ impl App {
                     status: ConnStatus::Connecting,
                     last_seen_ms: None,
                     history: HashMap::new(),
+                    rows: Vec::new(),
+                    protected: Protected::remote(),
                 })
                 .collect(),
-            selected_host: 0,
-            focus: Panel::Hosts,
-            gpu_sel: 0,
-            proc_sel: 0,
-            finding_sel: 0,
-            tree: false,
-            filter: String::new(),
-            filter_editing: false,
-            sort: SortKey::Memory,
+            sel: Selection::default(),
+            procs: ProcView {
+                tree: false,
+                filter: String::new(),
+                editing: false,
+                sort: SortKey::Memory,
+            },
             dialog: None,
             smem_open: false,
             smem: SmemForm {
@@ -245,21 +255,22 @@ impl App {
             rewatch: None,
             banner: None,
             last_sweep_ms: None,
-            interval,
             now_ms: 0,
             size: (80, 24),
             quit: false,
-            color,
-            keymap,
-            analyze,
-            protected: HashMap::new(),
+            cfg: AppConfig {
+                interval,
+                keymap,
+                analyze,
+                color,
+            },
             next_id: 1,
             pending: HashMap::new(),
         }
     }
 
     pub fn host(&self) -> Option<&HostView> {
-        self.hosts.get(self.selected_host)
+        self.hosts.get(self.sel.host)
     }
 
     pub fn snap(&self) -> Option<&HostSnapshot> {
@@ -272,7 +283,7 @@ impl App {
         for h in &self.hosts {
             let Some(s) = &h.snap else { continue };
             for g in &s.gpus {
-                match gpu_state(s, g, &self.analyze) {
+                match gpu_state(s, g, &self.cfg.analyze) {
                     GpuState::Clean => c.0 += 1,
                     GpuState::InUse => c.1 += 1,
                     GpuState::Leak => c.2 += 1,
@@ -291,7 +302,7 @@ impl App {
         match action {
             Action::Snapshot(i, snap) => self.on_snapshot(i, *snap),
             Action::Status(i, st) => {
-                if let Some(h) = self.hosts.get_mut(i) {
+                if let Some(h) = self.hosts.get_mut(i.0) {
                     if let ConnStatus::Down(e) = &st {
                         let msg = format!("{}: {e}", h.label);
                         h.status = st.clone();
@@ -306,18 +317,10 @@ impl App {
                 let what = self.pending.remove(&id).unwrap_or_else(|| "signal".into());
                 let label = self
                     .hosts
-                    .get(i)
+                    .get(i.0)
                     .map(|h| h.label.clone())
                     .unwrap_or_default();
-                let bad = outs
-                    .iter()
-                    .filter(|o| {
-                        matches!(
-                            o.fate,
-                            Fate::Refused { .. } | Fate::Failed { .. } | Fate::Survived
-                        )
-                    })
-                    .count();
+                let bad = outs.iter().filter(|o| o.failed()).count();
                 let text: Vec<String> = outs.iter().map(|o| o.describe()).collect();
                 let level = if bad > 0 { Level::Bad } else { Level::Good };
                 self.set_status(format!("{what} on {label}: {}", text.join("; ")), level);
@@ -331,15 +334,20 @@ impl App {
                 self.size = (w, h);
                 vec![]
             }
-            Action::Mouse(m) => {
-                self.on_mouse(m);
+            Action::Click { panel, row } => {
+                self.on_click(panel, row);
+                vec![]
+            }
+            Action::Scroll(d) => {
+                self.move_sel(d);
                 vec![]
             }
             Action::Key(k) => self.on_key(k),
         }
     }
 
-    fn on_snapshot(&mut self, i: usize, snap: HostSnapshot) -> Vec<Effect> {
+    fn on_snapshot(&mut self, id: HostId, snap: HostSnapshot) -> Vec<Effect> {
+        let i = id.0;
         let Some(h) = self.hosts.get_mut(i) else {
             return vec![];
         };
@@ -354,6 +362,7 @@ impl App {
         }
         h.last_seen_ms = Some(snap.taken_at_ms);
         h.status = ConnStatus::Up;
+        h.rows = build_rows(&snap, &self.procs);
         h.snap = Some(snap);
         let mut effects = vec![];
         if let Some(rw) = &mut self.rewatch {
@@ -361,13 +370,13 @@ impl App {
                 return effects;
             };
             let elapsed = self.now_ms;
-            if rw.watch.observe(s, elapsed) {
+            if rw.watch.observe(id, s, elapsed) {
                 let took = rw.watch.took_ms().unwrap_or(0);
                 let n: usize = rw
                     .watch
                     .expected
                     .iter()
-                    .filter_map(|l| self.hosts.iter().find(|h| &h.label == l))
+                    .filter_map(|(h, _)| self.hosts.get(h.0))
                     .filter_map(|h| h.snap.as_ref())
                     .map(|s| {
                         s.gpus
@@ -381,13 +390,9 @@ impl App {
                 } else {
                     format!("all {n} GPUs read")
                 };
-                self.banner = Some(format!(
-                    "✓ {}: {what} zero after {}",
-                    rw.label,
-                    crate::watch::fmt_ms(took)
-                ));
+                self.banner = Some(format!("✓ {}: {what} zero after {}", rw.label, fmt_ms(took)));
                 self.rewatch = None;
-                effects.push(Effect::Broadcast(HostCmd::Interval(self.interval)));
+                effects.push(Effect::Broadcast(HostCmd::Interval(self.cfg.interval)));
             }
         }
         self.clamp();
@@ -398,26 +403,27 @@ impl App {
         let gpus = self.snap().map(|s| s.gpus.len()).unwrap_or(0);
         let procs = self.process_rows().len();
         let finds = self.snap().map(|s| s.findings.len()).unwrap_or(0);
-        self.gpu_sel = self.gpu_sel.min(gpus.saturating_sub(1));
-        self.proc_sel = self.proc_sel.min(procs.saturating_sub(1));
-        self.finding_sel = self.finding_sel.min(finds.saturating_sub(1));
+        self.sel.gpu = self.sel.gpu.min(gpus.saturating_sub(1));
+        self.sel.proc = self.sel.proc.min(procs.saturating_sub(1));
+        self.sel.finding = self.sel.finding.min(finds.saturating_sub(1));
     }
 
     fn on_key(&mut self, k: KeyEvent) -> Vec<Effect> {
-        if self.filter_editing {
+        if self.procs.editing {
             match k.code {
-                KeyCode::Enter => self.filter_editing = false,
+                KeyCode::Enter => self.procs.editing = false,
                 KeyCode::Esc => {
-                    self.filter.clear();
-                    self.filter_editing = false;
+                    self.procs.filter.clear();
+                    self.procs.editing = false;
                 }
                 KeyCode::Backspace => {
-                    self.filter.pop();
+                    self.procs.filter.pop();
                 }
-                KeyCode::Char(c) if self.filter.len() < 64 => self.filter.push(c),
+                KeyCode::Char(c) if self.procs.filter.len() < 64 => self.procs.filter.push(c),
                 _ => {}
             }
-            self.proc_sel = 0;
+            self.sel.proc = 0;
+            self.rebuild_rows();
             return vec![];
         }
         if self.smem_open && self.smem.editing {
@@ -438,7 +444,7 @@ impl App {
         if let Some(d) = self.dialog.clone() {
             return self.on_dialog_key(d, k);
         }
-        let cmd = self.keymap.lookup(&k);
+        let cmd = self.cfg.keymap.lookup(&k);
         if self.smem_open {
             match (cmd, k.code) {
                 (Some(Cmd::Quit), _) => self.quit = true,
@@ -462,34 +468,41 @@ impl App {
             Some(Cmd::Quit) => self.quit = true,
             Some(Cmd::Up) => self.move_sel(-1),
             Some(Cmd::Down) => self.move_sel(1),
-            Some(Cmd::NextPanel) => self.focus = self.focus.step(1),
-            Some(Cmd::PrevPanel) => self.focus = self.focus.step(-1),
-            Some(Cmd::Open) if self.focus == Panel::Hosts => self.focus = Panel::Gpus,
+            Some(Cmd::NextPanel) => self.sel.focus = self.sel.focus.step(1),
+            Some(Cmd::PrevPanel) => self.sel.focus = self.sel.focus.step(-1),
+            Some(Cmd::Open) if self.sel.focus == Panel::Hosts => self.sel.focus = Panel::Gpus,
             Some(Cmd::Open) => {}
             Some(Cmd::Back) => {
                 if self.banner.is_some() {
                     self.banner = None;
-                } else if !self.filter.is_empty() {
-                    self.filter.clear();
+                } else if !self.procs.filter.is_empty() {
+                    self.procs.filter.clear();
+                    self.rebuild_rows();
                 } else {
-                    self.focus = Panel::Hosts;
+                    self.sel.focus = Panel::Hosts;
                 }
             }
             Some(Cmd::Kill) => self.open_kill(),
             Some(Cmd::Sweep) => self.open_sweep(),
             Some(Cmd::Rewatch) => return self.toggle_rewatch(),
             Some(Cmd::Filter) => {
-                self.filter_editing = true;
-                self.focus = Panel::Processes;
+                self.procs.editing = true;
+                self.sel.focus = Panel::Processes;
             }
-            Some(Cmd::Sort) => self.sort = self.sort.next(),
+            Some(Cmd::Sort) => {
+                self.procs.sort = self.procs.sort.next();
+                self.rebuild_rows();
+            }
             Some(Cmd::Refresh) => {
                 self.set_status("refreshing", Level::Info);
                 return vec![Effect::Broadcast(HostCmd::PollNow)];
             }
             Some(Cmd::Smem) => self.smem_open = true,
             Some(Cmd::Help) => self.dialog = Some(Dialog::Help),
-            Some(Cmd::Tree) => self.tree = !self.tree,
+            Some(Cmd::Tree) => {
+                self.procs.tree = !self.procs.tree;
+                self.rebuild_rows();
+            }
             None => {}
         }
         vec![]
@@ -497,48 +510,50 @@ impl App {
 
     fn move_sel(&mut self, d: i64) {
         let mv = |v: &mut usize, n: usize| {
-            if n == 0 {
-                *v = 0;
+            let last = n.saturating_sub(1);
+            *v = if d < 0 {
+                v.saturating_sub(usize::try_from(d.unsigned_abs()).unwrap_or(usize::MAX))
             } else {
-                *v = (*v as i64 + d).clamp(0, n as i64 - 1) as usize;
-            }
+                v.saturating_add(usize::try_from(d).unwrap_or(usize::MAX))
+                    .min(last)
+            };
         };
-        match self.focus {
+        match self.sel.focus {
             Panel::Hosts => {
-                let before = self.selected_host;
-                mv(&mut self.selected_host, self.hosts.len());
-                if before != self.selected_host {
-                    self.gpu_sel = 0;
-                    self.proc_sel = 0;
-                    self.finding_sel = 0;
+                let before = self.sel.host;
+                mv(&mut self.sel.host, self.hosts.len());
+                if before != self.sel.host {
+                    self.sel.gpu = 0;
+                    self.sel.proc = 0;
+                    self.sel.finding = 0;
                 }
             }
             Panel::Gpus => {
                 let n = self.snap().map(|s| s.gpus.len()).unwrap_or(0);
-                mv(&mut self.gpu_sel, n)
+                mv(&mut self.sel.gpu, n)
             }
             Panel::Processes => {
                 let n = self.process_rows().len();
-                mv(&mut self.proc_sel, n)
+                mv(&mut self.sel.proc, n)
             }
             Panel::Findings => {
                 let n = self.snap().map(|s| s.findings.len()).unwrap_or(0);
-                mv(&mut self.finding_sel, n)
+                mv(&mut self.sel.finding, n)
             }
         }
     }
 
     fn open_kill(&mut self) {
-        let host = self.selected_host;
-        let target_pid = match self.focus {
+        let host = HostId(self.sel.host);
+        let target_pid = match self.sel.focus {
             Panel::Processes => self
                 .process_rows()
-                .get(self.proc_sel)
+                .get(self.sel.proc)
                 .filter(|r| !r.ghost)
                 .map(|r| r.pid),
             Panel::Findings => self
                 .snap()
-                .and_then(|s| s.findings.get(self.finding_sel))
+                .and_then(|s| s.findings.get(self.sel.finding))
                 .and_then(|f| {
                     f.target_pid.or(if f.kind == FindingKind::Ghost {
                         None
@@ -555,7 +570,7 @@ impl App {
             );
             return;
         };
-        if self.protected.get(&host).is_some_and(|p| p.contains(&pid)) || pid <= 1 {
+        if self.host().is_none_or(|h| h.protected.contains(pid)) {
             self.set_status(
                 format!(
                     "{pid} is protected: PID 1, gpusweep and its ancestors are never signalled"
@@ -568,7 +583,7 @@ impl App {
             self.set_status(format!("{pid} is not in the last reading"), Level::Bad);
             return;
         };
-        if p.state == 'Z' {
+        if p.state.is_zombie() {
             self.set_status(
                 format!(
                     "{pid} is a zombie: killing it does nothing; kill its parent {}",
@@ -591,10 +606,10 @@ impl App {
     }
 
     /// The plan for a scope, from the latest readings.
-    pub fn plan_for(&self, scope: SweepScope, host: usize, gpu: Option<u32>) -> Plan {
-        let mut plan = Plan::default();
+    pub fn plan_for(&self, scope: SweepScope, host: HostId, gpu: Option<u32>) -> Plan {
+        let mut all = Plan::default();
         for (i, h) in self.hosts.iter().enumerate() {
-            if scope != SweepScope::Everything && i != host {
+            if scope != SweepScope::Everything && i != host.0 {
                 continue;
             }
             let Some(s) = &h.snap else { continue };
@@ -603,21 +618,18 @@ impl App {
             } else {
                 None
             };
-            let empty = HashSet::from([0, 1]);
-            let p = sweep::plan(s, gpus.as_deref(), self.protected.get(&i).unwrap_or(&empty));
-            plan.items.extend(p.items);
-            plan.skipped.extend(p.skipped);
+            all.extend(plan(HostId(i), s, gpus.as_deref(), &h.protected));
         }
-        plan
+        all
     }
 
     fn open_sweep(&mut self) {
-        let host = self.selected_host;
+        let host = HostId(self.sel.host);
         let gpu = self
             .snap()
-            .and_then(|s| s.gpus.get(self.gpu_sel))
+            .and_then(|s| s.gpus.get(self.sel.gpu))
             .map(|g| g.index);
-        let scope = match self.focus {
+        let scope = match self.sel.focus {
             Panel::Gpus if gpu.is_some() => SweepScope::Gpu,
             _ => SweepScope::Host,
         };
@@ -673,7 +685,7 @@ impl App {
                 }
                 self.dialog = None;
                 let id = self.take_id(format!("{} {}", signal.name(), target.pid));
-                let grace = (signal == Sig::Term).then_some(TUI_GRACE.as_millis() as u64);
+                let grace = (signal == Sig::Term).then_some(millis(TUI_GRACE));
                 self.set_status(
                     format!("sending {} to {}…", signal.name(), target.pid),
                     Level::Info,
@@ -682,7 +694,7 @@ impl App {
                     host,
                     HostCmd::Signal {
                         id,
-                        req: sweep::SignalRequest {
+                        req: SignalRequest {
                             targets: vec![target],
                             signal,
                             grace_ms: grace,
@@ -735,39 +747,33 @@ impl App {
     fn start_sweep(
         &mut self,
         scope: SweepScope,
-        host: usize,
+        host: HostId,
         gpu: Option<u32>,
         plan: &Plan,
     ) -> Vec<Effect> {
         let mut effects = Vec::new();
-        for label in plan.hosts() {
-            let Some(i) = self.hosts.iter().position(|h| h.label == label) else {
-                continue;
-            };
+        for h in plan.hosts() {
             let id = self.take_id("sweep".into());
             effects.push(Effect::Send(
-                i,
+                h,
                 HostCmd::Signal {
                     id,
-                    req: plan.request(&label, Sig::Term, Some(TUI_GRACE.as_millis() as u64)),
+                    req: plan.request(h, Sig::Term, Some(millis(TUI_GRACE))),
                 },
             ));
         }
         self.last_sweep_ms = Some(self.now_ms);
+        let label_of = |h: HostId| self.hosts.get(h.0).map(|v| v.label.clone()).unwrap_or_default();
         let (expected, label, scope_gpus) = match scope {
-            SweepScope::Everything => (
-                self.hosts.iter().map(|h| h.label.clone()).collect(),
-                "every host".to_string(),
-                None,
-            ),
+            SweepScope::Everything => (self.all_hosts(), "every host".to_string(), None),
             SweepScope::Host => {
-                let l = self.hosts[host].label.clone();
-                (vec![l.clone()], l, None)
+                let l = label_of(host);
+                (vec![(host, l.clone())], l, None)
             }
             SweepScope::Gpu => {
-                let l = self.hosts[host].label.clone();
+                let l = label_of(host);
                 (
-                    vec![l.clone()],
+                    vec![(host, l.clone())],
                     format!("{l} GPU {}", gpu.unwrap_or(0)),
                     gpu.map(|g| vec![g]),
                 )
@@ -777,7 +783,7 @@ impl App {
             self.set_status("nothing to signal; watching until clean", Level::Info);
         } else {
             self.set_status(
-                format!("sweeping: {}", sweep::plan_summary(plan)),
+                format!("sweeping: {}", plan_summary(plan)),
                 Level::Info,
             );
         }
@@ -785,7 +791,7 @@ impl App {
             watch: Watch::new(
                 expected,
                 Scope { gpus: scope_gpus },
-                self.analyze.tolerance,
+                self.cfg.analyze.tolerance,
                 self.now_ms,
             ),
             label,
@@ -798,14 +804,14 @@ impl App {
     fn toggle_rewatch(&mut self) -> Vec<Effect> {
         if self.rewatch.take().is_some() {
             self.set_status("re-watch stopped", Level::Info);
-            return vec![Effect::Broadcast(HostCmd::Interval(self.interval))];
+            return vec![Effect::Broadcast(HostCmd::Interval(self.cfg.interval))];
         }
-        let expected: Vec<String> = self.hosts.iter().map(|h| h.label.clone()).collect();
+        let expected = self.all_hosts();
         self.rewatch = Some(Rewatch {
             watch: Watch::new(
                 expected,
                 Scope::default(),
-                self.analyze.tolerance,
+                self.cfg.analyze.tolerance,
                 self.now_ms,
             ),
             label: "every host".into(),
@@ -817,159 +823,44 @@ impl App {
         ]
     }
 
-    fn on_mouse(&mut self, m: MouseEvent) {
-        let areas = crate::tui::view::layout(
-            ratatui::layout::Rect::new(0, 0, self.size.0, self.size.1),
-            self,
-        );
-        let inside = |r: ratatui::layout::Rect| {
-            m.column >= r.x && m.column < r.x + r.width && m.row >= r.y && m.row < r.y + r.height
-        };
-        match m.kind {
-            MouseEventKind::ScrollDown => self.move_sel(1),
-            MouseEventKind::ScrollUp => self.move_sel(-1),
-            MouseEventKind::Down(MouseButton::Left) => {
-                // Rows start one line below a panel's top border (two where a header row follows).
-                if inside(areas.hosts) {
-                    self.focus = Panel::Hosts;
-                    let row = m.row.saturating_sub(areas.hosts.y + 1) as usize;
-                    if row < self.hosts.len() {
-                        self.selected_host = row;
-                    }
-                } else if inside(areas.gpus) {
-                    self.focus = Panel::Gpus;
-                    let row = m.row.saturating_sub(areas.gpus.y + 2) as usize;
-                    self.gpu_sel = row;
-                } else if inside(areas.procs) {
-                    self.focus = Panel::Processes;
-                    self.proc_sel = m.row.saturating_sub(areas.procs.y + 2) as usize;
-                } else if inside(areas.findings) {
-                    self.focus = Panel::Findings;
-                    self.finding_sel = m.row.saturating_sub(areas.findings.y + 1) as usize;
-                }
-                self.clamp();
-            }
-            _ => {}
-        }
+    /// Every host, with its label, for a watch of everything.
+    fn all_hosts(&self) -> Vec<(HostId, String)> {
+        self.hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| (HostId(i), h.label.clone()))
+            .collect()
     }
 
-    /// The process panel's rows for the selected host: holders, listed processes, ghosts and zombies, with
-    /// their marks; filtered, sorted, or as a tree.
-    pub fn process_rows(&self) -> Vec<ProcRow> {
-        let Some(s) = self.snap() else { return vec![] };
-        let marks_for = |pid: u32| -> Vec<&'static str> {
-            let mut m = Vec::new();
-            for f in s.findings.iter().filter(|f| f.pid == Some(pid)) {
-                let t = match f.kind {
-                    FindingKind::Ghost => "ghost",
-                    FindingKind::HiddenHolder => "hidden",
-                    FindingKind::Orphan => "orphan",
-                    FindingKind::Zombie => "zombie",
-                    FindingKind::NotVisible => "other-ns",
-                    _ => continue,
-                };
-                if !m.contains(&t) {
-                    m.push(t);
+    fn on_click(&mut self, panel: Panel, row: usize) {
+        self.sel.focus = panel;
+        match panel {
+            Panel::Hosts => {
+                if row < self.hosts.len() {
+                    self.sel.host = row;
                 }
             }
-            if s.holder(pid).is_some_and(|h| h.benign) {
-                m.push("benign");
-            }
-            m
-        };
-        let charged = |pid: u32| -> Option<u64> {
-            let v: Vec<u64> = s
-                .gpus
-                .iter()
-                .flat_map(|g| g.processes.iter())
-                .filter(|p| p.pid == pid)
-                .filter_map(|p| p.used_bytes)
-                .collect();
-            if v.is_empty() {
-                None
-            } else {
-                Some(v.iter().sum())
-            }
-        };
-        let listed_gpus = |pid: u32| -> Vec<u32> {
-            s.gpus
-                .iter()
-                .filter(|g| g.processes.iter().any(|p| p.pid == pid))
-                .map(|g| g.index)
-                .collect()
-        };
-        let mut rows: Vec<ProcRow> = Vec::new();
-        let relevant = |pid: u32, state: char| {
-            s.holder(pid).is_some() || state == 'Z' || !listed_gpus(pid).is_empty()
-        };
-        for p in &s.processes {
-            if !self.tree && !relevant(p.pid, p.state) {
-                continue;
-            }
-            let mut gpus = s.holder(p.pid).map(|h| h.gpus.clone()).unwrap_or_default();
-            for g in listed_gpus(p.pid) {
-                if !gpus.contains(&g) {
-                    gpus.push(g);
-                }
-            }
-            gpus.sort_unstable();
-            rows.push(ProcRow {
-                pid: p.pid,
-                user: p.user.clone().unwrap_or_else(|| "N/A".into()),
-                state: p.state,
-                ppid: Some(p.ppid),
-                gpus,
-                bytes: charged(p.pid),
-                started_at: p.started_at,
-                cmd: p.display_cmd(),
-                marks: marks_for(p.pid),
-                depth: 0,
-                start_time: Some(p.start_time),
-                ghost: false,
-            });
+            Panel::Gpus => self.sel.gpu = row,
+            Panel::Processes => self.sel.proc = row,
+            Panel::Findings => self.sel.finding = row,
         }
-        // Ghosts: listed PIDs with no process behind them.
-        for g in &s.gpus {
-            for lp in &g.processes {
-                if s.proc(lp.pid).is_none() && !rows.iter().any(|r| r.pid == lp.pid) {
-                    rows.push(ProcRow {
-                        pid: lp.pid,
-                        user: "?".into(),
-                        state: '-',
-                        ppid: None,
-                        gpus: listed_gpus(lp.pid),
-                        bytes: charged(lp.pid),
-                        started_at: None,
-                        cmd: "(gone: NVML still charges it)".into(),
-                        marks: marks_for(lp.pid),
-                        depth: 0,
-                        start_time: None,
-                        ghost: true,
-                    });
-                }
-            }
+        self.clamp();
+    }
+
+    /// The process panel's rows for the selected host (cached: built when its reading arrives).
+    pub fn process_rows(&self) -> &[ProcRow] {
+        self.host().map_or(&[], |h| h.rows.as_slice())
+    }
+
+    /// Rebuild the cached rows of every host (the filter, sort or tree changed).
+    fn rebuild_rows(&mut self) {
+        for h in &mut self.hosts {
+            h.rows = h
+                .snap
+                .as_ref()
+                .map(|s| build_rows(s, &self.procs))
+                .unwrap_or_default();
         }
-        if !self.filter.is_empty() {
-            let f = self.filter.to_lowercase();
-            rows.retain(|r| {
-                r.cmd.to_lowercase().contains(&f)
-                    || r.user.to_lowercase().contains(&f)
-                    || r.pid.to_string().contains(&f)
-                    || r.marks.iter().any(|m| m.contains(&f))
-            });
-        }
-        match self.sort {
-            SortKey::Memory => rows.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.pid.cmp(&b.pid))),
-            SortKey::Pid => rows.sort_by_key(|r| r.pid),
-            SortKey::Age => {
-                rows.sort_by(|a, b| a.started_at.cmp(&b.started_at).then(a.pid.cmp(&b.pid)))
-            }
-            SortKey::User => rows.sort_by(|a, b| a.user.cmp(&b.user).then(a.pid.cmp(&b.pid))),
-        }
-        if self.tree {
-            rows = as_tree(rows);
-        }
-        rows
     }
 
     /// Findings worth a glance in the header: leaks on any host.
@@ -983,34 +874,3 @@ impl App {
     }
 }
 
-/// Depth-first order from the roots (rows whose parent is not shown), children under their parent.
-fn as_tree(rows: Vec<ProcRow>) -> Vec<ProcRow> {
-    let pids: HashSet<u32> = rows.iter().map(|r| r.pid).collect();
-    let mut children: HashMap<u32, Vec<usize>> = HashMap::new();
-    let mut roots = Vec::new();
-    for (i, r) in rows.iter().enumerate() {
-        match r.ppid {
-            Some(pp) if pids.contains(&pp) && pp != r.pid => {
-                children.entry(pp).or_default().push(i)
-            }
-            _ => roots.push(i),
-        }
-    }
-    let mut out = Vec::with_capacity(rows.len());
-    let mut stack: Vec<(usize, usize)> = roots.into_iter().rev().map(|i| (i, 0)).collect();
-    let mut seen = HashSet::new();
-    while let Some((i, depth)) = stack.pop() {
-        if !seen.insert(i) {
-            continue;
-        }
-        let mut r = rows[i].clone();
-        r.depth = depth;
-        if let Some(kids) = children.get(&r.pid) {
-            for &k in kids.iter().rev() {
-                stack.push((k, depth + 1));
-            }
-        }
-        out.push(r);
-    }
-    out
-}

@@ -2,6 +2,7 @@
 
 pub mod app;
 pub mod keymap;
+pub mod rows;
 pub mod run;
 pub mod view;
 

@@ -2,23 +2,25 @@
 //! the screen is drawn only when something changed, at most every 16 ms. The terminal is restored on every
 //! way out: normal quit, error, panic (ratatui's hook, chained) and SIGTERM/SIGHUP.
 
-use std::collections::HashSet;
 use std::io::stdout;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
-use crossterm::event::{DisableMouseCapture, EnableMouseCapture, Event, EventStream, KeyEventKind};
+use crossterm::event::{
+    DisableMouseCapture, EnableMouseCapture, Event, EventStream, KeyEventKind, MouseButton,
+    MouseEvent, MouseEventKind,
+};
 use crossterm::execute;
 use futures::StreamExt;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::collect::{Fleet, HostEvent};
-use crate::commands::Settings;
-use crate::hosts::HostSpec;
-use crate::model::now_ms;
-use crate::tui::app::{Action, App, Effect};
-use crate::tui::keymap::Keymap;
-use crate::tui::view;
+use super::app::{Action, App, Effect, Panel};
+use super::keymap::Keymap;
+use super::view;
+use crate::core::host::HostSpec;
+use crate::core::model::now_ms;
+use crate::runtime::fleet::protected_for;
+use crate::runtime::{Fleet, HostEvent, Settings};
 
 const FRAME: Duration = Duration::from_millis(16);
 /// Readings alone redraw at most this often (keys redraw within a frame): with many hosts each sending a
@@ -30,13 +32,8 @@ pub fn new_app(s: &Settings, labels: Vec<String>) -> anyhow::Result<App> {
     let keymap = Keymap::with_overrides(&s.config.keys).map_err(|e| anyhow!("config: {e}"))?;
     let color = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let mut app = App::new(labels, s.fleet.interval, keymap, s.fleet.analyze, color);
-    for (i, spec) in s.specs.iter().enumerate() {
-        let p = if *spec == HostSpec::Local {
-            crate::sweep::protected_pids()
-        } else {
-            HashSet::from([0, 1])
-        };
-        app.protected.insert(i, p);
+    for (h, spec) in app.hosts.iter_mut().zip(&s.specs) {
+        h.protected = protected_for(Some(spec));
     }
     Ok(app)
 }
@@ -53,8 +50,34 @@ fn apply(fleet: &Fleet, effects: Vec<Effect>) {
     for e in effects {
         match e {
             Effect::Send(h, c) => fleet.send(h, c),
-            Effect::Broadcast(c) => fleet.broadcast(c),
+            Effect::Broadcast(c) => fleet.broadcast(&c),
         }
+    }
+}
+
+/// What a mouse event means, given where the panels are: the event loop owns the layout, the app gets an
+/// action. Rows start one line below a panel's top border (two where a header row follows).
+pub fn mouse_action(app: &App, m: &MouseEvent) -> Option<Action> {
+    let areas = view::layout(ratatui::layout::Rect::new(0, 0, app.size.0, app.size.1), app);
+    let inside = |r: ratatui::layout::Rect| {
+        m.column >= r.x && m.column < r.x + r.width && m.row >= r.y && m.row < r.y + r.height
+    };
+    match m.kind {
+        MouseEventKind::ScrollDown => Some(Action::Scroll(1)),
+        MouseEventKind::ScrollUp => Some(Action::Scroll(-1)),
+        MouseEventKind::Down(MouseButton::Left) => {
+            let (panel, area, header) = [
+                (Panel::Hosts, areas.hosts, 1),
+                (Panel::Gpus, areas.gpus, 2),
+                (Panel::Processes, areas.procs, 2),
+                (Panel::Findings, areas.findings, 1),
+            ]
+            .into_iter()
+            .find(|(_, a, _)| inside(*a))?;
+            let row = usize::from(m.row.saturating_sub(area.y + header));
+            Some(Action::Click { panel, row })
+        }
+        _ => None,
     }
 }
 
@@ -74,7 +97,7 @@ fn demo_fallback(s: &Settings) -> Option<(Settings, String)> {
     d.demo = true;
     d.specs = crate::source::demo::DEMO_HOSTS
         .iter()
-        .map(|h| HostSpec::Demo(h.to_string()))
+        .map(|h| HostSpec::Demo((*h).to_string()))
         .collect();
     Some((
         d,
@@ -97,7 +120,7 @@ pub fn run(s: &Settings) -> anyhow::Result<i32> {
         .context("async runtime")?;
     let res = rt.block_on(async {
         let mut fleet = Fleet::start(&s.specs, &s.fleet)?;
-        let mut app = new_app(s, fleet.labels.clone())?;
+        let mut app = new_app(s, fleet.labels().to_vec())?;
         if let Some(n) = note {
             app.status = Some((n, crate::tui::app::Level::Info));
         }
@@ -160,7 +183,7 @@ async fn event_loop(
         tokio::select! {
             ev = events.next() => match ev {
                 Some(Ok(Event::Key(k))) if k.kind != KeyEventKind::Release => { stamp(app); effects = app.update(Action::Key(k)); dirty = true; data_only = false; }
-                Some(Ok(Event::Mouse(m))) => { effects = app.update(Action::Mouse(m)); dirty = true; data_only = false; }
+                Some(Ok(Event::Mouse(m))) => { if let Some(a) = mouse_action(app, &m) { effects = app.update(a); } dirty = true; data_only = false; }
                 Some(Ok(Event::Resize(w, h))) => { app.update(Action::Resize(w, h)); dirty = true; data_only = false; }
                 Some(Ok(_)) => {}
                 Some(Err(e)) => return Err(anyhow!("terminal: {e}")),

@@ -7,8 +7,9 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
 
 use super::{fg, truncate};
-use crate::model::fmt_bytes;
-use crate::sweep::{Sig, plan_summary};
+use crate::analyze::plan::plan_summary;
+use crate::core::format::{fmt_bytes, fmt_gpus};
+use crate::core::signal::Sig;
 use crate::tui::app::{App, Dialog, SweepScope, TUI_GRACE};
 use crate::tui::keymap::Cmd;
 
@@ -49,7 +50,7 @@ pub fn render(app: &App, f: &mut Frame) {
             let inner_w = w.saturating_sub(12) as usize;
             let label = app
                 .hosts
-                .get(*host)
+                .get(host.0)
                 .map(|h| h.label.clone())
                 .unwrap_or_default();
             let lines = vec![
@@ -98,7 +99,7 @@ pub fn render(app: &App, f: &mut Frame) {
             let r = centered(area, w, h);
             let label = app
                 .hosts
-                .get(*host)
+                .get(host.0)
                 .map(|h| h.label.clone())
                 .unwrap_or_default();
             let mut scopes = vec![Span::raw(" scope   ")];
@@ -137,7 +138,7 @@ pub fn render(app: &App, f: &mut Frame) {
                         truncate(&i.host, 10),
                         i.pid,
                         truncate(i.user.as_deref().unwrap_or("N/A"), 8),
-                        crate::model::fmt_gpus(&i.gpus),
+                        fmt_gpus(&i.gpus),
                         fmt_bytes(i.bytes),
                         truncate(&i.cmdline, cmd_w)
                     )));
@@ -167,7 +168,7 @@ pub fn render(app: &App, f: &mut Frame) {
             let r = centered(area, 64, (Cmd::ALL.len() as u16 + 9).min(area.height));
             let mut lines: Vec<Line> = Cmd::ALL
                 .iter()
-                .map(|(c, _, what)| Line::from(format!(" {:<12} {what}", app.keymap.keys_for(*c))))
+                .map(|(c, _, what)| Line::from(format!(" {:<12} {what}", app.cfg.keymap.keys_for(*c))))
                 .collect();
             lines.push(Line::from(" C-c          quit (always)"));
             lines.push(Line::default());

@@ -9,12 +9,13 @@ use ratatui::widgets::{Cell, Row, Table, TableState};
 
 use super::{bar, fg, panel, selected, sparkline, state_style, truncate};
 use crate::analyze::gpu_state;
-use crate::model::{MIB, fmt_bytes, fmt_opt};
+use crate::core::format::{fmt_bytes, fmt_opt};
+use crate::core::model::MIB;
 use crate::tui::app::{App, Panel};
 
 pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     let Some(h) = app.host() else { return };
-    let focused = app.focus == Panel::Gpus;
+    let focused = app.sel.focus == Panel::Gpus;
     let title = match &h.snap {
         Some(s) => {
             let drv = s
@@ -87,7 +88,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
         .iter()
         .enumerate()
         .map(|(i, g)| {
-            let st = gpu_state(s, g, &app.analyze);
+            let st = gpu_state(s, g, &app.cfg.analyze);
             let mem = format!(
                 "{} {:>9}/{:<9}",
                 bar(g.memory.used, g.memory.total, bar_w as usize - 1),
@@ -138,7 +139,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
                 fg(app, Color::Cyan),
             ))));
             let mut row = Row::new(cells);
-            if focused && i == app.gpu_sel {
+            if focused && i == app.sel.gpu {
                 row = row.style(selected(app));
             }
             row
@@ -147,6 +148,6 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     let table = Table::new(rows, widths)
         .header(Row::new(header).style(fg(app, Color::Gray).add_modifier(Modifier::BOLD)))
         .block(block);
-    let mut state = TableState::default().with_selected(focused.then_some(app.gpu_sel));
+    let mut state = TableState::default().with_selected(focused.then_some(app.sel.gpu));
     f.render_stateful_widget(table, area, &mut state);
 }

@@ -8,7 +8,7 @@ use ratatui::widgets::Paragraph;
 
 use super::{fg, truncate};
 use crate::tui::app::App;
-use crate::watch::{fmt_ms, fmt_secs};
+use crate::core::format::{fmt_ms, fmt_secs};
 
 pub fn render(app: &App, f: &mut Frame, area: Rect, banner: Rect) {
     let (clean, inuse, leak, unknown) = app.counts();
@@ -53,7 +53,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, banner: Rect) {
             }),
             Span::raw(format!(
                 " │ {sweep} │ poll {}",
-                fmt_ms(app.interval.as_millis() as u64)
+                fmt_ms(app.cfg.interval.as_millis() as u64)
             )),
         ]);
         f.render_widget(Paragraph::new(line), area);
@@ -101,7 +101,7 @@ fn render_wide(
     }
     spans.push(Span::raw(format!(
         " │ {sweep} │ poll {}",
-        fmt_ms(app.interval.as_millis() as u64)
+        fmt_ms(app.cfg.interval.as_millis() as u64)
     )));
     f.render_widget(Paragraph::new(Line::from(spans)), area);
 }
@@ -156,7 +156,7 @@ trait BgIf {
 
 impl BgIf for Style {
     fn bg_if(self, app: &App, c: Color) -> Style {
-        if app.color {
+        if app.cfg.color {
             self.bg(c)
         } else {
             self.add_modifier(Modifier::REVERSED)

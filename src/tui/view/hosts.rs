@@ -8,10 +8,10 @@ use ratatui::widgets::Paragraph;
 
 use super::{fg, panel, selected, state_style, truncate};
 use crate::analyze::{GpuState, gpu_state};
-use crate::collect::ConnStatus;
-use crate::model::Severity;
+use crate::source::ConnStatus;
+use crate::core::model::Severity;
 use crate::tui::app::{App, Panel};
-use crate::watch::fmt_secs;
+use crate::core::format::fmt_secs;
 
 /// One character per GPU: `·` clean, a block as high as its memory fill when in use, `!` leak, `?` N/A.
 pub fn cell(state: GpuState, used: Option<u64>, total: Option<u64>) -> char {
@@ -31,12 +31,12 @@ pub fn cell(state: GpuState, used: Option<u64>, total: Option<u64>) -> char {
 }
 
 pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
-    let focused = app.focus == Panel::Hosts;
+    let focused = app.sel.focus == Panel::Hosts;
     let block = panel(app, "Hosts", focused, compact);
     let inner = block.inner(area);
     f.render_widget(block, area);
     let rows = inner.height as usize;
-    let start = app.selected_host.saturating_sub(rows.saturating_sub(1));
+    let start = app.sel.host.saturating_sub(rows.saturating_sub(1));
     let name_w = app
         .hosts
         .iter()
@@ -46,7 +46,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
         .clamp(4, 24);
     let mut lines = Vec::new();
     for (i, h) in app.hosts.iter().enumerate().skip(start).take(rows) {
-        let mut spans = vec![Span::raw(if i == app.selected_host {
+        let mut spans = vec![Span::raw(if i == app.sel.host {
             "▸ "
         } else {
             "  "
@@ -61,7 +61,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
             Some(s) if s.error.is_none() && !s.gpus.is_empty() => {
                 spans.push(Span::raw("["));
                 for g in &s.gpus {
-                    let st = gpu_state(s, g, &app.analyze);
+                    let st = gpu_state(s, g, &app.cfg.analyze);
                     spans.push(Span::styled(
                         cell(st, g.memory.used, g.memory.total).to_string(),
                         state_style(app, st),
@@ -71,7 +71,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
                 let clean = s
                     .gpus
                     .iter()
-                    .filter(|g| gpu_state(s, g, &app.analyze) == GpuState::Clean)
+                    .filter(|g| gpu_state(s, g, &app.cfg.analyze) == GpuState::Clean)
                     .count();
                 spans.push(Span::raw(format!("{clean}/{} clean ", s.gpus.len())));
                 leaks = s
@@ -125,7 +125,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
         };
         spans.push(conn);
         let mut line = Line::from(spans);
-        if i == app.selected_host && focused {
+        if i == app.sel.host && focused {
             line = line.style(selected(app));
         }
         lines.push(line);

@@ -18,18 +18,7 @@ use crate::analyze::GpuState;
 use crate::tui::app::{App, Level, Panel};
 use crate::tui::keymap::Cmd;
 
-/// Cut `s` to at most `max` characters, with an ellipsis when cut.
-pub fn truncate(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        s.to_string()
-    } else if max == 0 {
-        String::new()
-    } else {
-        let mut t: String = s.chars().take(max - 1).collect();
-        t.push('…');
-        t
-    }
-}
+pub use crate::core::format::truncate;
 
 /// Where each panel goes. Also used to map mouse clicks to panels.
 #[derive(Debug, Clone, Copy, Default)]
@@ -80,7 +69,7 @@ pub fn layout(area: Rect, app: &App) -> Areas {
     };
     if compact {
         // One bottom panel: findings when they have the focus, processes otherwise.
-        if app.focus == Panel::Findings {
+        if app.sel.focus == Panel::Findings {
             a.findings = v[4];
         } else {
             a.procs = v[4];
@@ -120,7 +109,7 @@ pub fn render(app: &App, f: &mut Frame) {
 
 /// A style that honours NO_COLOR: without colour, emphasis stays (bold, reverse) and glyphs carry meaning.
 pub fn fg(app: &App, c: Color) -> Style {
-    if app.color {
+    if app.cfg.color {
         Style::default().fg(c)
     } else {
         Style::default()
@@ -138,7 +127,7 @@ pub fn state_style(app: &App, s: GpuState) -> Style {
 }
 
 pub fn selected(app: &App) -> Style {
-    if app.color {
+    if app.cfg.color {
         Style::default()
             .bg(Color::DarkGray)
             .add_modifier(Modifier::BOLD)
@@ -201,10 +190,10 @@ pub fn sparkline(
 }
 
 fn status_line(app: &App, f: &mut Frame, area: Rect) {
-    let line = if app.filter_editing {
+    let line = if app.procs.editing {
         Line::from(vec![
             Span::styled(" filter: ", fg(app, Color::Yellow)),
-            Span::raw(format!("{}▏", app.filter)),
+            Span::raw(format!("{}▏", app.procs.filter)),
             Span::raw("  (Enter keep, Esc clear)"),
         ])
     } else if let Some((msg, level)) = &app.status {
@@ -218,7 +207,7 @@ fn status_line(app: &App, f: &mut Frame, area: Rect) {
             st,
         ))
     } else {
-        let km = &app.keymap;
+        let km = &app.cfg.keymap;
         let hint = [
             (Cmd::Quit, "quit"),
             (Cmd::Help, "help"),

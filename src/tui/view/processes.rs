@@ -6,16 +6,17 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::widgets::{Cell, Row, Table, TableState};
 
 use super::{fg, panel, selected, truncate};
-use crate::model::fmt_bytes;
+use crate::core::format::{fmt_bytes, fmt_gpus};
+use crate::core::model::Mark;
 use crate::tui::app::{App, Panel};
-use crate::watch::fmt_secs;
+use crate::core::format::fmt_secs;
 
-fn mark_style(app: &App, marks: &[&str]) -> Style {
-    if marks.iter().any(|m| matches!(*m, "ghost" | "hidden")) {
+fn mark_style(app: &App, marks: &[Mark]) -> Style {
+    if marks.iter().any(|m| matches!(m, Mark::Ghost | Mark::Hidden)) {
         fg(app, Color::Red).add_modifier(Modifier::BOLD)
-    } else if marks.iter().any(|m| matches!(*m, "orphan" | "zombie")) {
+    } else if marks.iter().any(|m| matches!(m, Mark::Orphan | Mark::Zombie)) {
         fg(app, Color::Yellow)
-    } else if marks.contains(&"benign") {
+    } else if marks.contains(&Mark::Benign) {
         fg(app, Color::DarkGray)
     } else {
         Style::default()
@@ -23,14 +24,14 @@ fn mark_style(app: &App, marks: &[&str]) -> Style {
 }
 
 pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
-    let focused = app.focus == Panel::Processes;
+    let focused = app.sel.focus == Panel::Processes;
     let rows_data = app.process_rows();
-    let mut title = format!("Processes ({}) sort:{}", rows_data.len(), app.sort.name());
-    if app.tree {
+    let mut title = format!("Processes ({}) sort:{}", rows_data.len(), app.procs.sort.name());
+    if app.procs.tree {
         title.push_str(" tree");
     }
-    if !app.filter.is_empty() {
-        title.push_str(&format!(" filter:{}", app.filter));
+    if !app.procs.filter.is_empty() {
+        title.push_str(&format!(" filter:{}", app.procs.filter));
     }
     let block = panel(app, &title, focused, compact);
     let wide = area.width >= 90;
@@ -66,14 +67,14 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
             let mut cells = vec![Cell::from(r.pid.to_string())];
             if wide {
                 cells.push(Cell::from(truncate(&r.user, 8)));
-                cells.push(Cell::from(r.state.to_string()));
+                cells.push(Cell::from(r.state.map_or_else(|| "-".to_string(), |s| s.to_string())));
                 cells.push(Cell::from(
                     r.ppid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
                 ));
             } else {
-                cells.push(Cell::from(r.state.to_string()));
+                cells.push(Cell::from(r.state.map_or_else(|| "-".to_string(), |s| s.to_string())));
             }
-            cells.push(Cell::from(crate::model::fmt_gpus(&r.gpus)));
+            cells.push(Cell::from(fmt_gpus(&r.gpus)));
             cells.push(Cell::from(if r.bytes.is_some() {
                 fmt_bytes(r.bytes)
             } else {
@@ -86,15 +87,24 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
                         .unwrap_or_else(|| "N/A".into()),
                 ));
             }
-            cells.push(Cell::from(r.marks.join(",")).style(mark_style(app, &r.marks)));
-            let indent = if app.tree && r.depth > 0 {
+            cells.push(
+                Cell::from(
+                    r.marks
+                        .iter()
+                        .map(|m| m.as_str())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                )
+                .style(mark_style(app, &r.marks)),
+            );
+            let indent = if app.procs.tree && r.depth > 0 {
                 format!("{}└ ", "  ".repeat(r.depth - 1))
             } else {
                 String::new()
             };
             cells.push(Cell::from(format!("{indent}{}", r.cmd)));
             let mut row = Row::new(cells);
-            if focused && i == app.proc_sel {
+            if focused && i == app.sel.proc {
                 row = row.style(selected(app));
             }
             row
@@ -103,6 +113,6 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     let table = Table::new(rows, widths)
         .header(Row::new(header).style(fg(app, Color::Gray).add_modifier(Modifier::BOLD)))
         .block(block);
-    let mut state = TableState::default().with_selected(focused.then_some(app.proc_sel));
+    let mut state = TableState::default().with_selected(focused.then_some(app.sel.proc));
     f.render_stateful_widget(table, area, &mut state);
 }

@@ -8,10 +8,10 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph};
 
 use super::{fg, truncate};
-use crate::model::{fmt_bytes, fmt_opt};
-use crate::smem::{self, group};
+use crate::core::format::{fmt_bytes, fmt_opt};
+use crate::core::smem::{self, group};
 use crate::tui::app::App;
-use crate::watch::fmt_secs;
+use crate::core::format::fmt_secs;
 
 pub fn render(app: &App, f: &mut Frame, area: Rect) {
     let [top, bottom] =

@@ -5,6 +5,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use thiserror::Error;
+
+use crate::core::parse::parse_duration;
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -57,68 +60,40 @@ pub fn default_path() -> Option<PathBuf> {
     dirs::config_dir().map(|d| d.join("gpusweep").join("config.toml"))
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ConfigError {
+    #[error("{path}: {why}")]
+    Read { path: String, why: String },
+    #[error("{path}: {why}")]
+    Parse { path: String, why: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
 /// Load `path` (or the default location). `explicit` makes a missing file an error.
-pub fn load(path: Option<&Path>, explicit: bool) -> Result<Config, String> {
+pub fn load(path: Option<&Path>, explicit: bool) -> Result<Config, ConfigError> {
     let Some(path) = path.map(Path::to_path_buf).or_else(default_path) else {
         return Ok(Config::default());
     };
     match std::fs::read_to_string(&path) {
-        Ok(text) => parse(&text).map_err(|e| format!("{}: {e}", path.display())),
+        Ok(text) => parse(&text).map_err(|e| ConfigError::Parse {
+            path: path.display().to_string(),
+            why: e.to_string(),
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => Ok(Config::default()),
-        Err(e) => Err(format!("{}: {e}", path.display())),
+        Err(e) => Err(ConfigError::Read {
+            path: path.display().to_string(),
+            why: e.to_string(),
+        }),
     }
 }
 
-pub fn parse(text: &str) -> Result<Config, String> {
-    let c: Config = toml::from_str(text).map_err(|e| e.to_string())?;
+pub fn parse(text: &str) -> Result<Config, ConfigError> {
+    let c: Config = toml::from_str(text).map_err(|e| ConfigError::Invalid(e.to_string()))?;
     if let Some(i) = &c.interval {
-        parse_duration(i).map_err(|e| format!("interval: {e}"))?;
+        parse_duration(i).map_err(|e| ConfigError::Invalid(format!("interval: {e}")))?;
     }
     Ok(c)
-}
-
-/// "1s", "250ms", "1m30s", or a bare number of seconds.
-pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    let t = s.trim();
-    if let Ok(secs) = t.parse::<f64>() {
-        if secs.is_finite() && (0.0..1e9).contains(&secs) {
-            return Ok(std::time::Duration::from_secs_f64(secs));
-        }
-        return Err(format!("{s:?} is not a duration"));
-    }
-    humantime::parse_duration(t).map_err(|e| format!("{s:?}: {e} (use e.g. 500ms, 2s, 1m)"))
-}
-
-/// "0,1,4-7" -> [0,1,4,5,6,7]
-pub fn parse_gpu_list(s: &str) -> Result<Vec<u32>, String> {
-    let mut out = Vec::new();
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        if let Some((a, b)) = part.split_once('-') {
-            let (a, b): (u32, u32) = (
-                a.trim()
-                    .parse()
-                    .map_err(|_| format!("bad GPU index {a:?}"))?,
-                b.trim()
-                    .parse()
-                    .map_err(|_| format!("bad GPU index {b:?}"))?,
-            );
-            if b < a || b - a > 1024 {
-                return Err(format!("bad GPU range {part:?}"));
-            }
-            out.extend(a..=b);
-        } else {
-            out.push(
-                part.parse()
-                    .map_err(|_| format!("bad GPU index {part:?}"))?,
-            );
-        }
-    }
-    if out.is_empty() {
-        return Err("empty GPU list".into());
-    }
-    out.sort_unstable();
-    out.dedup();
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -154,11 +129,13 @@ kill = "x"
         assert!(
             parse("intervall = \"1s\"")
                 .unwrap_err()
+                .to_string()
                 .contains("intervall")
         );
         assert!(
             parse("interval = \"soon\"")
                 .unwrap_err()
+                .to_string()
                 .contains("interval")
         );
         assert!(parse("tolerance_mib = -1").is_err());
@@ -170,15 +147,5 @@ kill = "x"
         let p = dir.path().join("none.toml");
         assert_eq!(load(Some(&p), false).expect("ok"), Config::default());
         assert!(load(Some(&p), true).is_err());
-    }
-
-    #[test]
-    fn durations_and_gpu_lists() {
-        assert_eq!(parse_duration("250ms").expect("ok").as_millis(), 250);
-        assert_eq!(parse_duration("2").expect("ok").as_secs(), 2);
-        assert!(parse_duration("-1").is_err());
-        assert_eq!(parse_gpu_list("0,2,4-6").expect("ok"), [0, 2, 4, 5, 6]);
-        assert!(parse_gpu_list("a").is_err());
-        assert!(parse_gpu_list("5-1").is_err());
     }
 }

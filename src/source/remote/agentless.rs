@@ -2,9 +2,23 @@
 //! Remote output is untrusted: nothing here panics, and every size is bounded.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
-use crate::model::{Gpu, Holder, ListedProcess, MIB, Memory, Proc, ProcessKind};
-use crate::source::procfs::{device_minor, parse_stat};
+use russh::client::Handle;
+use tokio::sync::mpsc;
+
+use super::RemoteTask;
+use super::ssh::Client;
+use crate::core::signal::all_failed;
+use crate::source::{ConnStatus, HostCmd};
+
+use crate::core::model::{
+    Feature, Gpu, Holder, HostSnapshot, ListedProcess, MIB, Memory, Proc, ProcessKind, SourceKind,
+    now_ms,
+};
+use crate::core::procstat::parse_stat;
+use crate::source::local::procfs::is_benign_name;
+use crate::source::{gpus_of_devices, shown_pids};
 
 /// The fields asked of `nvidia-smi --query-gpu`, in order. The first nine are what the reference H200 printed.
 pub const GPU_QUERY: &str = "index,uuid,name,memory.used,memory.total,memory.reserved,compute_cap,persistence_mode,pci.bus_id,utilization.gpu,temperature.gpu,power.draw";
@@ -227,30 +241,103 @@ pub fn holders_from_fds(fds: &HashMap<u32, Vec<String>>, gpus: &[Gpu]) -> Vec<Ho
             let mut devices: Vec<String> = paths.clone();
             devices.sort();
             devices.dedup();
-            let mut g: Vec<u32> = devices
-                .iter()
-                .filter_map(|d| device_minor(d))
-                .filter_map(|m| {
-                    if gpus.is_empty() {
-                        Some(m)
-                    } else {
-                        gpus.iter().find(|g| g.minor == Some(m)).map(|g| g.index)
-                    }
-                })
-                .collect();
-            g.sort_unstable();
-            g.dedup();
             Holder {
                 pid,
-                gpus: g,
+                gpus: gpus_of_devices(&devices, gpus),
                 devices,
-                fd_count: paths.len() as u32,
+                fd_count: u32::try_from(paths.len()).unwrap_or(u32::MAX),
                 benign: false,
             }
         })
         .collect();
     out.sort_by_key(|h| h.pid);
     out
+}
+
+/// Build a snapshot from the agentless shell scan's output.
+pub fn agentless_snapshot(label: &str, out: &str, benign: &[String]) -> HostSnapshot {
+    let scan = parse_shell_scan(out);
+    let mut gpus = parse_gpus(&scan.gpus_csv);
+    attach_apps(&mut gpus, &scan.apps_csv);
+    let mut procs = scan.procs;
+    for (pid, cmd) in &scan.cmdlines {
+        if let Some(p) = procs.get_mut(pid) {
+            p.cmdline.clone_from(cmd);
+        }
+    }
+    let mut holders = holders_from_fds(&scan.fds, &gpus);
+    for h in &mut holders {
+        if let Some(p) = procs.get(&h.pid) {
+            h.benign = is_benign_name(p, benign);
+        }
+    }
+    let seeds = holders
+        .iter()
+        .map(|h| h.pid)
+        .chain(gpus.iter().flat_map(|g| g.processes.iter().map(|p| p.pid)))
+        .collect::<Vec<_>>();
+    let (wanted, zombies) = shown_pids(&procs, seeds.into_iter());
+    let mut processes: Vec<_> = wanted
+        .iter()
+        .filter_map(|p| procs.get(p).cloned())
+        .collect();
+    processes.sort_by_key(|p| p.pid);
+    HostSnapshot {
+        host: label.to_string(),
+        error: None,
+        taken_at_ms: now_ms(),
+        source: SourceKind::Smi,
+        gpu_error: scan.gpu_error,
+        driver_version: None,
+        gpus,
+        processes,
+        holders,
+        zombies,
+        shm: None,
+        unreadable_processes: scan.unreadable,
+        in_child_pid_namespace: false,
+        missing_features: vec![Feature::Signals, Feature::Shm, Feature::Sensors],
+        findings: vec![],
+    }
+}
+
+/// Agentless: read nvidia-smi and /proc through a shell every interval. Signals are refused here: without
+/// the agent there is no pidfd to make them safe.
+pub async fn run(
+    task: &RemoteTask,
+    handle: &Handle<Client>,
+    cmds: &mut mpsc::UnboundedReceiver<HostCmd>,
+    interval: &mut Duration,
+) -> Result<(), String> {
+    let script = shell_script();
+    task.status(ConnStatus::Up);
+    loop {
+        let (_, out) = super::ssh::exec(handle, &script, None, 64 * 1024 * 1024).await?;
+        let snap = agentless_snapshot(
+            &task.label,
+            &String::from_utf8_lossy(&out),
+            &task.opts.benign,
+        );
+        if !task.sink.reading(snap) {
+            return Ok(());
+        }
+        let sleep = tokio::time::sleep(*interval);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                _ = &mut sleep => break,
+                c = cmds.recv() => match c {
+                    None => return Ok(()),
+                    Some(HostCmd::PollNow) => break,
+                    Some(HostCmd::Interval(d)) => { *interval = d; break; }
+                    Some(HostCmd::Signal { id, req }) => {
+                        let outcomes = all_failed(&req, "agentless host: signals need gpusweep there (install it or use --deploy)");
+                        task.sink.outcomes(id, outcomes);
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -4,9 +4,161 @@
 //! These types are the JSON contract of `gpusweep snapshot --json` and of the agent protocol; fields are only
 //! ever added, never renamed. Bytes are integers.
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 pub const MIB: u64 = 1024 * 1024;
+
+/// A host's identity inside one run: its place in the fleet. Labels are for people; routing (signals,
+/// re-watches, plans) goes by this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+pub struct HostId(pub usize);
+
+impl std::fmt::Display for HostId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "host#{}", self.0)
+    }
+}
+
+/// The state letter of `/proc/PID/stat`, typed. Serialized as that one letter (the JSON contract).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ProcState {
+    Running,
+    #[default]
+    Sleeping,
+    /// Uninterruptible sleep (D): signals wait until the I/O returns.
+    DiskSleep,
+    Zombie,
+    Stopped,
+    TracingStop,
+    Dead,
+    Idle,
+    /// Any other letter a kernel reports.
+    Other(char),
+}
+
+impl ProcState {
+    pub fn from_char(c: char) -> ProcState {
+        match c {
+            'R' => ProcState::Running,
+            'S' => ProcState::Sleeping,
+            'D' => ProcState::DiskSleep,
+            'Z' => ProcState::Zombie,
+            'T' => ProcState::Stopped,
+            't' => ProcState::TracingStop,
+            'X' | 'x' => ProcState::Dead,
+            'I' => ProcState::Idle,
+            other => ProcState::Other(other),
+        }
+    }
+    pub fn as_char(self) -> char {
+        match self {
+            ProcState::Running => 'R',
+            ProcState::Sleeping => 'S',
+            ProcState::DiskSleep => 'D',
+            ProcState::Zombie => 'Z',
+            ProcState::Stopped => 'T',
+            ProcState::TracingStop => 't',
+            ProcState::Dead => 'X',
+            ProcState::Idle => 'I',
+            ProcState::Other(c) => c,
+        }
+    }
+    pub fn is_zombie(self) -> bool {
+        self == ProcState::Zombie
+    }
+}
+
+impl std::fmt::Display for ProcState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_char().encode_utf8(&mut [0; 4]))
+    }
+}
+
+impl Serialize for ProcState {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_char(self.as_char())
+    }
+}
+
+impl<'de> Deserialize<'de> for ProcState {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let c = char::deserialize(d)?;
+        Ok(ProcState::from_char(c))
+    }
+}
+
+/// What a host's source cannot do or see. Verdicts name these as blind spots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Feature {
+    /// Signals (agentless hosts: no pidfd there to make them safe).
+    Signals,
+    /// Which processes have GPU device files open.
+    Holders,
+    /// /dev/shm segments and their users.
+    Shm,
+    /// Temperature and power readings.
+    Sensors,
+}
+
+impl Feature {
+    /// What its absence means, for people.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Feature::Signals => "signals (agentless: install gpusweep there or use --deploy)",
+            Feature::Holders => "GPU holders (process fds could not be scanned)",
+            Feature::Shm => "/dev/shm",
+            Feature::Sensors => "temperature/power where nvidia-smi lacks them",
+        }
+    }
+}
+
+/// A mark on a process row: what the findings say about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mark {
+    Ghost,
+    Hidden,
+    Orphan,
+    Zombie,
+    OtherNs,
+    Benign,
+}
+
+impl Mark {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mark::Ghost => "ghost",
+            Mark::Hidden => "hidden",
+            Mark::Orphan => "orphan",
+            Mark::Zombie => "zombie",
+            Mark::OtherNs => "other-ns",
+            Mark::Benign => "benign",
+        }
+    }
+    /// The mark a finding puts on the process it names, if any.
+    pub fn of(kind: FindingKind) -> Option<Mark> {
+        match kind {
+            FindingKind::Ghost => Some(Mark::Ghost),
+            FindingKind::HiddenHolder => Some(Mark::Hidden),
+            FindingKind::Orphan => Some(Mark::Orphan),
+            FindingKind::Zombie => Some(Mark::Zombie),
+            FindingKind::NotVisible => Some(Mark::OtherNs),
+            _ => None,
+        }
+    }
+}
+
+/// How a GPU reads, as `analyze` judges it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuState {
+    Clean,
+    InUse,
+    Leak,
+    Unknown,
+    Error,
+}
 
 /// Where a host's readings came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -48,7 +200,7 @@ pub struct HostSnapshot {
     pub in_child_pid_namespace: bool,
     /// Features this host's source lacks (agentless hosts cannot see shared-memory users, for example).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub missing_features: Vec<String>,
+    pub missing_features: Vec<Feature>,
     /// Filled by `analyze`; present in JSON output.
     pub findings: Vec<Finding>,
 }
@@ -108,8 +260,8 @@ pub struct Proc {
     pub ppid: u32,
     /// Session id; a process that is its own session leader is a daemon, not an orphan.
     pub sid: u32,
-    /// One-letter state from /proc/PID/stat (R, S, D, Z, T...).
-    pub state: char,
+    /// State from /proc/PID/stat (R, S, D, Z, T...), one letter in JSON.
+    pub state: ProcState,
     /// Start time in clock ticks since boot: with the pid, the identity a kill is checked against.
     pub start_time: u64,
     /// Unix seconds when it started, when the boot time is known.
@@ -239,31 +391,6 @@ pub struct Target {
     pub start_time: u64,
 }
 
-/// Format bytes as MiB/GiB for people; `None` is "N/A".
-pub fn fmt_bytes(b: Option<u64>) -> String {
-    match b {
-        None => "N/A".into(),
-        Some(b) if b >= 10 * 1024 * MIB => format!("{:.1} GiB", b as f64 / (1024.0 * MIB as f64)),
-        Some(b) => format!("{} MiB", b / MIB),
-    }
-}
-
-/// GPU indices as `0,1,4`, or `-` for none.
-pub fn fmt_gpus(gpus: &[u32]) -> String {
-    if gpus.is_empty() {
-        "-".into()
-    } else {
-        gpus.iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-}
-
-pub fn fmt_opt<T: std::fmt::Display>(v: Option<T>) -> String {
-    v.map(|v| v.to_string()).unwrap_or_else(|| "N/A".into())
-}
-
 impl HostSnapshot {
     pub fn proc(&self, pid: u32) -> Option<&Proc> {
         self.processes.iter().find(|p| p.pid == pid)
@@ -274,11 +401,38 @@ impl HostSnapshot {
     pub fn gpu(&self, index: u32) -> Option<&Gpu> {
         self.gpus.iter().find(|g| g.index == index)
     }
+    pub fn lacks(&self, f: Feature) -> bool {
+        self.missing_features.contains(&f)
+    }
+    /// Whether holders were scanned at all (agentless hosts may not have /proc access).
+    pub fn holders_known(&self) -> bool {
+        !self.lacks(Feature::Holders)
+    }
+    /// Bytes NVML charges this PID over every GPU; `None` when it is listed nowhere or no charge is known.
+    pub fn charged(&self, pid: u32) -> Option<u64> {
+        let v: Vec<u64> = self
+            .gpus
+            .iter()
+            .flat_map(|g| g.processes.iter())
+            .filter(|l| l.pid == pid)
+            .filter_map(|l| l.used_bytes)
+            .collect();
+        if v.is_empty() { None } else { Some(v.iter().sum()) }
+    }
+    /// GPU indices NVML lists this PID on.
+    pub fn listed_gpus(&self, pid: u32) -> Vec<u32> {
+        self.gpus
+            .iter()
+            .filter(|g| g.processes.iter().any(|p| p.pid == pid))
+            .map(|g| g.index)
+            .collect()
+    }
 }
 
+/// Unix time in milliseconds (0 if the clock is before 1970).
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
 }

@@ -20,7 +20,8 @@ pub enum HostSpec {
 }
 
 impl HostSpec {
-    /// The name shown for it.
+    /// The name shown for it: whole, never cut (views cut it to fit). Two specs may share a label only
+    /// through `unique_labels`, which tells them apart.
     pub fn label(&self) -> String {
         match self {
             HostSpec::Local => local_hostname(),
@@ -37,11 +38,40 @@ impl HostSpec {
                 }
                 s
             }
-            HostSpec::Command { command } => {
-                format!("cmd:{}", crate::tui::view::truncate(command, 30))
-            }
+            HostSpec::Command { command } => format!("cmd:{command}"),
         }
     }
+
+    /// The spec as an operator types it (`local`, `cmd:...`, `user@host:port`, a demo host's name).
+    pub fn as_typed(&self) -> String {
+        match self {
+            HostSpec::Local => "local".into(),
+            other => other.label(),
+        }
+    }
+
+    /// Whether `query` names this host: the spec as typed, or its label.
+    pub fn answers_to(&self, query: &str, label: &str) -> bool {
+        let q = query.trim();
+        q == label || q == self.as_typed() || q == self.label()
+    }
+}
+
+/// One label per spec, unique: a label that two specs would share gets ` #2`, ` #3`... on the later ones.
+pub fn unique_labels(specs: &[HostSpec]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(specs.len());
+    let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
+    for s in specs {
+        let base = s.label();
+        let mut label = base.clone();
+        let mut n = 2;
+        while !seen.insert(label.clone()) {
+            label = format!("{base} #{n}");
+            n += 1;
+        }
+        out.push(label);
+    }
+    out
 }
 
 pub fn local_hostname() -> String {
@@ -317,6 +347,25 @@ mod tests {
                 command: "docker exec a,b gpusweep agent".into()
             }]
         );
+    }
+
+    #[test]
+    fn labels_are_whole_and_unique() {
+        let long = "x".repeat(40);
+        let a = HostSpec::Command {
+            command: format!("{long} one"),
+        };
+        let b = HostSpec::Command {
+            command: format!("{long} two"),
+        };
+        let labels = unique_labels(&[a.clone(), b.clone()]);
+        assert_ne!(labels[0], labels[1]);
+        assert!(labels[0].ends_with(" one") && labels[1].ends_with(" two"));
+        assert!(a.answers_to(&format!("cmd:{long} one"), &labels[0]));
+        assert!(!b.answers_to(&format!("cmd:{long} one"), &labels[1]));
+        let same = unique_labels(&[HostSpec::Local, HostSpec::Local]);
+        assert_eq!(same[1], format!("{} #2", same[0]));
+        assert!(HostSpec::Local.answers_to("local", &same[0]));
     }
 
     #[test]

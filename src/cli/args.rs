@@ -1,8 +1,37 @@
 //! Command-line contract (DESIGN's names). Every flag that has an environment variable says so in --help.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+
+use crate::core::parse::duration_arg;
+use crate::core::signal::Sig;
+use crate::core::smem::{Dtype, Tile};
+use crate::runtime::Overrides;
+
+/// A `--gpus` list as one value (clap would take a bare `Vec` for repeated values).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuList(pub Vec<u32>);
+
+/// clap value parser for GPU index lists.
+fn gpu_list_arg(s: &str) -> Result<GpuList, String> {
+    crate::core::parse::parse_gpu_list(s)
+        .map(GpuList)
+        .map_err(|e| e.to_string())
+}
+
+fn dtype_arg(s: &str) -> Result<Dtype, String> {
+    Dtype::parse(s).ok_or_else(|| format!("unknown dtype {s:?} (bf16, fp16, fp8, fp4, fp32)"))
+}
+
+fn tile_arg(s: &str) -> Result<Tile, String> {
+    Tile::parse(s)
+}
+
+fn signal_arg(s: &str) -> Result<Sig, String> {
+    s.parse::<Sig>().map_err(|e| e.to_string())
+}
 
 pub const EXIT_CODES: &str = "\
 Exit codes:
@@ -53,8 +82,8 @@ pub struct Global {
     #[arg(long, global = true)]
     pub demo: bool,
     /// Poll interval (e.g. 500ms, 2s). Default 1s.
-    #[arg(long, global = true, env = "GPUSWEEP_INTERVAL", value_name = "DUR")]
-    pub interval: Option<String>,
+    #[arg(long, global = true, env = "GPUSWEEP_INTERVAL", value_name = "DUR", value_parser = duration_arg)]
+    pub interval: Option<Duration>,
     /// Device files that make a process a holder (repeatable). Default /dev/nvidia*.
     #[arg(long = "device-glob", global = true, value_name = "GLOB")]
     pub device_globs: Vec<String>,
@@ -106,25 +135,26 @@ pub enum Command {
     /// Block until every chosen GPU is clean. Exit 0 clean, 1 timeout (naming what holds memory), 2 error.
     Wait {
         /// GPU indices (0,1,4-7). Default: all.
-        #[arg(long, value_name = "LIST")]
-        gpus: Option<String>,
+        #[arg(long, value_name = "LIST", value_parser = gpu_list_arg)]
+        gpus: Option<GpuList>,
         /// Clean means at most this many MiB used. Default 0.
         #[arg(long, env = "GPUSWEEP_TOLERANCE_MIB", value_name = "MIB")]
         tolerance: Option<u64>,
         /// Give up after this long (e.g. 30s). Default: never.
-        #[arg(long, value_name = "DUR")]
-        timeout: Option<String>,
-        /// Poll interval while waiting. Default 100ms.
-        #[arg(long, value_name = "DUR", default_value = "100ms")]
-        poll: String,
+        #[arg(long, value_name = "DUR", value_parser = duration_arg)]
+        timeout: Option<Duration>,
+        /// Poll interval while waiting.
+        #[arg(long, value_name = "DUR", default_value = "100ms", value_parser = duration_arg)]
+        poll: Duration,
     },
     /// Signal every holder of the chosen GPUs: TERM, a grace period, KILL; then wait until clean.
     Sweep {
-        #[arg(long, value_name = "LIST")]
-        gpus: Option<String>,
+        /// GPU indices to sweep (0,1,4-7). Default: all.
+        #[arg(long, value_name = "LIST", value_parser = gpu_list_arg)]
+        gpus: Option<GpuList>,
         /// Time between TERM and KILL.
-        #[arg(long, value_name = "DUR", default_value = "10s")]
-        grace: String,
+        #[arg(long, value_name = "DUR", default_value = "10s", value_parser = duration_arg)]
+        grace: Duration,
         /// Print the plan and do nothing.
         #[arg(long)]
         dry_run: bool,
@@ -134,9 +164,10 @@ pub enum Command {
         /// Do not wait for the GPUs to become clean afterwards.
         #[arg(long)]
         no_wait: bool,
-        /// Give up waiting for clean after this long. Default 60s.
-        #[arg(long, value_name = "DUR", default_value = "60s")]
-        timeout: String,
+        /// Give up waiting for clean after this long.
+        #[arg(long, value_name = "DUR", default_value = "60s", value_parser = duration_arg)]
+        timeout: Duration,
+        /// Clean means at most this many MiB used. Default 0.
         #[arg(long, env = "GPUSWEEP_TOLERANCE_MIB", value_name = "MIB")]
         tolerance: Option<u64>,
     },
@@ -145,26 +176,26 @@ pub enum Command {
         /// PIDs on the chosen host.
         #[arg(required = true)]
         pids: Vec<u32>,
-        /// The host the PIDs live on (a label as shown by snapshot). Default: the only host.
+        /// The host the PIDs live on: the spec as typed in --hosts, or its label. Default: the only host.
         #[arg(long)]
         host: Option<String>,
         /// TERM, KILL, INT, HUP, ... or a number.
-        #[arg(long, default_value = "TERM")]
-        signal: String,
+        #[arg(long, default_value = "TERM", value_parser = signal_arg)]
+        signal: Sig,
         /// Wait this long for exit, then KILL. Default: do not wait.
-        #[arg(long, value_name = "DUR")]
-        grace: Option<String>,
+        #[arg(long, value_name = "DUR", value_parser = duration_arg)]
+        grace: Option<Duration>,
         #[arg(long, short = 'y')]
         yes: bool,
     },
     /// Shared-memory limits per compute capability, and whether a GEMM tile fits.
     Smem {
         /// Tile as MxNxK, e.g. 128x256x64.
-        #[arg(long)]
-        tile: Option<String>,
-        /// Element type of A and B.
-        #[arg(long, default_value = "bf16", value_parser = ["bf16", "fp16", "fp8", "fp4", "fp32"])]
-        dtype: String,
+        #[arg(long, value_parser = tile_arg)]
+        tile: Option<Tile>,
+        /// Element type of A and B: bf16, fp16, fp8, fp4, fp32.
+        #[arg(long, default_value = "bf16", value_parser = dtype_arg)]
+        dtype: Dtype,
         /// Pipeline stages wanted.
         #[arg(long, default_value_t = 2)]
         stages: u64,
@@ -174,6 +205,7 @@ pub enum Command {
         /// Compute capability (e.g. 12.0). Default: the GPUs of the chosen hosts, else every known one.
         #[arg(long)]
         cc: Option<String>,
+        /// Limits and fits as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -183,4 +215,32 @@ pub enum Command {
         #[arg(long, default_value = "gpu-b")]
         demo_host: String,
     },
+}
+
+impl Global {
+    /// The flags as the runtime's settings take them.
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
+            hosts: self.hosts.clone(),
+            hostfile: self.hostfile.clone(),
+            demo: self.demo,
+            interval: self.interval,
+            device_globs: self.device_globs.clone(),
+            config: self.config.clone(),
+            local: self.local,
+            no_nvml: self.no_nvml,
+            accept_new: self.accept_new,
+            deploy: self.deploy,
+            remote_command: self.remote_command.clone(),
+            ssh_config: self.ssh_config.clone(),
+            known_hosts: self.known_hosts.clone(),
+            identities: self.identities.clone(),
+            connect_timeout: self.connect_timeout,
+        }
+    }
+
+    /// Hosts were named on the command line.
+    pub fn hosts_named(&self) -> bool {
+        !self.hosts.is_empty() || self.hostfile.is_some()
+    }
 }

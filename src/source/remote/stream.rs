@@ -1,144 +1,19 @@
 //! The client end of the agent protocol, over any byte stream: an SSH channel, or the stdio of a local
-//! command (`cmd:kubectl exec ... gpusweep agent`). Remote output is untrusted: lines are bounded, JSON that
-//! does not parse ends the connection with a message saying what came instead, nothing panics.
+//! command. Remote output is untrusted: lines are bounded, JSON that does not parse ends the connection with a
+//! message saying what came instead, nothing panics.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 
-use crate::agent::{AgentCmd, AgentMsg, MAX_LINE_BYTES, PROTOCOL};
-use crate::analyze::analyzed;
-use crate::collect::{ConnStatus, FleetOptions, HostCmd, HostEvent};
-use crate::hosts::HostSpec;
-use crate::model::SourceKind;
-use crate::sweep::{Fate, Outcome, SignalRequest};
-
-pub struct RemoteTask {
-    pub index: usize,
-    pub label: String,
-    pub spec: HostSpec,
-    pub opts: FleetOptions,
-    pub events: mpsc::UnboundedSender<HostEvent>,
-    pub connect_limit: Arc<Semaphore>,
-}
-
-/// Outcomes for a request that could not be carried out at all.
-pub fn all_failed(req: &SignalRequest, reason: &str) -> Vec<Outcome> {
-    req.targets
-        .iter()
-        .map(|t| Outcome {
-            pid: t.pid,
-            start_time: t.start_time,
-            cmdline: t.cmdline.clone(),
-            fate: Fate::Failed {
-                reason: reason.to_string(),
-            },
-        })
-        .collect()
-}
-
-impl RemoteTask {
-    pub fn status(&self, status: ConnStatus) -> bool {
-        self.events
-            .send(HostEvent::Status {
-                host: self.index,
-                status,
-            })
-            .is_ok()
-    }
-
-    /// Connect, stream, and on any failure report it and reconnect with backoff, until the fleet is dropped.
-    pub async fn run(self, mut cmds: mpsc::UnboundedReceiver<HostCmd>) {
-        let mut backoff = Duration::from_millis(500);
-        let mut interval = self.opts.interval;
-        loop {
-            if !self.status(ConnStatus::Connecting) {
-                return;
-            }
-            let ended = match &self.spec {
-                HostSpec::Command { command } => {
-                    self.run_command(command, &mut cmds, &mut interval).await
-                }
-                HostSpec::Ssh { .. } => super::ssh::run(&self, &mut cmds, &mut interval).await,
-                _ => Err("not a remote host".into()),
-            };
-            let reason = match ended {
-                Ok(()) => return,
-                Err(e) => e,
-            };
-            if !self.status(ConnStatus::Down(reason)) {
-                return;
-            }
-            // Back off, but keep answering: a signal to a down host fails at once; `r` reconnects now.
-            let sleep = tokio::time::sleep(backoff);
-            tokio::pin!(sleep);
-            loop {
-                tokio::select! {
-                    _ = &mut sleep => break,
-                    c = cmds.recv() => match c {
-                        None => return,
-                        Some(HostCmd::PollNow) => break,
-                        Some(HostCmd::Interval(d)) => interval = d,
-                        Some(HostCmd::Signal { id, req }) => {
-                            let outcomes = all_failed(&req, "host is down");
-                            let _ = self.events.send(HostEvent::Outcomes { host: self.index, id, outcomes });
-                        }
-                    }
-                }
-            }
-            backoff = (backoff * 2).min(Duration::from_secs(30));
-        }
-    }
-
-    async fn run_command(
-        &self,
-        command: &str,
-        cmds: &mut mpsc::UnboundedReceiver<HostCmd>,
-        interval: &mut Duration,
-    ) -> Result<(), String> {
-        let permit = self
-            .connect_limit
-            .acquire()
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut child = tokio::process::Command::new("sh")
-            .arg("-c")
-            .arg(command)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("cannot start {command:?}: {e}"))?;
-        drop(permit);
-        let (Some(stdin), Some(stdout), Some(stderr)) =
-            (child.stdin.take(), child.stdout.take(), child.stderr.take())
-        else {
-            return Err("no stdio from the command".into());
-        };
-        let errtail = spawn_tail(stderr);
-        let r = drive_stream(
-            self,
-            BufReader::new(stdout),
-            stdin,
-            cmds,
-            interval,
-            SourceKind::Agent,
-        )
-        .await;
-        let _ = child.kill().await;
-        let tail = errtail.await.unwrap_or_default();
-        r.map_err(|e| {
-            if tail.is_empty() {
-                e
-            } else {
-                format!("{e}: {tail}")
-            }
-        })
-    }
-}
+use super::RemoteTask;
+use crate::core::format::{millis, truncate};
+use crate::core::model::SourceKind;
+use crate::core::protocol::{AgentCmd, AgentMsg, MAX_LINE_BYTES, PROTOCOL};
+use crate::core::signal::{SignalRequest, all_failed};
+use crate::core::trace;
+use crate::source::{ConnStatus, HostCmd};
 
 /// The last line or so a process wrote on stderr, for error messages.
 pub fn spawn_tail<R: AsyncRead + Unpin + Send + 'static>(r: R) -> tokio::task::JoinHandle<String> {
@@ -147,7 +22,7 @@ pub fn spawn_tail<R: AsyncRead + Unpin + Send + 'static>(r: R) -> tokio::task::J
         let mut last = String::new();
         while let Ok(Some(l)) = lines.next_line().await {
             if !l.trim().is_empty() {
-                last = crate::tui::view::truncate(l.trim(), 200);
+                last = truncate(l.trim(), 200);
             }
         }
         last
@@ -183,7 +58,7 @@ pub async fn read_line_bounded<R: AsyncBufRead + Unpin>(
 }
 
 fn preview(b: &[u8]) -> String {
-    crate::tui::view::truncate(String::from_utf8_lossy(b).trim(), 80)
+    truncate(String::from_utf8_lossy(b).trim(), 80)
 }
 
 /// Speak the agent protocol until the stream ends or misbehaves. Err says why, for the host's status line.
@@ -230,9 +105,9 @@ where
             }
             _ => return Err(format!("the remote did not speak the agent protocol; it said: {:?}", preview(&first))),
         }
-        crate::trace(&task.label, "agent said hello");
+        trace(&task.label, "agent said hello");
         task.status(ConnStatus::Up);
-        send_cmd(&mut writer, &AgentCmd::Interval { ms: interval.as_millis() as u64 }).await?;
+        send_cmd(&mut writer, &AgentCmd::Interval { ms: millis(*interval) }).await?;
         let mut pending: Vec<(u64, SignalRequest)> = Vec::new();
         let out: Result<(), String> = loop {
             tokio::select! {
@@ -244,18 +119,15 @@ where
                     };
                     match serde_json::from_slice::<AgentMsg>(&line) {
                         Ok(AgentMsg::Snapshot { mut snapshot }) => {
-                            crate::trace(&task.label, "snapshot");
-                            snapshot.host = task.label.clone();
+                            trace(&task.label, "snapshot");
                             snapshot.source = kind;
-                            for f in &mut snapshot.findings { f.host = task.label.clone(); }
-                            let snap = analyzed(*snapshot, &task.opts.analyze);
-                            if task.events.send(HostEvent::Snapshot { host: task.index, snap: Box::new(snap) }).is_err() {
+                            if !task.sink.reading(*snapshot) {
                                 break Ok(());
                             }
                         }
                         Ok(AgentMsg::Outcomes { id, outcomes }) => {
                             pending.retain(|(p, _)| *p != id);
-                            let _ = task.events.send(HostEvent::Outcomes { host: task.index, id, outcomes });
+                            task.sink.outcomes(id, outcomes);
                         }
                         Ok(AgentMsg::Error { message }) => {
                             task.status(ConnStatus::Down(format!("agent: {message}")));
@@ -268,7 +140,7 @@ where
                     let cmd = match c {
                         None => break Ok(()),
                         Some(HostCmd::PollNow) => AgentCmd::Poll,
-                        Some(HostCmd::Interval(d)) => { *interval = d; AgentCmd::Interval { ms: d.as_millis() as u64 } }
+                        Some(HostCmd::Interval(d)) => { *interval = d; AgentCmd::Interval { ms: millis(d) } }
                         Some(HostCmd::Signal { id, req }) => {
                             pending.push((id, req.clone()));
                             AgentCmd::Signal { id, request: req }
@@ -283,7 +155,7 @@ where
         // Whatever was asked and not answered is reported, never left hanging.
         for (id, req) in pending {
             let outcomes = all_failed(&req, "connection lost before the outcome was known");
-            let _ = task.events.send(HostEvent::Outcomes { host: task.index, id, outcomes });
+            task.sink.outcomes(id, outcomes);
         }
         out
     }

@@ -7,14 +7,15 @@
 //! Everyone else is rescanned on a slower cadence, or sooner when the caller says memory is unexplained.
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::CString;
 use std::fs;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::model::{Proc, ShmInfo, ShmSegment, SysvSegment};
+use crate::core::model::{Proc, ShmInfo, ShmSegment, SysvSegment};
+use crate::core::procstat::{parse_cmdline, parse_stat};
+use crate::source::SourceError;
 
 /// Default device files that make a process a holder.
 pub const DEFAULT_DEVICE_GLOBS: &[&str] = &["/dev/nvidia*"];
@@ -112,17 +113,20 @@ pub struct ProcScanner {
 }
 
 impl ProcScanner {
-    pub fn new(cfg: ProcfsConfig) -> anyhow::Result<Self> {
+    pub fn new(cfg: ProcfsConfig) -> Result<Self, SourceError> {
         let mut patterns = Vec::new();
         for g in &cfg.device_globs {
-            patterns.push(
-                glob::Pattern::new(g)
-                    .map_err(|e| anyhow::anyhow!("bad --device-glob {g:?}: {e}"))?,
-            );
+            patterns.push(glob::Pattern::new(g).map_err(|e| SourceError::BadGlob {
+                glob: g.clone(),
+                why: e.to_string(),
+            })?);
         }
-        // SAFETY: sysconf has no preconditions.
-        let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-        let clk_tck = if tck > 0 { tck as u64 } else { 100 };
+        let clk_tck = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .ok()
+            .flatten()
+            .and_then(|t| u64::try_from(t).ok())
+            .filter(|t| *t > 0)
+            .unwrap_or(100);
         let boot_time = fs::read_to_string(cfg.proc_root.join("stat"))
             .ok()
             .and_then(|s| {
@@ -197,7 +201,7 @@ impl ProcScanner {
                 continue;
             };
             seen.insert(pid);
-            if p.state == 'Z' {
+            if p.state.is_zombie() {
                 // A zombie has no fds and no memory: nothing more to read. Not cached, so re-read each poll.
                 self.cache.remove(&pid);
                 table.procs.insert(pid, p);
@@ -276,7 +280,7 @@ impl ProcScanner {
             let Some(p) = table.procs.get_mut(&pid) else {
                 continue;
             };
-            if p.cmdline.is_empty() && p.state != 'Z' {
+            if p.cmdline.is_empty() && !p.state.is_zombie() {
                 let c = read_cmdline(&self.cfg.proc_root.join(pid.to_string()).join("cmdline"));
                 if let Some(entry) = self.cache.get_mut(&pid) {
                     entry.cmdline = Some(c.clone());
@@ -455,7 +459,7 @@ impl ProcScanner {
         let mut out: HashMap<String, Vec<u32>> = HashMap::new();
         let shm = self.cfg.shm_dir.to_string_lossy().into_owned();
         for (&pid, p) in &table.procs {
-            if p.state == 'Z' {
+            if p.state.is_zombie() {
                 continue;
             }
             let Ok(maps) =
@@ -488,38 +492,9 @@ pub fn is_benign_name(p: &Proc, benign: &[String]) -> bool {
         .any(|b| p.comm == *b || base0 == b || (base0.starts_with("python") && base1 == b))
 }
 
-/// Parse `/proc/PID/stat`. The comm may hold spaces and parentheses, so fields are read after the last ')'.
-pub fn parse_stat(s: &str) -> Option<Proc> {
-    let open = s.find('(')?;
-    let close = s.rfind(')')?;
-    let pid = s[..open].trim().parse().ok()?;
-    let comm = s[open + 1..close].to_string();
-    let mut f = s[close + 1..].split_ascii_whitespace();
-    let state = f.next()?.chars().next()?;
-    let ppid = f.next()?.parse().ok()?;
-    let _pgrp = f.next()?;
-    let sid = f.next()?.parse().ok()?;
-    // starttime is field 22; after ')' we have consumed fields 3..=6, so skip 15 more.
-    let start_time = f.nth(15)?.parse().ok()?;
-    Some(Proc {
-        pid,
-        ppid,
-        sid,
-        state,
-        start_time,
-        comm,
-        ..Default::default()
-    })
-}
-
+/// `/proc/PID/cmdline` as one line; empty when it cannot be read (kernel threads, exited processes).
 pub fn read_cmdline(path: &Path) -> String {
-    let Ok(raw) = fs::read(path) else {
-        return String::new();
-    };
-    let mut s: String = String::from_utf8_lossy(&raw).replace('\0', " ");
-    let t = s.trim_end().len();
-    s.truncate(t);
-    s
+    fs::read(path).map(|raw| parse_cmdline(&raw)).unwrap_or_default()
 }
 
 /// `/proc/sysvipc/shm`: a header line, then key shmid perms size cpid lpid nattch ...
@@ -555,27 +530,12 @@ fn read_passwd(path: &Path) -> HashMap<u32, String> {
 
 /// (total, available) bytes of a filesystem.
 pub fn statvfs(path: &Path) -> Option<(u64, u64)> {
-    let c = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
-    // SAFETY: `st` is plain data written by statvfs; `c` is a valid NUL-terminated path.
-    unsafe {
-        let mut st: libc::statvfs = std::mem::zeroed();
-        if libc::statvfs(c.as_ptr(), &mut st) != 0 {
-            return None;
-        }
-        let frsize = st.f_frsize as u64;
-        Some((st.f_blocks as u64 * frsize, st.f_bavail as u64 * frsize))
-    }
-}
-
-/// The minor number a device file stands for: `/dev/nvidia3` -> 3. Control files (nvidiactl, nvidia-uvm,
-/// nvidia-caps/*) stand for no single GPU.
-pub fn device_minor(path: &str) -> Option<u32> {
-    let base = path.rsplit('/').next()?;
-    let digits = base.strip_prefix("nvidia")?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
+    let st = nix::sys::statvfs::statvfs(path).ok()?;
+    let frsize = st.fragment_size();
+    Some((
+        st.blocks().saturating_mul(frsize),
+        st.blocks_available().saturating_mul(frsize),
+    ))
 }
 
 /// True when this process lives in a child PID namespace (a container), where NVML's host PIDs are not visible.
@@ -593,34 +553,6 @@ pub fn in_child_pid_namespace(proc_root: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stat_with_spaces_and_parens_in_comm() {
-        let s = "946 (python3 (w) x) S 1 924 924 0 -1 4194560 1 0 0 0 5 3 0 0 20 0 2 0 123456 100 5 18446744073709551615";
-        let p = parse_stat(s).expect("parses");
-        assert_eq!(
-            (p.pid, p.ppid, p.sid, p.state, p.start_time),
-            (946, 1, 924, 'S', 123456)
-        );
-        assert_eq!(p.comm, "python3 (w) x");
-    }
-
-    #[test]
-    fn stat_garbage_is_none() {
-        assert!(parse_stat("").is_none());
-        assert!(parse_stat("12 (x) S").is_none());
-        assert!(parse_stat("x (y) S 1 2 3").is_none());
-    }
-
-    #[test]
-    fn device_minor_maps_only_gpu_files() {
-        assert_eq!(device_minor("/dev/nvidia0"), Some(0));
-        assert_eq!(device_minor("/dev/nvidia7"), Some(7));
-        assert_eq!(device_minor("/tmp/x/nvidia12"), Some(12));
-        assert_eq!(device_minor("/dev/nvidiactl"), None);
-        assert_eq!(device_minor("/dev/nvidia-uvm"), None);
-        assert_eq!(device_minor("/dev/nvidia-caps/nvidia-cap1"), None);
-    }
 
     #[test]
     fn sysvipc_parses_rows() {

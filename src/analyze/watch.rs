@@ -1,12 +1,13 @@
-//! "Until clean": the state machine shared by `gpusweep wait`, `sweep` and the TUI's re-watch.
-//! No clock inside: callers pass the time, so it is deterministic under test.
+//! "Until clean": the state machine shared by `gpusweep wait`, `sweep` and the TUI's re-watch. Hosts are
+//! keyed by `HostId`, never by label. No clock inside: callers pass the time, so it is deterministic.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::analyze::gpu_clean;
-use crate::model::{HostSnapshot, fmt_bytes};
+use super::gpu_clean;
+use crate::core::format::fmt_bytes;
+use crate::core::model::{HostId, HostSnapshot};
 
 /// Which GPUs matter: all, or these indices on every host.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -30,6 +31,24 @@ pub enum Verdict {
     Unknown(String),
 }
 
+fn dirty_gpu_line(snap: &HostSnapshot, g: &crate::core::model::Gpu) -> String {
+    let holders: Vec<String> = snap
+        .holders
+        .iter()
+        .filter(|h| !h.benign && h.gpus.contains(&g.index))
+        .map(|h| h.pid.to_string())
+        .collect();
+    let listed: Vec<String> = g.processes.iter().map(|p| p.pid.to_string()).collect();
+    let mut line = format!("GPU {}: {} used", g.index, fmt_bytes(g.memory.used));
+    if !listed.is_empty() {
+        line.push_str(&format!(", listed {}", listed.join(",")));
+    }
+    if !holders.is_empty() {
+        line.push_str(&format!(", held by {}", holders.join(",")));
+    }
+    line
+}
+
 /// DESIGN's clean, for one host. Where no GPU can be read it judges by holders alone.
 pub fn verdict(snap: &HostSnapshot, scope: &Scope, tolerance: u64) -> Verdict {
     if let Some(e) = &snap.error {
@@ -46,24 +65,7 @@ pub fn verdict(snap: &HostSnapshot, scope: &Scope, tolerance: u64) -> Verdict {
         for g in gpus {
             match gpu_clean(g, tolerance) {
                 Some(true) => {}
-                Some(false) => {
-                    let holders: Vec<String> = snap
-                        .holders
-                        .iter()
-                        .filter(|h| !h.benign && h.gpus.contains(&g.index))
-                        .map(|h| h.pid.to_string())
-                        .collect();
-                    let listed: Vec<String> =
-                        g.processes.iter().map(|p| p.pid.to_string()).collect();
-                    let mut line = format!("GPU {}: {} used", g.index, fmt_bytes(g.memory.used));
-                    if !listed.is_empty() {
-                        line.push_str(&format!(", listed {}", listed.join(",")));
-                    }
-                    if !holders.is_empty() {
-                        line.push_str(&format!(", held by {}", holders.join(",")));
-                    }
-                    why.push(line);
-                }
+                Some(false) => why.push(dirty_gpu_line(snap, g)),
                 None => why.push(format!(
                     "GPU {}: no reading ({})",
                     g.index,
@@ -96,13 +98,13 @@ pub struct Watch {
     pub tolerance: u64,
     pub started_ms: u64,
     pub clean_at_ms: Option<u64>,
-    pub hosts: BTreeMap<String, Verdict>,
-    /// Hosts that must report before the watch can end.
-    pub expected: Vec<String>,
+    pub hosts: BTreeMap<HostId, Verdict>,
+    /// Hosts that must report before the watch can end, with their labels for messages.
+    pub expected: Vec<(HostId, String)>,
 }
 
 impl Watch {
-    pub fn new(expected: Vec<String>, scope: Scope, tolerance: u64, now_ms: u64) -> Watch {
+    pub fn new(expected: Vec<(HostId, String)>, scope: Scope, tolerance: u64, now_ms: u64) -> Watch {
         Watch {
             scope,
             tolerance,
@@ -113,12 +115,29 @@ impl Watch {
         }
     }
 
+    pub fn watches(&self, host: HostId) -> bool {
+        self.expected.iter().any(|(h, _)| *h == host)
+    }
+
     /// Take one host's snapshot. Returns true when this observation made everything clean.
-    pub fn observe(&mut self, snap: &HostSnapshot, now_ms: u64) -> bool {
-        self.hosts.insert(
-            snap.host.clone(),
-            verdict(snap, &self.scope, self.tolerance),
-        );
+    pub fn observe(&mut self, host: HostId, snap: &HostSnapshot, now_ms: u64) -> bool {
+        if !self.watches(host) {
+            return false;
+        }
+        self.hosts
+            .insert(host, verdict(snap, &self.scope, self.tolerance));
+        self.settle(now_ms)
+    }
+
+    /// A host that could not be read: its verdict is unknown until a reading comes.
+    pub fn unreadable(&mut self, host: HostId, why: String) {
+        if self.watches(host) {
+            self.hosts.insert(host, Verdict::Unknown(why));
+            self.clean_at_ms = None;
+        }
+    }
+
+    fn settle(&mut self, now_ms: u64) -> bool {
         let all = self.all_clean();
         if all && self.clean_at_ms.is_none() {
             self.clean_at_ms = Some(now_ms);
@@ -135,7 +154,7 @@ impl Watch {
             && self
                 .expected
                 .iter()
-                .all(|h| matches!(self.hosts.get(h), Some(Verdict::Clean)))
+                .all(|(h, _)| matches!(self.hosts.get(h), Some(Verdict::Clean)))
     }
 
     pub fn took_ms(&self) -> Option<u64> {
@@ -145,36 +164,16 @@ impl Watch {
     /// Lines naming what still holds memory, for a timeout message.
     pub fn remaining(&self) -> Vec<String> {
         let mut out = Vec::new();
-        for h in &self.expected {
+        for (h, label) in &self.expected {
             match self.hosts.get(h) {
-                None => out.push(format!("{h}: no reading yet")),
+                None => out.push(format!("{label}: no reading yet")),
                 Some(Verdict::Clean) => {}
-                Some(Verdict::Unknown(e)) => out.push(format!("{h}: {e}")),
-                Some(Verdict::Dirty(why)) => out.extend(why.iter().map(|w| format!("{h}: {w}"))),
+                Some(Verdict::Unknown(e)) => out.push(format!("{label}: {e}")),
+                Some(Verdict::Dirty(why)) => {
+                    out.extend(why.iter().map(|w| format!("{label}: {w}")));
+                }
             }
         }
         out
-    }
-}
-
-/// 75 -> "1m15s", 4000 -> "1h06m".
-pub fn fmt_secs(s: u64) -> String {
-    if s < 60 {
-        format!("{s}s")
-    } else if s < 3600 {
-        format!("{}m{:02}s", s / 60, s % 60)
-    } else if s < 86400 {
-        format!("{}h{:02}m", s / 3600, (s % 3600) / 60)
-    } else {
-        format!("{}d{:02}h", s / 86400, (s % 86400) / 3600)
-    }
-}
-
-/// Milliseconds for people: "850 ms", "2.3 s".
-pub fn fmt_ms(ms: u64) -> String {
-    if ms < 1000 {
-        format!("{ms} ms")
-    } else {
-        format!("{:.1} s", ms as f64 / 1000.0)
     }
 }

@@ -11,7 +11,7 @@ use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 
-use crate::model::{Gpu, ListedProcess, Memory, ProcessKind};
+use crate::core::model::{Gpu, ListedProcess, Memory, ProcessKind};
 
 pub struct NvmlReader {
     nvml: Nvml,

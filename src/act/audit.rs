@@ -1,0 +1,81 @@
+//! The audit log: one JSON line per signal, in `$GPUSWEEP_AUDIT_LOG` or
+//! `$XDG_STATE_HOME/gpusweep/actions.jsonl`. No signal is sent when the log cannot be written.
+
+use std::fs;
+use std::io::Write;
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+use crate::core::signal::{Sig, TargetInfo};
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum AuditError {
+    #[error("no audit log location (set GPUSWEEP_AUDIT_LOG)")]
+    NoLocation,
+    #[error("cannot create {0}: {1}")]
+    CreateDir(String, String),
+    #[error("cannot write audit log {0}: {1}")]
+    Open(String, String),
+    #[error("audit log write: {0}")]
+    Write(String),
+}
+
+/// Where every signal is recorded, one JSON line each.
+#[derive(Debug, Clone)]
+pub struct AuditLog {
+    pub path: Option<PathBuf>,
+}
+
+impl AuditLog {
+    /// `$GPUSWEEP_AUDIT_LOG`, else `$XDG_STATE_HOME/gpusweep/actions.jsonl` (~/.local/state/...).
+    pub fn default_location() -> AuditLog {
+        if let Some(p) = std::env::var_os("GPUSWEEP_AUDIT_LOG") {
+            return AuditLog {
+                path: Some(PathBuf::from(p)),
+            };
+        }
+        let base = std::env::var_os("XDG_STATE_HOME")
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+            .or_else(|| dirs::home_dir().map(|h| h.join(".local/state")));
+        AuditLog {
+            path: base.map(|b| b.join("gpusweep").join("actions.jsonl")),
+        }
+    }
+
+    pub fn open(&self) -> Result<fs::File, AuditError> {
+        let Some(path) = &self.path else {
+            return Err(AuditError::NoLocation);
+        };
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir)
+                .map_err(|e| AuditError::CreateDir(dir.display().to_string(), e.to_string()))?;
+        }
+        fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| AuditError::Open(path.display().to_string(), e.to_string()))
+    }
+
+    pub fn record(
+        &self,
+        host: &str,
+        t: &TargetInfo,
+        signal: Sig,
+        result: &str,
+    ) -> Result<(), AuditError> {
+        let mut f = self.open()?;
+        let line = serde_json::json!({
+            "time": humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+            "host": host,
+            "pid": t.pid,
+            "start_time": t.start_time,
+            "cmdline": t.cmdline,
+            "signal": signal.name(),
+            "result": result,
+        });
+        writeln!(f, "{line}").map_err(|e| AuditError::Write(e.to_string()))
+    }
+}

@@ -1,0 +1,24 @@
+//! Actions on real processes: pidfd delivery and escalation, the protection rule, the audit log. The only
+//! `unsafe` code of gpusweep lives in this layer.
+
+pub mod audit;
+pub mod deliver;
+#[allow(unsafe_code)] // raw syscalls: pidfd_open, pidfd_send_signal, poll
+pub mod pidfd;
+pub mod protect;
+
+pub use audit::AuditLog;
+pub use deliver::deliver;
+
+/// Signals on this host, detached from whatever polls it (so a grace period never pauses readings).
+#[derive(Debug, Clone)]
+pub struct Deliverer {
+    pub host: String,
+    pub audit: AuditLog,
+}
+
+impl Deliverer {
+    pub fn deliver(&self, req: &crate::core::signal::SignalRequest) -> Vec<crate::core::signal::Outcome> {
+        deliver::deliver(&self.host, req, &self.audit)
+    }
+}

@@ -1,0 +1,221 @@
+//! Per GPU: ghosts (a listed PID that is gone), residual memory (used bytes no live listed process accounts
+//! for), hidden holders (holders NVML does not list, when memory is unexplained), and PIDs of another PID
+//! namespace.
+
+use super::{Draft, Findings, list_pids, short_cmd, who};
+use crate::analyze::AnalyzeOptions;
+use crate::core::format::fmt_bytes;
+use crate::core::model::{FindingKind, Gpu, HostSnapshot, Proc, Severity};
+
+/// Whether a listed PID is alive as the same process, from what the snapshot can tell.
+enum Liveness<'a> {
+    Live,
+    Gone,
+    Zombie,
+    /// The PID exists but is another program with no GPU device open: the PID was reused.
+    Reused(&'a Proc),
+    NotVisible,
+}
+
+fn liveness(snap: &HostSnapshot, pid: u32) -> Liveness<'_> {
+    match snap.proc(pid) {
+        None if snap.in_child_pid_namespace => Liveness::NotVisible,
+        None => Liveness::Gone,
+        Some(p) if p.state.is_zombie() => Liveness::Zombie,
+        Some(p) => {
+            // Holder scanning must have been possible for this to mean anything.
+            if snap.holder(pid).is_none() && !p.fds_unreadable && snap.holders_known() {
+                Liveness::Reused(p)
+            } else {
+                Liveness::Live
+            }
+        }
+    }
+}
+
+/// What the listed processes of one GPU add up to.
+struct Listed {
+    live_charged: u64,
+    live_listed: usize,
+    ghosts: Vec<(u32, Option<u64>, String)>,
+}
+
+fn listed(snap: &HostSnapshot, g: &Gpu, out: &mut Findings) -> Listed {
+    let mut l = Listed {
+        live_charged: 0,
+        live_listed: 0,
+        ghosts: Vec::new(),
+    };
+    for lp in &g.processes {
+        match liveness(snap, lp.pid) {
+            Liveness::Live => {
+                l.live_listed += 1;
+                l.live_charged += lp.used_bytes.unwrap_or(0);
+            }
+            Liveness::NotVisible => {
+                l.live_listed += 1;
+                l.live_charged += lp.used_bytes.unwrap_or(0);
+                out.push(Draft {
+                    kind: FindingKind::NotVisible,
+                    severity: Severity::Info,
+                    gpu: Some(g.index),
+                    pid: Some(lp.pid),
+                    bytes: lp.used_bytes,
+                    detail: format!(
+                        "NVML lists PID {} on GPU {} ({}), but it is not visible from this PID namespace",
+                        lp.pid,
+                        g.index,
+                        fmt_bytes(lp.used_bytes)
+                    ),
+                    action: "run gpusweep on the host (outside the container) to see and act on it"
+                        .into(),
+                    target_pid: None,
+                });
+            }
+            Liveness::Gone => l.ghosts.push((lp.pid, lp.used_bytes, "is gone".into())),
+            Liveness::Zombie => l.ghosts.push((lp.pid, lp.used_bytes, "is a zombie".into())),
+            Liveness::Reused(p) => l.ghosts.push((
+                lp.pid,
+                lp.used_bytes,
+                format!(
+                    "is now another program ({}) with no GPU open: the PID was reused",
+                    short_cmd(p)
+                ),
+            )),
+        }
+    }
+    l
+}
+
+/// Holders of this GPU that NVML does not list: the usual owners of memory nobody is charged for.
+fn hidden_holders(snap: &HostSnapshot, g: &Gpu) -> Vec<u32> {
+    snap.holders
+        .iter()
+        .filter(|h| !h.benign && h.gpus.contains(&g.index))
+        .filter(|h| !g.processes.iter().any(|p| p.pid == h.pid))
+        .filter(|h| snap.proc(h.pid).is_some_and(|p| !p.state.is_zombie()))
+        .map(|h| h.pid)
+        .collect()
+}
+
+pub fn find(snap: &HostSnapshot, opts: &AnalyzeOptions, out: &mut Findings) {
+    for g in &snap.gpus {
+        let Some(used) = g.memory.used else { continue };
+        let l = listed(snap, g, out);
+        let residual = used.saturating_sub(l.live_charged);
+        let is_residual =
+            residual > opts.tolerance && (l.live_listed == 0 || residual > opts.residual_slack);
+        let hidden = hidden_holders(snap, g);
+        let unexplained = is_residual || !l.ghosts.is_empty();
+        let target = if unexplained {
+            hidden.first().copied()
+        } else {
+            None
+        };
+        ghosts(snap, g, &l.ghosts, &hidden, target, out);
+        if is_residual {
+            residual_finding(snap, g, used, l.live_charged, residual, &hidden, target, out);
+        }
+        if unexplained {
+            for &pid in &hidden {
+                out.push(Draft {
+                    kind: FindingKind::HiddenHolder,
+                    severity: Severity::Leak,
+                    gpu: Some(g.index),
+                    pid: Some(pid),
+                    bytes: (hidden.len() == 1).then_some(residual),
+                    detail: format!(
+                        "{} has GPU {} open but NVML does not list it: the likely owner of the {} no live listed process accounts for",
+                        who(snap, pid),
+                        g.index,
+                        fmt_bytes(Some(residual))
+                    ),
+                    action: format!("kill {pid}"),
+                    target_pid: Some(pid),
+                });
+            }
+        }
+    }
+}
+
+fn ghosts(
+    snap: &HostSnapshot,
+    g: &Gpu,
+    ghosts: &[(u32, Option<u64>, String)],
+    hidden: &[u32],
+    target: Option<u32>,
+    out: &mut Findings,
+) {
+    for (pid, bytes, why) in ghosts {
+        let holder_txt = if hidden.is_empty() {
+            "no live process on this host has the GPU open".to_string()
+        } else {
+            format!("the memory is kept alive by {}", list_pids(snap, hidden))
+        };
+        let action = match target {
+            Some(t) => format!("kill {t}: it holds the context the dead PID created"),
+            None => "wait a moment for the driver to free it; if it stays, check containers or reset the GPU".into(),
+        };
+        out.push(Draft {
+            kind: FindingKind::Ghost,
+            severity: Severity::Leak,
+            gpu: Some(g.index),
+            pid: Some(*pid),
+            bytes: *bytes,
+            detail: format!(
+                "PID {pid} {why}, yet NVML still charges it {} on GPU {}; {holder_txt}",
+                fmt_bytes(*bytes),
+                g.index
+            ),
+            action,
+            target_pid: target,
+        });
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // one GPU's whole accounting, computed once by `find`
+fn residual_finding(
+    snap: &HostSnapshot,
+    g: &Gpu,
+    used: u64,
+    live_charged: u64,
+    residual: u64,
+    hidden: &[u32],
+    target: Option<u32>,
+    out: &mut Findings,
+) {
+    let mut detail = format!(
+        "{} used on GPU {} but live listed processes account for {}",
+        fmt_bytes(Some(used)),
+        g.index,
+        fmt_bytes(Some(live_charged))
+    );
+    if !hidden.is_empty() {
+        detail.push_str(&format!("; held by {}", list_pids(snap, hidden)));
+    } else if snap.unreadable_processes > 0 {
+        detail.push_str(&format!(
+            "; {} processes could not be inspected (run as root to see them)",
+            snap.unreadable_processes
+        ));
+    }
+    let action = if hidden.is_empty() {
+        "no holder found: if it does not drain, look for processes in containers or reset the GPU"
+            .to_string()
+    } else {
+        format!(
+            "sweep GPU {} (kills {})",
+            g.index,
+            super::join_u32(hidden)
+        )
+    };
+    out.push(Draft {
+        kind: FindingKind::Residual,
+        severity: Severity::Leak,
+        gpu: Some(g.index),
+        pid: None,
+        bytes: Some(residual),
+        detail,
+        action,
+        target_pid: target,
+    });
+}

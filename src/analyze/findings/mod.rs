@@ -1,0 +1,73 @@
+//! Findings, one module per kind. Each takes the snapshot and pushes what it finds; `analyze` orders them.
+
+pub mod gpu;
+pub mod orphan;
+pub mod shm;
+pub mod smem;
+pub mod zombie;
+
+use crate::core::model::{Finding, FindingKind, HostSnapshot, Proc, Severity};
+
+/// The parts of a finding every kind fills, for `Findings::push`.
+pub struct Draft {
+    pub kind: FindingKind,
+    pub severity: Severity,
+    pub gpu: Option<u32>,
+    pub pid: Option<u32>,
+    pub bytes: Option<u64>,
+    pub detail: String,
+    pub action: String,
+    pub target_pid: Option<u32>,
+}
+
+/// Findings of one host, as they are found.
+pub struct Findings {
+    host: String,
+    pub out: Vec<Finding>,
+}
+
+impl Findings {
+    pub fn new(host: &str) -> Findings {
+        Findings {
+            host: host.to_string(),
+            out: Vec::new(),
+        }
+    }
+    pub fn push(&mut self, d: Draft) {
+        self.out.push(Finding {
+            kind: d.kind,
+            severity: d.severity,
+            host: self.host.clone(),
+            gpu: d.gpu,
+            pid: d.pid,
+            bytes: d.bytes,
+            detail: d.detail,
+            action: d.action,
+            target_pid: d.target_pid,
+        });
+    }
+}
+
+/// A process's command line, cut for a one-line finding (the details view shows it whole).
+pub fn short_cmd(p: &Proc) -> String {
+    crate::core::format::truncate(&p.display_cmd(), 60)
+}
+
+/// "946 (python3 worker.py)", or the bare PID when the process is not in the snapshot.
+pub fn who(snap: &HostSnapshot, pid: u32) -> String {
+    match snap.proc(pid) {
+        Some(p) => format!("{pid} ({})", short_cmd(p)),
+        None => pid.to_string(),
+    }
+}
+
+pub fn list_pids(snap: &HostSnapshot, pids: &[u32]) -> String {
+    pids.iter()
+        .map(|&p| who(snap, p))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub fn join_u32(v: &[u32]) -> String {
+    v.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+}

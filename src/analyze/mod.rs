@@ -1,0 +1,55 @@
+//! Snapshot -> findings, GPU states, the until-clean watch, sweep plans. Pure: no I/O, no clock. The words
+//! are DESIGN's: ghost, hidden holder, residual, orphan, zombie, shm leftover, smem limit (and not_visible for
+//! PIDs another PID namespace owns). The runtime calls `analyzed` once per reading, for every host.
+
+pub mod findings;
+pub mod plan;
+pub mod state;
+pub mod watch;
+
+pub use state::{GpuState, gpu_clean, gpu_state};
+
+use crate::core::model::{Finding, HostSnapshot, MIB};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AnalyzeOptions {
+    /// A GPU at or under this many used bytes, with nothing listed, is clean.
+    pub tolerance: u64,
+    /// While live processes are listed, used memory beyond what they are charged is normal up to this much
+    /// (context overhead is not charged: a real H200 read 19692 MiB used for 19684 MiB charged).
+    pub residual_slack: u64,
+}
+
+impl Default for AnalyzeOptions {
+    fn default() -> Self {
+        AnalyzeOptions {
+            tolerance: 0,
+            residual_slack: 256 * MIB,
+        }
+    }
+}
+
+/// Every finding for one host, in a stable order (by severity, then GPU, then kind, then pid).
+pub fn analyze(snap: &HostSnapshot, opts: &AnalyzeOptions) -> Vec<Finding> {
+    let mut out = findings::Findings::new(&snap.host);
+    findings::gpu::find(snap, opts, &mut out);
+    findings::orphan::find(snap, &mut out);
+    findings::zombie::find(snap, &mut out);
+    findings::shm::find(snap, &mut out);
+    findings::smem::find(snap, &mut out);
+    let mut out = out.out;
+    out.sort_by(|a, b| {
+        b.severity
+            .cmp(&a.severity)
+            .then(a.gpu.cmp(&b.gpu))
+            .then(a.kind.cmp(&b.kind))
+            .then(a.pid.cmp(&b.pid))
+    });
+    out
+}
+
+/// The snapshot with its findings filled in.
+pub fn analyzed(mut snap: HostSnapshot, opts: &AnalyzeOptions) -> HostSnapshot {
+    snap.findings = analyze(&snap, opts);
+    snap
+}

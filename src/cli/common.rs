@@ -1,0 +1,136 @@
+//! What the subcommands share: the async runtime, first readings, confirmation, delivering signals.
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use crate::core::model::{HostId, HostSnapshot, now_ms};
+use crate::core::signal::{Outcome, SignalRequest, all_failed};
+use crate::runtime::{Fleet, HostEvent};
+use crate::source::{ConnStatus, HostCmd};
+
+/// Poll interval while a command waits for GPUs to become clean.
+pub const FAST_POLL: Duration = Duration::from_millis(100);
+/// How long a host may take to answer a signal request beyond its grace period.
+pub const ANSWER_SLACK: Duration = Duration::from_secs(30);
+
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+/// The first reading of every host, or its error; hosts that say nothing within the timeout get an error.
+pub async fn first_snapshots(fleet: &mut Fleet, timeout: Duration) -> Vec<HostSnapshot> {
+    let n = fleet.len();
+    let mut got: Vec<Option<HostSnapshot>> = vec![None; n];
+    let deadline = tokio::time::Instant::now() + timeout;
+    while got.iter().any(Option::is_none) {
+        let ev = match tokio::time::timeout_at(deadline, fleet.events.recv()).await {
+            Ok(Some(ev)) => ev,
+            _ => break,
+        };
+        match ev {
+            HostEvent::Snapshot { host, snap } if host.0 < n => got[host.0] = Some(*snap),
+            HostEvent::Status {
+                host,
+                status: ConnStatus::Down(e),
+            } if host.0 < n && got[host.0].is_none() => {
+                got[host.0] = Some(error_snapshot(fleet.label(host), &e));
+            }
+            _ => {}
+        }
+    }
+    got.into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            s.unwrap_or_else(|| {
+                error_snapshot(
+                    fleet.label(HostId(i)),
+                    &format!("no reading within {}s", timeout.as_secs()),
+                )
+            })
+        })
+        .collect()
+}
+
+pub fn error_snapshot(host: &str, e: &str) -> HostSnapshot {
+    HostSnapshot {
+        host: host.to_string(),
+        error: Some(e.to_string()),
+        taken_at_ms: now_ms(),
+        ..Default::default()
+    }
+}
+
+pub fn confirm(question: &str, yes: bool) -> anyhow::Result<bool> {
+    if yes {
+        return Ok(true);
+    }
+    if !std::io::stdin().is_terminal() {
+        bail!("refusing to signal without --yes: stdin is not a terminal");
+    }
+    eprint!("{question} [y/N] ");
+    std::io::stderr().flush()?;
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line)?;
+    Ok(matches!(line.trim(), "y" | "Y" | "yes" | "YES"))
+}
+
+/// Send one request per host and gather every outcome (hosts that never answer fail after `limit`).
+pub async fn deliver_all(
+    fleet: &mut Fleet,
+    reqs: &[(HostId, SignalRequest)],
+    limit: Duration,
+) -> Vec<(String, Outcome)> {
+    let mut waiting: BTreeMap<u64, usize> = BTreeMap::new();
+    for (i, (host, req)) in reqs.iter().enumerate() {
+        let id = i as u64 + 1;
+        waiting.insert(id, i);
+        fleet.send(
+            *host,
+            HostCmd::Signal {
+                id,
+                req: req.clone(),
+            },
+        );
+    }
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + limit;
+    while !waiting.is_empty() {
+        match tokio::time::timeout_at(deadline, fleet.events.recv()).await {
+            Ok(Some(HostEvent::Outcomes { host, id, outcomes }))
+                if waiting.get(&id).is_some_and(|&i| reqs[i].0 == host) =>
+            {
+                waiting.remove(&id);
+                let label = fleet.label(host).to_string();
+                out.extend(outcomes.into_iter().map(|o| (label.clone(), o)));
+            }
+            Ok(Some(_)) => {}
+            _ => break,
+        }
+    }
+    for i in waiting.into_values() {
+        let (host, req) = &reqs[i];
+        let label = fleet.label(*host).to_string();
+        for o in all_failed(req, "no answer from the host") {
+            out.push((label.clone(), o));
+        }
+    }
+    out
+}
+
+pub fn print_outcomes(outs: &[(String, Outcome)]) {
+    for (host, o) in outs {
+        println!("  {host}: {}", o.describe());
+    }
+}
+
+/// Whether any target's fate means it was not dealt with.
+pub fn any_failed(outs: &[(String, Outcome)]) -> bool {
+    outs.iter().any(|(_, o)| o.failed())
+}

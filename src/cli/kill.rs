@@ -1,0 +1,111 @@
+//! `gpusweep kill PID...`: signal chosen processes with the same safety as a sweep.
+
+use std::time::Duration;
+
+use anyhow::{anyhow, bail};
+
+use super::common::{
+    ANSWER_SLACK, confirm, deliver_all, first_snapshots, print_outcomes, runtime,
+};
+use crate::core::format::{millis, truncate};
+use crate::core::host::HostSpec;
+use crate::core::model::HostId;
+use crate::core::procstat::{parse_cmdline, parse_stat};
+use crate::core::signal::{Sig, SignalRequest, TargetInfo};
+use crate::runtime::fleet::find_host;
+use crate::runtime::{Fleet, Settings};
+
+pub struct KillArgs {
+    pub pids: Vec<u32>,
+    pub host: Option<String>,
+    pub signal: Sig,
+    pub grace: Option<Duration>,
+    pub yes: bool,
+}
+
+/// The host the PIDs live on: `--host` as typed or as labelled, or the only host.
+fn pick_host(s: &Settings, host: Option<&str>) -> anyhow::Result<usize> {
+    let labels = crate::core::host::unique_labels(&s.specs);
+    match host {
+        Some(h) => find_host(&s.specs, &labels, h)
+            .map(|id| id.0)
+            .ok_or_else(|| anyhow!("--host {h:?} is not among {}", labels.join(", "))),
+        None if labels.len() == 1 => Ok(0),
+        None => bail!(
+            "several hosts: say which with --host ({})",
+            labels.join(", ")
+        ),
+    }
+}
+
+/// A PID's (start time, command line) as this host's /proc says now.
+fn local_identity(pid: u32) -> Option<(u64, String)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let p = parse_stat(&stat)?;
+    let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|raw| parse_cmdline(&raw))
+        .unwrap_or_default();
+    Some((
+        p.start_time,
+        if cmd.is_empty() {
+            format!("[{}]", p.comm)
+        } else {
+            cmd
+        },
+    ))
+}
+
+pub fn run(s: &Settings, a: &KillArgs) -> anyhow::Result<i32> {
+    let idx = pick_host(s, a.host.as_deref())?;
+    let local = s.specs[idx] == HostSpec::Local;
+    let rt = runtime()?;
+    let res = rt.block_on(async {
+        let mut fleet = Fleet::start(&s.specs[idx..=idx], &s.fleet)?;
+        let snap = first_snapshots(&mut fleet, s.connect_timeout)
+            .await
+            .remove(0);
+        if let Some(e) = &snap.error {
+            bail!("{}: {e}", snap.host);
+        }
+        let mut targets = Vec::new();
+        for &pid in &a.pids {
+            // On this host any PID can be named; elsewhere only what the agent reported.
+            let found = snap
+                .proc(pid)
+                .map(|p| (p.start_time, p.display_cmd()))
+                .or_else(|| local.then(|| local_identity(pid)).flatten());
+            match found {
+                Some((start_time, cmdline)) => targets.push(TargetInfo {
+                    pid,
+                    start_time,
+                    cmdline,
+                }),
+                None => println!("  {}: {pid}: no such process", snap.host),
+            }
+        }
+        if targets.is_empty() {
+            return Ok(1);
+        }
+        for t in &targets {
+            println!("  {} {:>7}  {}", snap.host, t.pid, truncate(&t.cmdline, 80));
+        }
+        let question = format!("Send {} to {} process(es)?", a.signal.name(), targets.len());
+        if !confirm(&question, a.yes)? {
+            println!("nothing sent");
+            return Ok(2);
+        }
+        let req = SignalRequest {
+            targets,
+            signal: a.signal,
+            grace_ms: a.grace.map(millis),
+        };
+        let limit = a.grace.unwrap_or_default() + ANSWER_SLACK;
+        let outs = deliver_all(&mut fleet, &[(HostId(0), req)], limit).await;
+        print_outcomes(&outs);
+        Ok(i32::from(
+            !(outs.iter().all(|(_, o)| o.ok()) && outs.len() == a.pids.len()),
+        ))
+    });
+    rt.shutdown_background();
+    res
+}

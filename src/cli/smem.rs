@@ -1,0 +1,122 @@
+//! `gpusweep smem`: shared-memory limits per compute capability, and whether a GEMM tile fits.
+
+use std::collections::BTreeMap;
+
+use anyhow::bail;
+
+use super::common::{first_snapshots, runtime};
+use crate::core::smem::{self, Dtype, Tile};
+use crate::runtime::{Fleet, Settings};
+
+pub struct SmemArgs {
+    pub tile: Option<Tile>,
+    pub dtype: Dtype,
+    pub stages: u64,
+    pub epilogue: u64,
+    pub cc: Option<String>,
+    pub json: bool,
+}
+
+/// The compute capabilities to show, each with where it was seen: --cc, else the chosen hosts' GPUs, else all.
+fn capabilities(s: &Settings, a: &SmemArgs, explicit_hosts: bool) -> anyhow::Result<Vec<(String, String)>> {
+    let mut ccs: Vec<(String, String)> = Vec::new();
+    if let Some(cc) = a.cc.as_deref() {
+        if smem::limits(cc).is_none() {
+            bail!(
+                "--cc {cc}: unknown compute capability (known: {})",
+                smem::TABLE
+                    .iter()
+                    .map(|r| r.cc)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        ccs.push((cc.to_string(), String::new()));
+    } else {
+        let rt = runtime()?;
+        let snaps = rt.block_on(async {
+            let mut fleet = Fleet::start(&s.specs, &s.fleet)?;
+            anyhow::Ok(first_snapshots(&mut fleet, s.connect_timeout).await)
+        })?;
+        rt.shutdown_background();
+        let mut by: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for snap in &snaps {
+            for g in &snap.gpus {
+                if let Some(cc) = &g.compute_capability {
+                    by.entry(cc.clone())
+                        .or_default()
+                        .push(format!("{}:{}", snap.host, g.index));
+                }
+            }
+        }
+        for (cc, w) in by {
+            ccs.push((cc, w.join(" ")));
+        }
+        if ccs.is_empty() {
+            if explicit_hosts || s.demo {
+                eprintln!(
+                    "gpusweep: no GPU compute capability could be read; showing every known one"
+                );
+            }
+            ccs = smem::TABLE
+                .iter()
+                .map(|r| (r.cc.to_string(), String::new()))
+                .collect();
+        }
+    }
+    Ok(ccs)
+}
+
+pub fn run(s: &Settings, a: &SmemArgs, explicit_hosts: bool) -> anyhow::Result<i32> {
+    if a.stages == 0 {
+        bail!("--stages: at least 1");
+    }
+    let dtype = a.dtype;
+    let tile = a.tile;
+    let ccs = capabilities(s, a, explicit_hosts)?;
+    let mut rows = Vec::new();
+    for (cc, at) in &ccs {
+        let Some(l) = smem::limits(cc) else {
+            rows.push(
+                serde_json::json!({"cc": cc, "gpus": at, "error": "unknown compute capability"}),
+            );
+            continue;
+        };
+        let fit = tile.map(|t| smem::fit(l, t, dtype, a.stages, a.epilogue));
+        rows.push(serde_json::json!({"cc": cc, "gpus": at, "limits": l, "fit": fit}));
+        if !a.json {
+            println!(
+                "CC {:<5} {:<34} per SM {:>7} B  per block {:>7} B (opt-in), {} B default  regs/SM {}{}",
+                l.cc,
+                l.family,
+                smem::group(l.per_sm as u64),
+                smem::group(l.per_block_optin as u64),
+                smem::group(l.per_block_default as u64),
+                l.registers_per_sm,
+                if at.is_empty() {
+                    String::new()
+                } else {
+                    format!("  [{at}]")
+                }
+            );
+            if let Some(f) = &fit {
+                println!(
+                    "    tile {} {}: {}",
+                    a.tile.map(|t| format!("{}x{}x{}", t.m, t.n, t.k)).unwrap_or_default(),
+                    dtype.name(),
+                    f.sentence()
+                );
+            }
+        }
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({ "dtype": dtype.name(), "stages": a.stages, "epilogue": a.epilogue, "rows": rows })
+            )?
+        );
+    }
+    Ok(0)
+}
+

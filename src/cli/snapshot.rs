@@ -1,0 +1,202 @@
+//! `gpusweep snapshot`: one reading of every host, as a table or as the JSON contract.
+
+use std::fmt::Write as _;
+use std::io::Write;
+
+use super::common::{first_snapshots, runtime};
+use crate::analyze::{AnalyzeOptions, gpu_state};
+use crate::core::format::{fmt_bytes, fmt_gpus, fmt_opt, fmt_secs, truncate};
+use crate::core::model::{Gpu, HostSnapshot, Severity};
+use crate::core::trace;
+use crate::runtime::{Fleet, Settings};
+
+pub fn run(s: &Settings, json: bool) -> anyhow::Result<i32> {
+    let rt = runtime()?;
+    trace("main", "runtime up");
+    let snaps = rt.block_on(async {
+        let mut fleet = Fleet::start(&s.specs, &s.fleet)?;
+        trace("main", "fleet started");
+        anyhow::Ok(first_snapshots(&mut fleet, s.connect_timeout).await)
+    })?;
+    rt.shutdown_background();
+    trace("main", "readings in");
+    let mut out = std::io::stdout().lock();
+    if json {
+        let doc = serde_json::json!({ "hosts": snaps });
+        writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+    } else {
+        for snap in &snaps {
+            write!(out, "{}", render_table(snap, &s.fleet.analyze))?;
+        }
+    }
+    Ok(if snaps.iter().all(|h| h.error.is_some()) {
+        2
+    } else {
+        0
+    })
+}
+
+fn age(snap: &HostSnapshot, started_at: Option<u64>) -> String {
+    match started_at {
+        Some(t) => fmt_secs((snap.taken_at_ms / 1000).saturating_sub(t)),
+        None => "N/A".into(),
+    }
+}
+
+/// The human table for one host.
+pub fn render_table(snap: &HostSnapshot, opts: &AnalyzeOptions) -> String {
+    let mut o = String::new();
+    let src = format!("{:?}", snap.source).to_lowercase();
+    let _ = write!(o, "== {} ({src}", snap.host);
+    if let Some(d) = &snap.driver_version {
+        let _ = write!(o, ", driver {d}");
+    }
+    o.push_str(")\n");
+    if let Some(e) = &snap.error {
+        let _ = write!(o, "   ERROR: {e}\n\n");
+        return o;
+    }
+    if let Some(e) = &snap.gpu_error {
+        let _ = writeln!(o, "   GPUs: {e}");
+    }
+    gpu_table(&mut o, snap, opts);
+    process_table(&mut o, snap);
+    notes(&mut o, snap);
+    findings(&mut o, snap);
+    o
+}
+
+fn gpu_table(o: &mut String, snap: &HostSnapshot, opts: &AnalyzeOptions) {
+    if snap.gpus.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "   {:<3} {:<26} {:>22} {:>8} {:>5} {:>5} {:>6} {:>4}  {:<8} LISTED",
+        "GPU", "NAME", "USED / TOTAL", "RESERVED", "UTIL", "TEMP", "POWER", "CC", "STATE"
+    );
+    for g in &snap.gpus {
+        let st = gpu_state(snap, g, opts);
+        let _ = writeln!(
+            o,
+            "   {:<3} {:<26} {:>22} {:>8} {:>5} {:>5} {:>6} {:>4}  {:<8} {}",
+            g.index,
+            truncate(g.name.as_deref().unwrap_or("N/A"), 26),
+            format!(
+                "{} / {}",
+                fmt_bytes(g.memory.used),
+                fmt_bytes(g.memory.total)
+            ),
+            fmt_bytes(g.memory.reserved),
+            g.utilization.map_or_else(|| "N/A".into(), |u| format!("{u}%")),
+            g.temperature_c
+                .map_or_else(|| "N/A".into(), |t| format!("{t}C")),
+            g.power_mw
+                .map_or_else(|| "N/A".into(), |p| format!("{}W", p / 1000)),
+            fmt_opt(g.compute_capability.as_ref()),
+            format!("{} {}", st.glyph(), st.word()),
+            listed(g)
+        );
+    }
+}
+
+fn listed(g: &Gpu) -> String {
+    if let Some(e) = &g.error {
+        return format!("error: {e}");
+    }
+    g.processes
+        .iter()
+        .map(|p| format!("{}:{}", p.pid, fmt_bytes(p.used_bytes)))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn process_table(o: &mut String, snap: &HostSnapshot) {
+    let shown: Vec<_> = snap
+        .processes
+        .iter()
+        .filter(|p| {
+            snap.holder(p.pid).is_some()
+                || p.state.is_zombie()
+                || !snap.listed_gpus(p.pid).is_empty()
+        })
+        .collect();
+    if shown.is_empty() {
+        return;
+    }
+    let _ = write!(
+        o,
+        "\n   {:>7} {:<10} {:<2} {:>7} {:<8} {:>10} {:>7}  COMMAND\n",
+        "PID", "USER", "S", "PPID", "GPUS", "GPU MEM", "AGE"
+    );
+    for p in shown {
+        let h = snap.holder(p.pid);
+        let charged = snap.charged(p.pid);
+        let mark = if h.is_some_and(|h| h.benign) {
+            " (benign)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            o,
+            "   {:>7} {:<10} {:<2} {:>7} {:<8} {:>10} {:>7}  {}{}",
+            p.pid,
+            truncate(p.user.as_deref().unwrap_or("N/A"), 10),
+            p.state,
+            p.ppid,
+            h.map_or_else(|| "-".into(), |h| fmt_gpus(&h.gpus)),
+            if charged.is_some() {
+                fmt_bytes(charged)
+            } else {
+                "-".into()
+            },
+            age(snap, p.started_at),
+            truncate(&p.display_cmd(), 70),
+            mark
+        );
+    }
+}
+
+fn notes(o: &mut String, snap: &HostSnapshot) {
+    if snap.unreadable_processes > 0 {
+        let _ = writeln!(
+            o,
+            "   note: {} processes could not be inspected (not root)",
+            snap.unreadable_processes
+        );
+    }
+    if let Some(shm) = &snap.shm {
+        let _ = write!(
+            o,
+            "\n   /dev/shm: {} used of {}, {} GPU-stack segments; SysV shmmax {} shmmni {}\n",
+            fmt_bytes(shm.used),
+            fmt_bytes(shm.total),
+            shm.segments.len(),
+            fmt_opt(shm.shmmax),
+            fmt_opt(shm.shmmni)
+        );
+    }
+}
+
+fn findings(o: &mut String, snap: &HostSnapshot) {
+    if snap.findings.is_empty() {
+        o.push_str("\n   no findings\n\n");
+        return;
+    }
+    o.push_str("\n   FINDINGS\n");
+    for f in &snap.findings {
+        let sev = match f.severity {
+            Severity::Leak => "!",
+            Severity::Warning => "~",
+            Severity::Info => "i",
+        };
+        let _ = write!(
+            o,
+            "   {sev} {:<13} {}\n       -> {}\n",
+            f.kind.as_str(),
+            f.detail,
+            f.action
+        );
+    }
+    o.push('\n');
+}

@@ -1,0 +1,112 @@
+//! Formatting for people: bytes, GPU lists, durations, truncation, and escaping of untrusted text.
+//! Views cut text to fit; the model never holds cut text.
+
+use super::model::{GpuState, MIB};
+
+impl GpuState {
+    pub fn glyph(self) -> &'static str {
+        match self {
+            GpuState::Clean => "✓",
+            GpuState::InUse => "●",
+            GpuState::Leak => "!",
+            GpuState::Unknown => "?",
+            GpuState::Error => "✗",
+        }
+    }
+    pub fn word(self) -> &'static str {
+        match self {
+            GpuState::Clean => "clean",
+            GpuState::InUse => "in use",
+            GpuState::Leak => "leak",
+            GpuState::Unknown => "N/A",
+            GpuState::Error => "error",
+        }
+    }
+}
+
+/// Format bytes as MiB/GiB for people; `None` is "N/A".
+pub fn fmt_bytes(b: Option<u64>) -> String {
+    match b {
+        None => "N/A".into(),
+        #[allow(clippy::cast_precision_loss)] // display only: a tenth of a GiB is all that is shown
+        Some(b) if b >= 10 * 1024 * MIB => format!("{:.1} GiB", b as f64 / (1024.0 * MIB as f64)),
+        Some(b) => format!("{} MiB", b / MIB),
+    }
+}
+
+/// GPU indices as `0,1,4`, or `-` for none.
+pub fn fmt_gpus(gpus: &[u32]) -> String {
+    if gpus.is_empty() {
+        "-".into()
+    } else {
+        gpus.iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// A value, or "N/A" when it could not be read.
+pub fn fmt_opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "N/A".into(), |v| v.to_string())
+}
+
+/// 75 -> "1m15s", 4000 -> "1h06m".
+pub fn fmt_secs(s: u64) -> String {
+    if s < 60 {
+        format!("{s}s")
+    } else if s < 3600 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else if s < 86400 {
+        format!("{}h{:02}m", s / 3600, (s % 3600) / 60)
+    } else {
+        format!("{}d{:02}h", s / 86400, (s % 86400) / 3600)
+    }
+}
+
+/// Milliseconds for people: "850 ms", "2.3 s".
+pub fn fmt_ms(ms: u64) -> String {
+    if ms < 1000 {
+        format!("{ms} ms")
+    } else {
+        #[allow(clippy::cast_precision_loss)] // display only
+        let s = ms as f64 / 1000.0;
+        format!("{s:.1} s")
+    }
+}
+
+/// A duration's milliseconds, saturating (a `Duration` can hold more than `u64` milliseconds).
+pub fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Cut `s` to at most `max` characters, with an ellipsis when cut.
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_string()
+    } else if max == 0 {
+        String::new()
+    } else {
+        let mut t: String = s.chars().take(max - 1).collect();
+        t.push('…');
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_and_durations() {
+        assert_eq!(fmt_bytes(None), "N/A");
+        assert_eq!(fmt_bytes(Some(5 * MIB)), "5 MiB");
+        assert_eq!(fmt_bytes(Some(20 * 1024 * MIB)), "20.0 GiB");
+        assert_eq!(fmt_secs(75), "1m15s");
+        assert_eq!(fmt_secs(4000), "1h06m");
+        assert_eq!(fmt_ms(850), "850 ms");
+        assert_eq!(fmt_ms(2300), "2.3 s");
+        assert_eq!(truncate("abcdef", 4), "abc…");
+        assert_eq!(truncate("abc", 4), "abc");
+    }
+}

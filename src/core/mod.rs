@@ -1,0 +1,14 @@
+//! The model and the words every layer shares: snapshot types, host specs, the agent protocol, signal
+//! requests and outcomes, parsers and formatting, shared-memory limits. No I/O beyond reading the host name.
+
+pub mod format;
+pub mod host;
+pub mod model;
+pub mod parse;
+pub mod procstat;
+pub mod protocol;
+pub mod signal;
+pub mod smem;
+pub mod trace;
+
+pub use trace::trace;

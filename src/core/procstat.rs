@@ -1,0 +1,85 @@
+//! Parsers for what `/proc` says about a process, shared by the local scan, the agentless scan and the
+//! delivery re-check. Pure: callers read the files.
+
+use super::model::{Proc, ProcState};
+
+/// Parse `/proc/PID/stat`. The comm may hold spaces and parentheses, so fields are read after the last ')'.
+pub fn parse_stat(s: &str) -> Option<Proc> {
+    let open = s.find('(')?;
+    let close = s.rfind(')')?;
+    let pid = s[..open].trim().parse().ok()?;
+    let comm = s[open + 1..close].to_string();
+    let mut f = s[close + 1..].split_ascii_whitespace();
+    let state = ProcState::from_char(f.next()?.chars().next()?);
+    let ppid = f.next()?.parse().ok()?;
+    let _pgrp = f.next()?;
+    let sid = f.next()?.parse().ok()?;
+    // starttime is field 22; after ')' we have consumed fields 3..=6, so skip 15 more.
+    let start_time = f.nth(15)?.parse().ok()?;
+    Some(Proc {
+        pid,
+        ppid,
+        sid,
+        state,
+        start_time,
+        comm,
+        ..Default::default()
+    })
+}
+
+/// `/proc/PID/cmdline` bytes as one line: NULs become spaces, trailing space trimmed.
+pub fn parse_cmdline(raw: &[u8]) -> String {
+    let mut s: String = String::from_utf8_lossy(raw).replace('\0', " ");
+    let t = s.trim_end().len();
+    s.truncate(t);
+    s
+}
+
+/// The minor number a device file stands for: `/dev/nvidia3` -> 3. Control files (nvidiactl, nvidia-uvm,
+/// nvidia-caps/*) stand for no single GPU.
+pub fn device_minor(path: &str) -> Option<u32> {
+    let base = path.rsplit('/').next()?;
+    let digits = base.strip_prefix("nvidia")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_with_spaces_and_parens_in_comm() {
+        let s = "946 (python3 (w) x) S 1 924 924 0 -1 4194560 1 0 0 0 5 3 0 0 20 0 2 0 123456 100 5 18446744073709551615";
+        let p = parse_stat(s).expect("parses");
+        assert_eq!(
+            (p.pid, p.ppid, p.sid, p.state, p.start_time),
+            (946, 1, 924, ProcState::Sleeping, 123_456)
+        );
+        assert_eq!(p.comm, "python3 (w) x");
+    }
+
+    #[test]
+    fn stat_garbage_is_none() {
+        assert!(parse_stat("").is_none());
+        assert!(parse_stat("12 (x) S").is_none());
+        assert!(parse_stat("x (y) S 1 2 3").is_none());
+    }
+
+    #[test]
+    fn device_minor_maps_only_gpu_files() {
+        assert_eq!(device_minor("/dev/nvidia0"), Some(0));
+        assert_eq!(device_minor("/dev/nvidia7"), Some(7));
+        assert_eq!(device_minor("/tmp/x/nvidia12"), Some(12));
+        assert_eq!(device_minor("/dev/nvidiactl"), None);
+        assert_eq!(device_minor("/dev/nvidia-uvm"), None);
+        assert_eq!(device_minor("/dev/nvidia-caps/nvidia-cap1"), None);
+    }
+
+    #[test]
+    fn cmdline_nuls() {
+        assert_eq!(parse_cmdline(b"python3\0-m\0x\0"), "python3 -m x");
+    }
+}

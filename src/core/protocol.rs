@@ -1,0 +1,49 @@
+//! The agent protocol: versioned JSON messages, one per line, between `gpusweep agent` (on a host) and a
+//! client (over SSH or a local command). The agent sends whole snapshots, unanalyzed: the client's runtime
+//! analyzes every host once, with the operator's options.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::model::HostSnapshot;
+use super::signal::{Outcome, SignalRequest};
+
+/// Bumped on an incompatible change; clients refuse other versions with a clear message.
+pub const PROTOCOL: u32 = 1;
+/// The longest line either side accepts.
+pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+/// The fastest polling a client may ask for.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(20);
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AgentMsg {
+    Hello {
+        protocol: u32,
+        version: String,
+        host: String,
+        pid: u32,
+    },
+    Snapshot {
+        snapshot: Box<HostSnapshot>,
+    },
+    Outcomes {
+        id: u64,
+        outcomes: Vec<Outcome>,
+    },
+    Error {
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub enum AgentCmd {
+    /// Poll every `ms` milliseconds from now on (fast during a re-watch).
+    Interval { ms: u64 },
+    /// Poll now.
+    Poll,
+    /// Signal these targets (the client's confirmed plan); answered by an `outcomes` message with this id.
+    Signal { id: u64, request: SignalRequest },
+}

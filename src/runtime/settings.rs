@@ -1,0 +1,192 @@
+//! Everything a command needs, resolved from command line > environment > config file > defaults. Front ends
+//! fill `Overrides` from their flags; nothing here knows about clap.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use thiserror::Error;
+
+use super::config::{self, Config, ConfigError};
+use super::fleet::FleetOptions;
+use crate::act::AuditLog;
+use crate::analyze::AnalyzeOptions;
+use crate::core::host::{self, HostSpec};
+use crate::core::model::MIB;
+use crate::core::parse::parse_duration;
+use crate::source::DEFAULT_INTERVAL;
+use crate::source::demo::{DEMO_HOSTS, DemoClock};
+use crate::source::local::procfs::ProcfsConfig;
+use crate::source::remote::ssh::SshOptions;
+
+/// The fastest poll interval accepted.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(20);
+/// Seconds to wait for a host's first reading, unless told otherwise.
+pub const DEFAULT_CONNECT_TIMEOUT_S: u64 = 10;
+
+/// What the operator said on the command line (environment variables already folded in by the front end).
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub hosts: Vec<String>,
+    pub hostfile: Option<PathBuf>,
+    pub demo: bool,
+    pub interval: Option<Duration>,
+    pub device_globs: Vec<String>,
+    pub config: Option<PathBuf>,
+    pub local: bool,
+    pub no_nvml: bool,
+    pub accept_new: bool,
+    pub deploy: bool,
+    pub remote_command: Option<String>,
+    pub ssh_config: Option<PathBuf>,
+    pub known_hosts: Option<PathBuf>,
+    pub identities: Vec<PathBuf>,
+    pub connect_timeout: Option<u64>,
+}
+
+#[derive(Debug, Error)]
+pub enum SettingsError {
+    #[error("config: {0}")]
+    Config(#[from] ConfigError),
+    #[error("--hostfile {path}: {why}")]
+    Hostfile { path: String, why: String },
+    #[error("--hosts: {0}")]
+    Hosts(String),
+    #[error("--interval: {0}")]
+    Interval(String),
+    #[error("no hosts to watch")]
+    NoHosts,
+}
+
+/// Everything a command needs, resolved.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub specs: Vec<HostSpec>,
+    pub fleet: FleetOptions,
+    pub config: Config,
+    pub connect_timeout: Duration,
+    pub demo: bool,
+    /// Hosts came from --hosts, --hostfile or the config file (not the local default).
+    pub hosts_given: bool,
+    /// --local: never fall back to the demo cluster.
+    pub local: bool,
+}
+
+fn interval(o: &Overrides, config: &Config) -> Result<Duration, SettingsError> {
+    let interval = match (o.interval, config.interval.as_deref()) {
+        (Some(d), _) => d,
+        (None, Some(s)) => parse_duration(s).map_err(|e| SettingsError::Interval(e.to_string()))?,
+        (None, None) => DEFAULT_INTERVAL,
+    };
+    if interval < MIN_INTERVAL {
+        return Err(SettingsError::Interval("at least 20ms".into()));
+    }
+    Ok(interval)
+}
+
+fn demo_specs(values: &[String]) -> Result<Vec<HostSpec>, SettingsError> {
+    if values.is_empty() {
+        return Ok(DEMO_HOSTS
+            .iter()
+            .map(|h| HostSpec::Demo((*h).to_string()))
+            .collect());
+    }
+    let mut v = Vec::new();
+    for item in values.iter().flat_map(|h| h.split(',')) {
+        for name in host::expand(item.trim()).map_err(SettingsError::Hosts)? {
+            if !DEMO_HOSTS.contains(&name.as_str()) {
+                return Err(SettingsError::Hosts(format!(
+                    "--demo has hosts {}; there is no {name:?}",
+                    DEMO_HOSTS.join(", ")
+                )));
+            }
+            v.push(HostSpec::Demo(name));
+        }
+    }
+    Ok(v)
+}
+
+/// The hosts to watch, and whether the operator named them.
+fn specs(o: &Overrides, config: &Config) -> Result<(Vec<HostSpec>, bool), SettingsError> {
+    let mut values = o.hosts.clone();
+    if let Some(f) = &o.hostfile {
+        let text = std::fs::read_to_string(f).map_err(|e| SettingsError::Hostfile {
+            path: f.display().to_string(),
+            why: e.to_string(),
+        })?;
+        values.extend(host::parse_hostfile(&text));
+    }
+    if o.demo {
+        let given = !values.is_empty();
+        return Ok((demo_specs(&values)?, given));
+    }
+    if values.is_empty() {
+        values.clone_from(&config.hosts);
+    }
+    if values.is_empty() {
+        return Ok((vec![HostSpec::Local], false));
+    }
+    let specs = host::parse_specs(&values, &config.groups).map_err(SettingsError::Hosts)?;
+    Ok((specs, true))
+}
+
+fn ssh_options(o: &Overrides, config: &Config, connect_timeout: Duration) -> SshOptions {
+    let mut identities = o.identities.clone();
+    identities.extend(config.ssh.identity_files.iter().cloned());
+    SshOptions {
+        remote_command: o
+            .remote_command
+            .clone()
+            .or_else(|| config.ssh.remote_command.clone())
+            .unwrap_or_else(|| "gpusweep agent".into()),
+        deploy: o.deploy || config.ssh.deploy.unwrap_or(false),
+        accept_new: o.accept_new || config.ssh.accept_new.unwrap_or(false),
+        max_connections: config.ssh.max_connections.unwrap_or(16),
+        connect_timeout,
+        identities,
+        ssh_config: o.ssh_config.clone(),
+        known_hosts: o.known_hosts.clone(),
+    }
+}
+
+pub fn resolve(o: &Overrides) -> Result<Settings, SettingsError> {
+    let config = config::load(o.config.as_deref(), o.config.is_some())?;
+    let interval = interval(o, &config)?;
+    let (specs, hosts_given) = specs(o, &config)?;
+    if specs.is_empty() {
+        return Err(SettingsError::NoHosts);
+    }
+    let mut procfs = ProcfsConfig::default();
+    if !o.device_globs.is_empty() {
+        procfs.device_globs.clone_from(&o.device_globs);
+    } else if !config.device_globs.is_empty() {
+        procfs.device_globs.clone_from(&config.device_globs);
+    }
+    procfs.benign.extend(config.benign.iter().cloned());
+    let connect_timeout = Duration::from_secs(
+        o.connect_timeout
+            .or(config.ssh.connect_timeout_s)
+            .unwrap_or(DEFAULT_CONNECT_TIMEOUT_S)
+            .max(1),
+    );
+    let fleet = FleetOptions {
+        interval,
+        analyze: AnalyzeOptions {
+            tolerance: config.tolerance_mib.unwrap_or(0).saturating_mul(MIB),
+            ..Default::default()
+        },
+        procfs,
+        load_nvml: !o.no_nvml,
+        audit: AuditLog::default_location(),
+        ssh: ssh_options(o, &config, connect_timeout),
+        demo_clock: DemoClock::real(),
+    };
+    Ok(Settings {
+        specs,
+        fleet,
+        config,
+        connect_timeout,
+        demo: o.demo,
+        hosts_given,
+        local: o.local || o.no_nvml,
+    })
+}

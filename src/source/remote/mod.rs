@@ -1,0 +1,99 @@
+//! Remote hosts: a task per host that connects, streams whole readings into its `Sink`, and on any failure
+//! says why and reconnects with backoff. Transports: SSH (`ssh`), a local command whose stdio speaks the agent
+//! protocol (`command`), and the agentless shell scan (`agentless`). Remote output is untrusted (`stream`).
+
+pub mod agentless;
+pub mod command;
+pub mod ssh;
+pub mod stream;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, mpsc};
+
+use super::{ConnStatus, HostCmd, Sink};
+use crate::core::host::HostSpec;
+use crate::core::signal::all_failed;
+
+/// What every remote host needs to know.
+#[derive(Debug, Clone)]
+pub struct RemoteOptions {
+    pub interval: Duration,
+    pub ssh: ssh::SshOptions,
+    /// Process names that open GPUs without holding memory (for agentless hosts).
+    pub benign: Vec<String>,
+}
+
+pub struct RemoteTask {
+    pub label: String,
+    pub spec: HostSpec,
+    pub opts: RemoteOptions,
+    pub sink: Arc<dyn Sink>,
+    /// Connections (or command spawns) in progress at once, shared by the fleet.
+    pub connect_limit: Arc<Semaphore>,
+}
+
+/// The first backoff after a failure; it doubles up to `MAX_BACKOFF`.
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+impl RemoteTask {
+    pub fn status(&self, status: ConnStatus) -> bool {
+        self.sink.status(status)
+    }
+
+    /// Connect, stream, and on any failure report it and reconnect with backoff, until the fleet is dropped.
+    pub async fn run(self, mut cmds: mpsc::UnboundedReceiver<HostCmd>) {
+        let mut backoff = FIRST_BACKOFF;
+        let mut interval = self.opts.interval;
+        loop {
+            if !self.status(ConnStatus::Connecting) {
+                return;
+            }
+            let ended = match &self.spec {
+                HostSpec::Command { command } => {
+                    command::run(&self, command, &mut cmds, &mut interval).await
+                }
+                HostSpec::Ssh { .. } => ssh::run(&self, &mut cmds, &mut interval).await,
+                _ => Err("not a remote host".into()),
+            };
+            let reason = match ended {
+                Ok(()) => return,
+                Err(e) => e,
+            };
+            if !self.status(ConnStatus::Down(reason)) {
+                return;
+            }
+            if !self.back_off(backoff, &mut cmds, &mut interval).await {
+                return;
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// Wait before reconnecting, but keep answering: a signal to a down host fails at once; `r` reconnects
+    /// now. False when the fleet is gone.
+    async fn back_off(
+        &self,
+        backoff: Duration,
+        cmds: &mut mpsc::UnboundedReceiver<HostCmd>,
+        interval: &mut Duration,
+    ) -> bool {
+        let sleep = tokio::time::sleep(backoff);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                () = &mut sleep => return true,
+                c = cmds.recv() => match c {
+                    None => return false,
+                    Some(HostCmd::PollNow) => return true,
+                    Some(HostCmd::Interval(d)) => *interval = d,
+                    Some(HostCmd::Signal { id, req }) => {
+                        self.sink.outcomes(id, all_failed(&req, "host is down"));
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! SSH transport (russh): connect (through ProxyJump hops when ~/.ssh/config says so), verify the host key
+//! against known_hosts, authenticate with ssh-agent or key files, then
+//! - run `gpusweep agent` on the host and speak the agent protocol over the channel, or
+//! - with `--deploy`, upload this binary first when the host has none (same architecture, checksummed), or
+//! - fall back to agentless readings: nvidia-smi CSV and a read-only shell scan of /proc.
+//!
+//! Nothing a user types or a host file contains reaches a remote shell: host names are validated and only used
+//! to connect; the remote command comes from the operator's own flag or config; PIDs travel as JSON numbers.
+
+pub mod auth;
+pub mod connect;
+pub mod deploy;
+pub mod known_hosts;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use russh::Disconnect;
+use tokio::sync::mpsc;
+
+use super::RemoteTask;
+use super::stream::drive_stream;
+use crate::core::host::HostSpec;
+use crate::core::model::SourceKind;
+use crate::core::trace;
+use crate::source::HostCmd;
+
+pub use connect::{Client, Session, connect};
+pub use deploy::{NOT_FOUND, exec, guarded, shell_quote};
+
+#[derive(Debug, Clone)]
+pub struct SshOptions {
+    pub remote_command: String,
+    pub deploy: bool,
+    pub accept_new: bool,
+    pub max_connections: usize,
+    pub connect_timeout: Duration,
+    pub identities: Vec<PathBuf>,
+    pub ssh_config: Option<PathBuf>,
+    pub known_hosts: Option<PathBuf>,
+}
+
+impl Default for SshOptions {
+    fn default() -> Self {
+        SshOptions {
+            remote_command: "gpusweep agent".into(),
+            deploy: false,
+            accept_new: false,
+            max_connections: 16,
+            connect_timeout: Duration::from_secs(10),
+            identities: vec![],
+            ssh_config: None,
+            known_hosts: None,
+        }
+    }
+}
+
+/// Where and as whom to connect, after ~/.ssh/config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub identity_files: Vec<PathBuf>,
+    pub proxy_jump: Vec<String>,
+}
+
+pub fn home() -> Option<PathBuf> {
+    dirs::home_dir()
+}
+
+pub fn expand_tilde(p: &Path) -> PathBuf {
+    match (p.strip_prefix("~"), home()) {
+        (Ok(rest), Some(h)) => h.join(rest),
+        _ => p.to_path_buf(),
+    }
+}
+
+fn local_user() -> String {
+    std::env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "root".into())
+}
+
+/// Resolve an alias through the ssh_config file. Command-line user and port win over the file.
+pub fn resolve(
+    alias: &str,
+    user: Option<&str>,
+    port: Option<u16>,
+    ssh_config: Option<&Path>,
+) -> Target {
+    let path = ssh_config
+        .map(Path::to_path_buf)
+        .or_else(|| home().map(|h| h.join(".ssh/config")));
+    let hc = path
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|text| russh_config::parse(&text, alias).ok())
+        .map(|c| c.host_config)
+        .unwrap_or_default();
+    Target {
+        host: hc.hostname.clone().unwrap_or_else(|| alias.to_string()),
+        port: port.or(hc.port).unwrap_or(22),
+        user: user
+            .map(str::to_string)
+            .or(hc.user.clone())
+            .unwrap_or_else(local_user),
+        identity_files: hc
+            .identity_file
+            .clone()
+            .unwrap_or_default()
+            .iter()
+            .map(|p| expand_tilde(p))
+            .collect(),
+        proxy_jump: hc
+            .proxy_jump
+            .as_deref()
+            .filter(|j| !j.eq_ignore_ascii_case("none"))
+            .map(|j| {
+                j.split(',')
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+/// One connection's life: connect, then agent (or deploy, or agentless) until it ends. Err says why.
+pub async fn run(
+    task: &RemoteTask,
+    cmds: &mut mpsc::UnboundedReceiver<HostCmd>,
+    interval: &mut Duration,
+) -> Result<(), String> {
+    let HostSpec::Ssh { user, host, port } = &task.spec else {
+        return Err("not an SSH host".into());
+    };
+    let opts = &task.opts.ssh;
+    let target = resolve(host, user.as_deref(), *port, opts.ssh_config.as_deref());
+    trace(&task.label, "connecting");
+    let session = {
+        let _permit = task
+            .connect_limit
+            .acquire()
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::time::timeout(opts.connect_timeout, connect(&target, opts))
+            .await
+            .map_err(|_| format!("no connection within {}s", opts.connect_timeout.as_secs()))??
+    };
+    trace(&task.label, "connected and authenticated");
+    let mut stream = deploy::start_agent(&session.handle, &opts.remote_command).await?;
+    trace(&task.label, "agent started");
+    if stream.is_none() && opts.deploy {
+        let command = deploy::deploy(&session.handle).await?;
+        stream = deploy::start_agent(&session.handle, &command).await?;
+    }
+    let r = match stream {
+        Some((r, w)) => drive_stream(task, r, w, cmds, interval, SourceKind::Agent).await,
+        None => super::agentless::run(task, &session.handle, cmds, interval).await,
+    };
+    let _ = session
+        .handle
+        .disconnect(Disconnect::ByApplication, "", "en")
+        .await;
+    r
+}
+
