@@ -5,14 +5,18 @@
 //! report says so). The incremental poll is what every interval costs; the full fd walk is what the slow
 //! cadence (every 5 s, or sooner when memory is unexplained) costs.
 
+// In tests a panic is the failure message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use gpusweep::analyze::{AnalyzeOptions, analyzed};
+use gpusweep::source::Source;
 use gpusweep::source::demo::{DemoClock, DemoHost};
+use gpusweep::source::local::LocalSource;
 use gpusweep::source::local::procfs::ProcfsConfig;
-use gpusweep::source::Source; use gpusweep::source::local::LocalSource;
 
 const EXTRA_PROCS: usize = 500;
 
@@ -32,36 +36,27 @@ fn spawn_load() -> Vec<Child> {
 
 fn bench(c: &mut Criterion) {
     let mut load = spawn_load();
-    let procs = std::fs::read_dir("/proc")
-        .map(|d| {
-            d.flatten()
-                .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
-                .count()
-        })
-        .unwrap_or(0);
-    let mut src =
-        match LocalSource::new("bench".into(), ProcfsConfig::default(), true) {
-            Ok(s) => s,
-            Err(e) => panic!("local source: {e}"),
-        };
+    let procs = std::fs::read_dir("/proc").map_or(0, |d| {
+        d.flatten()
+            .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+            .count()
+    });
+    let mut src = match LocalSource::new("bench".into(), ProcfsConfig::default(), true) {
+        Ok(s) => s,
+        Err(e) => panic!("local source: {e}"),
+    };
     let first = src.poll().ok();
-    let nvml = first
-        .as_ref()
-        .map(|s| s.gpu_error.is_none())
-        .unwrap_or(false);
+    let nvml = first.as_ref().is_some_and(|s| s.gpu_error.is_none());
     eprintln!(
         "poll bench: {procs} processes on this host, NVML {}",
         if nvml {
-            format!(
-                "on ({} GPUs)",
-                first.as_ref().map(|s| s.gpus.len()).unwrap_or(0)
-            )
+            format!("on ({} GPUs)", first.as_ref().map_or(0, |s| s.gpus.len()))
         } else {
             "absent (procfs only)".into()
         }
     );
     c.bench_function(&format!("poll_incremental_{procs}_procs"), |b| {
-        b.iter(|| src.poll())
+        b.iter(|| src.poll());
     });
     let full_cfg = ProcfsConfig {
         full_scan_every: Duration::ZERO,
@@ -72,13 +67,13 @@ fn bench(c: &mut Criterion) {
         Err(e) => panic!("local source: {e}"),
     };
     c.bench_function(&format!("poll_full_fd_walk_{procs}_procs"), |b| {
-        b.iter(|| full.poll())
+        b.iter(|| full.poll());
     });
     let (clock, _) = DemoClock::manual(5_000);
     let demo = DemoHost::new("gpu-b", clock);
     let snap = demo.snapshot();
     c.bench_function("analyze_8_gpu_host_after_pkill", |b| {
-        b.iter(|| analyzed(snap.clone(), &AnalyzeOptions::default()))
+        b.iter(|| analyzed(snap.clone(), &AnalyzeOptions::default()));
     });
     for ch in &mut load {
         let _ = ch.kill();

@@ -104,7 +104,7 @@ fn read_commands(out: &Out, tx: &mpsc::Sender<HostCmd>) {
 }
 
 /// Serve `src` until stdin closes. Returns the process exit code.
-pub fn serve(src: Box<dyn Source>, signals: Option<Deliverer>, interval: Duration) -> i32 {
+pub fn serve(src: Box<dyn Source>, signals: Option<&Deliverer>, interval: Duration) -> i32 {
     let out: Out = Arc::new(Mutex::new(std::io::stdout()));
     let hello = AgentMsg::Hello {
         protocol: PROTOCOL,
@@ -144,5 +144,5 @@ pub fn run(s: &crate::runtime::Settings, demo_host: &str) -> anyhow::Result<i32>
         host,
         audit: s.fleet.audit.clone(),
     };
-    Ok(serve(Box::new(src), Some(d), s.fleet.interval))
+    Ok(serve(Box::new(src), Some(&d), s.fleet.interval))
 }

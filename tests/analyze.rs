@@ -1,11 +1,13 @@
 //! Analysis on fixtures, including what a real H200 showed (shared/reference/h200-observations.md).
 
+// In tests a panic is the failure message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use gpusweep::analyze::plan::plan;
+use gpusweep::analyze::watch::{Scope, Verdict, Watch, verdict};
 use gpusweep::analyze::{AnalyzeOptions, GpuState, analyze, analyzed, gpu_state};
 use gpusweep::core::model::*;
-use gpusweep::analyze::plan::plan;
 use gpusweep::core::signal::Protected;
-use gpusweep::analyze::watch::{Scope, Verdict, Watch, verdict};
 
 const H200_TOTAL: u64 = 143_771 * MIB;
 
@@ -40,7 +42,7 @@ fn proc_(pid: u32, ppid: u32, sid: u32, state: char, cmd: &str) -> Proc {
         ppid,
         sid,
         state: ProcState::from_char(state),
-        start_time: 1000 + pid as u64,
+        start_time: 1000 + u64::from(pid),
         comm: cmd.split(' ').next().unwrap_or("").into(),
         cmdline: cmd.into(),
         ..Default::default()
@@ -219,7 +221,11 @@ fn reused_pid_is_a_ghost_not_a_live_process() {
         .expect("ghost");
     assert!(g.detail.contains("reused"), "{}", g.detail);
     // And the plan does not kill the innocent process that now has that PID.
-    assert!(plan(HostId(0), &snap, None, &Protected::remote()).items.is_empty());
+    assert!(
+        plan(HostId(0), &snap, None, &Protected::remote())
+            .items
+            .is_empty()
+    );
 }
 
 #[test]
@@ -270,7 +276,11 @@ fn benign_holders_are_never_leaks_or_targets() {
         "{:?}",
         s.findings
     );
-    assert!(plan(HostId(0), &s, None, &Protected::remote()).items.is_empty());
+    assert!(
+        plan(HostId(0), &s, None, &Protected::remote())
+            .items
+            .is_empty()
+    );
 }
 
 #[test]

@@ -1,5 +1,8 @@
 //! The real binary against real processes (no GPU needed) and the demo cluster.
 
+// In tests a panic is the failure message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -235,7 +238,8 @@ fn pid_1_and_ancestors_are_refused_and_no_tty_needs_yes() {
 
 #[test]
 fn reused_pid_is_refused_through_the_library() {
-    use gpusweep::act::{AuditLog, deliver}; use gpusweep::core::signal::{Fate, Sig, SignalRequest, TargetInfo};
+    use gpusweep::act::{AuditLog, deliver};
+    use gpusweep::core::signal::{Fate, Sig, SignalRequest, TargetInfo};
     let env = Env::new();
     let audit = AuditLog {
         path: Some(env.audit()),
@@ -298,7 +302,8 @@ fn reused_pid_is_refused_through_the_library() {
 
 #[test]
 fn an_unwritable_audit_log_means_no_signal() {
-    use gpusweep::act::{AuditLog, deliver}; use gpusweep::core::signal::{Fate, Sig, SignalRequest, TargetInfo};
+    use gpusweep::act::{AuditLog, deliver};
+    use gpusweep::core::signal::{Fate, Sig, SignalRequest, TargetInfo};
     let mut child = Command::new("sleep").arg("300").spawn().expect("sleep");
     let pid = child.id();
     let start: u64 = stat_field(pid, 19)

@@ -1,14 +1,18 @@
 //! The simulated cluster: what each host shows, and sweeps that drain like real GPUs.
 
+// In tests a panic is the failure message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
+use gpusweep::analyze::plan::plan;
+use gpusweep::analyze::watch::{Scope, Verdict, verdict};
 use gpusweep::analyze::{AnalyzeOptions, analyzed};
 use gpusweep::core::model::FindingKind;
-use gpusweep::source::demo::{DemoClock, DemoHost};
 use gpusweep::core::model::HostId;
-use gpusweep::core::signal::{Fate, Protected, Sig}; use gpusweep::analyze::plan::plan;
-use gpusweep::analyze::watch::{Scope, Verdict, verdict};
+use gpusweep::core::signal::{Fate, Protected, Sig};
+use gpusweep::source::demo::{DemoClock, DemoHost};
 
 #[test]
 fn gpu_b_after_pkill_has_every_kind_of_leftover() {

@@ -7,6 +7,9 @@
 //! A module may use its own layer and the layers to its left, never one beside it or to its right. Front ends
 //! never import each other. There are no exceptions; a new feature finds its layer.
 
+// In tests a panic is the failure message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 
 /// (module, rank). Modules of the same rank may not import each other.
@@ -84,9 +87,14 @@ fn no_import_runs_against_the_layers() {
         let Some(layer) = layer_of(&src, f) else {
             continue;
         };
-        let own = rank(&layer).unwrap_or_else(|| panic!("{}: module {layer} has no layer", f.display()));
+        let own =
+            rank(&layer).unwrap_or_else(|| panic!("{}: module {layer} has no layer", f.display()));
         let text = std::fs::read_to_string(f).expect("readable");
-        let prefix = if layer == "main" { "gpusweep::" } else { "crate::" };
+        let prefix = if layer == "main" {
+            "gpusweep::"
+        } else {
+            "crate::"
+        };
         for (line, target) in imports(&text, prefix) {
             if target == layer {
                 continue;
@@ -110,7 +118,10 @@ fn no_import_runs_against_the_layers() {
 #[test]
 fn the_check_catches_what_it_should() {
     let text = "use crate::tui::view::truncate; // crate::cli in a comment\nlet x = crate::runtime::Fleet;";
-    let got: Vec<String> = imports(text, "crate::").into_iter().map(|(_, m)| m).collect();
+    let got: Vec<String> = imports(text, "crate::")
+        .into_iter()
+        .map(|(_, m)| m)
+        .collect();
     assert_eq!(got, ["tui", "runtime"]);
     assert!(rank("source") <= rank("analyze") && rank("analyze") <= rank("source"));
     assert!(rank("core") < rank("act"));
@@ -127,10 +138,8 @@ fn unsafe_code_lives_in_act_only() {
         let in_act = layer_of(&src, f).as_deref() == Some("act");
         for (n, line) in text.lines().enumerate() {
             let code = line.split("//").next().unwrap_or("");
-            if code.contains("unsafe ") || code.contains("unsafe{") {
-                if !in_act {
-                    found.push(format!("{}:{}", f.display(), n + 1));
-                }
+            if (code.contains("unsafe ") || code.contains("unsafe{")) && !in_act {
+                found.push(format!("{}:{}", f.display(), n + 1));
             }
         }
     }

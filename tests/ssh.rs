@@ -2,18 +2,22 @@
 //! generated host and user keys; the remote end is this binary's `agent --demo`. sshd is required (the
 //! README's test command installs openssh-server); these tests fail rather than skip without it.
 
+// In tests a panic is the failure message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use gpusweep::act::AuditLog;
 use gpusweep::analyze::AnalyzeOptions;
-use gpusweep::runtime::{Fleet, FleetOptions, HostEvent}; use gpusweep::source::ConnStatus;
 use gpusweep::core::host::HostSpec;
+use gpusweep::runtime::{Fleet, FleetOptions, HostEvent};
+use gpusweep::source::ConnStatus;
 use gpusweep::source::demo::DemoClock;
 use gpusweep::source::local::procfs::ProcfsConfig;
 use gpusweep::source::remote::ssh::SshOptions;
-use gpusweep::act::AuditLog;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpusweep");
 
@@ -101,10 +105,10 @@ impl Sshd {
         let pubkey = std::fs::read_to_string(self.path(key)).expect("pub");
         let mut parts = pubkey.split_whitespace();
         let (alg, b64) = (parts.next().expect("alg"), parts.next().expect("key"));
-        let text: String = addrs
-            .iter()
-            .map(|a| format!("[{a}]:{} {alg} {b64}\n", self.port))
-            .collect();
+        let text: String = addrs.iter().fold(String::new(), |mut t, a| {
+            t.push_str(&format!("[{a}]:{} {alg} {b64}\n", self.port));
+            t
+        });
         std::fs::write(self.path("known_hosts"), text).expect("known_hosts");
     }
     fn host(&self, n: u8) -> String {
@@ -135,7 +139,7 @@ impl Sshd {
     fn run(&self, remote: &str, args: &[&str]) -> Output {
         self.cmd(remote, args).output().expect("gpusweep")
     }
-    fn demo_agent(&self) -> String {
+    fn demo_agent() -> String {
         format!("{BIN} agent --demo --demo-host gpu-b")
     }
 }
@@ -170,7 +174,10 @@ fn snapshot_of_three_hosts_and_one_that_is_down() {
         s.port
     );
     let t = Instant::now();
-    let o = s.run(&s.demo_agent(), &["snapshot", "--json", "--hosts", &hosts]);
+    let o = s.run(
+        &Sshd::demo_agent(),
+        &["snapshot", "--json", "--hosts", &hosts],
+    );
     assert!(o.status.success(), "{}", text(&o));
     let v = json(&o);
     let hs = v["hosts"].as_array().expect("hosts");
@@ -218,7 +225,7 @@ fn remote_sweep_then_wait_across_hosts() {
     let s = Sshd::start();
     let hosts = format!("{},{}", s.host(1), s.host(2));
     let o = s.run(
-        &s.demo_agent(),
+        &Sshd::demo_agent(),
         &["wait", "--hosts", &hosts, "--timeout", "1500ms"],
     );
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
@@ -229,7 +236,7 @@ fn remote_sweep_then_wait_across_hosts() {
         text(&o)
     );
     let o = s.run(
-        &s.demo_agent(),
+        &Sshd::demo_agent(),
         &[
             "wait",
             "--hosts",
@@ -242,7 +249,7 @@ fn remote_sweep_then_wait_across_hosts() {
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let o = s.run(
-        &s.demo_agent(),
+        &Sshd::demo_agent(),
         &["sweep", "--yes", "--hosts", &hosts, "--timeout", "15s"],
     );
     let t = text(&o);
@@ -259,7 +266,7 @@ fn host_keys_unknown_changed_and_learned() {
     let s = Sshd::start();
     let h = s.host(1);
     std::fs::write(s.path("known_hosts"), "").expect("empty");
-    let o = s.run(&s.demo_agent(), &["snapshot", "--json", "--hosts", &h]);
+    let o = s.run(&Sshd::demo_agent(), &["snapshot", "--json", "--hosts", &h]);
     let e = json(&o)["hosts"][0]["error"]
         .as_str()
         .unwrap_or_default()
@@ -270,7 +277,7 @@ fn host_keys_unknown_changed_and_learned() {
     );
     s.known_hosts(&["127.0.0.1"], "other_host_ed25519.pub");
     let o = s.run(
-        &s.demo_agent(),
+        &Sshd::demo_agent(),
         &["snapshot", "--json", "--hosts", &h, "--accept-new"],
     );
     let e = json(&o)["hosts"][0]["error"]
@@ -283,7 +290,7 @@ fn host_keys_unknown_changed_and_learned() {
     );
     std::fs::write(s.path("known_hosts"), "").expect("empty");
     let o = s.run(
-        &s.demo_agent(),
+        &Sshd::demo_agent(),
         &["snapshot", "--json", "--hosts", &h, "--accept-new"],
     );
     assert!(json(&o)["hosts"][0]["error"].is_null(), "{}", text(&o));
@@ -300,7 +307,7 @@ fn failed_authentication_says_what_was_tried() {
     // A key the server does not know.
     let o = s
         .cmd_with_key(
-            &s.demo_agent(),
+            &Sshd::demo_agent(),
             "bad_ed25519",
             &["snapshot", "--json", "--hosts", &s.host(1)],
         )
@@ -399,7 +406,7 @@ fn proxy_jump_through_a_first_host() {
     std::fs::write(s.path("ssh_config"), cfg).expect("cfg");
     let cfg_path = s.path("ssh_config").display().to_string();
     let o = s.run(
-        &s.demo_agent(),
+        &Sshd::demo_agent(),
         &[
             "snapshot",
             "--json",

@@ -1,6 +1,9 @@
 //! The real binary in a real terminal: tmux starts `gpusweep --demo`, keys are typed, the screen is read.
 //! tmux is required (the README's test command installs it); this test fails rather than skip without it.
 
+// In tests a panic is the failure message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 

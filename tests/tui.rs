@@ -1,19 +1,22 @@
 //! The TUI over the demo cluster: reducer tests of `update(Action)` and snapshots of every screen and dialog at
 //! 80x24 and 160x48. Clocks are simulated, so every time on screen is fixed.
 
+// In tests a panic is the failure message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseButton, MouseEvent, MouseEventKind};
 use gpusweep::analyze::{AnalyzeOptions, analyzed};
-use gpusweep::source::{ConnStatus, HostCmd};
-use gpusweep::source::demo::{DEMO_HOSTS, DemoClock, DemoHost};
 use gpusweep::core::model::HostId;
 use gpusweep::core::signal::{Fate, Outcome, Protected, Sig};
-use gpusweep::tui::run::mouse_action;
+use gpusweep::source::demo::{DEMO_HOSTS, DemoClock, DemoHost};
+use gpusweep::source::{ConnStatus, HostCmd};
 use gpusweep::tui::app::{Action, App, Dialog, Effect, Panel, SweepScope};
 use gpusweep::tui::keymap::Keymap;
+use gpusweep::tui::run::mouse_action;
 use gpusweep::tui::view;
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
@@ -35,7 +38,10 @@ impl Demo {
             .map(|h| DemoHost::new(h, clock.clone()))
             .collect();
         let app = App::new(
-            DEMO_HOSTS.iter().map(|s| s.to_string()).collect(),
+            DEMO_HOSTS
+                .iter()
+                .map(std::string::ToString::to_string)
+                .collect(),
             Duration::from_secs(1),
             Keymap::default(),
             AnalyzeOptions::default(),

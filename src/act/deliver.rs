@@ -79,13 +79,7 @@ fn pin(t: &TargetInfo, protected: &Protected) -> Result<(PidFd, TargetInfo), Fat
 }
 
 /// Send and record one signal. `Ok` when it was delivered.
-fn send(
-    host: &str,
-    fd: &PidFd,
-    t: &TargetInfo,
-    sig: Sig,
-    audit: &AuditLog,
-) -> Result<(), Fate> {
+fn send(host: &str, fd: &PidFd, t: &TargetInfo, sig: Sig, audit: &AuditLog) -> Result<(), Fate> {
     let sent = fd.send(sig);
     let result = match &sent {
         Ok(()) => "sent".to_string(),
@@ -148,7 +142,15 @@ pub fn deliver(host: &str, req: &SignalRequest, audit: &AuditLog) -> Vec<Outcome
         }
     }
     if let Some(grace) = req.grace_ms.map(Duration::from_millis) {
-        escalate(host, req.signal, grace, live, started, audit, &mut outcomes);
+        escalate(
+            host,
+            req.signal,
+            grace,
+            &live,
+            started,
+            audit,
+            &mut outcomes,
+        );
     }
     outcomes
 }
@@ -158,7 +160,7 @@ fn escalate(
     host: &str,
     signal: Sig,
     grace: Duration,
-    live: Vec<Live>,
+    live: &[Live],
     started: Instant,
     audit: &AuditLog,
     outcomes: &mut [Outcome],

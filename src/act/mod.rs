@@ -18,7 +18,10 @@ pub struct Deliverer {
 }
 
 impl Deliverer {
-    pub fn deliver(&self, req: &crate::core::signal::SignalRequest) -> Vec<crate::core::signal::Outcome> {
+    pub fn deliver(
+        &self,
+        req: &crate::core::signal::SignalRequest,
+    ) -> Vec<crate::core::signal::Outcome> {
         deliver::deliver(&self.host, req, &self.audit)
     }
 }

@@ -104,7 +104,12 @@ pub struct Watch {
 }
 
 impl Watch {
-    pub fn new(expected: Vec<(HostId, String)>, scope: Scope, tolerance: u64, now_ms: u64) -> Watch {
+    pub fn new(
+        expected: Vec<(HostId, String)>,
+        scope: Scope,
+        tolerance: u64,
+        now_ms: u64,
+    ) -> Watch {
         Watch {
             scope,
             tolerance,

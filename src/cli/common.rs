@@ -30,9 +30,8 @@ pub async fn first_snapshots(fleet: &mut Fleet, timeout: Duration) -> Vec<HostSn
     let mut got: Vec<Option<HostSnapshot>> = vec![None; n];
     let deadline = tokio::time::Instant::now() + timeout;
     while got.iter().any(Option::is_none) {
-        let ev = match tokio::time::timeout_at(deadline, fleet.events.recv()).await {
-            Ok(Some(ev)) => ev,
-            _ => break,
+        let Ok(Some(ev)) = tokio::time::timeout_at(deadline, fleet.events.recv()).await else {
+            break;
         };
         match ev {
             HostEvent::Snapshot { host, snap } if host.0 < n => got[host.0] = Some(*snap),

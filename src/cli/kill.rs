@@ -4,9 +4,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail};
 
-use super::common::{
-    ANSWER_SLACK, confirm, deliver_all, first_snapshots, print_outcomes, runtime,
-};
+use super::common::{ANSWER_SLACK, confirm, deliver_all, first_snapshots, print_outcomes, runtime};
 use crate::core::format::{millis, truncate};
 use crate::core::host::HostSpec;
 use crate::core::model::HostId;

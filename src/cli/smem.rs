@@ -18,7 +18,11 @@ pub struct SmemArgs {
 }
 
 /// The compute capabilities to show, each with where it was seen: --cc, else the chosen hosts' GPUs, else all.
-fn capabilities(s: &Settings, a: &SmemArgs, explicit_hosts: bool) -> anyhow::Result<Vec<(String, String)>> {
+fn capabilities(
+    s: &Settings,
+    a: &SmemArgs,
+    explicit_hosts: bool,
+) -> anyhow::Result<Vec<(String, String)>> {
     let mut ccs: Vec<(String, String)> = Vec::new();
     if let Some(cc) = a.cc.as_deref() {
         if smem::limits(cc).is_none() {
@@ -89,9 +93,9 @@ pub fn run(s: &Settings, a: &SmemArgs, explicit_hosts: bool) -> anyhow::Result<i
                 "CC {:<5} {:<34} per SM {:>7} B  per block {:>7} B (opt-in), {} B default  regs/SM {}{}",
                 l.cc,
                 l.family,
-                smem::group(l.per_sm as u64),
-                smem::group(l.per_block_optin as u64),
-                smem::group(l.per_block_default as u64),
+                smem::group(u64::from(l.per_sm)),
+                smem::group(u64::from(l.per_block_optin)),
+                smem::group(u64::from(l.per_block_default)),
                 l.registers_per_sm,
                 if at.is_empty() {
                     String::new()
@@ -102,7 +106,9 @@ pub fn run(s: &Settings, a: &SmemArgs, explicit_hosts: bool) -> anyhow::Result<i
             if let Some(f) = &fit {
                 println!(
                     "    tile {} {}: {}",
-                    a.tile.map(|t| format!("{}x{}x{}", t.m, t.n, t.k)).unwrap_or_default(),
+                    a.tile
+                        .map(|t| format!("{}x{}x{}", t.m, t.n, t.k))
+                        .unwrap_or_default(),
                     dtype.name(),
                     f.sentence()
                 );
@@ -119,4 +125,3 @@ pub fn run(s: &Settings, a: &SmemArgs, explicit_hosts: bool) -> anyhow::Result<i
     }
     Ok(0)
 }
-

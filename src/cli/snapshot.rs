@@ -88,7 +88,8 @@ fn gpu_table(o: &mut String, snap: &HostSnapshot, opts: &AnalyzeOptions) {
                 fmt_bytes(g.memory.total)
             ),
             fmt_bytes(g.memory.reserved),
-            g.utilization.map_or_else(|| "N/A".into(), |u| format!("{u}%")),
+            g.utilization
+                .map_or_else(|| "N/A".into(), |u| format!("{u}%")),
             g.temperature_c
                 .map_or_else(|| "N/A".into(), |t| format!("{t}C")),
             g.power_mw

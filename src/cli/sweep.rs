@@ -70,7 +70,11 @@ async fn make_plan(fleet: &mut Fleet, s: &Settings, scope: &Scope) -> anyhow::Re
 }
 
 /// Ask, then signal. `Ok(None)` when the operator said no; otherwise whether some target failed.
-async fn signal_plan(fleet: &mut Fleet, plan: &Plan, a: &SweepArgs) -> anyhow::Result<Option<bool>> {
+async fn signal_plan(
+    fleet: &mut Fleet,
+    plan: &Plan,
+    a: &SweepArgs,
+) -> anyhow::Result<Option<bool>> {
     if plan.items.is_empty() {
         println!("nothing to signal");
         return Ok(Some(false));

@@ -269,7 +269,7 @@ mod tests {
     use super::*;
 
     fn names(v: &[HostSpec]) -> Vec<String> {
-        v.iter().map(|h| h.label()).collect()
+        v.iter().map(super::HostSpec::label).collect()
     }
 
     #[test]

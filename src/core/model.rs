@@ -10,7 +10,9 @@ pub const MIB: u64 = 1024 * 1024;
 
 /// A host's identity inside one run: its place in the fleet. Labels are for people; routing (signals,
 /// re-watches, plans) goes by this.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 pub struct HostId(pub usize);
 
 impl std::fmt::Display for HostId {
@@ -417,7 +419,11 @@ impl HostSnapshot {
             .filter(|l| l.pid == pid)
             .filter_map(|l| l.used_bytes)
             .collect();
-        if v.is_empty() { None } else { Some(v.iter().sum()) }
+        if v.is_empty() {
+            None
+        } else {
+            Some(v.iter().sum())
+        }
     }
     /// GPU indices NVML lists this PID on.
     pub fn listed_gpus(&self, pid: u32) -> Vec<u32> {
@@ -433,6 +439,5 @@ impl HostSnapshot {
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

@@ -68,7 +68,10 @@ impl Sig {
     }
     /// Whether the default action of this signal ends a process.
     pub fn ends(self) -> bool {
-        matches!(self, Sig::Term | Sig::Kill | Sig::Int | Sig::Hup | Sig::Quit)
+        matches!(
+            self,
+            Sig::Term | Sig::Kill | Sig::Int | Sig::Hup | Sig::Quit
+        )
     }
 }
 

@@ -154,7 +154,7 @@ pub fn bytes_per_stage(tile: Tile, a: Dtype, b: Dtype) -> u64 {
 
 pub fn fit(lim: &SmemLimits, tile: Tile, dtype: Dtype, stages: u64, epilogue: u64) -> Fit {
     let per = bytes_per_stage(tile, dtype, dtype);
-    let available = lim.per_block_optin as u64;
+    let available = u64::from(lim.per_block_optin);
     let needed = per * stages + epilogue;
     let max_stages = available.saturating_sub(epilogue) / per;
     Fit {
@@ -275,7 +275,7 @@ mod tests {
                 k: 32
             })
         );
-        assert_eq!(group(101376), "101,376");
+        assert_eq!(group(101_376), "101,376");
         assert_eq!(group(16), "16");
     }
 }

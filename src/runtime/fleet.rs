@@ -102,7 +102,10 @@ pub struct Fleet {
 
 impl Fleet {
     /// Start a collector per host. Must be called inside a tokio runtime when any host is remote.
-    pub fn start(specs: &[HostSpec], opts: &FleetOptions) -> Result<Fleet, crate::source::SourceError> {
+    pub fn start(
+        specs: &[HostSpec],
+        opts: &FleetOptions,
+    ) -> Result<Fleet, crate::source::SourceError> {
         let (tx, events) = mpsc::unbounded_channel();
         let labels = unique_labels(specs);
         let connect_limit = Arc::new(Semaphore::new(opts.ssh.max_connections.max(1)));
@@ -237,7 +240,7 @@ fn spawn_thread(
     let (ctx, crx) = smpsc::channel::<HostCmd>();
     let spawned = std::thread::Builder::new()
         .name(format!("host-{index}"))
-        .spawn(move || poll::run(src, signals, &sink, &crx, interval));
+        .spawn(move || poll::run(src, signals.as_ref(), &sink, &crx, interval));
     if let Err(e) = spawned {
         eprintln!("gpusweep: cannot start a collector thread: {e}");
     }

@@ -14,7 +14,7 @@ use crate::source::{ConnStatus, HostCmd, Sink, Source};
 /// on this host; sources that simulate theirs (the demo) answer them themselves.
 pub fn run(
     mut src: Box<dyn Source>,
-    signals: Option<Deliverer>,
+    signals: Option<&Deliverer>,
     sink: &Arc<dyn Sink>,
     cmds: &mpsc::Receiver<HostCmd>,
     mut interval: Duration,
@@ -43,7 +43,7 @@ pub fn run(
                 Ok(HostCmd::Signal { id, req }) => {
                     if let Some(outcomes) = src.simulate_signal(&req) {
                         sink.outcomes(id, outcomes);
-                    } else if let Some(d) = signals.clone() {
+                    } else if let Some(d) = signals.cloned() {
                         let sink = sink.clone();
                         std::thread::spawn(move || {
                             sink.outcomes(id, d.deliver(&req));

@@ -8,6 +8,14 @@
 //! The state is a pure function of simulated time and the signals received. Killed processes vanish at
 //! once; their memory drains 0.1 s later, as a real H200 did after SIGKILL.
 
+// Terminal geometry (u16) and row counts (usize) meet in layout math; every value is bounded by the
+// screen or a small simulated quantity, so the casts cannot lose anything that matters.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -223,10 +231,10 @@ impl DemoHost {
             w.listed_on = Some(i);
             // Each rank loads at a slightly different pace, as real ranks do.
             w.mem = Mem::WarmUp {
-                weights: 84 * GIB + i as u64 * 64 * MIB,
-                load_ms: 40_000 + i as u64 * 1_500,
+                weights: 84 * GIB + u64::from(i) * 64 * MIB,
+                load_ms: 40_000 + u64::from(i) * 1_500,
                 kv: 46 * GIB,
-                kv_at_ms: 55_000 + i as u64 * 700,
+                kv_at_ms: 55_000 + u64::from(i) * 700,
             };
             h.procs.push(w);
         }
@@ -318,7 +326,7 @@ impl DemoHost {
             );
             w.holds = vec![i];
             w.listed_on = Some(i);
-            w.mem = Mem::Const(82 * GIB + i as u64 * 16 * MIB);
+            w.mem = Mem::Const(82 * GIB + u64::from(i) * 16 * MIB);
             h.procs.push(w);
         }
         h
@@ -333,7 +341,7 @@ impl DemoHost {
     }
 
     /// Memory still charged for a process: live, or killed less than DRAIN_MS ago.
-    fn charged(&self, p: &SimProc, t: u64) -> Option<u64> {
+    fn charged(p: &SimProc, t: u64) -> Option<u64> {
         let draining = p.killed_at.is_some_and(|k| t < k + DRAIN_MS);
         (Self::alive(p) || draining).then(|| p.mem.at(t))
     }
@@ -344,6 +352,7 @@ impl DemoHost {
             .any(|p| p.pid == pid && p.killed_at.is_some_and(|k| t >= k + DRAIN_MS))
     }
 
+    #[allow(clippy::too_many_lines)] // the whole simulated reading in one place, field by field
     pub fn snapshot(&self) -> HostSnapshot {
         let t = self.clock.now_ms();
         let base_s = self.clock.base_unix_ms() / 1000;
@@ -353,7 +362,7 @@ impl DemoHost {
             let mut used = 0u64;
             for p in &self.procs {
                 if p.listed_on == Some(i)
-                    && let Some(b) = self.charged(p, t)
+                    && let Some(b) = Self::charged(p, t)
                 {
                     listed.push(ListedProcess {
                         pid: p.pid,
@@ -377,7 +386,7 @@ impl DemoHost {
                 }
             }
             let busy = !listed.is_empty() && used > 40 * GIB;
-            let wave = ((t as f64 / 1000.0 + i as f64) * 0.7).sin();
+            let wave = ((t as f64 / 1000.0 + f64::from(i)) * 0.7).sin();
             let util = if busy && self.name != "gpu-b" {
                 (70.0 + 25.0 * wave) as u32
             } else {
@@ -389,7 +398,7 @@ impl DemoHost {
                     "GPU-{:08x}-{:04x}-4e0f-9a31-{:012x}",
                     fnv(&self.name),
                     i * 0x1111,
-                    0x3cdbbcebd2a0u64 + i as u64
+                    0x3cdb_bceb_d2a0_u64 + u64::from(i)
                 )),
                 name: Some(self.gpu_name.to_string()),
                 pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x18 + i * 0x10)),
@@ -418,8 +427,8 @@ impl DemoHost {
                 ppid: p.ppid,
                 sid: p.sid,
                 state: p.state,
-                start_time: 10_000 + p.pid as u64 * 3,
-                started_at: Some(base_s - 600 + p.pid as u64 / 100),
+                start_time: 10_000 + u64::from(p.pid) * 3,
+                started_at: Some(base_s - 600 + u64::from(p.pid) / 100),
                 uid: Some(p.uid),
                 user: Some(p.user.to_string()),
                 comm: p.comm.to_string(),
@@ -499,7 +508,7 @@ impl DemoHost {
                 out.push(o);
                 continue;
             };
-            if 10_000 + target.pid as u64 * 3 != target.start_time {
+            if 10_000 + u64::from(target.pid) * 3 != target.start_time {
                 o.fate = Fate::Refused {
                     reason: "PID reused: start time differs".into(),
                 };
@@ -507,7 +516,7 @@ impl DemoHost {
                 continue;
             }
             let p = &self.procs[idx];
-            o.cmdline = p.cmdline.clone();
+            o.cmdline.clone_from(&p.cmdline);
             if p.state.is_zombie() {
                 o.fate = Fate::Signalled { signal: req.signal };
                 out.push(o);
@@ -551,8 +560,8 @@ impl DemoHost {
 }
 
 fn fnv(s: &str) -> u32 {
-    s.bytes().fold(0x811c9dc5u32, |h, b| {
-        (h ^ b as u32).wrapping_mul(0x01000193)
+    s.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
     })
 }
 

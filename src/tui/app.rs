@@ -1,7 +1,7 @@
 //! TUI state. It changes only through `update(Action)`, which does no I/O: what must happen outside (signal a
 //! host, change its poll interval) comes back as `Effect`s for the event loop to carry out.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use crossterm::event::{KeyCode, KeyEvent};
@@ -31,7 +31,10 @@ pub enum Action {
     Outcomes(HostId, u64, Vec<Outcome>),
     Key(KeyEvent),
     /// A click on a row of a panel (the event loop, which owns the layout, found which).
-    Click { panel: Panel, row: usize },
+    Click {
+        panel: Panel,
+        row: usize,
+    },
     /// The mouse wheel: move the selection this many rows.
     Scroll(i64),
     Resize(u16, u16),
@@ -56,9 +59,10 @@ pub enum Panel {
 
 impl Panel {
     const ORDER: [Panel; 4] = [Panel::Hosts, Panel::Gpus, Panel::Processes, Panel::Findings];
-    fn step(self, d: i32) -> Panel {
-        let i = Self::ORDER.iter().position(|p| *p == self).unwrap_or(0) as i32;
-        Self::ORDER[(i + d).rem_euclid(4) as usize]
+    fn step(self, d: isize) -> Panel {
+        let i = Self::ORDER.iter().position(|p| *p == self).unwrap_or(0);
+        let n = Self::ORDER.len();
+        Self::ORDER[(i + n).saturating_add_signed(d) % n]
     }
 }
 
@@ -321,7 +325,10 @@ impl App {
                     .map(|h| h.label.clone())
                     .unwrap_or_default();
                 let bad = outs.iter().filter(|o| o.failed()).count();
-                let text: Vec<String> = outs.iter().map(|o| o.describe()).collect();
+                let text: Vec<String> = outs
+                    .iter()
+                    .map(super::super::core::signal::Outcome::describe)
+                    .collect();
                 let level = if bad > 0 { Level::Bad } else { Level::Good };
                 self.set_status(format!("{what} on {label}: {}", text.join("; ")), level);
                 vec![]
@@ -390,7 +397,11 @@ impl App {
                 } else {
                     format!("all {n} GPUs read")
                 };
-                self.banner = Some(format!("✓ {}: {what} zero after {}", rw.label, fmt_ms(took)));
+                self.banner = Some(format!(
+                    "✓ {}: {what} zero after {}",
+                    rw.label,
+                    fmt_ms(took)
+                ));
                 self.rewatch = None;
                 effects.push(Effect::Broadcast(HostCmd::Interval(self.cfg.interval)));
             }
@@ -400,14 +411,15 @@ impl App {
     }
 
     fn clamp(&mut self) {
-        let gpus = self.snap().map(|s| s.gpus.len()).unwrap_or(0);
+        let gpus = self.snap().map_or(0, |s| s.gpus.len());
         let procs = self.process_rows().len();
-        let finds = self.snap().map(|s| s.findings.len()).unwrap_or(0);
+        let finds = self.snap().map_or(0, |s| s.findings.len());
         self.sel.gpu = self.sel.gpu.min(gpus.saturating_sub(1));
         self.sel.proc = self.sel.proc.min(procs.saturating_sub(1));
         self.sel.finding = self.sel.finding.min(finds.saturating_sub(1));
     }
 
+    #[allow(clippy::too_many_lines)] // the keymap's dispatch: one arm per command
     fn on_key(&mut self, k: KeyEvent) -> Vec<Effect> {
         if self.procs.editing {
             match k.code {
@@ -435,7 +447,7 @@ impl App {
                 KeyCode::Char(c)
                     if (c.is_ascii_digit() || c == 'x') && self.smem.tile.len() < 20 =>
                 {
-                    self.smem.tile.push(c)
+                    self.smem.tile.push(c);
                 }
                 _ => {}
             }
@@ -448,14 +460,14 @@ impl App {
         if self.smem_open {
             match (cmd, k.code) {
                 (Some(Cmd::Quit), _) => self.quit = true,
-                (Some(Cmd::Back) | Some(Cmd::Smem), _) => self.smem_open = false,
-                (_, KeyCode::Char('e')) | (_, KeyCode::Enter) => self.smem.editing = true,
+                (Some(Cmd::Back | Cmd::Smem), _) => self.smem_open = false,
+                (_, KeyCode::Char('e') | KeyCode::Enter) => self.smem.editing = true,
                 (_, KeyCode::Char('d')) => {
-                    self.smem.dtype_idx = (self.smem.dtype_idx + 1) % DTYPES.len()
+                    self.smem.dtype_idx = (self.smem.dtype_idx + 1) % DTYPES.len();
                 }
                 (_, KeyCode::Char('+')) => self.smem.stages = (self.smem.stages + 1).min(16),
                 (_, KeyCode::Char('-')) => {
-                    self.smem.stages = self.smem.stages.saturating_sub(1).max(1)
+                    self.smem.stages = self.smem.stages.saturating_sub(1).max(1);
                 }
                 (Some(Cmd::Up), _) => self.move_sel(-1),
                 (Some(Cmd::Down), _) => self.move_sel(1),
@@ -471,7 +483,6 @@ impl App {
             Some(Cmd::NextPanel) => self.sel.focus = self.sel.focus.step(1),
             Some(Cmd::PrevPanel) => self.sel.focus = self.sel.focus.step(-1),
             Some(Cmd::Open) if self.sel.focus == Panel::Hosts => self.sel.focus = Panel::Gpus,
-            Some(Cmd::Open) => {}
             Some(Cmd::Back) => {
                 if self.banner.is_some() {
                     self.banner = None;
@@ -503,7 +514,7 @@ impl App {
                 self.procs.tree = !self.procs.tree;
                 self.rebuild_rows();
             }
-            None => {}
+            Some(Cmd::Open) | None => {}
         }
         vec![]
     }
@@ -529,16 +540,16 @@ impl App {
                 }
             }
             Panel::Gpus => {
-                let n = self.snap().map(|s| s.gpus.len()).unwrap_or(0);
-                mv(&mut self.sel.gpu, n)
+                let n = self.snap().map_or(0, |s| s.gpus.len());
+                mv(&mut self.sel.gpu, n);
             }
             Panel::Processes => {
                 let n = self.process_rows().len();
-                mv(&mut self.sel.proc, n)
+                mv(&mut self.sel.proc, n);
             }
             Panel::Findings => {
-                let n = self.snap().map(|s| s.findings.len()).unwrap_or(0);
-                mv(&mut self.sel.finding, n)
+                let n = self.snap().map_or(0, |s| s.findings.len());
+                mv(&mut self.sel.finding, n);
             }
         }
     }
@@ -642,12 +653,10 @@ impl App {
         });
     }
 
+    #[allow(clippy::too_many_lines)] // one arm per dialog, each short
     fn on_dialog_key(&mut self, d: Dialog, k: KeyEvent) -> Vec<Effect> {
         let yes = matches!(k.code, KeyCode::Enter | KeyCode::Char('y'));
-        let no = matches!(
-            k.code,
-            KeyCode::Esc | KeyCode::Char('n') | KeyCode::Char('q')
-        );
+        let no = matches!(k.code, KeyCode::Esc | KeyCode::Char('n' | 'q'));
         match d {
             Dialog::Help => {
                 self.dialog = None;
@@ -763,7 +772,12 @@ impl App {
             ));
         }
         self.last_sweep_ms = Some(self.now_ms);
-        let label_of = |h: HostId| self.hosts.get(h.0).map(|v| v.label.clone()).unwrap_or_default();
+        let label_of = |h: HostId| {
+            self.hosts
+                .get(h.0)
+                .map(|v| v.label.clone())
+                .unwrap_or_default()
+        };
         let (expected, label, scope_gpus) = match scope {
             SweepScope::Everything => (self.all_hosts(), "every host".to_string(), None),
             SweepScope::Host => {
@@ -782,10 +796,7 @@ impl App {
         if plan.items.is_empty() {
             self.set_status("nothing to signal; watching until clean", Level::Info);
         } else {
-            self.set_status(
-                format!("sweeping: {}", plan_summary(plan)),
-                Level::Info,
-            );
+            self.set_status(format!("sweeping: {}", plan_summary(plan)), Level::Info);
         }
         self.rewatch = Some(Rewatch {
             watch: Watch::new(
@@ -873,4 +884,3 @@ impl App {
             .count()
     }
 }
-

@@ -119,20 +119,20 @@ pub fn build_rows(s: &HostSnapshot, view: &ProcView) -> Vec<ProcRow> {
         SortKey::User => rows.sort_by(|a, b| a.user.cmp(&b.user).then(a.pid.cmp(&b.pid))),
     }
     if view.tree {
-        rows = as_tree(rows);
+        rows = as_tree(&rows);
     }
     rows
 }
 
 /// Depth-first order from the roots (rows whose parent is not shown), children under their parent.
-fn as_tree(rows: Vec<ProcRow>) -> Vec<ProcRow> {
+fn as_tree(rows: &[ProcRow]) -> Vec<ProcRow> {
     let pids: HashSet<u32> = rows.iter().map(|r| r.pid).collect();
     let mut children: HashMap<u32, Vec<usize>> = HashMap::new();
     let mut roots = Vec::new();
     for (i, r) in rows.iter().enumerate() {
         match r.ppid {
             Some(pp) if pids.contains(&pp) && pp != r.pid => {
-                children.entry(pp).or_default().push(i)
+                children.entry(pp).or_default().push(i);
             }
             _ => roots.push(i),
         }

@@ -58,7 +58,10 @@ fn apply(fleet: &Fleet, effects: Vec<Effect>) {
 /// What a mouse event means, given where the panels are: the event loop owns the layout, the app gets an
 /// action. Rows start one line below a panel's top border (two where a header row follows).
 pub fn mouse_action(app: &App, m: &MouseEvent) -> Option<Action> {
-    let areas = view::layout(ratatui::layout::Rect::new(0, 0, app.size.0, app.size.1), app);
+    let areas = view::layout(
+        ratatui::layout::Rect::new(0, 0, app.size.0, app.size.1),
+        app,
+    );
     let inside = |r: ratatui::layout::Rect| {
         m.column >= r.x && m.column < r.x + r.width && m.row >= r.y && m.row < r.y + r.height
     };
@@ -137,7 +140,7 @@ pub fn run(s: &Settings) -> anyhow::Result<i32> {
         r
     });
     rt.shutdown_background();
-    res.map(|_| 0)
+    res.map(|()| 0)
 }
 
 async fn event_loop(
@@ -155,7 +158,9 @@ async fn event_loop(
     let mut dirty = true;
     // Only readings changed since the last draw (no key, resize or tick).
     let mut data_only = false;
-    let mut last_draw = Instant::now() - FRAME;
+    let mut last_draw = Instant::now()
+        .checked_sub(FRAME)
+        .unwrap_or_else(Instant::now);
     let mut next_tick = Instant::now();
     loop {
         let gap = if data_only && app.rewatch.is_none() {
@@ -200,14 +205,14 @@ async fn event_loop(
                 data_only = !dirty || data_only;
                 dirty = true;
             },
-            _ = tokio::time::sleep(tick_wait) => {
+            () = tokio::time::sleep(tick_wait) => {
                 app.update(Action::Tick(now_ms()));
                 let period = if app.rewatch.is_some() { Duration::from_millis(100) } else { Duration::from_secs(1) };
                 next_tick = Instant::now() + period;
                 dirty = true;
                 data_only = false;
             },
-            _ = tokio::time::sleep(frame_wait) => {},
+            () = tokio::time::sleep(frame_wait) => {},
             _ = term.recv() => return Ok(()),
             _ = hup.recv() => return Ok(()),
         }

@@ -34,26 +34,26 @@ fn liveness(snap: &HostSnapshot, pid: u32) -> Liveness<'_> {
 }
 
 /// What the listed processes of one GPU add up to.
-struct Listed {
+struct Accounting {
     live_charged: u64,
-    live_listed: usize,
+    live_count: usize,
     ghosts: Vec<(u32, Option<u64>, String)>,
 }
 
-fn listed(snap: &HostSnapshot, g: &Gpu, out: &mut Findings) -> Listed {
-    let mut l = Listed {
+fn listed(snap: &HostSnapshot, g: &Gpu, out: &mut Findings) -> Accounting {
+    let mut l = Accounting {
         live_charged: 0,
-        live_listed: 0,
+        live_count: 0,
         ghosts: Vec::new(),
     };
     for lp in &g.processes {
         match liveness(snap, lp.pid) {
             Liveness::Live => {
-                l.live_listed += 1;
+                l.live_count += 1;
                 l.live_charged += lp.used_bytes.unwrap_or(0);
             }
             Liveness::NotVisible => {
-                l.live_listed += 1;
+                l.live_count += 1;
                 l.live_charged += lp.used_bytes.unwrap_or(0);
                 out.push(Draft {
                     kind: FindingKind::NotVisible,
@@ -104,7 +104,7 @@ pub fn find(snap: &HostSnapshot, opts: &AnalyzeOptions, out: &mut Findings) {
         let l = listed(snap, g, out);
         let residual = used.saturating_sub(l.live_charged);
         let is_residual =
-            residual > opts.tolerance && (l.live_listed == 0 || residual > opts.residual_slack);
+            residual > opts.tolerance && (l.live_count == 0 || residual > opts.residual_slack);
         let hidden = hidden_holders(snap, g);
         let unexplained = is_residual || !l.ghosts.is_empty();
         let target = if unexplained {
@@ -114,7 +114,16 @@ pub fn find(snap: &HostSnapshot, opts: &AnalyzeOptions, out: &mut Findings) {
         };
         ghosts(snap, g, &l.ghosts, &hidden, target, out);
         if is_residual {
-            residual_finding(snap, g, used, l.live_charged, residual, &hidden, target, out);
+            residual_finding(
+                snap,
+                g,
+                used,
+                l.live_charged,
+                residual,
+                &hidden,
+                target,
+                out,
+            );
         }
         if unexplained {
             for &pid in &hidden {
@@ -202,11 +211,7 @@ fn residual_finding(
         "no holder found: if it does not drain, look for processes in containers or reset the GPU"
             .to_string()
     } else {
-        format!(
-            "sweep GPU {} (kills {})",
-            g.index,
-            super::join_u32(hidden)
-        )
+        format!("sweep GPU {} (kills {})", g.index, super::join_u32(hidden))
     };
     out.push(Draft {
         kind: FindingKind::Residual,

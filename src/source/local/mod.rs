@@ -92,7 +92,6 @@ impl Source for LocalSource {
         trace(&self.host, "snapshot built");
         Ok(snap)
     }
-
 }
 
 /// Memory that no live listed process explains: a listed PID that is gone, or used memory with nothing listed.

@@ -52,9 +52,7 @@ impl NvmlReader {
                 Err(e) => last = Some(e),
             }
         }
-        Err(last
-            .map(|e| describe_init_error(&e))
-            .unwrap_or_else(|| "NVML unavailable".into()))
+        Err(last.map_or_else(|| "NVML unavailable".into(), |e| describe_init_error(&e)))
     }
 
     pub fn driver_version(&self) -> Option<String> {
@@ -77,7 +75,7 @@ impl NvmlReader {
                     .enumerate()
                     .map(|(i, h)| {
                         h.join().unwrap_or_else(|_| Gpu {
-                            index: i as u32,
+                            index: u32::try_from(i).unwrap_or(u32::MAX),
                             error: Some("reader panicked".into()),
                             ..Default::default()
                         })

@@ -55,8 +55,14 @@ impl Default for ProcfsConfig {
         ProcfsConfig {
             proc_root: "/proc".into(),
             shm_dir: "/dev/shm".into(),
-            device_globs: DEFAULT_DEVICE_GLOBS.iter().map(|s| s.to_string()).collect(),
-            benign: DEFAULT_BENIGN.iter().map(|s| s.to_string()).collect(),
+            device_globs: DEFAULT_DEVICE_GLOBS
+                .iter()
+                .map(std::string::ToString::to_string)
+                .collect(),
+            benign: DEFAULT_BENIGN
+                .iter()
+                .map(std::string::ToString::to_string)
+                .collect(),
             full_scan_every: Duration::from_secs(5),
             min_full_scan_gap: Duration::from_millis(500),
         }
@@ -155,6 +161,7 @@ impl ProcScanner {
 
     /// Scan /proc. `unexplained` asks for a full fd walk sooner (some GPU memory has no live owner);
     /// `always` names processes whose fds are walked this time whatever the cadence (NVML's listed PIDs).
+    #[allow(clippy::too_many_lines)] // three passes over /proc (which, walk, assemble) that share their buffers
     pub fn scan(&mut self, unexplained: bool, always: &HashSet<u32>) -> ProcTable {
         let now = Instant::now();
         let full = match self.last_full {
@@ -257,7 +264,7 @@ impl ProcScanner {
                 table.shm_open.entry(s.clone()).or_default().push(pid);
             }
             if let Some(c) = &cmdline {
-                p.cmdline = c.clone();
+                p.cmdline.clone_from(c);
             }
             self.cache.insert(
                 pid,
@@ -330,8 +337,7 @@ impl ProcScanner {
     /// Walk the fds of `pids`, splitting the work over up to 8 threads when there is enough of it.
     fn walk_all(&self, pids: &[u32]) -> HashMap<u32, FdInfo> {
         let threads = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
+            .map_or(1, std::num::NonZero::get)
             .min(8);
         if threads < 2 || pids.len() < 64 {
             return pids.iter().map(|&p| (p, self.read_fds(p))).collect();
@@ -494,7 +500,9 @@ pub fn is_benign_name(p: &Proc, benign: &[String]) -> bool {
 
 /// `/proc/PID/cmdline` as one line; empty when it cannot be read (kernel threads, exited processes).
 pub fn read_cmdline(path: &Path) -> String {
-    fs::read(path).map(|raw| parse_cmdline(&raw)).unwrap_or_default()
+    fs::read(path)
+        .map(|raw| parse_cmdline(&raw))
+        .unwrap_or_default()
 }
 
 /// `/proc/sysvipc/shm`: a header line, then key shmid perms size cpid lpid nattch ...
@@ -562,7 +570,7 @@ mod tests {
             v,
             vec![SysvSegment {
                 shmid: 3,
-                bytes: 524288,
+                bytes: 524_288,
                 creator_pid: 1234,
                 attached: 2
             }]

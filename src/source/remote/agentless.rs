@@ -77,7 +77,12 @@ pub fn parse_gpus(csv: &str) -> Vec<Gpu> {
             power_mw: get(11)
                 .and_then(|v| v.parse::<f64>().ok())
                 .filter(|w| w.is_finite() && *w >= 0.0)
-                .map(|w| (w * 1000.0) as u32),
+                .map(|w| {
+                    // Finite, non-negative, and clamped: the cast cannot wrap.
+                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                    let mw = (w * 1000.0).min(f64::from(u32::MAX)) as u32;
+                    mw
+                }),
             // Without NVML the minor number is unknown; nvidia-smi's index is the best guess for /dev/nvidiaN.
             minor: Some(index),
             ..Default::default()
@@ -139,6 +144,7 @@ echo '##end'
     )
 }
 
+#[allow(clippy::too_many_lines)] // one parser for the scan's record kinds, each a few lines
 pub fn parse_shell_scan(out: &str) -> ShellScan {
     let mut scan = ShellScan::default();
     let mut section = "";
@@ -325,7 +331,7 @@ pub async fn run(
         tokio::pin!(sleep);
         loop {
             tokio::select! {
-                _ = &mut sleep => break,
+                () = &mut sleep => break,
                 c = cmds.recv() => match c {
                     None => return Ok(()),
                     Some(HostCmd::PollNow) => break,

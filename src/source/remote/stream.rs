@@ -62,6 +62,7 @@ fn preview(b: &[u8]) -> String {
 }
 
 /// Speak the agent protocol until the stream ends or misbehaves. Err says why, for the host's status line.
+#[allow(clippy::too_many_lines)] // the protocol's one select loop: hello, readings, outcomes, commands
 pub async fn drive_stream<R, W>(
     task: &RemoteTask,
     reader: R,

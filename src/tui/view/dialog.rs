@@ -35,6 +35,7 @@ fn choice(app: &App, label: &str, on: bool) -> Span<'static> {
     }
 }
 
+#[allow(clippy::too_many_lines, clippy::many_single_char_names)] // each dialog's lines top to bottom
 pub fn render(app: &App, f: &mut Frame) {
     let Some(d) = &app.dialog else { return };
     let area = f.area();
@@ -168,7 +169,9 @@ pub fn render(app: &App, f: &mut Frame) {
             let r = centered(area, 64, (Cmd::ALL.len() as u16 + 9).min(area.height));
             let mut lines: Vec<Line> = Cmd::ALL
                 .iter()
-                .map(|(c, _, what)| Line::from(format!(" {:<12} {what}", app.cfg.keymap.keys_for(*c))))
+                .map(|(c, _, what)| {
+                    Line::from(format!(" {:<12} {what}", app.cfg.keymap.keys_for(*c)))
+                })
                 .collect();
             lines.push(Line::from(" C-c          quit (always)"));
             lines.push(Line::default());

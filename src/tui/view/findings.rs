@@ -12,7 +12,7 @@ use crate::tui::app::{App, Panel};
 
 pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     let focused = app.sel.focus == Panel::Findings;
-    let findings = app.snap().map(|s| s.findings.as_slice()).unwrap_or(&[]);
+    let findings = app.snap().map_or(&[][..], |s| s.findings.as_slice());
     let block = panel(
         app,
         &format!("Findings ({})", findings.len()),
@@ -35,7 +35,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     // Two lines a finding (explanation, action) where there is room; one otherwise.
     let two = !compact && inner.height as usize >= findings.len().min(4) * 2;
     let per = if two { 2 } else { 1 };
-    let rows = ((inner.height as usize).saturating_sub(if two { 0 } else { 1 }) / per).max(1);
+    let rows = ((inner.height as usize).saturating_sub(usize::from(!two)) / per).max(1);
     let start = app.sel.finding.saturating_sub(rows.saturating_sub(1));
     let mut lines = Vec::new();
     for (i, fd) in findings.iter().enumerate().skip(start).take(rows) {

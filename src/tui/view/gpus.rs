@@ -13,6 +13,7 @@ use crate::core::format::{fmt_bytes, fmt_opt};
 use crate::core::model::MIB;
 use crate::tui::app::{App, Panel};
 
+#[allow(clippy::too_many_lines)] // the table's columns, top to bottom
 pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     let Some(h) = app.host() else { return };
     let focused = app.sel.focus == Panel::Gpus;
@@ -111,19 +112,16 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
             }
             cells.push(Cell::from(
                 g.utilization
-                    .map(|u| format!("{u}%"))
-                    .unwrap_or_else(|| "N/A".into()),
+                    .map_or_else(|| "N/A".into(), |u| format!("{u}%")),
             ));
             cells.push(Cell::from(
                 g.temperature_c
-                    .map(|t| format!("{t}C"))
-                    .unwrap_or_else(|| "N/A".into()),
+                    .map_or_else(|| "N/A".into(), |t| format!("{t}C")),
             ));
             if wide {
                 cells.push(Cell::from(
                     g.power_mw
-                        .map(|p| format!("{}W", p / 1000))
-                        .unwrap_or_else(|| "N/A".into()),
+                        .map_or_else(|| "N/A".into(), |p| format!("{}W", p / 1000)),
                 ));
                 cells.push(Cell::from(fmt_opt(g.compute_capability.as_ref())));
             }

@@ -7,8 +7,8 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
 use super::{fg, truncate};
-use crate::tui::app::App;
 use crate::core::format::{fmt_ms, fmt_secs};
+use crate::tui::app::App;
 
 pub fn render(app: &App, f: &mut Frame, area: Rect, banner: Rect) {
     let (clean, inuse, leak, unknown) = app.counts();

@@ -8,10 +8,10 @@ use ratatui::widgets::Paragraph;
 
 use super::{fg, panel, selected, state_style, truncate};
 use crate::analyze::{GpuState, gpu_state};
-use crate::source::ConnStatus;
-use crate::core::model::Severity;
-use crate::tui::app::{App, Panel};
 use crate::core::format::fmt_secs;
+use crate::core::model::Severity;
+use crate::source::ConnStatus;
+use crate::tui::app::{App, Panel};
 
 /// One character per GPU: `·` clean, a block as high as its memory fill when in use, `!` leak, `?` N/A.
 pub fn cell(state: GpuState, used: Option<u64>, total: Option<u64>) -> char {
@@ -30,6 +30,7 @@ pub fn cell(state: GpuState, used: Option<u64>, total: Option<u64>) -> char {
     }
 }
 
+#[allow(clippy::too_many_lines)] // the hosts strip: one row per host, its cells in order
 pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     let focused = app.sel.focus == Panel::Hosts;
     let block = panel(app, "Hosts", focused, compact);
@@ -46,11 +47,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
         .clamp(4, 24);
     let mut lines = Vec::new();
     for (i, h) in app.hosts.iter().enumerate().skip(start).take(rows) {
-        let mut spans = vec![Span::raw(if i == app.sel.host {
-            "▸ "
-        } else {
-            "  "
-        })];
+        let mut spans = vec![Span::raw(if i == app.sel.host { "▸ " } else { "  " })];
         spans.push(Span::raw(format!(
             "{:<name_w$} ",
             truncate(&h.label, name_w)

@@ -1,5 +1,13 @@
 //! Pure render functions: each takes the app by shared reference and draws; none changes state or does I/O.
 
+// Terminal geometry (u16) and row counts (usize) meet in layout math; every value is bounded by the
+// screen or a small simulated quantity, so the casts cannot lose anything that matters.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
+
 mod dialog;
 mod findings;
 mod gpus;
@@ -40,8 +48,7 @@ pub fn layout(area: Rect, app: &App) -> Areas {
     let host_rows = app.hosts.len().clamp(1, if compact { 3 } else { 10 }) as u16;
     let gpu_rows = app
         .snap()
-        .map(|s| s.gpus.len())
-        .unwrap_or(1)
+        .map_or(1, |s| s.gpus.len())
         .clamp(1, if compact { 8 } else { 16 }) as u16;
     let banner = u16::from(app.banner.is_some() || app.rewatch.is_some());
     let v = Layout::vertical([

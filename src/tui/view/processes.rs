@@ -6,15 +6,21 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::widgets::{Cell, Row, Table, TableState};
 
 use super::{fg, panel, selected, truncate};
+use crate::core::format::fmt_secs;
 use crate::core::format::{fmt_bytes, fmt_gpus};
 use crate::core::model::Mark;
 use crate::tui::app::{App, Panel};
-use crate::core::format::fmt_secs;
 
 fn mark_style(app: &App, marks: &[Mark]) -> Style {
-    if marks.iter().any(|m| matches!(m, Mark::Ghost | Mark::Hidden)) {
+    if marks
+        .iter()
+        .any(|m| matches!(m, Mark::Ghost | Mark::Hidden))
+    {
         fg(app, Color::Red).add_modifier(Modifier::BOLD)
-    } else if marks.iter().any(|m| matches!(m, Mark::Orphan | Mark::Zombie)) {
+    } else if marks
+        .iter()
+        .any(|m| matches!(m, Mark::Orphan | Mark::Zombie))
+    {
         fg(app, Color::Yellow)
     } else if marks.contains(&Mark::Benign) {
         fg(app, Color::DarkGray)
@@ -23,10 +29,15 @@ fn mark_style(app: &App, marks: &[Mark]) -> Style {
     }
 }
 
+#[allow(clippy::too_many_lines)] // the table's columns, top to bottom
 pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     let focused = app.sel.focus == Panel::Processes;
     let rows_data = app.process_rows();
-    let mut title = format!("Processes ({}) sort:{}", rows_data.len(), app.procs.sort.name());
+    let mut title = format!(
+        "Processes ({}) sort:{}",
+        rows_data.len(),
+        app.procs.sort.name()
+    );
     if app.procs.tree {
         title.push_str(" tree");
     }
@@ -37,8 +48,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     let wide = area.width >= 90;
     let now_s = app
         .snap()
-        .map(|s| s.taken_at_ms / 1000)
-        .unwrap_or(app.now_ms / 1000);
+        .map_or(app.now_ms / 1000, |s| s.taken_at_ms / 1000);
     let mut widths = vec![Constraint::Length(7)];
     let mut header = vec!["PID"];
     if wide {
@@ -67,12 +77,16 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
             let mut cells = vec![Cell::from(r.pid.to_string())];
             if wide {
                 cells.push(Cell::from(truncate(&r.user, 8)));
-                cells.push(Cell::from(r.state.map_or_else(|| "-".to_string(), |s| s.to_string())));
                 cells.push(Cell::from(
-                    r.ppid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+                    r.state.map_or_else(|| "-".to_string(), |s| s.to_string()),
+                ));
+                cells.push(Cell::from(
+                    r.ppid.map_or_else(|| "-".into(), |p| p.to_string()),
                 ));
             } else {
-                cells.push(Cell::from(r.state.map_or_else(|| "-".to_string(), |s| s.to_string())));
+                cells.push(Cell::from(
+                    r.state.map_or_else(|| "-".to_string(), |s| s.to_string()),
+                ));
             }
             cells.push(Cell::from(fmt_gpus(&r.gpus)));
             cells.push(Cell::from(if r.bytes.is_some() {
@@ -81,11 +95,10 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
                 "-".into()
             }));
             if wide {
-                cells.push(Cell::from(
-                    r.started_at
-                        .map(|t| fmt_secs(now_s.saturating_sub(t)))
-                        .unwrap_or_else(|| "N/A".into()),
-                ));
+                cells.push(Cell::from(r.started_at.map_or_else(
+                    || "N/A".into(),
+                    |t| fmt_secs(now_s.saturating_sub(t)),
+                )));
             }
             cells.push(
                 Cell::from(

@@ -8,11 +8,12 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph};
 
 use super::{fg, truncate};
+use crate::core::format::fmt_secs;
 use crate::core::format::{fmt_bytes, fmt_opt};
 use crate::core::smem::{self, group};
 use crate::tui::app::App;
-use crate::core::format::fmt_secs;
 
+#[allow(clippy::too_many_lines)] // the panel's sections (limits, tile calculator, /dev/shm), top to bottom
 pub fn render(app: &App, f: &mut Frame, area: Rect) {
     let [top, bottom] =
         Layout::vertical([Constraint::Percentage(60), Constraint::Percentage(40)]).areas(area);
@@ -94,8 +95,8 @@ pub fn render(app: &App, f: &mut Frame, area: Rect) {
             truncate(&where_, 14),
             cc,
             truncate(l.family, 34),
-            group(l.per_sm as u64),
-            group(l.per_block_optin as u64)
+            group(u64::from(l.per_sm)),
+            group(u64::from(l.per_block_optin))
         ))];
         if let Ok(t) = tile {
             let fit = smem::fit(l, t, form.dtype(), form.stages, 0);
@@ -167,7 +168,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect) {
                         " {:<28} {:>9} {:>7}  ",
                         truncate(&seg.name, 28),
                         fmt_bytes(Some(seg.bytes)),
-                        seg.age_s.map(fmt_secs).unwrap_or_else(|| "N/A".into())
+                        seg.age_s.map_or_else(|| "N/A".into(), fmt_secs)
                     )),
                     Span::styled(who, st),
                 ]));
@@ -177,7 +178,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect) {
     }
     let title = format!(
         " /dev/shm on {} ",
-        app.host().map(|h| h.label.as_str()).unwrap_or("")
+        app.host().map_or("", |h| h.label.as_str())
     );
     f.render_widget(
         Paragraph::new(l2).block(Block::bordered().title(title)),

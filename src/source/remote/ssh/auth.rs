@@ -93,4 +93,3 @@ async fn rsa_hash(handle: &Handle<Client>, is_rsa: bool) -> Option<HashAlg> {
         .flatten()
         .flatten()
 }
-

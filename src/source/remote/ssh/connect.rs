@@ -77,7 +77,7 @@ async fn open_one(
         None => client::connect(russh_config(), (t.host.as_str(), t.port), handler).await,
         Some(jump) => {
             let ch = jump
-                .channel_open_direct_tcpip(t.host.clone(), t.port as u32, "127.0.0.1", 0)
+                .channel_open_direct_tcpip(t.host.clone(), u32::from(t.port), "127.0.0.1", 0)
                 .await
                 .map_err(|e| format!("{name}: the jump host could not open a tunnel: {e}"))?;
             client::connect_stream(russh_config(), ch.into_stream(), handler).await
@@ -130,4 +130,3 @@ pub async fn connect(t: &Target, opts: &SshOptions) -> Result<Session, String> {
         _jumps: jumps,
     })
 }
-

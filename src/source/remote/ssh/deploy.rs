@@ -87,11 +87,10 @@ pub async fn start_agent(
         .map_err(|e| format!("exec: {e}"))?;
     let (r, w) = tokio::io::split(ch.into_stream());
     let mut r = BufReader::new(r);
-    let first =
-        read_line_bounded(&mut r, MAX_LINE_BYTES)
-            .await
-            .map_err(|e| format!("reading the agent: {e}"))?
-            .unwrap_or_default();
+    let first = read_line_bounded(&mut r, MAX_LINE_BYTES)
+        .await
+        .map_err(|e| format!("reading the agent: {e}"))?
+        .unwrap_or_default();
     if String::from_utf8_lossy(&first).trim() == NOT_FOUND {
         return Ok(None);
     }
@@ -145,6 +144,10 @@ pub async fn deploy(handle: &Handle<Client>) -> Result<String, String> {
 }
 
 fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    use std::fmt::Write as _;
+    b.iter()
+        .fold(String::with_capacity(b.len() * 2), |mut s, x| {
+            let _ = write!(s, "{x:02x}");
+            s
+        })
 }
-

@@ -165,4 +165,3 @@ pub async fn run(
         .await;
     r
 }
-
