@@ -1,4 +1,4 @@
-//! Analysis on fixtures, including what a real H200 showed (shared/reference/h200-observations.md).
+//! Analysis on fixtures, including what a real H200 showed (the readings in docs/validation.md).
 
 // In tests a panic is the failure message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -447,3 +447,130 @@ fn bad_arguments_exit_2_with_a_reason() {
         assert!(text(&o).contains(needle), "{args:?}: {}", text(&o));
     }
 }
+
+/// Two `cmd:` hosts whose commands share their first 50 characters: each demo agent is its own host.
+fn twin_agents() -> (String, String) {
+    let bin = env!("CARGO_BIN_EXE_gpusweep");
+    let a = format!(
+        "cmd:env GPUSWEEP_PADDING_FOR_A_LONG_COMMON_PREFIX=1 {bin} agent --demo --demo-host gpu-b"
+    );
+    let b = format!(
+        "cmd:env GPUSWEEP_PADDING_FOR_A_LONG_COMMON_PREFIX=2 {bin} agent --demo --demo-host gpu-b"
+    );
+    (a, b)
+}
+
+#[test]
+fn cmd_hosts_with_a_common_prefix_stay_two_hosts_and_a_sweep_reaches_each() {
+    let env = Env::new();
+    let (a, b) = twin_agents();
+    let o = env.run(&["snapshot", "--json", "--hosts", &a, "--hosts", &b]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let names: Vec<&str> = v["hosts"]
+        .as_array()
+        .expect("hosts")
+        .iter()
+        .map(|h| h["host"].as_str().expect("name"))
+        .collect();
+    assert_eq!(names.len(), 2);
+    assert_ne!(names[0], names[1], "two hosts, two labels");
+    assert!(
+        names[0].ends_with("gpu-b") && names[0].contains("PREFIX=1"),
+        "{names:?}"
+    );
+    // GPU 7 of each simulated gpu-b is held by its own hidden holder 7391: each must get its own signal.
+    let o = env.run(&[
+        "sweep",
+        "--hosts",
+        &a,
+        "--hosts",
+        &b,
+        "--gpus",
+        "7",
+        "--yes",
+        "--grace",
+        "2s",
+        "--timeout",
+        "10s",
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.matches("7391").count() >= 2, "both holders planned: {t}");
+    assert!(t.contains("clean: every chosen GPU reads zero"), "{t}");
+    assert!(
+        !t.contains("already gone"),
+        "no request went to the wrong host: {t}"
+    );
+}
+
+#[test]
+fn kill_host_accepts_the_spec_as_typed() {
+    let env = Env::new();
+    let (a, b) = twin_agents();
+    let o = env.run(&[
+        "kill", "7306", "--hosts", &a, "--hosts", &b, "--host", &b, "--yes",
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(
+        t.contains("PREFIX=2") && t.contains("exited after TERM"),
+        "{t}"
+    );
+    let o = env.run(&[
+        "kill", "7306", "--hosts", &a, "--hosts", &b, "--host", "cmd:nope", "--yes",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}
+
+#[test]
+fn deliver_escalates_term_to_kill_on_a_process_that_ignores_term() {
+    use gpusweep::act::{AuditLog, deliver};
+    use gpusweep::core::signal::{Fate, Sig, SignalRequest, TargetInfo};
+    let env = Env::new();
+    let audit = AuditLog {
+        path: Some(env.audit()),
+    };
+    // An ignored signal stays ignored across exec: this sleep cannot be ended by TERM.
+    let mut child = Command::new("sh")
+        .args(["-c", "trap '' TERM; exec sleep 300"])
+        .spawn()
+        .expect("sh");
+    let pid = child.id();
+    await_cond("the child to exec sleep", || {
+        std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
+    });
+    let start: u64 = stat_field(pid, 19)
+        .expect("starttime")
+        .parse()
+        .expect("num");
+    let req = SignalRequest {
+        targets: vec![TargetInfo {
+            pid,
+            start_time: start,
+            cmdline: String::new(),
+        }],
+        signal: Sig::Term,
+        grace_ms: Some(300),
+    };
+    let out = deliver("local", &req, &audit);
+    assert!(
+        matches!(
+            out[0].fate,
+            Fate::Exited {
+                signal: Sig::Kill,
+                ..
+            }
+        ),
+        "TERM was ignored, so KILL ended it: {out:?}"
+    );
+    let st = child.wait().expect("wait");
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(9));
+    let log = std::fs::read_to_string(env.audit()).expect("audit log");
+    let signals: Vec<String> = log
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).expect("json line")["signal"].to_string()
+        })
+        .collect();
+    assert_eq!(signals, ["\"TERM\"", "\"KILL\""], "both signals recorded");
+}

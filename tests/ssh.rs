@@ -388,12 +388,45 @@ fn agentless_fallback_reads_the_fake_nvidia_smi() {
         kinds.contains(&"ghost") && kinds.contains(&"residual"),
         "{kinds:?}"
     );
-    // Kills are refused there: no pidfd without the agent.
+    // Kills are refused there: no pidfd without the agent. The target is a process the agentless scan sees
+    // (the parent of a zombie), so the request reaches the host and the refusal is the host's own.
+    let mut parent = Command::new("python3")
+        .args([
+            "-c",
+            "import os,time\nif os.fork()==0: os._exit(0)\ntime.sleep(60)",
+        ])
+        .spawn()
+        .expect("python3");
+    let pid = parent.id();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let o = s.run(
+            "gpusweep-not-installed agent",
+            &["snapshot", "--json", "--hosts", &s.host(1)],
+        );
+        let seen = json(&o)["hosts"][0]["processes"]
+            .as_array()
+            .is_some_and(|ps| ps.iter().any(|p| p["pid"].as_u64() == Some(u64::from(pid))));
+        if seen {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the zombie's parent never showed"
+        );
+    }
     let o = s.run(
         "gpusweep-not-installed agent",
-        &["kill", "1234567", "--hosts", &s.host(1), "--yes"],
+        &["kill", &pid.to_string(), "--hosts", &s.host(1), "--yes"],
     );
-    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    let _ = parent.kill();
+    let _ = parent.wait();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("agentless host: signals need gpusweep there"),
+        "{}",
+        text(&o)
+    );
 }
 
 #[test]

@@ -350,7 +350,7 @@ pub async fn run(
 mod tests {
     use super::*;
 
-    // Real output from an idle H200 (shared/reference/h200-observations.md).
+    // Real output from an idle H200 (docs/validation.md lists the reference readings).
     const IDLE: &str = "0, GPU-a5b2e79f-a4e0-1241-ebeb-3cdbbcebd2a0, NVIDIA H200, 0, 143771, 616, 9.0, Enabled, 00000000:00:06.0\n";
     const GHOST_APP: &str = "924, GPU-a5b2e79f-a4e0-1241-ebeb-3cdbbcebd2a0, 10148, [Not Found]\n";
 
