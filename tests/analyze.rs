@@ -459,3 +459,32 @@ fn json_contract_field_names() {
     }
     assert_eq!(f["kind"], "ghost");
 }
+
+#[test]
+fn unknown_bytes_of_a_live_process_are_never_a_residual_leak() {
+    // Under MIG NVML lists the process but cannot say what it uses.
+    let mut g = gpu(0, 40_000, &[(500, 0)]);
+    g.processes[0].used_bytes = None;
+    let snap = host(
+        vec![g],
+        vec![proc_(500, 400, 400, 'S', "python3 serve.py")],
+        vec![holder(500, &[0])],
+    );
+    let f = analyze(&snap, &AnalyzeOptions::default());
+    assert!(
+        !f.iter().any(|f| f.kind == FindingKind::Residual),
+        "no leak claimed from bytes nobody could read: {f:?}"
+    );
+    let s = analyzed(snap, &AnalyzeOptions::default());
+    assert_eq!(
+        gpu_state(&s, &s.gpus[0], &AnalyzeOptions::default()),
+        GpuState::InUse
+    );
+    assert!(
+        plan(HostId(0), &s, None, &Protected::remote())
+            .items
+            .iter()
+            .all(|i| i.why.contains("listed")),
+        "the server itself is only a listed process"
+    );
+}

@@ -144,7 +144,7 @@ fn orphan_holder_is_found_and_swept_with_yes() {
         serde_json::from_str(log.lines().last().expect("a line")).expect("json line");
     assert_eq!(line["pid"], pid);
     assert_eq!(line["signal"], "TERM");
-    assert_eq!(line["result"], "sent");
+    assert_eq!(line["result"], "sending", "recorded before the signal");
     assert!(
         line["cmdline"]
             .as_str()
@@ -463,8 +463,8 @@ fn twin_agents() -> (String, String) {
 #[test]
 fn cmd_hosts_with_a_common_prefix_stay_two_hosts_and_a_sweep_reaches_each() {
     let env = Env::new();
-    let (a, b) = twin_agents();
-    let o = env.run(&["snapshot", "--json", "--hosts", &a, "--hosts", &b]);
+    let (first, second) = twin_agents();
+    let o = env.run(&["snapshot", "--json", "--hosts", &first, "--hosts", &second]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     let names: Vec<&str> = v["hosts"]
         .as_array()
@@ -482,9 +482,9 @@ fn cmd_hosts_with_a_common_prefix_stay_two_hosts_and_a_sweep_reaches_each() {
     let o = env.run(&[
         "sweep",
         "--hosts",
-        &a,
+        &first,
         "--hosts",
-        &b,
+        &second,
         "--gpus",
         "7",
         "--yes",
@@ -493,13 +493,16 @@ fn cmd_hosts_with_a_common_prefix_stay_two_hosts_and_a_sweep_reaches_each() {
         "--timeout",
         "10s",
     ]);
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
-    assert!(t.matches("7391").count() >= 2, "both holders planned: {t}");
-    assert!(t.contains("clean: every chosen GPU reads zero"), "{t}");
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
     assert!(
-        !t.contains("already gone"),
-        "no request went to the wrong host: {t}"
+        out.matches("7391").count() >= 2,
+        "both holders planned: {out}"
+    );
+    assert!(out.contains("clean: every chosen GPU reads zero"), "{out}");
+    assert!(
+        !out.contains("already gone"),
+        "no request went to the wrong host: {out}"
     );
 }
 
@@ -573,4 +576,205 @@ fn deliver_escalates_term_to_kill_on_a_process_that_ignores_term() {
         })
         .collect();
     assert_eq!(signals, ["\"TERM\"", "\"KILL\""], "both signals recorded");
+}
+
+// ---- the verdict: never a false "clean", never a false "leak" ----
+
+#[test]
+fn a_gpu_the_host_does_not_have_is_an_error() {
+    let env = Env::new();
+    let o = env.run(&[
+        "wait",
+        "--demo",
+        "--hosts",
+        "gpu-b",
+        "--gpus",
+        "99",
+        "--timeout",
+        "5s",
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains("no GPU 99") && t.contains("0-7"),
+        "names the host's GPUs: {t}"
+    );
+    let o = env.run(&[
+        "sweep",
+        "--demo",
+        "--hosts",
+        "gpu-b",
+        "--gpus",
+        "99",
+        "--dry-run",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    // A UUID names a GPU too.
+    let o = env.run(&["snapshot", "--json", "--demo", "--hosts", "gpu-b"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let uuid = v["hosts"][0]["gpus"][3]["uuid"]
+        .as_str()
+        .expect("uuid")
+        .to_string();
+    let o = env.run(&[
+        "wait",
+        "--demo",
+        "--hosts",
+        "gpu-b",
+        "--gpus",
+        &uuid,
+        "--timeout",
+        "5s",
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "GPU 3 of gpu-b is clean: {}",
+        text(&o)
+    );
+}
+
+#[test]
+fn a_gate_never_passes_without_a_driver() {
+    let env = Env::new();
+    // This machine has no NVIDIA driver: NVML cannot load.
+    let o = env.run(&["wait", "--timeout", "5s", "--device-glob", &env.glob()]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(t.contains("no NVIDIA driver"), "{t}");
+    // Asked explicitly to judge by holders alone, it may pass.
+    let o = env.run(&[
+        "wait",
+        "--timeout",
+        "5s",
+        "--no-nvml",
+        "--device-glob",
+        &env.glob(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
+
+#[test]
+fn a_host_never_read_is_an_error_not_a_timeout() {
+    let env = Env::new();
+    let o = env.run(&[
+        "wait",
+        "--hosts",
+        "cmd:exit 3",
+        "--timeout",
+        "1s",
+        "--connect-timeout",
+        "5",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}
+
+#[test]
+fn wait_takes_at_least_one_reading() {
+    let agent = format!(
+        "cmd:{} agent --demo --demo-host gpu-b",
+        env!("CARGO_BIN_EXE_gpusweep")
+    );
+    let env = Env::new();
+    // An agent takes milliseconds to say hello: its first reading comes after the timeout has passed.
+    let o = env.run(&["wait", "--hosts", &agent, "--gpus", "0", "--timeout", "1ms"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
+
+#[test]
+fn kill_with_kill_and_no_grace_reports_the_exit() {
+    let env = Env::new();
+    let mut child = Command::new("sleep").arg("300").spawn().expect("sleep");
+    let pid = child.id().to_string();
+    let o = env.run(&[
+        "kill",
+        &pid,
+        "--no-nvml",
+        "--signal",
+        "KILL",
+        "--grace",
+        "0s",
+        "--yes",
+    ]);
+    let t = text(&o);
+    let _ = child.wait();
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("exited after KILL"), "{t}");
+}
+
+#[test]
+fn the_audit_record_is_written_before_the_signal_or_nothing_is_sent() {
+    let env = Env::new();
+    let mut child = Command::new("sleep").arg("300").spawn().expect("sleep");
+    let pid = child.id();
+    // /dev/full opens but every write fails: the disk is full.
+    let o = env
+        .cmd(&["kill", &pid.to_string(), "--no-nvml", "--yes"])
+        .env("GPUSWEEP_AUDIT_LOG", "/dev/full")
+        .output()
+        .expect("run");
+    let t = text(&o);
+    assert_ne!(o.status.code(), Some(0), "{t}");
+    assert!(alive(pid), "no record, no signal: {t}");
+    assert!(t.contains("refused") && t.contains("audit"), "{t}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn a_fake_name_does_not_make_a_holder_benign() {
+    let env = Env::new();
+    let dev = env.device();
+    // argv[0] says nvidia-smi; the executable is sleep.
+    let mut child = Command::new("bash")
+        .args(["-c", "exec -a /opt/x/nvidia-smi sleep 300 <\"$1\"", "sh"])
+        .arg(&dev)
+        .spawn()
+        .expect("bash");
+    let pid = child.id();
+    await_cond("the exec", || {
+        std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
+    });
+    let o = env.run(&[
+        "sweep",
+        "--dry-run",
+        "--no-nvml",
+        "--device-glob",
+        &env.glob(),
+    ]);
+    let t = text(&o);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(t.contains(&format!(" {pid} ")), "planned, not benign: {t}");
+}
+
+#[test]
+fn a_holder_of_control_files_only_is_not_swept() {
+    let env = Env::new();
+    let ctl = env.dir.path().join("nvidiactl");
+    std::fs::write(&ctl, b"").expect("stand-in nvidiactl");
+    let mut child = Command::new("sleep")
+        .arg("300")
+        .stdin(std::fs::File::open(&ctl).expect("open"))
+        .spawn()
+        .expect("sleep");
+    let pid = child.id();
+    await_cond("the holder", || {
+        std::fs::read_link(format!("/proc/{pid}/fd/0")).is_ok_and(|l| l == ctl)
+    });
+    let o = env.run(&[
+        "sweep",
+        "--dry-run",
+        "--no-nvml",
+        "--device-glob",
+        &env.glob(),
+    ]);
+    let t = text(&o);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(t.contains("plan: 0 processes"), "{t}");
+    assert!(
+        t.contains(&format!("skipped {pid}")) && t.contains("control"),
+        "{t}"
+    );
 }

@@ -1,8 +1,10 @@
 //! The audit log: one JSON line per signal, in `$GPUSWEEP_AUDIT_LOG` or
-//! `$XDG_STATE_HOME/gpusweep/actions.jsonl`. No signal is sent when the log cannot be written.
+//! `$XDG_STATE_HOME/gpusweep/actions.jsonl`. The record of a signal is written and synced before the signal is
+//! sent; when it cannot be, no signal is sent.
 
 use std::fs;
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
 use thiserror::Error;
@@ -44,21 +46,26 @@ impl AuditLog {
         }
     }
 
+    /// Open for appending: created 0600, never through a symlink (a planted link cannot redirect it).
     pub fn open(&self) -> Result<fs::File, AuditError> {
         let Some(path) = &self.path else {
             return Err(AuditError::NoLocation);
         };
-        if let Some(dir) = path.parent() {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             fs::create_dir_all(dir)
                 .map_err(|e| AuditError::CreateDir(dir.display().to_string(), e.to_string()))?;
         }
         fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(path)
             .map_err(|e| AuditError::Open(path.display().to_string(), e.to_string()))
     }
 
+    /// Append one complete record with a single write and flush it to disk. Records of several processes
+    /// sharing one log never interleave: O_APPEND makes each write land whole at the end.
     pub fn record(
         &self,
         host: &str,
@@ -67,7 +74,7 @@ impl AuditLog {
         result: &str,
     ) -> Result<(), AuditError> {
         let mut f = self.open()?;
-        let line = serde_json::json!({
+        let mut line = serde_json::json!({
             "time": humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
             "host": host,
             "pid": t.pid,
@@ -75,7 +82,19 @@ impl AuditLog {
             "cmdline": t.cmdline,
             "signal": signal.name(),
             "result": result,
-        });
-        writeln!(f, "{line}").map_err(|e| AuditError::Write(e.to_string()))
+        })
+        .to_string()
+        .into_bytes();
+        line.push(b'\n');
+        let n = f
+            .write(&line)
+            .map_err(|e| AuditError::Write(e.to_string()))?;
+        if n != line.len() {
+            return Err(AuditError::Write(format!(
+                "short write ({n} of {} bytes)",
+                line.len()
+            )));
+        }
+        f.sync_data().map_err(|e| AuditError::Write(e.to_string()))
     }
 }

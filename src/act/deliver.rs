@@ -3,7 +3,7 @@
 //! A target is (pid, start time). Delivery opens a pidfd first, then re-reads the start time: if the PID now
 //! names another process, nothing is sent. The signal goes through the pidfd, so it cannot reach a process
 //! that took the PID after the check. PID 1, gpusweep itself and its ancestors are never signalled. Every
-//! signal sent is appended to the audit log before delivery is reported.
+//! signal is recorded in the audit log (one write, synced) before it is sent.
 
 use std::fs;
 use std::time::{Duration, Instant};
@@ -69,26 +69,30 @@ fn pin(t: &TargetInfo, protected: &Protected) -> Result<(PidFd, TargetInfo), Fat
         }
         Some(_) => {}
     }
+    // The record names what /proc says now, never what a client sent.
     let mut t = t.clone();
-    if t.cmdline.is_empty() {
-        t.cmdline = fs::read(format!("/proc/{}/cmdline", t.pid))
-            .map(|raw| parse_cmdline(&raw))
-            .unwrap_or_default();
-    }
+    t.cmdline = fs::read(format!("/proc/{}/cmdline", t.pid))
+        .map(|raw| parse_cmdline(&raw))
+        .unwrap_or_default();
     Ok((fd, t))
 }
 
-/// Send and record one signal. `Ok` when it was delivered.
+/// Record, then send one signal. `Ok` when it was delivered. No record, no signal.
 fn send(host: &str, fd: &PidFd, t: &TargetInfo, sig: Sig, audit: &AuditLog) -> Result<(), Fate> {
-    let sent = fd.send(sig);
-    let result = match &sent {
-        Ok(()) => "sent".to_string(),
-        Err(e) => describe_errno(e, t.pid),
-    };
-    if let Err(e) = audit.record(host, t, sig, &result) {
-        return Err(Fate::Failed {
-            reason: e.to_string(),
+    if let Err(e) = audit.record(host, t, sig, "sending") {
+        return Err(Fate::Refused {
+            reason: format!("not signalled: {e}"),
         });
+    }
+    let sent = fd.send(sig);
+    if let Err(e) = &sent {
+        // The attempt is on record; what became of it is worth a line too, but it is not required.
+        let _ = audit.record(
+            host,
+            t,
+            sig,
+            &format!("failed: {}", describe_errno(e, t.pid)),
+        );
     }
     match sent {
         Ok(()) => Ok(()),
@@ -179,7 +183,8 @@ fn escalate(
                 after_ms: millis(started.elapsed()),
             };
         } else if signal == Sig::Kill {
-            *fate = Fate::Survived;
+            // KILL was the signal: it only needs the wait below.
+            survivors.push(l);
         } else {
             match send(host, &l.fd, &l.target, Sig::Kill, audit) {
                 Ok(()) => survivors.push(l),

@@ -160,8 +160,22 @@ impl Planner<'_> {
                 continue;
             }
             let mine: Vec<u32> = h.gpus.iter().copied().filter(|&g| chosen(g)).collect();
-            // A holder of only control files (nvidiactl, nvidia-uvm) goes with a sweep of everything.
-            if mine.is_empty() && !(h.gpus.is_empty() && gpus.is_none()) {
+            if h.gpus.is_empty() {
+                // Only control files (nvidiactl, nvidia-uvm, nvidia-modeset): a desktop shell, a monitor. It
+                // holds no GPU, so no sweep takes it; `gpusweep kill PID` does when asked.
+                if gpus.is_none() && !snap.proc(h.pid).is_some_and(|p| p.state.is_zombie()) {
+                    self.plan.skipped.push((
+                        h.pid,
+                        format!(
+                            "holds only control files ({}): not swept; `gpusweep kill {}` if it must go",
+                            h.devices.join(" "),
+                            h.pid
+                        ),
+                    ));
+                }
+                continue;
+            }
+            if mine.is_empty() {
                 continue;
             }
             let hidden = snap

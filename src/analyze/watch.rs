@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::gpu_clean;
-use crate::core::format::fmt_bytes;
+use crate::core::format::{fmt_bytes, fmt_gpu_ranges};
 use crate::core::model::{HostId, HostSnapshot};
+use crate::core::parse::GpuRef;
 
 /// Which GPUs matter: all, or these indices on every host.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -92,9 +93,61 @@ pub fn judged_by_holders_only(snap: &HostSnapshot) -> bool {
     snap.error.is_none() && !snap.gpus.iter().any(|g| g.memory.used.is_some())
 }
 
+/// Which GPUs of each host `refs` names: an index stands for that GPU on every host and must exist on every
+/// host whose GPUs could be read; a UUID must name a GPU of some host. Hosts that none of them name are left
+/// out of the map. `Err` says which GPU is missing and what the host has.
+pub fn resolve_gpus(
+    refs: &[GpuRef],
+    hosts: &[(HostId, &HostSnapshot)],
+) -> Result<BTreeMap<HostId, Vec<u32>>, String> {
+    let mut out: BTreeMap<HostId, Vec<u32>> = BTreeMap::new();
+    for (id, snap) in hosts {
+        let have: Vec<u32> = snap.gpus.iter().map(|g| g.index).collect();
+        let mut mine = Vec::new();
+        for r in refs {
+            match r {
+                GpuRef::Index(i) if have.is_empty() || have.contains(i) => mine.push(*i),
+                GpuRef::Index(i) => {
+                    return Err(format!(
+                        "{}: no GPU {i} (its GPUs: {})",
+                        snap.host,
+                        fmt_gpu_ranges(&have)
+                    ));
+                }
+                GpuRef::Uuid(u) => mine.extend(
+                    snap.gpus
+                        .iter()
+                        .filter(|g| g.uuid.as_deref().is_some_and(|x| x.eq_ignore_ascii_case(u)))
+                        .map(|g| g.index),
+                ),
+            }
+        }
+        if !mine.is_empty() {
+            mine.sort_unstable();
+            mine.dedup();
+            out.insert(*id, mine);
+        }
+    }
+    for r in refs {
+        if let GpuRef::Uuid(u) = r {
+            let found = hosts.iter().any(|(_, s)| {
+                s.gpus
+                    .iter()
+                    .any(|g| g.uuid.as_deref().is_some_and(|x| x.eq_ignore_ascii_case(u)))
+            });
+            if !found {
+                return Err(format!("no host has a GPU {u}"));
+            }
+        }
+    }
+    Ok(out)
+}
+
 #[derive(Debug, Clone)]
 pub struct Watch {
     pub scope: Scope,
+    /// Hosts whose GPUs were chosen one by one (`--gpus` with UUIDs); others use `scope`.
+    pub per_host: BTreeMap<HostId, Scope>,
     pub tolerance: u64,
     pub started_ms: u64,
     pub clean_at_ms: Option<u64>,
@@ -117,6 +170,7 @@ impl Watch {
             clean_at_ms: None,
             hosts: BTreeMap::new(),
             expected,
+            per_host: BTreeMap::new(),
         }
     }
 
@@ -129,8 +183,9 @@ impl Watch {
         if !self.watches(host) {
             return false;
         }
-        self.hosts
-            .insert(host, verdict(snap, &self.scope, self.tolerance));
+        let scope = self.per_host.get(&host).unwrap_or(&self.scope);
+        let v = verdict(snap, scope, self.tolerance);
+        self.hosts.insert(host, v);
         self.settle(now_ms)
     }
 

@@ -12,13 +12,11 @@ use crate::runtime::Overrides;
 
 /// A `--gpus` list as one value (clap would take a bare `Vec` for repeated values).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GpuList(pub Vec<u32>);
+pub struct GpuList(pub Vec<crate::core::parse::GpuRef>);
 
-/// clap value parser for GPU index lists.
+/// clap value parser for GPU lists: indices, ranges and UUIDs.
 fn gpu_list_arg(s: &str) -> Result<GpuList, String> {
-    crate::core::parse::parse_gpu_list(s)
-        .map(GpuList)
-        .map_err(|e| e.to_string())
+    crate::core::parse::gpu_refs_arg(s).map(GpuList)
 }
 
 fn dtype_arg(s: &str) -> Result<Dtype, String> {
@@ -134,7 +132,7 @@ pub enum Command {
     },
     /// Block until every chosen GPU is clean. Exit 0 clean, 1 timeout (naming what holds memory), 2 error.
     Wait {
-        /// GPU indices (0,1,4-7). Default: all.
+        /// GPUs: indices, ranges and UUIDs (0,1,4-7,GPU-...). Default: all. A GPU a host lacks is an error.
         #[arg(long, value_name = "LIST", value_parser = gpu_list_arg)]
         gpus: Option<GpuList>,
         /// Clean means at most this many MiB used. Default 0.
@@ -149,7 +147,7 @@ pub enum Command {
     },
     /// Signal every holder of the chosen GPUs: TERM, a grace period, KILL; then wait until clean.
     Sweep {
-        /// GPU indices to sweep (0,1,4-7). Default: all.
+        /// GPUs to sweep: indices, ranges and UUIDs (0,1,4-7,GPU-...). Default: all.
         #[arg(long, value_name = "LIST", value_parser = gpu_list_arg)]
         gpus: Option<GpuList>,
         /// Time between TERM and KILL.

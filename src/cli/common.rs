@@ -11,8 +11,7 @@ use crate::core::signal::{Outcome, SignalRequest, all_failed};
 use crate::runtime::{Fleet, HostEvent};
 use crate::source::{ConnStatus, HostCmd};
 
-/// Poll interval while a command waits for GPUs to become clean.
-pub const FAST_POLL: Duration = Duration::from_millis(100);
+pub use crate::runtime::FAST_POLL;
 /// How long a host may take to answer a signal request beyond its grace period.
 pub const ANSWER_SLACK: Duration = Duration::from_secs(30);
 

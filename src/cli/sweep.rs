@@ -8,17 +8,18 @@ use super::common::{
     ANSWER_SLACK, FAST_POLL, any_failed, confirm, deliver_all, first_snapshots, print_outcomes,
     runtime,
 };
-use super::wait::watch_until_clean;
+use super::wait::{unusable, watch_for, watch_until_clean};
 use crate::analyze::plan::{Plan, plan, plan_summary};
-use crate::analyze::watch::Scope;
+use crate::analyze::watch::Watch;
 use crate::core::format::{fmt_bytes, fmt_gpus, fmt_ms, millis, truncate};
 use crate::core::model::{HostId, MIB};
+use crate::core::parse::GpuRef;
 use crate::core::signal::{Sig, SignalRequest};
 use crate::runtime::{Fleet, Settings};
 use crate::source::HostCmd;
 
 pub struct SweepArgs {
-    pub gpus: Option<Vec<u32>>,
+    pub gpus: Option<Vec<GpuRef>>,
     pub grace: Duration,
     pub dry_run: bool,
     pub yes: bool,
@@ -46,38 +47,67 @@ pub fn print_plan(plan: &Plan) {
     }
 }
 
-/// One reading of every host, and the plan for the chosen GPUs.
-async fn make_plan(fleet: &mut Fleet, s: &Settings, scope: &Scope) -> anyhow::Result<Plan> {
+/// What one reading of every host says: the plan for the chosen GPUs, the watch that follows, and the hosts
+/// that could not be read (left out, reported, and the reason the sweep cannot end in exit 0).
+struct Start {
+    plan: Plan,
+    watch: Watch,
+    unreadable: Vec<String>,
+}
+
+async fn start(
+    fleet: &mut Fleet,
+    s: &Settings,
+    a: &SweepArgs,
+    tolerance: u64,
+) -> anyhow::Result<Start> {
     let snaps = first_snapshots(fleet, s.connect_timeout).await;
-    for snap in snaps.iter().filter(|s| s.error.is_some()) {
-        eprintln!(
-            "gpusweep: {}: {}",
-            snap.host,
-            snap.error.as_deref().unwrap_or("")
-        );
+    let mut unreadable = Vec::new();
+    for snap in &snaps {
+        match (&snap.error, unusable(snap, s.fleet.load_nvml)) {
+            (Some(_), Some(why)) => {
+                eprintln!("gpusweep: {why}");
+                unreadable.push(why);
+            }
+            (None, Some(why)) => bail!("{why}"),
+            _ => {}
+        }
     }
     if snaps.iter().all(|h| h.error.is_some()) {
         bail!("no host could be read");
     }
+    let watch = watch_for(fleet, &snaps, a.gpus.as_deref(), tolerance)?;
     let mut all = Plan::default();
     for (i, snap) in snaps.iter().enumerate() {
-        if snap.error.is_none() {
-            let id = HostId(i);
-            all.extend(plan(id, snap, scope.gpus.as_deref(), &fleet.protected(id)));
+        let id = HostId(i);
+        if snap.error.is_some() {
+            continue;
         }
+        let gpus: Option<&[u32]> = match (&a.gpus, watch.per_host.get(&id)) {
+            (None, _) => None,
+            (Some(_), Some(scope)) => scope.gpus.as_deref(),
+            // --gpus names no GPU of this host.
+            (Some(_), None) => continue,
+        };
+        all.extend(plan(id, snap, gpus, &fleet.protected(id)));
     }
-    Ok(all)
+    Ok(Start {
+        plan: all,
+        watch,
+        unreadable,
+    })
 }
 
-/// Ask, then signal. `Ok(None)` when the operator said no; otherwise whether some target failed.
+/// Ask, then signal. `Ok(None)` when the operator said no; otherwise whether some target failed, and when
+/// the first signal went out (the time at the prompt is not the sweep's).
 async fn signal_plan(
     fleet: &mut Fleet,
     plan: &Plan,
     a: &SweepArgs,
-) -> anyhow::Result<Option<bool>> {
+) -> anyhow::Result<Option<(bool, Instant)>> {
     if plan.items.is_empty() {
         println!("nothing to signal");
-        return Ok(Some(false));
+        return Ok(Some((false, Instant::now())));
     }
     let question = format!(
         "Send TERM to {} processes, KILL after {}?",
@@ -93,54 +123,52 @@ async fn signal_plan(
         .into_iter()
         .map(|h| (h, plan.request(h, Sig::Term, Some(millis(a.grace)))))
         .collect();
+    let started = Instant::now();
     for (h, _) in &reqs {
         fleet.send(*h, HostCmd::Interval(FAST_POLL));
     }
     let outs = deliver_all(fleet, &reqs, a.grace + ANSWER_SLACK).await;
     println!("signals:");
     print_outcomes(&outs);
-    Ok(Some(any_failed(&outs)))
+    Ok(Some((any_failed(&outs), started)))
 }
 
 pub fn run(s: &Settings, a: &SweepArgs) -> anyhow::Result<i32> {
-    let scope = Scope {
-        gpus: a.gpus.clone(),
-    };
     let tolerance = a
         .tolerance_mib
         .map_or(s.fleet.analyze.tolerance, |t| t.saturating_mul(MIB));
     let rt = runtime()?;
     let res = rt.block_on(async {
         let mut fleet = Fleet::start(&s.specs, &s.fleet)?;
-        let plan = make_plan(&mut fleet, s, &scope).await?;
+        let Start {
+            plan,
+            watch,
+            unreadable,
+        } = start(&mut fleet, s, a, tolerance).await?;
         print_plan(&plan);
+        // Hosts that could not be read were neither planned nor judged: never an all-clear.
+        let unread = if unreadable.is_empty() { 0 } else { 2 };
         if a.dry_run {
-            return Ok(0);
+            return Ok(unread);
         }
-        let started = Instant::now();
         // A target refused or failed: exit 1 unless the GPUs end up clean anyway.
-        let Some(failed) = signal_plan(&mut fleet, &plan, a).await? else {
+        let Some((failed, started)) = signal_plan(&mut fleet, &plan, a).await? else {
             return Ok(2);
         };
         if a.no_wait {
-            return Ok(i32::from(failed));
+            return Ok(unread.max(i32::from(failed)));
         }
         fleet.broadcast(&HostCmd::Interval(FAST_POLL));
-        let (clean, watch) = watch_until_clean(
-            &mut fleet,
-            scope,
-            tolerance,
-            Some(a.timeout),
-            started,
-            s.connect_timeout,
-        )
-        .await?;
+        let (clean, watch) = watch_until_clean(&mut fleet, watch, Some(a.timeout), started).await?;
         if clean {
             println!(
                 "clean: every chosen GPU reads zero, {} after the first signal",
                 fmt_ms(millis(started.elapsed()))
             );
-            Ok(0)
+            for why in &unreadable {
+                println!("  not judged: {why}");
+            }
+            Ok(unread)
         } else {
             println!(
                 "not clean after {}; still held:",

@@ -1,20 +1,23 @@
-//! `gpusweep wait`, and the watch-until-clean loop that `sweep` shares.
+//! `gpusweep wait`, and the watch-until-clean loop that `sweep` shares. A gate: it passes only on readings
+//! it has. A host never read, a host whose GPUs cannot be read (unless `--no-nvml`), a GPU a host does not have:
+//! each is an error (exit 2), never a pass.
 
-use std::collections::HashSet;
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
 
-use super::common::runtime;
-use crate::analyze::watch::{Scope, Watch, judged_by_holders_only};
+use super::common::{first_snapshots, runtime};
+use crate::analyze::watch::{Scope, Watch, judged_by_holders_only, resolve_gpus};
 use crate::core::format::{fmt_ms, millis, truncate};
-use crate::core::model::MIB;
+use crate::core::model::{HostId, HostSnapshot, MIB};
+use crate::core::parse::GpuRef;
 use crate::runtime::{Fleet, HostEvent, Settings};
 use crate::source::ConnStatus;
 
 pub struct WaitArgs {
-    pub gpus: Option<Vec<u32>>,
+    pub gpus: Option<Vec<GpuRef>>,
     pub tolerance_mib: Option<u64>,
     pub timeout: Option<Duration>,
     pub poll: Duration,
@@ -56,70 +59,95 @@ impl Progress {
     }
 }
 
-/// How long to wait for the next event.
-fn next_deadline(
-    deadline: Option<tokio::time::Instant>,
-    first_deadline: tokio::time::Instant,
-    any_reading: bool,
-) -> tokio::time::Instant {
-    match (deadline, any_reading) {
-        (Some(d), true) => d,
-        (Some(d), false) => d.min(first_deadline),
-        (None, true) => tokio::time::Instant::now() + Duration::from_secs(3600),
-        (None, false) => first_deadline,
+/// Why a host's first reading cannot back a verdict, if it cannot.
+pub fn unusable(snap: &HostSnapshot, load_nvml: bool) -> Option<String> {
+    if let Some(e) = &snap.error {
+        return Some(format!("{}: could not be read: {e}", snap.host));
     }
+    if load_nvml && judged_by_holders_only(snap) {
+        return Some(format!(
+            "{}: no GPU can be read ({}); no verdict without the driver (--no-nvml judges by holders alone)",
+            snap.host,
+            snap.gpu_error.as_deref().unwrap_or("no GPUs")
+        ));
+    }
+    None
 }
 
-/// Watch until clean. `Ok(true)` clean, `Ok(false)` timed out; Err when no host ever answered.
+/// The watch over the hosts and GPUs chosen, seeded with their first readings.
+pub fn watch_for(
+    fleet: &Fleet,
+    snaps: &[HostSnapshot],
+    gpus: Option<&[GpuRef]>,
+    tolerance: u64,
+) -> anyhow::Result<Watch> {
+    let readable: Vec<(HostId, &HostSnapshot)> = snaps
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.error.is_none())
+        .map(|(i, s)| (HostId(i), s))
+        .collect();
+    let (expected, per_host) = match gpus {
+        None => (
+            readable
+                .iter()
+                .map(|(h, _)| (*h, fleet.label(*h).to_string()))
+                .collect(),
+            BTreeMap::new(),
+        ),
+        Some(refs) => {
+            let map = resolve_gpus(refs, &readable).map_err(|e| anyhow::anyhow!("--gpus: {e}"))?;
+            let expected = map
+                .keys()
+                .map(|h| (*h, fleet.label(*h).to_string()))
+                .collect();
+            let per_host = map
+                .into_iter()
+                .map(|(h, g)| (h, Scope { gpus: Some(g) }))
+                .collect();
+            (expected, per_host)
+        }
+    };
+    let mut watch = Watch::new(expected, Scope::default(), tolerance, 0);
+    watch.per_host = per_host;
+    for (h, s) in readable {
+        watch.observe(h, s, 0);
+    }
+    Ok(watch)
+}
+
+/// Watch until clean. `Ok(true)` clean, `Ok(false)` timed out.
 pub async fn watch_until_clean(
     fleet: &mut Fleet,
-    scope: Scope,
-    tolerance: u64,
+    mut watch: Watch,
     timeout: Option<Duration>,
     started: Instant,
-    connect_timeout: Duration,
 ) -> anyhow::Result<(bool, Watch)> {
-    let mut watch = Watch::new(fleet.expected(), scope, tolerance, 0);
+    if watch.all_clean() {
+        return Ok((true, watch));
+    }
     let deadline = timeout.map(|t| tokio::time::Instant::from_std(started) + t);
-    let first_deadline = tokio::time::Instant::now() + connect_timeout;
-    let mut any_reading = false;
-    let mut noted: HashSet<String> = HashSet::new();
     let mut progress = Progress {
         on: std::io::stderr().is_terminal(),
         last_len: 0,
     };
     loop {
-        let until = next_deadline(deadline, first_deadline, any_reading);
+        let until =
+            deadline.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
         let ev = match tokio::time::timeout_at(until, fleet.events.recv()).await {
             Ok(Some(ev)) => ev,
             Ok(None) => bail!("all collectors stopped"),
-            Err(_) if !any_reading && deadline.is_none_or(|d| first_deadline < d) => {
-                let why = watch.remaining().join("; ");
-                bail!(
-                    "no host could be read within {}s: {why}",
-                    connect_timeout.as_secs()
-                )
-            }
-            Err(_) => {
+            Err(_) if deadline.is_some() => {
                 progress.end();
                 return Ok((false, watch));
             }
+            Err(_) => continue,
         };
         let elapsed = millis(started.elapsed());
         match ev {
-            HostEvent::Snapshot { host, snap } => {
-                any_reading = true;
-                if judged_by_holders_only(&snap) && noted.insert(snap.host.clone()) {
-                    eprintln!(
-                        "gpusweep: {}: no GPU can be read ({}); judging by holders alone",
-                        snap.host,
-                        snap.gpu_error.as_deref().unwrap_or("no GPUs")
-                    );
-                }
-                if watch.observe(host, &snap, elapsed) {
-                    progress.clear();
-                    return Ok((true, watch));
-                }
+            HostEvent::Snapshot { host, snap } if watch.observe(host, &snap, elapsed) => {
+                progress.clear();
+                return Ok((true, watch));
             }
             HostEvent::Status {
                 host,
@@ -132,9 +160,6 @@ pub async fn watch_until_clean(
 }
 
 pub fn run(s: &Settings, a: &WaitArgs) -> anyhow::Result<i32> {
-    let scope = Scope {
-        gpus: a.gpus.clone(),
-    };
     let tolerance = a
         .tolerance_mib
         .map_or(s.fleet.analyze.tolerance, |t| t.saturating_mul(MIB));
@@ -144,15 +169,20 @@ pub fn run(s: &Settings, a: &WaitArgs) -> anyhow::Result<i32> {
     let started = Instant::now();
     let res = rt.block_on(async {
         let mut fleet = Fleet::start(&s.specs, &opts)?;
-        watch_until_clean(
-            &mut fleet,
-            scope,
-            tolerance,
-            a.timeout,
-            started,
-            s.connect_timeout,
-        )
-        .await
+        // At least one reading of every host, whatever the timeout: a gate never passes on no reading.
+        let snaps = first_snapshots(&mut fleet, s.connect_timeout).await;
+        if let Some(e) = snaps.iter().find_map(|h| unusable(h, s.fleet.load_nvml)) {
+            bail!("{e}");
+        }
+        for snap in snaps.iter().filter(|h| judged_by_holders_only(h)) {
+            eprintln!(
+                "gpusweep: {}: no GPU can be read ({}); judging by holders alone (--no-nvml)",
+                snap.host,
+                snap.gpu_error.as_deref().unwrap_or("no GPUs")
+            );
+        }
+        let watch = watch_for(&fleet, &snaps, a.gpus.as_deref(), tolerance)?;
+        watch_until_clean(&mut fleet, watch, a.timeout, started).await
     });
     rt.shutdown_background();
     let (clean, watch) = res?;

@@ -46,6 +46,32 @@ pub fn fmt_gpus(gpus: &[u32]) -> String {
     }
 }
 
+/// GPU indices as ranges: `0-7`, `0,2,4-6`, or `-` for none.
+pub fn fmt_gpu_ranges(gpus: &[u32]) -> String {
+    let mut v = gpus.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i;
+        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
+            j += 1;
+        }
+        parts.push(match j - i {
+            0 => v[i].to_string(),
+            1 => format!("{},{}", v[i], v[j]),
+            _ => format!("{}-{}", v[i], v[j]),
+        });
+        i = j + 1;
+    }
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(",")
+    }
+}
+
 /// A value, or "N/A" when it could not be read.
 pub fn fmt_opt<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or_else(|| "N/A".into(), |v| v.to_string())
@@ -108,5 +134,9 @@ mod tests {
         assert_eq!(fmt_ms(2300), "2.3 s");
         assert_eq!(truncate("abcdef", 4), "abc…");
         assert_eq!(truncate("abc", 4), "abc");
+        assert_eq!(fmt_gpu_ranges(&[0, 1, 2, 3, 4, 5, 6, 7]), "0-7");
+        assert_eq!(fmt_gpu_ranges(&[0, 2, 4, 5, 6]), "0,2,4-6");
+        assert_eq!(fmt_gpu_ranges(&[3, 4]), "3,4");
+        assert_eq!(fmt_gpu_ranges(&[]), "-");
     }
 }

@@ -7,4 +7,7 @@ pub mod poll;
 pub mod settings;
 
 pub use fleet::{Fleet, FleetOptions, HostEvent};
+
+/// How often hosts are read while something waits for them to become clean (a sweep, a re-watch, `wait`).
+pub const FAST_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 pub use settings::{Overrides, Settings};

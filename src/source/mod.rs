@@ -93,6 +93,19 @@ pub fn shown_pids(
     (wanted, zombies)
 }
 
+/// A holder NVML charges memory to is never benign, whatever it is called.
+pub fn unbenign_charged(holders: &mut [crate::core::model::Holder], gpus: &[Gpu]) {
+    for h in holders.iter_mut().filter(|h| h.benign) {
+        let charged = gpus
+            .iter()
+            .flat_map(|g| g.processes.iter())
+            .any(|p| p.pid == h.pid && p.used_bytes.is_none_or(|b| b > 0));
+        if charged {
+            h.benign = false;
+        }
+    }
+}
+
 /// GPU indices of the device files a process has open: `/dev/nvidiaN` -> the GPU whose NVML minor is N
 /// (without GPU readings the minor is taken as the index). Control files map to no GPU.
 pub fn gpus_of_devices(devices: &[String], gpus: &[Gpu]) -> Vec<u32> {

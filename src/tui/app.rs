@@ -22,7 +22,7 @@ pub const HISTORY: usize = 600;
 /// Grace between TERM and KILL for sweeps started from the TUI.
 pub const TUI_GRACE: Duration = Duration::from_secs(10);
 /// Polling while re-watching.
-pub const REWATCH_INTERVAL: Duration = Duration::from_millis(100);
+pub const REWATCH_INTERVAL: Duration = crate::runtime::FAST_POLL;
 
 #[derive(Debug, Clone)]
 pub enum Action {

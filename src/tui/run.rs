@@ -207,7 +207,7 @@ async fn event_loop(
             },
             () = tokio::time::sleep(tick_wait) => {
                 app.update(Action::Tick(now_ms()));
-                let period = if app.rewatch.is_some() { Duration::from_millis(100) } else { Duration::from_secs(1) };
+                let period = if app.rewatch.is_some() { crate::runtime::FAST_POLL } else { Duration::from_secs(1) };
                 next_tick = Instant::now() + period;
                 dirty = true;
                 data_only = false;

@@ -36,6 +36,8 @@ fn liveness(snap: &HostSnapshot, pid: u32) -> Liveness<'_> {
 /// What the listed processes of one GPU add up to.
 struct Accounting {
     live_charged: u64,
+    /// A live listed process whose bytes NVML could not tell: nothing can be claimed as residual then.
+    live_unknown: bool,
     live_count: usize,
     ghosts: Vec<(u32, Option<u64>, String)>,
 }
@@ -43,6 +45,7 @@ struct Accounting {
 fn listed(snap: &HostSnapshot, g: &Gpu, out: &mut Findings) -> Accounting {
     let mut l = Accounting {
         live_charged: 0,
+        live_unknown: false,
         live_count: 0,
         ghosts: Vec::new(),
     };
@@ -51,10 +54,12 @@ fn listed(snap: &HostSnapshot, g: &Gpu, out: &mut Findings) -> Accounting {
             Liveness::Live => {
                 l.live_count += 1;
                 l.live_charged += lp.used_bytes.unwrap_or(0);
+                l.live_unknown |= lp.used_bytes.is_none();
             }
             Liveness::NotVisible => {
                 l.live_count += 1;
                 l.live_charged += lp.used_bytes.unwrap_or(0);
+                l.live_unknown |= lp.used_bytes.is_none();
                 out.push(Draft {
                     kind: FindingKind::NotVisible,
                     severity: Severity::Info,
@@ -103,8 +108,10 @@ pub fn find(snap: &HostSnapshot, opts: &AnalyzeOptions, out: &mut Findings) {
         let Some(used) = g.memory.used else { continue };
         let l = listed(snap, g, out);
         let residual = used.saturating_sub(l.live_charged);
-        let is_residual =
-            residual > opts.tolerance && (l.live_count == 0 || residual > opts.residual_slack);
+        // Unknown is unknown: bytes nobody could read are never counted as 0 to make a leak.
+        let is_residual = !l.live_unknown
+            && residual > opts.tolerance
+            && (l.live_count == 0 || residual > opts.residual_slack);
         let hidden = hidden_holders(snap, g);
         let unexplained = is_residual || !l.ghosts.is_empty();
         let target = if unexplained {

@@ -139,6 +139,7 @@ pub fn build_snapshot(
         })
         .collect();
     holders.sort_by_key(|h| h.pid);
+    super::unbenign_charged(&mut holders, &gpus);
     let mut processes: Vec<_> = wanted
         .iter()
         .filter_map(|p| table.procs.get(p).cloned())

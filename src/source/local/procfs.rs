@@ -310,8 +310,19 @@ impl ProcScanner {
         }
     }
 
+    /// Benign by what the process runs (`/proc/PID/exe`), never by the argv it shows.
     pub fn is_benign(&self, p: &Proc, self_pid: u32) -> bool {
-        p.pid == self_pid || is_benign_name(p, &self.cfg.benign)
+        if p.pid == self_pid {
+            return true;
+        }
+        let exe = fs::read_link(self.cfg.proc_root.join(p.pid.to_string()).join("exe"))
+            .ok()
+            .map(|l| {
+                l.to_string_lossy()
+                    .trim_end_matches(" (deleted)")
+                    .to_string()
+            });
+        is_benign_program(&p.comm, exe.as_deref(), &self.cfg.benign)
     }
 
     fn read_stat(&mut self, pid: u32) -> Option<Proc> {
@@ -487,15 +498,20 @@ impl ProcScanner {
     }
 }
 
-/// A process whose name (comm, argv[0], or the script a Python interpreter runs) is in `benign`.
-pub fn is_benign_name(p: &Proc, benign: &[String]) -> bool {
-    let mut args = p.cmdline.split(' ');
-    let base0 = args.next().unwrap_or("").rsplit('/').next().unwrap_or("");
-    // `python3 /usr/bin/nvitop`: the script is the program.
-    let base1 = args.next().unwrap_or("").rsplit('/').next().unwrap_or("");
-    benign
-        .iter()
-        .any(|b| p.comm == *b || base0 == b || (base0.starts_with("python") && base1 == b))
+/// A process that runs a program named in `benign`. `exe` is `/proc/PID/exe` when it could be read: its
+/// name decides, or, for a Python interpreter, the script's name (the kernel sets comm from the script a
+/// shebang runs). Without `exe` (another user's process) the comm decides. argv is never trusted: anyone can
+/// start `exec -a nvidia-smi ...`.
+pub fn is_benign_program(comm: &str, exe: Option<&str>, benign: &[String]) -> bool {
+    match exe {
+        Some(exe) => {
+            let base = exe.rsplit('/').next().unwrap_or("");
+            benign
+                .iter()
+                .any(|b| base == b || (base.starts_with("python") && comm == b))
+        }
+        None => benign.iter().any(|b| comm == b),
+    }
 }
 
 /// `/proc/PID/cmdline` as one line; empty when it cannot be read (kernel threads, exited processes).

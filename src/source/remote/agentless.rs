@@ -17,7 +17,7 @@ use crate::core::model::{
     now_ms,
 };
 use crate::core::procstat::parse_stat;
-use crate::source::local::procfs::is_benign_name;
+use crate::source::local::procfs::is_benign_program;
 use crate::source::{gpus_of_devices, shown_pids};
 
 /// The fields asked of `nvidia-smi --query-gpu`, in order. The first nine are what the reference H200 printed.
@@ -274,9 +274,11 @@ pub fn agentless_snapshot(label: &str, out: &str, benign: &[String]) -> HostSnap
     let mut holders = holders_from_fds(&scan.fds, &gpus);
     for h in &mut holders {
         if let Some(p) = procs.get(&h.pid) {
-            h.benign = is_benign_name(p, benign);
+            // The shell scan has no exe: the comm (the kernel's name for the program) decides.
+            h.benign = is_benign_program(&p.comm, None, benign);
         }
     }
+    crate::source::unbenign_charged(&mut holders, &gpus);
     let seeds = holders
         .iter()
         .map(|h| h.pid)

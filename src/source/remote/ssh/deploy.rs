@@ -117,9 +117,15 @@ pub async fn deploy(handle: &Handle<Client>) -> Result<String, String> {
             std::env::consts::ARCH
         ));
     }
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
-    let bytes = std::fs::read(&exe).map_err(|e| format!("reading {}: {e}", exe.display()))?;
-    let sum = hex(&Sha256::digest(&bytes));
+    // Reading and hashing the whole binary is blocking work: off the async threads.
+    let (bytes, sum) = tokio::task::spawn_blocking(|| {
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+        let bytes = std::fs::read(&exe).map_err(|e| format!("reading {}: {e}", exe.display()))?;
+        let sum = hex(&Sha256::digest(&bytes));
+        Ok::<_, String>((bytes, sum))
+    })
+    .await
+    .map_err(|e| format!("reading this binary: {e}"))??;
     let path = format!(
         "\"$HOME/.cache/gpusweep/gpusweep-{}-{}\"",
         env!("CARGO_PKG_VERSION"),

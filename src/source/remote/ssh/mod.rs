@@ -136,7 +136,13 @@ pub async fn run(
         return Err("not an SSH host".into());
     };
     let opts = &task.opts.ssh;
-    let target = resolve(host, user.as_deref(), *port, opts.ssh_config.as_deref());
+    // ~/.ssh/config is read from disk: off the async threads.
+    let (alias, login, port, config) = (host.clone(), user.clone(), *port, opts.ssh_config.clone());
+    let target = tokio::task::spawn_blocking(move || {
+        resolve(&alias, login.as_deref(), port, config.as_deref())
+    })
+    .await
+    .map_err(|e| format!("reading the ssh config: {e}"))?;
     trace(&task.label, "connecting");
     let session = {
         let _permit = task
