@@ -6,7 +6,11 @@ use gpusweep::core::trace;
 
 fn main() {
     trace("main", "start");
+    gpusweep::runtime::raise_fd_limit();
     let cli = Cli::parse();
+    if cli.command.is_some() {
+        gpusweep::act::own::default_sigpipe();
+    }
     let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -23,7 +27,15 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
     trace("main", "settings resolved");
     let explicit_hosts = cli.global.hosts_named();
     match cli.command {
-        None => gpusweep::tui::run(&s),
+        None => {
+            use std::io::IsTerminal;
+            if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
+                anyhow::bail!(
+                    "the TUI needs a terminal (stdin and stdout); for a one-off reading use `gpusweep snapshot`, over SSH `ssh -t`"
+                );
+            }
+            gpusweep::tui::run(&s)
+        }
         Some(Command::Agent { demo_host }) => gpusweep::agent::run(&s, &demo_host),
         Some(cmd) => gpusweep::cli::run(&s, cmd, explicit_hosts),
     }

@@ -344,7 +344,7 @@ fn shm_leftovers_only_when_nobody_uses_them() {
     let f = analyze(&s, &AnalyzeOptions::default());
     assert_eq!(f.len(), 1);
     assert!(f[0].detail.contains("nccl-dead"));
-    assert_eq!(f[0].action, "rm /dev/shm/nccl-dead");
+    assert_eq!(f[0].action, "rm -- '/dev/shm/nccl-dead'");
 }
 
 #[test]

@@ -778,3 +778,105 @@ fn a_holder_of_control_files_only_is_not_swept() {
         "{t}"
     );
 }
+
+#[test]
+fn hostile_text_never_reaches_the_terminal_raw() {
+    let env = Env::new();
+    let dev = env.device();
+    // argv[0] with a screen clear, a title change and a forged prompt row after a newline.
+    let evil = "\u{1b}[2J\u{1b}]0;pwned\u{7}x\nplan: 0 processes\u{202e}";
+    let mut child = Command::new("bash")
+        .args(["-c", "exec -a \"$2\" sleep 300 <\"$1\"", "sh"])
+        .arg(&dev)
+        .arg(evil)
+        .spawn()
+        .expect("bash");
+    let pid = child.id();
+    await_cond("the exec", || {
+        std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
+    });
+    for args in [
+        vec!["snapshot", "--no-nvml", "--device-glob", &env.glob()],
+        vec![
+            "sweep",
+            "--dry-run",
+            "--no-nvml",
+            "--device-glob",
+            &env.glob(),
+        ],
+    ] {
+        let o = env.run(&args);
+        let out =
+            String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !out.contains('\u{1b}') && !out.contains('\u{7}') && !out.contains('\u{202e}'),
+            "{out:?}"
+        );
+        assert!(out.contains("\\x1b[2J"), "shown escaped: {out}");
+        assert!(
+            !out.lines().any(|l| l.starts_with("plan: 0 processes")),
+            "a newline in a cmdline cannot forge a row: {out}"
+        );
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn out_of_file_descriptors_is_never_already_gone() {
+    let env = Env::new();
+    let mut kids: Vec<std::process::Child> = (0..40)
+        .map(|_| Command::new("sleep").arg("300").spawn().expect("sleep"))
+        .collect();
+    let pids: Vec<String> = kids.iter().map(|c| c.id().to_string()).collect();
+    // A soft limit far below what 40 targets need; gpusweep raises it to the hard limit at start.
+    let script = format!(
+        "ulimit -Sn 24; exec {} kill {} --no-nvml --yes --grace 5s",
+        env!("CARGO_BIN_EXE_gpusweep"),
+        pids.join(" ")
+    );
+    let o = Command::new("bash")
+        .args(["-c", &script])
+        .env("GPUSWEEP_AUDIT_LOG", env.audit())
+        .env("GPUSWEEP_CONFIG", env.dir.path().join("no-config.toml"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("bash");
+    let out = text(&o);
+    for k in &mut kids {
+        let _ = k.kill();
+        let _ = k.wait();
+    }
+    assert!(!out.contains("already gone"), "{out}");
+    assert_eq!(out.matches("exited after TERM").count(), 40, "{out}");
+    assert_eq!(o.status.code(), Some(0), "{out}");
+}
+
+#[test]
+fn no_terminal_and_closed_pipes_are_handled() {
+    let env = Env::new();
+    // The TUI with no terminal: a clear error, exit 2 (not a panic).
+    let o = env.run(&["--demo"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("needs a terminal"), "{}", text(&o));
+    // A reader that goes away: quiet, whatever the status.
+    let script = format!(
+        "{} snapshot --demo | true; echo \"status ${{PIPESTATUS[0]}}\"",
+        env!("CARGO_BIN_EXE_gpusweep")
+    );
+    let o = Command::new("bash")
+        .args(["-c", &script])
+        .env("GPUSWEEP_CONFIG", env.dir.path().join("no-config.toml"))
+        .output()
+        .expect("bash");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !err.contains("Broken pipe") && !err.contains("error"),
+        "{err}"
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        !out.contains("status 2") && !out.contains("status 101"),
+        "{out}"
+    );
+}

@@ -18,11 +18,19 @@ use crate::core::signal::{Fate, Outcome, Protected, Sig, SignalRequest, TargetIn
 /// How long a process may take to vanish after KILL before it is reported as stuck in the kernel.
 const AFTER_KILL: Duration = Duration::from_secs(5);
 
-fn start_time_now(pid: u32) -> Option<u64> {
-    fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| parse_stat(&s))
-        .map(|p| p.start_time)
+/// The start time `/proc` shows now. `Ok(None)` only when the process is gone (ENOENT/ESRCH); any other
+/// failure (out of file descriptors, a permission) is an error, never "gone".
+fn start_time_now(pid: u32) -> std::io::Result<Option<u64>> {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => Ok(parse_stat(&s).map(|p| p.start_time)),
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(libc::ESRCH) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 fn describe_errno(e: &std::io::Error, pid: u32) -> String {
@@ -58,8 +66,13 @@ fn pin(t: &TargetInfo, protected: &Protected) -> Result<(PidFd, TargetInfo), Fat
     };
     // The pidfd pins this process; now make sure it is the one that was chosen.
     match start_time_now(t.pid) {
-        None => return Err(Fate::AlreadyGone),
-        Some(st) if st != t.start_time => {
+        Err(e) => {
+            return Err(Fate::Failed {
+                reason: format!("reading /proc/{}/stat: {e}", t.pid),
+            });
+        }
+        Ok(None) => return Err(Fate::AlreadyGone),
+        Ok(Some(st)) if st != t.start_time => {
             return Err(Fate::Refused {
                 reason: format!(
                     "PID reused: it started at tick {st}, the target at {}",
@@ -67,7 +80,7 @@ fn pin(t: &TargetInfo, protected: &Protected) -> Result<(PidFd, TargetInfo), Fat
                 ),
             });
         }
-        Some(_) => {}
+        Ok(Some(_)) => {}
     }
     // The record names what /proc says now, never what a client sent.
     let mut t = t.clone();

@@ -33,10 +33,11 @@ fn signal_arg(s: &str) -> Result<Sig, String> {
 
 pub const EXIT_CODES: &str = "\
 Exit codes:
-  0  success; for `wait` and `sweep`: every chosen GPU is clean
-  1  `wait`/`sweep` timed out with memory still held (what holds it is printed), or a target could not be
-     signalled; `kill`: some target was refused or failed
-  2  error: bad arguments or config, no host could be read, or the action was not confirmed
+  0  success; for `wait` and `sweep`: every chosen GPU of every host was read and is clean
+  1  `wait`/`sweep` timed out with memory still held (what holds it is printed); `sweep --no-wait`,
+     `kill`: a target could not be signalled (refused, failed, still running after KILL)
+  2  error: bad arguments or config; a host that could not be read; a host whose GPUs cannot be read
+     (no driver) unless --no-nvml; a GPU index or UUID a host lacks; or the action was not confirmed
 
 Findings:
   ghost          NVML charges memory to a PID that is gone (or reused): kill the holder it names

@@ -124,7 +124,7 @@ pub async fn deliver_all(
 
 pub fn print_outcomes(outs: &[(String, Outcome)]) {
     for (host, o) in outs {
-        println!("  {host}: {}", o.describe());
+        println!("  {}: {}", crate::core::format::escape(host), o.describe());
     }
 }
 

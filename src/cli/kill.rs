@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail};
 
 use super::common::{ANSWER_SLACK, confirm, deliver_all, first_snapshots, print_outcomes, runtime};
-use crate::core::format::{millis, truncate};
+use crate::core::format::{escape, millis, truncate};
 use crate::core::host::HostSpec;
 use crate::core::model::HostId;
 use crate::core::procstat::{parse_cmdline, parse_stat};
@@ -85,7 +85,12 @@ pub fn run(s: &Settings, a: &KillArgs) -> anyhow::Result<i32> {
             return Ok(1);
         }
         for t in &targets {
-            println!("  {} {:>7}  {}", snap.host, t.pid, truncate(&t.cmdline, 80));
+            println!(
+                "  {} {:>7}  {}",
+                escape(&snap.host),
+                t.pid,
+                truncate(&escape(&t.cmdline), 80)
+            );
         }
         let question = format!("Send {} to {} process(es)?", a.signal.name(), targets.len());
         if !confirm(&question, a.yes)? {

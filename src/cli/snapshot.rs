@@ -5,7 +5,7 @@ use std::io::Write;
 
 use super::common::{first_snapshots, runtime};
 use crate::analyze::{AnalyzeOptions, gpu_state};
-use crate::core::format::{fmt_bytes, fmt_gpus, fmt_opt, fmt_secs, truncate};
+use crate::core::format::{escape, fmt_bytes, fmt_gpus, fmt_opt, fmt_secs, truncate};
 use crate::core::model::{Gpu, HostSnapshot, Severity};
 use crate::core::trace;
 use crate::runtime::{Fleet, Settings};
@@ -47,17 +47,17 @@ fn age(snap: &HostSnapshot, started_at: Option<u64>) -> String {
 pub fn render_table(snap: &HostSnapshot, opts: &AnalyzeOptions) -> String {
     let mut o = String::new();
     let src = format!("{:?}", snap.source).to_lowercase();
-    let _ = write!(o, "== {} ({src}", snap.host);
+    let _ = write!(o, "== {} ({src}", escape(&snap.host));
     if let Some(d) = &snap.driver_version {
-        let _ = write!(o, ", driver {d}");
+        let _ = write!(o, ", driver {}", escape(d));
     }
     o.push_str(")\n");
     if let Some(e) = &snap.error {
-        let _ = write!(o, "   ERROR: {e}\n\n");
+        let _ = write!(o, "   ERROR: {}\n\n", escape(e));
         return o;
     }
     if let Some(e) = &snap.gpu_error {
-        let _ = writeln!(o, "   GPUs: {e}");
+        let _ = writeln!(o, "   GPUs: {}", escape(e));
     }
     gpu_table(&mut o, snap, opts);
     process_table(&mut o, snap);
@@ -81,7 +81,7 @@ fn gpu_table(o: &mut String, snap: &HostSnapshot, opts: &AnalyzeOptions) {
             o,
             "   {:<3} {:<26} {:>22} {:>8} {:>5} {:>5} {:>6} {:>4}  {:<8} {}",
             g.index,
-            truncate(g.name.as_deref().unwrap_or("N/A"), 26),
+            truncate(&escape(g.name.as_deref().unwrap_or("N/A")), 26),
             format!(
                 "{} / {}",
                 fmt_bytes(g.memory.used),
@@ -142,7 +142,7 @@ fn process_table(o: &mut String, snap: &HostSnapshot) {
             o,
             "   {:>7} {:<10} {:<2} {:>7} {:<8} {:>10} {:>7}  {}{}",
             p.pid,
-            truncate(p.user.as_deref().unwrap_or("N/A"), 10),
+            truncate(&escape(p.user.as_deref().unwrap_or("N/A")), 10),
             p.state,
             p.ppid,
             h.map_or_else(|| "-".into(), |h| fmt_gpus(&h.gpus)),
@@ -195,8 +195,8 @@ fn findings(o: &mut String, snap: &HostSnapshot) {
             o,
             "   {sev} {:<13} {}\n       -> {}\n",
             f.kind.as_str(),
-            f.detail,
-            f.action
+            escape(&f.detail),
+            escape(&f.action)
         );
     }
     o.push('\n');

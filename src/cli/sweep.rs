@@ -11,7 +11,7 @@ use super::common::{
 use super::wait::{unusable, watch_for, watch_until_clean};
 use crate::analyze::plan::{Plan, plan, plan_summary};
 use crate::analyze::watch::Watch;
-use crate::core::format::{fmt_bytes, fmt_gpus, fmt_ms, millis, truncate};
+use crate::core::format::{escape, fmt_bytes, fmt_gpus, fmt_ms, millis, truncate};
 use crate::core::model::{HostId, MIB};
 use crate::core::parse::GpuRef;
 use crate::core::signal::{Sig, SignalRequest};
@@ -33,17 +33,17 @@ pub fn print_plan(plan: &Plan) {
     for i in &plan.items {
         println!(
             "  {:<10} {:>7}  {:<10} GPU {:<6} {:>10}  {}  [{}]",
-            i.host,
+            escape(&i.host),
             i.pid,
-            truncate(i.user.as_deref().unwrap_or("N/A"), 10),
+            truncate(&escape(i.user.as_deref().unwrap_or("N/A")), 10),
             fmt_gpus(&i.gpus),
             fmt_bytes(i.bytes),
-            truncate(&i.cmdline, 60),
-            i.why
+            truncate(&escape(&i.cmdline), 60),
+            escape(&i.why)
         );
     }
     for (pid, why) in &plan.skipped {
-        println!("  skipped {pid}: {why}");
+        println!("  skipped {pid}: {}", escape(why));
     }
 }
 

@@ -10,7 +10,7 @@ use anyhow::bail;
 
 use super::common::{first_snapshots, runtime};
 use crate::analyze::watch::{Scope, Watch, judged_by_holders_only, resolve_gpus};
-use crate::core::format::{fmt_ms, millis, truncate};
+use crate::core::format::{escape, fmt_ms, millis, truncate};
 use crate::core::model::{HostId, HostSnapshot, MIB};
 use crate::core::parse::GpuRef;
 use crate::runtime::{Fleet, HostEvent, Settings};
@@ -62,7 +62,11 @@ impl Progress {
 /// Why a host's first reading cannot back a verdict, if it cannot.
 pub fn unusable(snap: &HostSnapshot, load_nvml: bool) -> Option<String> {
     if let Some(e) = &snap.error {
-        return Some(format!("{}: could not be read: {e}", snap.host));
+        return Some(format!(
+            "{}: could not be read: {}",
+            escape(&snap.host),
+            escape(e)
+        ));
     }
     if load_nvml && judged_by_holders_only(snap) {
         return Some(format!(
@@ -203,7 +207,7 @@ pub fn run(s: &Settings, a: &WaitArgs) -> anyhow::Result<i32> {
             fmt_ms(millis(started.elapsed()))
         );
         for r in watch.remaining() {
-            println!("  {r}");
+            println!("  {}", escape(&r));
         }
         Ok(1)
     }

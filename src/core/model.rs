@@ -272,18 +272,22 @@ pub struct Proc {
     pub user: Option<String>,
     pub comm: String,
     pub cmdline: String,
+    /// A kernel thread (PF_KTHREAD): it has no fds to walk.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kernel_thread: bool,
     /// Its fd table could not be read (permissions): whether it holds a GPU is unknown.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fds_unreadable: bool,
 }
 
 impl Proc {
-    /// The command line, or `[comm]` for kernel threads and zombies whose cmdline is gone.
+    /// The command line for people, or `[comm]` for kernel threads and zombies whose cmdline is gone.
+    /// Escaped: anyone can put terminal control sequences in their argv.
     pub fn display_cmd(&self) -> String {
         if self.cmdline.is_empty() {
-            format!("[{}]", self.comm)
+            format!("[{}]", super::format::escape(&self.comm))
         } else {
-            self.cmdline.clone()
+            super::format::escape(&self.cmdline).into_owned()
         }
     }
 }

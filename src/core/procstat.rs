@@ -3,6 +3,9 @@
 
 use super::model::{Proc, ProcState};
 
+/// `include/linux/sched.h`: this task is a kernel thread.
+pub const PF_KTHREAD: u64 = 0x0020_0000;
+
 /// Parse `/proc/PID/stat`. The comm may hold spaces and parentheses, so fields are read after the last ')'.
 pub fn parse_stat(s: &str) -> Option<Proc> {
     let open = s.find('(')?;
@@ -14,8 +17,13 @@ pub fn parse_stat(s: &str) -> Option<Proc> {
     let ppid = f.next()?.parse().ok()?;
     let _pgrp = f.next()?;
     let sid = f.next()?.parse().ok()?;
-    // starttime is field 22; after ')' we have consumed fields 3..=6, so skip 15 more.
-    let start_time = f.nth(15)?.parse().ok()?;
+    let _tty = f.next()?;
+    let _tpgid = f.next()?;
+    // Field 9: the kernel's flags; PF_KTHREAD marks a kernel thread whatever its PID (PID 2 inside a PID
+    // namespace is an ordinary process).
+    let flags: u64 = f.next()?.parse().ok()?;
+    // starttime is field 22; after ')' we have consumed fields 3..=9, so skip 12 more.
+    let start_time = f.nth(12)?.parse().ok()?;
     Some(Proc {
         pid,
         ppid,
@@ -23,6 +31,7 @@ pub fn parse_stat(s: &str) -> Option<Proc> {
         state,
         start_time,
         comm,
+        kernel_thread: flags & PF_KTHREAD != 0,
         ..Default::default()
     })
 }
@@ -59,6 +68,19 @@ mod tests {
             (946, 1, 924, ProcState::Sleeping, 123_456)
         );
         assert_eq!(p.comm, "python3 (w) x");
+    }
+
+    #[test]
+    fn kernel_threads_are_told_by_their_flags_not_their_pid() {
+        // kthreadd on the host: flags 0x208040 (PF_KTHREAD set).
+        let k =
+            "2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0 18446744073709551615";
+        assert!(parse_stat(k).expect("parses").kernel_thread);
+        // PID 2 inside a PID namespace: an ordinary process (flags 0x400100).
+        let p = "2 (python3) S 1 1 1 0 -1 4194560 1 0 0 0 5 3 0 0 20 0 2 0 123456 100 5 18446744073709551615";
+        let p = parse_stat(p).expect("parses");
+        assert!(!p.kernel_thread);
+        assert_eq!(p.start_time, 123_456);
     }
 
     #[test]

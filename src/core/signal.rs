@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::format::truncate;
+use super::format::{escape, truncate};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
@@ -149,10 +149,14 @@ impl Outcome {
             Fate::Signalled { signal } => format!("sent {}", signal.name()),
             Fate::Survived => "still running after KILL (stuck in the driver?)".into(),
             Fate::AlreadyGone => "already gone".into(),
-            Fate::Refused { reason } => format!("refused: {reason}"),
-            Fate::Failed { reason } => format!("failed: {reason}"),
+            Fate::Refused { reason } => format!("refused: {}", escape(reason)),
+            Fate::Failed { reason } => format!("failed: {}", escape(reason)),
         };
-        format!("{} {}: {what}", self.pid, truncate(&self.cmdline, 50))
+        format!(
+            "{} {}: {what}",
+            self.pid,
+            truncate(&escape(&self.cmdline), 50)
+        )
     }
     pub fn ok(&self) -> bool {
         matches!(

@@ -434,6 +434,7 @@ impl DemoHost {
                 comm: p.comm.to_string(),
                 cmdline: p.cmdline.clone(),
                 fds_unreadable: false,
+                kernel_thread: false,
             });
             if p.state.is_zombie() {
                 zombies.push(p.pid);

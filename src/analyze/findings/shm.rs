@@ -1,7 +1,7 @@
 //! /dev/shm segments of the GPU stack that no live process has open or mapped.
 
 use super::{Draft, Findings};
-use crate::core::format::{fmt_bytes, fmt_secs};
+use crate::core::format::{escape, fmt_bytes, fmt_secs, shell_quote};
 use crate::core::model::{FindingKind, HostSnapshot, Severity};
 
 pub fn find(snap: &HostSnapshot, out: &mut Findings) {
@@ -22,10 +22,13 @@ pub fn find(snap: &HostSnapshot, out: &mut Findings) {
             bytes: Some(s.bytes),
             detail: format!(
                 "/dev/shm/{} ({}{age}) is open or mapped by no live process",
-                s.name,
+                escape(&s.name),
                 fmt_bytes(Some(s.bytes))
             ),
-            action: format!("rm /dev/shm/{}", s.name),
+            action: format!(
+                "rm -- {}",
+                escape(&shell_quote(&format!("/dev/shm/{}", s.name)))
+            ),
             target_pid: None,
         });
     }

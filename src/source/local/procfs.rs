@@ -214,8 +214,8 @@ impl ProcScanner {
                 table.procs.insert(pid, p);
                 continue;
             }
-            // Kernel threads (children of kthreadd) have no fds.
-            let kthread = p.pid == 2 || p.ppid == 2;
+            // Kernel threads have no fds.
+            let kthread = p.kernel_thread;
             let cached = self
                 .cache
                 .get(&pid)
@@ -246,7 +246,7 @@ impl ProcScanner {
             let cmdline = cached.and_then(|c| c.cmdline.clone());
             let fds = match walked.get(&pid) {
                 Some(f) => f.clone(),
-                None if p.pid == 2 || p.ppid == 2 => FdInfo {
+                None if p.kernel_thread => FdInfo {
                     readable: true,
                     ..Default::default()
                 },

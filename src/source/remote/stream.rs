@@ -8,7 +8,7 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWrite
 use tokio::sync::mpsc;
 
 use super::RemoteTask;
-use crate::core::format::{millis, truncate};
+use crate::core::format::{escape, millis, truncate};
 use crate::core::model::SourceKind;
 use crate::core::protocol::{AgentCmd, AgentMsg, MAX_LINE_BYTES, PROTOCOL};
 use crate::core::signal::{SignalRequest, all_failed};
@@ -22,7 +22,7 @@ pub fn spawn_tail<R: AsyncRead + Unpin + Send + 'static>(r: R) -> tokio::task::J
         let mut last = String::new();
         while let Ok(Some(l)) = lines.next_line().await {
             if !l.trim().is_empty() {
-                last = truncate(l.trim(), 200);
+                last = truncate(&escape(l.trim()), 200);
             }
         }
         last
@@ -58,7 +58,7 @@ pub async fn read_line_bounded<R: AsyncBufRead + Unpin>(
 }
 
 fn preview(b: &[u8]) -> String {
-    truncate(String::from_utf8_lossy(b).trim(), 80)
+    truncate(&escape(String::from_utf8_lossy(b).trim()), 80)
 }
 
 /// Speak the agent protocol until the stream ends or misbehaves. Err says why, for the host's status line.
@@ -131,7 +131,7 @@ where
                             task.sink.outcomes(id, outcomes);
                         }
                         Ok(AgentMsg::Error { message }) => {
-                            task.status(ConnStatus::Down(format!("agent: {message}")));
+                            task.status(ConnStatus::Down(format!("agent: {}", escape(&message))));
                         }
                         Ok(AgentMsg::Hello { .. }) => {}
                         Err(_) => break Err(format!("garbage from the agent: {:?}", preview(&line))),

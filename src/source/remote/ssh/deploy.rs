@@ -46,10 +46,7 @@ pub async fn exec(
     Ok((status, out))
 }
 
-/// Single-quote for a POSIX shell.
-pub fn shell_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
-}
+pub use crate::core::format::shell_quote;
 
 /// What a host without the agent's program answers instead of a hello.
 pub const NOT_FOUND: &str = "GPUSWEEP-AGENT-NOT-FOUND";
