@@ -103,6 +103,17 @@ if wait_line "$W/fork.out" PARENT 90; then
   check "fork leak: hidden holder = child $CHILD" jcheck "$OUT/forkleak.json" "K('hidden_holder', $CHILD, gpu=0)"
   check "fork leak: child $CHILD is an orphan (ppid 1)" jcheck "$OUT/forkleak.json" "K('orphan', $CHILD)"
   check "fork leak: residual of about 10 GB on GPU 0" jcheck "$OUT/forkleak.json" "any(f['bytes'] >= 9*2**30 for f in K('residual', gpu=0))"
+  # Blind spots, named: as an unprivileged user root's fds cannot be read; inside a PID namespace NVML lists
+  # nothing. Neither may say "nobody holds it".
+  install -m 755 "$BIN" /tmp/gpusweep-e2e-bin
+  setpriv --reuid 65534 --regid 65534 --clear-groups /tmp/gpusweep-e2e-bin snapshot --json >"$W/nobody.json" 2>>"$LOG"
+  setpriv --reuid 65534 --regid 65534 --clear-groups /tmp/gpusweep-e2e-bin snapshot >>"$LOG" 2>&1
+  check "fork leak as uid 65534: the ghost names what could not be inspected and says run as root" jcheck "$W/nobody.json" "any('could not be inspected' in f['detail'] and 'root' in f['action'] for f in K('ghost', $PARENT))"
+  check "fork leak as uid 65534: no finding claims that no live process holds the GPU" jcheck "$W/nobody.json" "not any('no live process' in f['detail'] for f in h['findings'])"
+  unshare --pid --fork --mount-proc /tmp/gpusweep-e2e-bin snapshot --json >"$W/ns.json" 2>>"$LOG"
+  unshare --pid --fork --mount-proc /tmp/gpusweep-e2e-bin snapshot >>"$LOG" 2>&1
+  check "fork leak from a PID namespace: the residual says the holder is outside it" jcheck "$W/ns.json" "any('PID namespace' in f['detail'] and 'outside' in f['detail'] for f in K('residual', gpu=0))"
+  rm -f "$W/nobody.json" "$W/ns.json" /tmp/gpusweep-e2e-bin
   "$BIN" sweep --dry-run >"$W/plan.txt" 2>&1; cat "$W/plan.txt" >>"$LOG"
   check "fork leak: the plan names the child $CHILD and not the dead parent" bash -c "grep -qE '^ +[^ ]+ +$CHILD ' '$W/plan.txt' && ! grep -qE '^ +[^ ]+ +$PARENT ' '$W/plan.txt'"
   "$BIN" sweep --yes --grace 5s --timeout 60s >"$W/sweep.txt" 2>&1; rc=$?

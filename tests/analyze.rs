@@ -488,3 +488,50 @@ fn unknown_bytes_of_a_live_process_are_never_a_residual_leak() {
         "the server itself is only a listed process"
     );
 }
+
+#[test]
+fn an_unprivileged_reader_never_claims_nobody_holds_the_gpu() {
+    // Root's fork leak read by uid 65534: NVML lists the dead parent, root's fds cannot be read.
+    let mut snap = host(
+        vec![gpu(0, 10157, &[(924, 10_640_949_248)])],
+        vec![],
+        vec![],
+    );
+    snap.unreadable_processes = 6;
+    let s = analyzed(snap, &AnalyzeOptions::default());
+    let ghost = s
+        .findings
+        .iter()
+        .find(|f| f.kind == FindingKind::Ghost)
+        .expect("ghost");
+    assert!(
+        !ghost.detail.contains("no live process"),
+        "{}",
+        ghost.detail
+    );
+    assert!(
+        ghost.detail.contains("6 processes could not be inspected"),
+        "{}",
+        ghost.detail
+    );
+    assert!(ghost.action.contains("root"), "{}", ghost.action);
+}
+
+#[test]
+fn inside_a_pid_namespace_the_holder_is_named_as_outside() {
+    // A container without host PIDs: NVML lists nothing, memory is used.
+    let mut snap = host(vec![gpu(0, 6762, &[])], vec![], vec![]);
+    snap.in_child_pid_namespace = true;
+    let s = analyzed(snap, &AnalyzeOptions::default());
+    let r = s
+        .findings
+        .iter()
+        .find(|f| f.kind == FindingKind::Residual)
+        .expect("residual");
+    assert!(
+        r.detail.contains("PID namespace") && r.detail.contains("outside"),
+        "{}",
+        r.detail
+    );
+    assert!(r.action.contains("on the host"), "{}", r.action);
+}

@@ -880,3 +880,37 @@ fn no_terminal_and_closed_pipes_are_handled() {
         "{out}"
     );
 }
+
+#[test]
+fn inside_a_pid_namespace_gpusweep_says_so() {
+    let env = Env::new();
+    let o = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc"])
+        .arg(env!("CARGO_BIN_EXE_gpusweep"))
+        .args([
+            "snapshot",
+            "--json",
+            "--no-nvml",
+            "--device-glob",
+            &env.glob(),
+        ])
+        .env("GPUSWEEP_CONFIG", env.dir.path().join("no-config.toml"))
+        .output()
+        .expect("unshare (util-linux) runs as root");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(
+        v["hosts"][0]["in_child_pid_namespace"],
+        true,
+        "{}",
+        text(&o)
+    );
+    let o = env.run(&[
+        "snapshot",
+        "--json",
+        "--no-nvml",
+        "--device-glob",
+        &env.glob(),
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["hosts"][0]["in_child_pid_namespace"], false);
+}

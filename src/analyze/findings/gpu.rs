@@ -163,14 +163,24 @@ fn ghosts(
     out: &mut Findings,
 ) {
     for (pid, bytes, why) in ghosts {
-        let holder_txt = if hidden.is_empty() {
-            "no live process on this host has the GPU open".to_string()
+        // Never state an absence that was not observed: name what could not be seen.
+        let (holder_txt, fallback) = if !hidden.is_empty() {
+            (
+                format!("the memory is kept alive by {}", list_pids(snap, hidden)),
+                String::new(),
+            )
+        } else if let Some(blind) = blind_spot(snap) {
+            (blind.0, blind.1)
         } else {
-            format!("the memory is kept alive by {}", list_pids(snap, hidden))
+            (
+                "no live process on this host has the GPU open".to_string(),
+                "wait a moment for the driver to free it; if it stays, check containers or reset the GPU"
+                    .to_string(),
+            )
         };
         let action = match target {
             Some(t) => format!("kill {t}: it holds the context the dead PID created"),
-            None => "wait a moment for the driver to free it; if it stays, check containers or reset the GPU".into(),
+            None => fallback,
         };
         out.push(Draft {
             kind: FindingKind::Ghost,
@@ -187,6 +197,26 @@ fn ghosts(
             target_pid: target,
         });
     }
+}
+
+/// What this reading could not see that may hold the memory, and how to see it: (what, action).
+fn blind_spot(snap: &HostSnapshot) -> Option<(String, String)> {
+    if snap.in_child_pid_namespace {
+        return Some((
+            "gpusweep runs inside a PID namespace (a container without host PIDs): the holder is outside it".into(),
+            "run gpusweep on the host, outside the container, to see and end the holder".into(),
+        ));
+    }
+    if snap.unreadable_processes > 0 {
+        return Some((
+            format!(
+                "{} processes could not be inspected (not root): the holder may be one of them",
+                snap.unreadable_processes
+            ),
+            "run gpusweep as root to see which process holds the GPU".into(),
+        ));
+    }
+    None
 }
 
 #[allow(clippy::too_many_arguments)] // one GPU's whole accounting, computed once by `find`
@@ -206,15 +236,15 @@ fn residual_finding(
         g.index,
         fmt_bytes(Some(live_charged))
     );
+    let blind = blind_spot(snap);
     if !hidden.is_empty() {
         detail.push_str(&format!("; held by {}", list_pids(snap, hidden)));
-    } else if snap.unreadable_processes > 0 {
-        detail.push_str(&format!(
-            "; {} processes could not be inspected (run as root to see them)",
-            snap.unreadable_processes
-        ));
+    } else if let Some((what, _)) = &blind {
+        detail.push_str(&format!("; {what}"));
     }
-    let action = if hidden.is_empty() {
+    let action = if let (true, Some((_, how))) = (hidden.is_empty(), &blind) {
+        how.clone()
+    } else if hidden.is_empty() {
         "no holder found: if it does not drain, look for processes in containers or reset the GPU"
             .to_string()
     } else {

@@ -562,8 +562,19 @@ pub fn statvfs(path: &Path) -> Option<(u64, u64)> {
     ))
 }
 
-/// True when this process lives in a child PID namespace (a container), where NVML's host PIDs are not visible.
+/// The inode number of the kernel's initial PID namespace (`PROC_PID_INIT_INO`), fixed by the kernel.
+pub const INIT_PID_NS_INO: u64 = 0xEFFF_FFFC;
+
+/// True when this process lives in a child PID namespace (a container), where NVML's host PIDs are not
+/// visible. The link `/proc/self/ns/pid` names the namespace; any but the initial one is a child. (`NSpid`
+/// alone cannot tell once /proc was remounted inside, as `unshare --pid --fork --mount-proc` does.)
 pub fn in_child_pid_namespace(proc_root: &Path) -> bool {
+    let by_link = fs::read_link(proc_root.join("self/ns/pid"))
+        .ok()
+        .and_then(|l| pid_ns_ino(&l.to_string_lossy()));
+    if let Some(ino) = by_link {
+        return ino != INIT_PID_NS_INO;
+    }
     fs::read_to_string(proc_root.join("self/status"))
         .ok()
         .and_then(|s| {
@@ -574,9 +585,21 @@ pub fn in_child_pid_namespace(proc_root: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// `pid:[4026531836]` -> 4026531836.
+pub fn pid_ns_ino(link: &str) -> Option<u64> {
+    link.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pid_namespace_links() {
+        assert_eq!(pid_ns_ino("pid:[4026531836]"), Some(INIT_PID_NS_INO));
+        assert_eq!(pid_ns_ino("pid:[4026532179]"), Some(4_026_532_179));
+        assert_eq!(pid_ns_ino("net:[1]"), None);
+    }
 
     #[test]
     fn sysvipc_parses_rows() {
