@@ -285,9 +285,9 @@ impl Proc {
     /// Escaped: anyone can put terminal control sequences in their argv.
     pub fn display_cmd(&self) -> String {
         if self.cmdline.is_empty() {
-            format!("[{}]", super::format::escape(&self.comm))
+            format!("[{}]", super::escape::escape(&self.comm))
         } else {
-            super::format::escape(&self.cmdline).into_owned()
+            super::escape::escape(&self.cmdline).into_owned()
         }
     }
 }

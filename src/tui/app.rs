@@ -8,6 +8,7 @@ use crossterm::event::{KeyCode, KeyEvent};
 
 use super::keymap::{Cmd, Keymap};
 use super::rows::{ProcRow, build_rows};
+pub use super::rows::{ProcView, SortKey};
 use crate::analyze::plan::{Plan, plan, plan_summary};
 use crate::analyze::watch::{Scope, Watch};
 use crate::analyze::{AnalyzeOptions, GpuState, gpu_state};
@@ -67,33 +68,6 @@ impl Panel {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SortKey {
-    Memory,
-    Pid,
-    Age,
-    User,
-}
-
-impl SortKey {
-    pub fn name(self) -> &'static str {
-        match self {
-            SortKey::Memory => "memory",
-            SortKey::Pid => "pid",
-            SortKey::Age => "age",
-            SortKey::User => "user",
-        }
-    }
-    fn next(self) -> SortKey {
-        match self {
-            SortKey::Memory => SortKey::Pid,
-            SortKey::Pid => SortKey::Age,
-            SortKey::Age => SortKey::User,
-            SortKey::User => SortKey::Memory,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SweepScope {
     Gpu,
     Host,
@@ -147,16 +121,6 @@ pub struct Selection {
     pub gpu: usize,
     pub proc: usize,
     pub finding: usize,
-}
-
-/// How the process panel shows rows.
-#[derive(Debug, Clone)]
-pub struct ProcView {
-    pub tree: bool,
-    pub filter: String,
-    /// The filter is being typed.
-    pub editing: bool,
-    pub sort: SortKey,
 }
 
 /// What the app was started with.

@@ -3,8 +3,45 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::app::{ProcView, SortKey};
 use crate::core::model::{HostSnapshot, Mark, ProcState};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SortKey {
+    Memory,
+    Pid,
+    Age,
+    User,
+}
+
+impl SortKey {
+    pub fn name(self) -> &'static str {
+        match self {
+            SortKey::Memory => "memory",
+            SortKey::Pid => "pid",
+            SortKey::Age => "age",
+            SortKey::User => "user",
+        }
+    }
+    #[must_use]
+    pub fn next(self) -> SortKey {
+        match self {
+            SortKey::Memory => SortKey::Pid,
+            SortKey::Pid => SortKey::Age,
+            SortKey::Age => SortKey::User,
+            SortKey::User => SortKey::Memory,
+        }
+    }
+}
+
+/// How the process panel shows rows.
+#[derive(Debug, Clone)]
+pub struct ProcView {
+    pub tree: bool,
+    pub filter: String,
+    /// The filter is being typed.
+    pub editing: bool,
+    pub sort: SortKey,
+}
 
 /// One row of the process panel.
 #[derive(Debug, Clone, PartialEq)]

@@ -2,15 +2,6 @@
 //! Remote output is untrusted: nothing here panics, and every size is bounded.
 
 use std::collections::HashMap;
-use std::time::Duration;
-
-use russh::client::Handle;
-use tokio::sync::mpsc;
-
-use super::RemoteTask;
-use super::ssh::Client;
-use crate::core::signal::all_failed;
-use crate::source::{ConnStatus, HostCmd};
 
 use crate::core::model::{
     Feature, Gpu, Holder, HostSnapshot, ListedProcess, MIB, Memory, Proc, ProcessKind, SourceKind,
@@ -306,45 +297,6 @@ pub fn agentless_snapshot(label: &str, out: &str, benign: &[String]) -> HostSnap
         in_child_pid_namespace: false,
         missing_features: vec![Feature::Signals, Feature::Shm, Feature::Sensors],
         findings: vec![],
-    }
-}
-
-/// Agentless: read nvidia-smi and /proc through a shell every interval. Signals are refused here: without
-/// the agent there is no pidfd to make them safe.
-pub async fn run(
-    task: &RemoteTask,
-    handle: &Handle<Client>,
-    cmds: &mut mpsc::UnboundedReceiver<HostCmd>,
-    interval: &mut Duration,
-) -> Result<(), String> {
-    let script = shell_script();
-    task.status(ConnStatus::Up);
-    loop {
-        let (_, out) = super::ssh::exec(handle, &script, None, 64 * 1024 * 1024).await?;
-        let snap = agentless_snapshot(
-            &task.label,
-            &String::from_utf8_lossy(&out),
-            &task.opts.benign,
-        );
-        if !task.sink.reading(snap) {
-            return Ok(());
-        }
-        let sleep = tokio::time::sleep(*interval);
-        tokio::pin!(sleep);
-        loop {
-            tokio::select! {
-                () = &mut sleep => break,
-                c = cmds.recv() => match c {
-                    None => return Ok(()),
-                    Some(HostCmd::PollNow) => break,
-                    Some(HostCmd::Interval(d)) => { *interval = d; break; }
-                    Some(HostCmd::Signal { id, req }) => {
-                        let outcomes = all_failed(&req, "agentless host: signals need gpusweep there (install it or use --deploy)");
-                        task.sink.outcomes(id, outcomes);
-                    }
-                }
-            }
-        }
     }
 }
 

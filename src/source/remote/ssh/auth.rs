@@ -6,7 +6,7 @@ use std::sync::Arc;
 use russh::client::Handle;
 use russh::keys::{HashAlg, PrivateKeyWithHashAlg};
 
-use super::connect::Client;
+use super::known_hosts::Client;
 use super::{SshOptions, Target, expand_tilde, home};
 
 pub async fn authenticate(

@@ -6,37 +6,9 @@ use std::time::Duration;
 
 use russh::client::{self, Handle};
 
+pub use super::known_hosts::Client;
 use super::{SshOptions, Target, auth::authenticate, home, resolve};
 use crate::core::host::HostSpec;
-
-/// Checks the server key against known_hosts and remembers why it refused.
-pub struct Client {
-    pub(super) host: String,
-    pub(super) port: u16,
-    pub(super) accept_new: bool,
-    pub(super) user_file: PathBuf,
-    pub(super) system_file: PathBuf,
-    refusal: Arc<Mutex<Option<String>>>,
-}
-
-impl client::Handler for Client {
-    type Error = russh::Error;
-
-    async fn check_server_key(
-        &mut self,
-        key: &russh::keys::PublicKeyOrCertificate,
-    ) -> Result<bool, Self::Error> {
-        match self.verdict(&key.public_key()) {
-            Ok(()) => Ok(true),
-            Err(why) => {
-                if let Ok(mut r) = self.refusal.lock() {
-                    *r = Some(why);
-                }
-                Ok(false)
-            }
-        }
-    }
-}
 
 fn russh_config() -> Arc<client::Config> {
     Arc::new(client::Config {

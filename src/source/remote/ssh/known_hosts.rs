@@ -3,7 +3,39 @@
 
 use russh::keys::{HashAlg, PublicKey, known_hosts};
 
-use super::connect::Client;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use russh::client;
+
+/// Checks the server key against known_hosts and remembers why it refused.
+pub struct Client {
+    pub(super) host: String,
+    pub(super) port: u16,
+    pub(super) accept_new: bool,
+    pub(super) user_file: PathBuf,
+    pub(super) system_file: PathBuf,
+    pub(super) refusal: Arc<Mutex<Option<String>>>,
+}
+
+impl client::Handler for Client {
+    type Error = russh::Error;
+
+    async fn check_server_key(
+        &mut self,
+        key: &russh::keys::PublicKeyOrCertificate,
+    ) -> Result<bool, Self::Error> {
+        match self.verdict(&key.public_key()) {
+            Ok(()) => Ok(true),
+            Err(why) => {
+                if let Ok(mut r) = self.refusal.lock() {
+                    *r = Some(why);
+                }
+                Ok(false)
+            }
+        }
+    }
+}
 
 impl Client {
     pub(super) fn verdict(&self, key: &PublicKey) -> Result<(), String> {

@@ -18,12 +18,15 @@ use std::time::Duration;
 use russh::Disconnect;
 use tokio::sync::mpsc;
 
-use super::RemoteTask;
+use russh::client::Handle;
+
 use super::stream::drive_stream;
+use super::{RemoteTask, agentless};
 use crate::core::host::HostSpec;
 use crate::core::model::SourceKind;
+use crate::core::signal::all_failed;
 use crate::core::trace;
-use crate::source::HostCmd;
+use crate::source::{ConnStatus, HostCmd};
 
 pub use connect::{Client, Session, connect};
 pub use deploy::{NOT_FOUND, exec, guarded, shell_quote};
@@ -163,11 +166,50 @@ pub async fn run(
     }
     let r = match stream {
         Some((r, w)) => drive_stream(task, r, w, cmds, interval, SourceKind::Agent).await,
-        None => super::agentless::run(task, &session.handle, cmds, interval).await,
+        None => run_agentless(task, &session.handle, cmds, interval).await,
     };
     let _ = session
         .handle
         .disconnect(Disconnect::ByApplication, "", "en")
         .await;
     r
+}
+
+/// Agentless: read nvidia-smi and /proc through a shell every interval. Signals are refused here: without
+/// the agent there is no pidfd to make them safe.
+async fn run_agentless(
+    task: &RemoteTask,
+    handle: &Handle<Client>,
+    cmds: &mut mpsc::UnboundedReceiver<HostCmd>,
+    interval: &mut Duration,
+) -> Result<(), String> {
+    let script = agentless::shell_script();
+    task.status(ConnStatus::Up);
+    loop {
+        let (_, out) = exec(handle, &script, None, 64 * 1024 * 1024).await?;
+        let snap = agentless::agentless_snapshot(
+            &task.label,
+            &String::from_utf8_lossy(&out),
+            &task.opts.benign,
+        );
+        if !task.sink.reading(snap) {
+            return Ok(());
+        }
+        let sleep = tokio::time::sleep(*interval);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                () = &mut sleep => break,
+                c = cmds.recv() => match c {
+                    None => return Ok(()),
+                    Some(HostCmd::PollNow) => break,
+                    Some(HostCmd::Interval(d)) => { *interval = d; break; }
+                    Some(HostCmd::Signal { id, req }) => {
+                        let outcomes = all_failed(&req, "agentless host: signals need gpusweep there (install it or use --deploy)");
+                        task.sink.outcomes(id, outcomes);
+                    }
+                }
+            }
+        }
+    }
 }
