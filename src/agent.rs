@@ -44,7 +44,7 @@ impl Sink for StdoutSink {
     fn status(&self, status: ConnStatus) -> bool {
         match status {
             ConnStatus::Down(message) => emit(&self.0, &AgentMsg::Error { message }),
-            ConnStatus::Up | ConnStatus::Connecting => true,
+            ConnStatus::Up | ConnStatus::Connecting | ConnStatus::Stale { .. } => true,
         }
     }
     fn outcomes(&self, id: u64, outcomes: Vec<Outcome>) -> bool {
@@ -53,7 +53,7 @@ impl Sink for StdoutSink {
 }
 
 /// Read commands from stdin until it closes; bad lines are answered with an error message.
-fn read_commands(out: &Out, tx: &mpsc::Sender<HostCmd>) {
+fn read_commands(out: &Out, tx: &mpsc::SyncSender<HostCmd>) {
     let stdin = std::io::stdin();
     let mut lock = stdin.lock();
     let mut buf = Vec::new();
@@ -115,7 +115,8 @@ pub fn serve(src: Box<dyn Source>, signals: Option<&Deliverer>, interval: Durati
     if !emit(&out, &hello) {
         return 0;
     }
-    let (tx, rx) = mpsc::channel::<HostCmd>();
+    // Bounded: a client that floods commands waits on its own pipe; the agent's memory does not grow.
+    let (tx, rx) = mpsc::sync_channel::<HostCmd>(crate::runtime::CMD_QUEUE);
     let reader_out = out.clone();
     std::thread::spawn(move || read_commands(&reader_out, &tx));
     let sink: Arc<dyn Sink> = Arc::new(StdoutSink(out));

@@ -10,6 +10,7 @@ fn main() {
     let cli = Cli::parse();
     if cli.command.is_some() {
         gpusweep::act::own::default_sigpipe();
+        gpusweep::runtime::exit_on_signals();
     }
     let code = match run(cli) {
         Ok(code) => code,
@@ -19,6 +20,7 @@ fn main() {
         }
     };
     trace("main", "exit");
+    gpusweep::runtime::shutdown();
     std::process::exit(code);
 }
 

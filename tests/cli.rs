@@ -441,6 +441,19 @@ fn bad_arguments_exit_2_with_a_reason() {
         (vec!["snapshot", "--hosts", "a;b"], "not a host name"),
         (vec!["snapshot", "--interval", "soon"], "--interval"),
         (vec!["kill", "1", "--signal", "NOPE"], "unknown signal"),
+        // A negative value reaches its parser and gets its real message, not "unexpected argument".
+        (vec!["snapshot", "--interval", "-1s"], "is negative"),
+        (vec!["wait", "--timeout", "-5s"], "is negative"),
+        (vec!["wait", "--tolerance", "-1"], "whole number of MiB"),
+        (vec!["kill", "-5"], "-5"),
+        // Counts are capped where they are parsed.
+        (
+            vec!["wait", "--tolerance", "99999999999999"],
+            "more than any GPU has",
+        ),
+        (vec!["snapshot", "--connect-timeout", "0"], "1..=86400"),
+        (vec!["smem", "--stages", "100000"], "1..=64"),
+        (vec!["wait", "--timeout", "100y"], "longer than a year"),
     ] {
         let o = env.run(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));

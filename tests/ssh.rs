@@ -351,7 +351,24 @@ fn garbage_instead_of_the_protocol() {
     );
 }
 
+/// Wait until `pid` has renamed itself.
+fn await_comm(pid: u32, comm: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .as_deref()
+        != Some(&format!("{comm}\n"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{pid} never renamed itself"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 #[test]
+#[allow(clippy::too_many_lines)] // one agentless session: readings, a hostile name, the refusal of a kill
 fn agentless_fallback_reads_the_fake_nvidia_smi() {
     let s = Sshd::start();
     let o = s.run(
@@ -388,6 +405,16 @@ fn agentless_fallback_reads_the_fake_nvidia_smi() {
         kinds.contains(&"ghost") && kinds.contains(&"residual"),
         "{kinds:?}"
     );
+    // A process whose name is a newline and a fake section header, started before the zombie's parent (so it
+    // is listed first): every record after it must still be read.
+    let mut hostile = Command::new("sh")
+        .args([
+            "-c",
+            "printf '\\n##x' > /proc/$$/comm; while :; do sleep 1; done",
+        ])
+        .spawn()
+        .expect("sh");
+    await_comm(hostile.id(), "\n##x");
     // Kills are refused there: no pidfd without the agent. The target is a process the agentless scan sees
     // (the parent of a zombie), so the request reaches the host and the refusal is the host's own.
     let mut parent = Command::new("python3")
@@ -421,6 +448,8 @@ fn agentless_fallback_reads_the_fake_nvidia_smi() {
     );
     let _ = parent.kill();
     let _ = parent.wait();
+    let _ = hostile.kill();
+    let _ = hostile.wait();
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(
         text(&o).contains("agentless host: signals need gpusweep there"),
@@ -510,7 +539,7 @@ async fn agent_killed_mid_stream_is_reported_and_reconnected() {
     let mut snapshots_after_down = 0;
     let mut down = None;
     while snapshots_after_down == 0 {
-        let ev = tokio::time::timeout_at(deadline, fleet.events.recv())
+        let ev = tokio::time::timeout_at(deadline, fleet.recv())
             .await
             .expect("events in time")
             .expect("event");

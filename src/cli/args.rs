@@ -27,6 +27,22 @@ fn tile_arg(s: &str) -> Result<Tile, String> {
     Tile::parse(s)
 }
 
+/// The most a tolerance may be: a petabyte of GPU memory is more than any host has.
+const MAX_TOLERANCE_MIB: u64 = 1 << 30;
+
+fn mib_arg(s: &str) -> Result<u64, String> {
+    let n: u64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a whole number of MiB (e.g. 0, 512)"))?;
+    if n > MAX_TOLERANCE_MIB {
+        return Err(format!(
+            "{n} MiB is more than any GPU has (at most {MAX_TOLERANCE_MIB})"
+        ));
+    }
+    Ok(n)
+}
+
 fn signal_arg(s: &str) -> Result<Sig, String> {
     s.parse::<Sig>().map_err(|e| e.to_string())
 }
@@ -81,7 +97,7 @@ pub struct Global {
     #[arg(long, global = true)]
     pub demo: bool,
     /// Poll interval (e.g. 500ms, 2s). Default 1s.
-    #[arg(long, global = true, env = "GPUSWEEP_INTERVAL", value_name = "DUR", value_parser = duration_arg)]
+    #[arg(long, global = true, env = "GPUSWEEP_INTERVAL", value_name = "DUR", value_parser = duration_arg, allow_hyphen_values = true)]
     pub interval: Option<Duration>,
     /// Device files that make a process a holder (repeatable). Default /dev/nvidia*.
     #[arg(long = "device-glob", global = true, value_name = "GLOB")]
@@ -118,8 +134,9 @@ pub struct Global {
     /// SSH: private key to try (repeatable), besides ssh-agent and ~/.ssh/id_*.
     #[arg(long = "identity", short = 'i', global = true, value_name = "FILE")]
     pub identities: Vec<PathBuf>,
-    /// Seconds to wait for a host's first reading.
-    #[arg(long, global = true, value_name = "SECS")]
+    /// Seconds to wait for a host's first reading (1 to 86400). Default 10.
+    #[arg(long, global = true, value_name = "SECS", allow_hyphen_values = true,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub connect_timeout: Option<u64>,
 }
 
@@ -137,13 +154,13 @@ pub enum Command {
         #[arg(long, value_name = "LIST", value_parser = gpu_list_arg)]
         gpus: Option<GpuList>,
         /// Clean means at most this many MiB used. Default 0.
-        #[arg(long, env = "GPUSWEEP_TOLERANCE_MIB", value_name = "MIB")]
+        #[arg(long, env = "GPUSWEEP_TOLERANCE_MIB", value_name = "MIB", value_parser = mib_arg, allow_hyphen_values = true)]
         tolerance: Option<u64>,
         /// Give up after this long (e.g. 30s). Default: never.
-        #[arg(long, value_name = "DUR", value_parser = duration_arg)]
+        #[arg(long, value_name = "DUR", value_parser = duration_arg, allow_hyphen_values = true)]
         timeout: Option<Duration>,
         /// Poll interval while waiting.
-        #[arg(long, value_name = "DUR", default_value = "100ms", value_parser = duration_arg)]
+        #[arg(long, value_name = "DUR", default_value = "100ms", value_parser = duration_arg, allow_hyphen_values = true)]
         poll: Duration,
     },
     /// Signal every holder of the chosen GPUs: TERM, a grace period, KILL; then wait until clean.
@@ -152,7 +169,7 @@ pub enum Command {
         #[arg(long, value_name = "LIST", value_parser = gpu_list_arg)]
         gpus: Option<GpuList>,
         /// Time between TERM and KILL.
-        #[arg(long, value_name = "DUR", default_value = "10s", value_parser = duration_arg)]
+        #[arg(long, value_name = "DUR", default_value = "10s", value_parser = duration_arg, allow_hyphen_values = true)]
         grace: Duration,
         /// Print the plan and do nothing.
         #[arg(long)]
@@ -164,16 +181,16 @@ pub enum Command {
         #[arg(long)]
         no_wait: bool,
         /// Give up waiting for clean after this long.
-        #[arg(long, value_name = "DUR", default_value = "60s", value_parser = duration_arg)]
+        #[arg(long, value_name = "DUR", default_value = "60s", value_parser = duration_arg, allow_hyphen_values = true)]
         timeout: Duration,
         /// Clean means at most this many MiB used. Default 0.
-        #[arg(long, env = "GPUSWEEP_TOLERANCE_MIB", value_name = "MIB")]
+        #[arg(long, env = "GPUSWEEP_TOLERANCE_MIB", value_name = "MIB", value_parser = mib_arg, allow_hyphen_values = true)]
         tolerance: Option<u64>,
     },
     /// Signal chosen processes with the same safety as sweep.
     Kill {
         /// PIDs on the chosen host.
-        #[arg(required = true)]
+        #[arg(required = true, allow_negative_numbers = true)]
         pids: Vec<u32>,
         /// The host the PIDs live on: the spec as typed in --hosts, or its label. Default: the only host.
         #[arg(long)]
@@ -182,7 +199,7 @@ pub enum Command {
         #[arg(long, default_value = "TERM", value_parser = signal_arg)]
         signal: Sig,
         /// Wait this long for exit, then KILL. Default: do not wait.
-        #[arg(long, value_name = "DUR", value_parser = duration_arg)]
+        #[arg(long, value_name = "DUR", value_parser = duration_arg, allow_hyphen_values = true)]
         grace: Option<Duration>,
         #[arg(long, short = 'y')]
         yes: bool,
@@ -195,11 +212,13 @@ pub enum Command {
         /// Element type of A and B: bf16, fp16, fp8, fp4, fp32.
         #[arg(long, default_value = "bf16", value_parser = dtype_arg)]
         dtype: Dtype,
-        /// Pipeline stages wanted.
-        #[arg(long, default_value_t = 2)]
+        /// Pipeline stages wanted (1 to 64).
+        #[arg(long, default_value_t = 2, allow_hyphen_values = true,
+              value_parser = clap::value_parser!(u64).range(1..=64))]
         stages: u64,
-        /// Bytes set aside for the epilogue.
-        #[arg(long, default_value_t = 0)]
+        /// Bytes set aside for the epilogue (at most 16 MiB).
+        #[arg(long, default_value_t = 0, allow_hyphen_values = true,
+              value_parser = clap::value_parser!(u64).range(0..=16 * 1024 * 1024))]
         epilogue: u64,
         /// Compute capability (e.g. 12.0). Default: the GPUs of the chosen hosts, else every known one.
         #[arg(long)]

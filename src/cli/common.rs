@@ -29,7 +29,7 @@ pub async fn first_snapshots(fleet: &mut Fleet, timeout: Duration) -> Vec<HostSn
     let mut got: Vec<Option<HostSnapshot>> = vec![None; n];
     let deadline = tokio::time::Instant::now() + timeout;
     while got.iter().any(Option::is_none) {
-        let Ok(Some(ev)) = tokio::time::timeout_at(deadline, fleet.events.recv()).await else {
+        let Ok(Some(ev)) = tokio::time::timeout_at(deadline, fleet.recv()).await else {
             break;
         };
         match ev {
@@ -100,7 +100,7 @@ pub async fn deliver_all(
     let mut out = Vec::new();
     let deadline = tokio::time::Instant::now() + limit;
     while !waiting.is_empty() {
-        match tokio::time::timeout_at(deadline, fleet.events.recv()).await {
+        match tokio::time::timeout_at(deadline, fleet.recv()).await {
             Ok(Some(HostEvent::Outcomes { host, id, outcomes }))
                 if waiting.get(&id).is_some_and(|&i| reqs[i].0 == host) =>
             {

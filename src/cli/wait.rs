@@ -120,6 +120,13 @@ pub fn watch_for(
     Ok(watch)
 }
 
+pub fn stale_reason(silent_ms: u64) -> String {
+    format!(
+        "stale: no reading for {} (the agent stopped answering)",
+        fmt_ms(silent_ms)
+    )
+}
+
 /// Watch until clean. `Ok(true)` clean, `Ok(false)` timed out.
 pub async fn watch_until_clean(
     fleet: &mut Fleet,
@@ -138,7 +145,7 @@ pub async fn watch_until_clean(
     loop {
         let until =
             deadline.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
-        let ev = match tokio::time::timeout_at(until, fleet.events.recv()).await {
+        let ev = match tokio::time::timeout_at(until, fleet.recv()).await {
             Ok(Some(ev)) => ev,
             Ok(None) => bail!("all collectors stopped"),
             Err(_) if deadline.is_some() => {
@@ -157,6 +164,11 @@ pub async fn watch_until_clean(
                 host,
                 status: ConnStatus::Down(e),
             } => watch.unreadable(host, e),
+            // An old reading is no verdict: the host is unknown until it sends a new one.
+            HostEvent::Status {
+                host,
+                status: ConnStatus::Stale { silent_ms },
+            } => watch.unreadable(host, stale_reason(silent_ms)),
             _ => {}
         }
         progress.show(elapsed, &watch);

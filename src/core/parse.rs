@@ -14,6 +14,8 @@ pub const MAX_GPU_INDEX: u32 = 1023;
 pub enum ParseError {
     #[error("{0:?} is not a duration (use e.g. 500ms, 2s, 1m)")]
     Duration(String),
+    #[error("{0:?} is negative: a duration is zero or more (e.g. 0s, 500ms)")]
+    NegativeDuration(String),
     #[error("{0:?} is longer than a year")]
     DurationTooLong(String),
     #[error("bad GPU index {0:?} (a number from 0 to {MAX_GPU_INDEX}, or a GPU UUID)")]
@@ -27,6 +29,9 @@ pub enum ParseError {
 /// "1s", "250ms", "1m30s", or a bare number of seconds; at most a year.
 pub fn parse_duration(s: &str) -> Result<Duration, ParseError> {
     let t = s.trim();
+    if t.starts_with('-') {
+        return Err(ParseError::NegativeDuration(s.to_string()));
+    }
     let d = if let Ok(secs) = t.parse::<f64>() {
         if !(secs.is_finite() && secs >= 0.0) {
             return Err(ParseError::Duration(s.to_string()));

@@ -93,6 +93,26 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
     if let Some(i) = &c.interval {
         parse_duration(i).map_err(|e| ConfigError::Invalid(format!("interval: {e}")))?;
     }
+    // Counts are bounded where they are read, so a typo cannot overflow a deadline or a byte count later.
+    if c.tolerance_mib.is_some_and(|t| t > 1 << 30) {
+        return Err(ConfigError::Invalid(
+            "tolerance_mib: more than any GPU has (at most 1073741824)".into(),
+        ));
+    }
+    if let Some(t) = c.ssh.connect_timeout_s
+        && !(1..=86_400).contains(&t)
+    {
+        return Err(ConfigError::Invalid(format!(
+            "ssh.connect_timeout_s: {t} is outside 1..=86400"
+        )));
+    }
+    if let Some(n) = c.ssh.max_connections
+        && !(1..=4096).contains(&n)
+    {
+        return Err(ConfigError::Invalid(format!(
+            "ssh.max_connections: {n} is outside 1..=4096"
+        )));
+    }
     Ok(c)
 }
 
@@ -139,6 +159,10 @@ kill = "x"
                 .contains("interval")
         );
         assert!(parse("tolerance_mib = -1").is_err());
+        assert!(parse("tolerance_mib = 18446744073709551615").is_err());
+        assert!(parse("[ssh]\nconnect_timeout_s = 0").is_err());
+        assert!(parse("[ssh]\nmax_connections = 0").is_err());
+        assert!(parse("[ssh]\nconnect_timeout_s = 30").is_ok());
     }
 
     #[test]

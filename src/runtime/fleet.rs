@@ -4,8 +4,8 @@
 //! Local and demo hosts run the poll loop on threads of their own (NVML and /proc reads are blocking and
 //! cheap); remote hosts are tokio tasks. Every reading is analyzed here, once, with the operator's options.
 
-use std::sync::Arc;
 use std::sync::mpsc as smpsc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc};
@@ -15,7 +15,7 @@ use crate::act::{AuditLog, Deliverer};
 use crate::analyze::{AnalyzeOptions, analyzed};
 use crate::core::host::{HostSpec, unique_labels};
 use crate::core::model::{HostId, HostSnapshot};
-use crate::core::signal::{Outcome, Protected};
+use crate::core::signal::{Outcome, Protected, all_failed};
 use crate::source::demo::{DemoClock, DemoHost};
 use crate::source::local::LocalSource;
 use crate::source::local::procfs::ProcfsConfig;
@@ -50,54 +50,64 @@ pub struct FleetOptions {
     pub demo_clock: DemoClock,
 }
 
+/// Commands queued for one host at most; past that a host is busy and further commands are answered at once.
+pub const CMD_QUEUE: usize = 64;
+
+/// What travels on the event channel. A reading is not in it: it waits in its host's slot, so a host that
+/// sends faster than a front end reads costs one snapshot of memory, not a queue of them.
+enum Wire {
+    /// The host's slot went from empty to full.
+    Reading(HostId),
+    Status(HostId, ConnStatus),
+    Outcomes(HostId, u64, Vec<Outcome>),
+}
+
+/// The latest unread reading of one host.
+type Slot = Arc<Mutex<Option<Box<HostSnapshot>>>>;
+
 /// The runtime's side of a source: stamps the host's identity and label, analyzes, forwards.
 struct FleetSink {
     host: HostId,
     label: String,
     analyze: AnalyzeOptions,
-    tx: mpsc::UnboundedSender<HostEvent>,
+    slot: Slot,
+    tx: mpsc::UnboundedSender<Wire>,
 }
 
 impl Sink for FleetSink {
     fn reading(&self, mut snap: HostSnapshot) -> bool {
         snap.host.clone_from(&self.label);
-        let snap = analyzed(snap, &self.analyze);
-        self.tx
-            .send(HostEvent::Snapshot {
-                host: self.host,
-                snap: Box::new(snap),
-            })
-            .is_ok()
+        let snap = Box::new(analyzed(snap, &self.analyze));
+        let was_empty = match self.slot.lock() {
+            Ok(mut slot) => slot.replace(snap).is_none(),
+            Err(_) => return false,
+        };
+        // Only an empty slot needs a wake-up; a full one is replaced and read once.
+        !was_empty || self.tx.send(Wire::Reading(self.host)).is_ok()
     }
     fn status(&self, status: ConnStatus) -> bool {
-        self.tx
-            .send(HostEvent::Status {
-                host: self.host,
-                status,
-            })
-            .is_ok()
+        self.tx.send(Wire::Status(self.host, status)).is_ok()
     }
     fn outcomes(&self, id: u64, outcomes: Vec<Outcome>) -> bool {
         self.tx
-            .send(HostEvent::Outcomes {
-                host: self.host,
-                id,
-                outcomes,
-            })
+            .send(Wire::Outcomes(self.host, id, outcomes))
             .is_ok()
     }
 }
 
 enum Handle {
-    Thread(smpsc::Sender<HostCmd>),
-    Task(mpsc::UnboundedSender<HostCmd>),
+    Thread(smpsc::SyncSender<HostCmd>),
+    Task(mpsc::Sender<HostCmd>),
 }
 
 pub struct Fleet {
     specs: Vec<HostSpec>,
     labels: Vec<String>,
     handles: Vec<Handle>,
-    pub events: mpsc::UnboundedReceiver<HostEvent>,
+    slots: Vec<Slot>,
+    /// Kept to answer, at once, a signal request that a busy host's queue had no room for.
+    tx: mpsc::UnboundedSender<Wire>,
+    events: mpsc::UnboundedReceiver<Wire>,
 }
 
 impl Fleet {
@@ -110,11 +120,15 @@ impl Fleet {
         let labels = unique_labels(specs);
         let connect_limit = Arc::new(Semaphore::new(opts.ssh.max_connections.max(1)));
         let mut handles = Vec::new();
+        let mut slots = Vec::new();
         for (i, (spec, label)) in specs.iter().zip(&labels).enumerate() {
+            let slot: Slot = Arc::default();
+            slots.push(slot.clone());
             let sink: Arc<dyn Sink> = Arc::new(FleetSink {
                 host: HostId(i),
                 label: label.clone(),
                 analyze: opts.analyze,
+                slot,
                 tx: tx.clone(),
             });
             let handle = match spec {
@@ -131,7 +145,7 @@ impl Fleet {
                     Handle::Thread(spawn_thread(i, Box::new(src), None, sink, opts.interval))
                 }
                 HostSpec::Ssh { .. } | HostSpec::Command { .. } => {
-                    let (ctx, crx) = mpsc::unbounded_channel();
+                    let (ctx, crx) = mpsc::channel(CMD_QUEUE);
                     let task = RemoteTask {
                         label: label.clone(),
                         spec: spec.clone(),
@@ -153,19 +167,62 @@ impl Fleet {
             specs: specs.to_vec(),
             labels,
             handles,
+            slots,
+            tx,
             events,
         })
     }
 
+    /// The next event of any host; `None` once every collector is gone.
+    pub async fn recv(&mut self) -> Option<HostEvent> {
+        loop {
+            let w = self.events.recv().await?;
+            if let Some(ev) = self.event(w) {
+                return Some(ev);
+            }
+        }
+    }
+
+    /// The next event already there, without waiting.
+    pub fn try_recv(&mut self) -> Option<HostEvent> {
+        loop {
+            let w = self.events.try_recv().ok()?;
+            if let Some(ev) = self.event(w) {
+                return Some(ev);
+            }
+        }
+    }
+
+    fn event(&self, w: Wire) -> Option<HostEvent> {
+        Some(match w {
+            Wire::Reading(host) => {
+                let snap = self.slots.get(host.0)?.lock().ok()?.take()?;
+                HostEvent::Snapshot { host, snap }
+            }
+            Wire::Status(host, status) => HostEvent::Status { host, status },
+            Wire::Outcomes(host, id, outcomes) => HostEvent::Outcomes { host, id, outcomes },
+        })
+    }
+
+    /// Queue a command for one host. A full queue (a host that stopped answering) drops polls and interval
+    /// changes, which the next one supersedes, and answers a signal request at once: never left hanging.
     pub fn send(&self, host: HostId, cmd: HostCmd) {
-        match self.handles.get(host.0) {
-            Some(Handle::Thread(t)) => {
-                let _ = t.send(cmd);
-            }
-            Some(Handle::Task(t)) => {
-                let _ = t.send(cmd);
-            }
-            None => {}
+        let refused = match self.handles.get(host.0) {
+            Some(Handle::Thread(t)) => match t.try_send(cmd) {
+                Ok(()) => None,
+                Err(smpsc::TrySendError::Full(c) | smpsc::TrySendError::Disconnected(c)) => Some(c),
+            },
+            Some(Handle::Task(t)) => match t.try_send(cmd) {
+                Ok(()) => None,
+                Err(mpsc::error::TrySendError::Full(c) | mpsc::error::TrySendError::Closed(c)) => {
+                    Some(c)
+                }
+            },
+            None => Some(cmd),
+        };
+        if let Some(HostCmd::Signal { id, req }) = refused {
+            let outcomes = all_failed(&req, "host busy: its command queue is full");
+            let _ = self.tx.send(Wire::Outcomes(host, id, outcomes));
         }
     }
 
@@ -236,8 +293,8 @@ fn spawn_thread(
     signals: Option<Deliverer>,
     sink: Arc<dyn Sink>,
     interval: Duration,
-) -> smpsc::Sender<HostCmd> {
-    let (ctx, crx) = smpsc::channel::<HostCmd>();
+) -> smpsc::SyncSender<HostCmd> {
+    let (ctx, crx) = smpsc::sync_channel::<HostCmd>(CMD_QUEUE);
     let spawned = std::thread::Builder::new()
         .name(format!("host-{index}"))
         .spawn(move || poll::run(src, signals.as_ref(), &sink, &crx, interval));

@@ -4,11 +4,18 @@
 //! the readings a re-watch needs.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::act::Deliverer;
+use crate::core::protocol::MIN_INTERVAL;
+use crate::core::signal::all_failed;
 use crate::source::{ConnStatus, HostCmd, Sink, Source};
+
+/// Signal requests being delivered at once on this host; more are answered "busy" at once rather than
+/// starting a thread each.
+const MAX_DELIVERIES: usize = 16;
 
 /// Poll `src` until the command channel closes or the sink stops listening. `signals` delivers real signals
 /// on this host; sources that simulate theirs (the demo) answer them themselves.
@@ -22,7 +29,9 @@ pub fn run(
     if !sink.status(ConnStatus::Up) {
         return;
     }
+    let in_flight = Arc::new(AtomicUsize::new(0));
     loop {
+        let read_at = Instant::now();
         let sent = match src.poll() {
             Ok(s) => sink.reading(s),
             Err(e) => sink.status(ConnStatus::Down(e.to_string())),
@@ -34,7 +43,15 @@ pub fn run(
         loop {
             let wait = next.saturating_duration_since(Instant::now());
             match cmds.recv_timeout(wait) {
-                Ok(HostCmd::PollNow) | Err(mpsc::RecvTimeoutError::Timeout) => break,
+                Err(mpsc::RecvTimeoutError::Timeout) => break,
+                // Polls asked for in a burst cost one reading per MIN_INTERVAL, not one each.
+                Ok(HostCmd::PollNow) => {
+                    let soonest = read_at + MIN_INTERVAL;
+                    if Instant::now() >= soonest {
+                        break;
+                    }
+                    next = next.min(soonest);
+                }
                 Ok(HostCmd::Interval(d)) => {
                     // A shorter interval takes effect now; it does not cost an extra reading.
                     interval = d;
@@ -44,15 +61,32 @@ pub fn run(
                     if let Some(outcomes) = src.simulate_signal(&req) {
                         sink.outcomes(id, outcomes);
                     } else if let Some(d) = signals.cloned() {
-                        let sink = sink.clone();
-                        std::thread::spawn(move || {
-                            sink.outcomes(id, d.deliver(&req));
-                        });
+                        if in_flight.fetch_add(1, Ordering::SeqCst) >= MAX_DELIVERIES {
+                            in_flight.fetch_sub(1, Ordering::SeqCst);
+                            sink.outcomes(
+                                id,
+                                all_failed(&req, "host busy: too many signal requests at once"),
+                            );
+                            continue;
+                        }
+                        let (sink2, in_flight2, req2) =
+                            (sink.clone(), in_flight.clone(), req.clone());
+                        let spawned =
+                            std::thread::Builder::new()
+                                .name("deliver".into())
+                                .spawn(move || {
+                                    sink2.outcomes(id, d.deliver(&req2));
+                                    in_flight2.fetch_sub(1, Ordering::SeqCst);
+                                });
+                        if let Err(e) = spawned {
+                            in_flight.fetch_sub(1, Ordering::SeqCst);
+                            sink.outcomes(
+                                id,
+                                all_failed(&req, &format!("cannot start a thread: {e}")),
+                            );
+                        }
                     } else {
-                        sink.outcomes(
-                            id,
-                            crate::core::signal::all_failed(&req, "this host takes no signals"),
-                        );
+                        sink.outcomes(id, all_failed(&req, "this host takes no signals"));
                     }
                     // Read again right away: the signalled processes may be gone.
                     break;

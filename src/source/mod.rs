@@ -52,6 +52,11 @@ pub enum HostCmd {
 pub enum ConnStatus {
     Connecting,
     Up,
+    /// Connected, but no reading for this long: what is shown is old. Past the read timeout the collector
+    /// reconnects.
+    Stale {
+        silent_ms: u64,
+    },
     /// Down with this reason; the collector retries with backoff.
     Down(String),
 }

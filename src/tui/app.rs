@@ -270,6 +270,16 @@ impl App {
         match action {
             Action::Snapshot(i, snap) => self.on_snapshot(i, *snap),
             Action::Status(i, st) => {
+                // A re-watch never counts a host it cannot read now as clean.
+                if let Some(rw) = &mut self.rewatch {
+                    match &st {
+                        ConnStatus::Down(e) => rw.watch.unreadable(i, e.clone()),
+                        ConnStatus::Stale { silent_ms } => rw
+                            .watch
+                            .unreadable(i, format!("stale: no reading for {}", fmt_ms(*silent_ms))),
+                        ConnStatus::Up | ConnStatus::Connecting => {}
+                    }
+                }
                 if let Some(h) = self.hosts.get_mut(i.0) {
                     if let ConnStatus::Down(e) = &st {
                         let msg = format!("{}: {e}", h.label);

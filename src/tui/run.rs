@@ -194,12 +194,12 @@ async fn event_loop(
                 Some(Err(e)) => return Err(anyhow!("terminal: {e}")),
                 None => return Ok(()),
             },
-            ev = fleet.events.recv() => {
+            ev = fleet.recv() => {
                 let Some(ev) = ev else { return Ok(()) };
                 stamp(app);
                 effects.extend(app.update(action_of(ev)));
                 // Take everything queued before drawing once.
-                while let Ok(ev) = fleet.events.try_recv() {
+                while let Some(ev) = fleet.try_recv() {
                     effects.extend(app.update(action_of(ev)));
                 }
                 data_only = !dirty || data_only;

@@ -76,6 +76,8 @@ struct FdInfo {
     device_fds: u32,
     shm_open: Vec<String>,
     readable: bool,
+    /// The process exited between its stat and its fd walk: not a blind spot, just gone.
+    vanished: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -252,6 +254,10 @@ impl ProcScanner {
                 },
                 None => cached.map(|c| c.fds.clone()).unwrap_or_default(),
             };
+            if fds.vanished {
+                self.cache.remove(&pid);
+                continue;
+            }
             if !fds.readable {
                 table.unreadable.insert(pid);
             }
@@ -371,8 +377,14 @@ impl ProcScanner {
     fn read_fds(&self, pid: u32) -> FdInfo {
         let fd_dir = self.cfg.proc_root.join(pid.to_string()).join("fd");
         let mut info = FdInfo::default();
-        let Ok(dir) = fs::read_dir(&fd_dir) else {
-            return info;
+        let dir = match fs::read_dir(&fd_dir) {
+            Ok(dir) => dir,
+            Err(e) => {
+                // Only a permission error is something we could not see; a missing directory is an exit.
+                info.vanished = e.kind() == std::io::ErrorKind::NotFound
+                    || e.raw_os_error() == Some(libc::ESRCH);
+                return info;
+            }
         };
         info.readable = true;
         let shm = self.cfg.shm_dir.as_os_str().as_encoded_bytes();
@@ -613,6 +625,46 @@ mod tests {
                 creator_pid: 1234,
                 attached: 2
             }]
+        );
+    }
+
+    /// A process that exits between its stat and its fd walk is gone, not "could not be inspected".
+    #[test]
+    fn a_process_gone_before_its_fd_walk_is_not_a_blind_spot() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let stat =
+            "4242 (python3) S 1 4242 4242 0 -1 4194560 1 0 0 0 5 3 0 0 20 0 2 0 123456 100 5\n";
+        // Two processes whose stat is there: one whose fd directory has already vanished, one whose fd
+        // directory exists but may not be read.
+        for pid in ["4242", "4343"] {
+            let d = root.path().join(pid);
+            std::fs::create_dir(&d).expect("mkdir");
+            std::fs::write(d.join("stat"), stat.replace("4242", pid)).expect("stat");
+            std::fs::write(d.join("status"), "Uid:\t1000\t1000\t1000\t1000\n").expect("status");
+        }
+        let locked = root.path().join("4343").join("fd");
+        std::fs::create_dir(&locked).expect("mkdir fd");
+        // Not a directory: read_dir fails with ENOTDIR, standing in for EACCES (the tests may run as root,
+        // who can read any mode).
+        std::fs::remove_dir(&locked).expect("rmdir");
+        std::fs::write(&locked, b"").expect("fd as a file");
+        let cfg = ProcfsConfig {
+            proc_root: root.path().to_path_buf(),
+            ..Default::default()
+        };
+        let mut s = ProcScanner::new(cfg).expect("scanner");
+        let t = s.scan(true, &HashSet::new());
+        assert!(
+            !t.procs.contains_key(&4242),
+            "an exited process is not listed"
+        );
+        assert!(
+            !t.unreadable.contains(&4242),
+            "an exited process is not a blind spot"
+        );
+        assert!(
+            t.unreadable.contains(&4343),
+            "an fd table we could not read is a blind spot"
         );
     }
 

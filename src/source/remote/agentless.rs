@@ -13,11 +13,13 @@ use crate::source::{gpus_of_devices, shown_pids};
 
 /// The fields asked of `nvidia-smi --query-gpu`, in order. The first nine are what the reference H200 printed.
 pub const GPU_QUERY: &str = "index,uuid,name,memory.used,memory.total,memory.reserved,compute_cap,persistence_mode,pci.bus_id,utilization.gpu,temperature.gpu,power.draw";
-pub const APPS_QUERY: &str = "pid,gpu_uuid,used_memory,process_name";
+/// No process name: nvidia-smi prints it raw, and a name with a newline could forge a CSV row. Names come from
+/// the scan of /proc, which is NUL-separated.
+pub const APPS_QUERY: &str = "pid,gpu_uuid,used_memory";
 
-/// Most lines and bytes a remote may send us in one reading.
-pub const MAX_LINES: usize = 200_000;
-pub const MAX_LINE: usize = 16_384;
+/// Most records and bytes per record a remote may send us in one reading.
+pub const MAX_RECORDS: usize = 400_000;
+pub const MAX_RECORD: usize = 16_384;
 
 /// `[N/A]`, `[Not Supported]`, `N/A`, `[Unknown Error]`, empty: no reading.
 fn value(s: &str) -> Option<&str> {
@@ -119,21 +121,26 @@ pub struct ShellScan {
     pub unreadable: u32,
 }
 
-/// The script run on an agentless host. It prints sections headed `##name`; everything is read-only.
+/// The script run on an agentless host. Every record ends with a NUL byte, so no text a process controls
+/// (a `comm` of `\n##x`, a cmdline with newlines) can end a record early or forge a section header.
+/// Sections are headed by a `##name` record; everything is read-only.
 pub fn shell_script() -> String {
     format!(
         r#"export LC_ALL=C
-echo '##gpus'; nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits 2>/dev/null || echo '##gpu_error'
-echo '##apps'; nvidia-smi --query-compute-apps={APPS_QUERY} --format=csv,noheader,nounits 2>/dev/null
-echo '##stat'; for d in /proc/[0-9]*; do cat "$d/stat" 2>/dev/null; done
-echo '##uid'; for d in /proc/[0-9]*; do [ -r "$d/status" ] && sed -n 's/^Uid:[[:space:]]*\([0-9]*\).*/\1/p' "$d/status" | sed "s|^|${{d#/proc/}} |"; done 2>/dev/null
-echo '##fds'; for d in /proc/[0-9]*; do [ -r "$d/fd" ] || {{ echo "unreadable ${{d#/proc/}}"; continue; }}; for f in "$d"/fd/*; do l=$(readlink "$f" 2>/dev/null) || continue; case "$l" in /dev/nvidia*) echo "${{d#/proc/}} $l";; esac; done; done 2>/dev/null
-echo '##passwd'; cut -d: -f1,3 /etc/passwd 2>/dev/null
-echo '##cmdline'; for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do [ -r /proc/$p/cmdline ] && printf '%s ' "$p" && tr '\0' ' ' < /proc/$p/cmdline && echo; done
-echo '##end'
+printf '##gpus\0'; nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits 2>/dev/null; s=$?; printf '\0'; [ $s -eq 0 ] || printf '##gpu_error\0'
+printf '##apps\0'; nvidia-smi --query-compute-apps={APPS_QUERY} --format=csv,noheader,nounits 2>/dev/null; printf '\0'
+printf '##stat\0'; for d in /proc/[0-9]*; do cat "$d/stat" 2>/dev/null && printf '\0'; done
+printf '##uid\0'; for d in /proc/[0-9]*; do u=$(sed -n 's/^Uid:[[:space:]]*\([0-9]*\).*/\1/p' "$d/status" 2>/dev/null) && [ -n "$u" ] && printf '%s %s\0' "${{d#/proc/}}" "$u"; done
+printf '##fds\0'; for d in /proc/[0-9]*; do [ -r "$d/fd" ] || {{ [ -d "$d" ] && printf 'unreadable %s\0' "${{d#/proc/}}"; continue; }}; for f in "$d"/fd/*; do l=$(readlink "$f" 2>/dev/null) || continue; case "$l" in /dev/nvidia*) printf '%s %s\0' "${{d#/proc/}}" "$l";; esac; done; done 2>/dev/null
+printf '##passwd\0'; cut -d: -f1,3 /etc/passwd 2>/dev/null | tr '\n' '\0'
+printf '##cmdline\0'; for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do [ -r /proc/$p/cmdline ] && printf '%s ' "$p" && tr '\0' ' ' < /proc/$p/cmdline && printf '\0'; done
+printf '##end\0'
 "#
     )
 }
+
+/// The CSV sections may be long (a line per GPU or process); every other record is one short line.
+const MAX_CSV: usize = 8 * 1024 * 1024;
 
 #[allow(clippy::too_many_lines)] // one parser for the scan's record kinds, each a few lines
 pub fn parse_shell_scan(out: &str) -> ShellScan {
@@ -141,8 +148,11 @@ pub fn parse_shell_scan(out: &str) -> ShellScan {
     let mut section = "";
     let mut passwd: HashMap<u32, String> = HashMap::new();
     let mut uids: HashMap<u32, u32> = HashMap::new();
-    for line in out.lines().take(MAX_LINES) {
-        if line.len() > MAX_LINE {
+    for record in out.split('\0').take(MAX_RECORDS) {
+        // `cat stat` ends with a newline; inside a record newlines are data.
+        let line = record.strip_suffix('\n').unwrap_or(record);
+        let csv = matches!(section, "gpus" | "apps");
+        if line.len() > if csv { MAX_CSV } else { MAX_RECORD } {
             continue;
         }
         if let Some(s) = line.strip_prefix("##") {
@@ -163,11 +173,11 @@ pub fn parse_shell_scan(out: &str) -> ShellScan {
             continue;
         }
         match section {
-            "gpus" => {
+            "gpus" if scan.gpus_csv.len() + line.len() <= MAX_CSV => {
                 scan.gpus_csv.push_str(line);
                 scan.gpus_csv.push('\n');
             }
-            "apps" => {
+            "apps" if scan.apps_csv.len() + line.len() <= MAX_CSV => {
                 scan.apps_csv.push_str(line);
                 scan.apps_csv.push('\n');
             }
@@ -353,7 +363,7 @@ mod tests {
     #[test]
     fn shell_scan_sections() {
         let out = format!(
-            "##gpus\n{IDLE}##apps\n{GHOST_APP}##stat\n946 (python3) S 1 924 924 0 -1 4194560 1 0 0 0 5 3 0 0 20 0 2 0 123456 100 5\n##uid\n946 1000\n##fds\n946 /dev/nvidia0\n946 /dev/nvidia0\n946 /dev/nvidiactl\nunreadable 77\n##passwd\nalice:1000\n##cmdline\n946 python3 leak.py \n##end\n"
+            "##gpus\0{IDLE}\0##apps\0{GHOST_APP}\0##stat\x00946 (python3) S 1 924 924 0 -1 4194560 1 0 0 0 5 3 0 0 20 0 2 0 123456 100 5\n\0##uid\x00946 1000\0##fds\x00946 /dev/nvidia0\x00946 /dev/nvidia0\x00946 /dev/nvidiactl\0unreadable 77\0##passwd\0alice:1000\0##cmdline\x00946 python3 leak.py \0##end\0"
         );
         let s = parse_shell_scan(&out);
         let mut gpus = parse_gpus(&s.gpus_csv);
@@ -366,6 +376,30 @@ mod tests {
         assert_eq!(h.len(), 1);
         assert_eq!(h[0].gpus, vec![0]);
         assert_eq!(h[0].fd_count, 3);
+    }
+
+    /// A `comm` with a newline and a fake section header, and a cmdline with newlines, do not end their records:
+    /// the processes after them are still read, and nothing is taken for a header.
+    #[test]
+    fn hostile_names_cannot_end_a_record() {
+        let out = "##stat\0\
+            500 (\n##x) S 1 500 500 0 -1 4194560 1 0 0 0 5 3 0 0 20 0 2 0 1000 100 5\n\0\
+            501 (python3) S 1 501 501 0 -1 4194560 1 0 0 0 5 3 0 0 20 0 2 0 1001 100 5\n\0\
+            ##uid\x00500 0\x00501 1000\0\
+            ##fds\x00501 /dev/nvidia0\0\
+            ##cmdline\x00501 python3 x\n##fds\n999 /dev/nvidia0 \0##end\0";
+        let s = parse_shell_scan(out);
+        assert_eq!(s.procs[&500].comm, "\n##x");
+        assert_eq!(
+            s.procs[&501].uid,
+            Some(1000),
+            "records after the hostile comm are read"
+        );
+        assert_eq!(s.fds.keys().copied().collect::<Vec<_>>(), vec![501]);
+        assert!(
+            s.cmdlines[&501].contains("##fds"),
+            "a newline in a cmdline stays data"
+        );
     }
 
     proptest::proptest! {

@@ -44,7 +44,7 @@ impl RemoteTask {
     }
 
     /// Connect, stream, and on any failure report it and reconnect with backoff, until the fleet is dropped.
-    pub async fn run(self, mut cmds: mpsc::UnboundedReceiver<HostCmd>) {
+    pub async fn run(self, mut cmds: mpsc::Receiver<HostCmd>) {
         let mut backoff = FIRST_BACKOFF;
         let mut interval = self.opts.interval;
         loop {
@@ -77,7 +77,7 @@ impl RemoteTask {
     async fn back_off(
         &self,
         backoff: Duration,
-        cmds: &mut mpsc::UnboundedReceiver<HostCmd>,
+        cmds: &mut mpsc::Receiver<HostCmd>,
         interval: &mut Duration,
     ) -> bool {
         let sleep = tokio::time::sleep(backoff);

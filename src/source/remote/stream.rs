@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use super::RemoteTask;
 use crate::core::format::{escape, millis, truncate};
@@ -67,7 +68,7 @@ pub async fn drive_stream<R, W>(
     task: &RemoteTask,
     reader: R,
     mut writer: W,
-    cmds: &mut mpsc::UnboundedReceiver<HostCmd>,
+    cmds: &mut mpsc::Receiver<HostCmd>,
     interval: &mut Duration,
     kind: SourceKind,
 ) -> Result<(), String>
@@ -89,9 +90,7 @@ where
     let connect_timeout = task.opts.ssh.connect_timeout;
     let result = async {
         // The first line must be the agent's hello.
-        let first = tokio::time::timeout(connect_timeout, lines.recv())
-            .await
-            .map_err(|_| format!("no hello from the agent within {}s", connect_timeout.as_secs()))?;
+        let first = await_hello(task, &mut lines, cmds, interval, connect_timeout).await?;
         let first = match first {
             Some(Ok(Some(l))) => l,
             Some(Ok(None)) | None => return Err("the agent exited before saying hello".to_string()),
@@ -110,8 +109,23 @@ where
         task.status(ConnStatus::Up);
         send_cmd(&mut writer, &AgentCmd::Interval { ms: millis(*interval) }).await?;
         let mut pending: Vec<(u64, SignalRequest)> = Vec::new();
+        let mut last_reading = Instant::now();
+        let mut stale = false;
         let out: Result<(), String> = loop {
+            let (stale_after, read_timeout) = silence_limits(*interval, connect_timeout);
+            let alarm = last_reading + if stale { read_timeout } else { stale_after };
             tokio::select! {
+                () = tokio::time::sleep_until(alarm) => {
+                    let silent = last_reading.elapsed();
+                    if stale {
+                        break Err(format!(
+                            "no reading from the agent for {}s: reconnecting",
+                            silent.as_secs()
+                        ));
+                    }
+                    stale = true;
+                    task.status(ConnStatus::Stale { silent_ms: millis(silent) });
+                }
                 l = lines.recv() => {
                     let line = match l {
                         Some(Ok(Some(l))) => l,
@@ -122,6 +136,11 @@ where
                         Ok(AgentMsg::Snapshot { mut snapshot }) => {
                             trace(&task.label, "snapshot");
                             snapshot.source = kind;
+                            last_reading = Instant::now();
+                            if stale {
+                                stale = false;
+                                task.status(ConnStatus::Up);
+                            }
                             if !task.sink.reading(*snapshot) {
                                 break Ok(());
                             }
@@ -163,6 +182,46 @@ where
     .await;
     reader_task.abort();
     result
+}
+
+/// How long a connected agent may say nothing before its data is called stale, and before the connection is
+/// given up and made again. An agent sends a reading every interval.
+fn silence_limits(interval: Duration, connect_timeout: Duration) -> (Duration, Duration) {
+    let stale = interval.saturating_mul(3).max(Duration::from_secs(3));
+    let timeout = interval
+        .saturating_mul(10)
+        .max(stale.saturating_mul(2))
+        .max(connect_timeout);
+    (stale, timeout)
+}
+
+/// The agent's first line, within `timeout`. Meanwhile commands are answered: `r` (a poll) starts over
+/// instead of waiting out the timeout, and a signal fails at once.
+async fn await_hello(
+    task: &RemoteTask,
+    lines: &mut mpsc::Receiver<std::io::Result<Option<Vec<u8>>>>,
+    cmds: &mut mpsc::Receiver<HostCmd>,
+    interval: &mut Duration,
+    timeout: Duration,
+) -> Result<Option<std::io::Result<Option<Vec<u8>>>>, String> {
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            () = &mut deadline => {
+                return Err(format!("no hello from the agent within {}s", timeout.as_secs()));
+            }
+            l = lines.recv() => return Ok(l),
+            c = cmds.recv() => match c {
+                None => return Err("stopped".into()),
+                Some(HostCmd::PollNow) => return Err("no hello from the agent yet: reconnecting as asked".into()),
+                Some(HostCmd::Interval(d)) => *interval = d,
+                Some(HostCmd::Signal { id, req }) => {
+                    task.sink.outcomes(id, all_failed(&req, "not connected yet: the agent has not said hello"));
+                }
+            }
+        }
+    }
 }
 
 async fn send_cmd<W: AsyncWrite + Unpin>(w: &mut W, cmd: &AgentCmd) -> Result<(), String> {

@@ -104,6 +104,16 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
         let conn = match &h.status {
             ConnStatus::Up => Span::styled("up", fg(app, Color::Green)),
             ConnStatus::Connecting => Span::styled("connecting…", fg(app, Color::Yellow)),
+            // The age runs on between messages: it is the age of the reading shown.
+            ConnStatus::Stale { silent_ms } => {
+                let age = h
+                    .last_seen_ms
+                    .map_or(*silent_ms, |t| app.now_ms.saturating_sub(t));
+                Span::styled(
+                    format!("stale: no reading for {}", fmt_secs(age / 1000)),
+                    fg(app, Color::Yellow),
+                )
+            }
             ConnStatus::Down(e) => {
                 let seen = h
                     .last_seen_ms

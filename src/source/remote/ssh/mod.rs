@@ -132,7 +132,7 @@ pub fn resolve(
 /// One connection's life: connect, then agent (or deploy, or agentless) until it ends. Err says why.
 pub async fn run(
     task: &RemoteTask,
-    cmds: &mut mpsc::UnboundedReceiver<HostCmd>,
+    cmds: &mut mpsc::Receiver<HostCmd>,
     interval: &mut Duration,
 ) -> Result<(), String> {
     let HostSpec::Ssh { user, host, port } = &task.spec else {
@@ -180,7 +180,7 @@ pub async fn run(
 async fn run_agentless(
     task: &RemoteTask,
     handle: &Handle<Client>,
-    cmds: &mut mpsc::UnboundedReceiver<HostCmd>,
+    cmds: &mut mpsc::Receiver<HostCmd>,
     interval: &mut Duration,
 ) -> Result<(), String> {
     let script = agentless::shell_script();

@@ -1,0 +1,277 @@
+//! `cmd:` hosts that misbehave: an agent that stalls after its hello, one that floods readings, one that stops
+//! reading commands, and commands that never answer. Crafted agent streams come from a shell; the readings in
+//! them are this binary's own `agent --demo` output.
+
+// In tests a panic is the failure message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpusweep::act::AuditLog;
+use gpusweep::analyze::AnalyzeOptions;
+use gpusweep::core::host::HostSpec;
+use gpusweep::core::signal::{Fate, Sig, SignalRequest, TargetInfo};
+use gpusweep::runtime::{Fleet, FleetOptions, HostEvent};
+use gpusweep::source::demo::DemoClock;
+use gpusweep::source::local::procfs::ProcfsConfig;
+use gpusweep::source::remote::ssh::SshOptions;
+use gpusweep::source::{ConnStatus, HostCmd};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gpusweep");
+
+/// The hello and the first snapshot of a demo agent, as two files a shell can replay.
+fn agent_lines(dir: &Path) -> (String, String) {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("'{BIN}' agent --demo | head -n 2"))
+        .env("GPUSWEEP_CONFIG", dir.join("none.toml"))
+        .stderr(Stdio::null())
+        .output()
+        .expect("demo agent");
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let mut lines = text.lines();
+    let hello = dir.join("hello.json");
+    let snap = dir.join("snap.json");
+    std::fs::write(&hello, format!("{}\n", lines.next().expect("hello"))).expect("hello");
+    std::fs::write(&snap, format!("{}\n", lines.next().expect("snapshot"))).expect("snap");
+    (hello.display().to_string(), snap.display().to_string())
+}
+
+fn fleet(command: &str, interval: Duration, audit: &Path) -> Fleet {
+    let opts = FleetOptions {
+        interval,
+        analyze: AnalyzeOptions::default(),
+        procfs: ProcfsConfig::default(),
+        load_nvml: false,
+        audit: AuditLog {
+            path: Some(audit.to_path_buf()),
+        },
+        ssh: SshOptions {
+            connect_timeout: Duration::from_secs(1),
+            ..Default::default()
+        },
+        demo_clock: DemoClock::real(),
+    };
+    let spec = HostSpec::Command {
+        command: command.to_string(),
+    };
+    Fleet::start(&[spec], &opts).expect("fleet")
+}
+
+/// PIDs whose command line is exactly `sleep SECS`.
+fn sleepers(secs: &str) -> Vec<u32> {
+    let want = format!("sleep\0{secs}\0");
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want.as_bytes())
+        })
+        .collect()
+}
+
+fn await_cond(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+async fn next_event(fleet: &mut Fleet, within: Duration) -> HostEvent {
+    tokio::time::timeout(within, fleet.recv())
+        .await
+        .expect("an event in time")
+        .expect("the fleet is running")
+}
+
+/// An agent that says hello, sends one reading and then nothing: the host turns stale (with the age of what
+/// it shows), then the connection is given up, and the command's whole process group is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_agent_goes_stale_then_is_dropped_with_its_process_group() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (hello, snap) = agent_lines(dir.path());
+    let cmd = format!("cat '{hello}' '{snap}'; sleep 86391 & exec sleep 86392");
+    let mut f = fleet(&cmd, Duration::from_millis(100), &dir.path().join("audit"));
+    let mut got_reading = false;
+    let mut stale = None;
+    let down = loop {
+        match next_event(&mut f, Duration::from_secs(20)).await {
+            HostEvent::Snapshot { .. } => got_reading = true,
+            HostEvent::Status {
+                status: ConnStatus::Stale { silent_ms },
+                ..
+            } => stale = Some(silent_ms),
+            HostEvent::Status {
+                status: ConnStatus::Down(e),
+                ..
+            } => break e,
+            _ => {}
+        }
+    };
+    assert!(got_reading, "the one reading arrived");
+    let silent = stale.expect("the host went stale before it was dropped");
+    assert!(
+        silent >= 3000,
+        "stale after 3 s of silence, not before: {silent}"
+    );
+    assert!(down.contains("no reading from the agent for"), "{down}");
+    // Both sleeps (the shell's background job and the exec'd one) are gone with the group.
+    await_cond("the command's process group to die", 10, || {
+        sleepers("86391").is_empty() && sleepers("86392").is_empty()
+    });
+}
+
+/// An agent that sends readings as fast as a shell can: a front end that does not read for a while finds
+/// one reading waiting, the latest, not a queue of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_readings_keeps_only_the_latest() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (hello, snap) = agent_lines(dir.path());
+    let count = dir.path().join("count");
+    let cmd = format!(
+        "cat '{hello}'; i=0; while :; do cat '{snap}'; i=$((i+1)); echo $i > '{}'; done",
+        count.display()
+    );
+    let mut f = fleet(&cmd, Duration::from_secs(1), &dir.path().join("audit"));
+    loop {
+        if let HostEvent::Snapshot { .. } = next_event(&mut f, Duration::from_secs(20)).await {
+            break;
+        }
+    }
+    // Not reading events while the agent sends 300 more readings.
+    let sent = || {
+        std::fs::read_to_string(&count)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let from = sent();
+    await_cond("300 more readings", 60, || sent() >= from + 300);
+    let mut waiting = 0;
+    while let Some(ev) = f.try_recv() {
+        if let HostEvent::Snapshot { .. } = ev {
+            waiting += 1;
+        }
+    }
+    assert!(
+        waiting <= 1,
+        "{waiting} readings were queued for one host; only the latest is kept"
+    );
+}
+
+/// An agent that never reads its commands: the command queue fills, and a signal request is answered at
+/// once ("host busy") instead of waiting forever behind thousands of polls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_reads_no_commands_answers_signals_busy() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (hello, snap) = agent_lines(dir.path());
+    // Readings keep coming (so the host is not stale), but stdin is never read.
+    let cmd = format!("cat '{hello}'; while :; do cat '{snap}'; sleep 0.2; done");
+    let mut f = fleet(&cmd, Duration::from_secs(1), &dir.path().join("audit"));
+    loop {
+        if let HostEvent::Status {
+            status: ConnStatus::Up,
+            ..
+        } = next_event(&mut f, Duration::from_secs(20)).await
+        {
+            break;
+        }
+    }
+    let host = f.ids().next().expect("one host");
+    for _ in 0..100_000 {
+        f.send(host, HostCmd::PollNow);
+    }
+    let req = SignalRequest {
+        targets: vec![TargetInfo {
+            pid: 4_000_000,
+            start_time: 1,
+            cmdline: String::new(),
+        }],
+        signal: Sig::Term,
+        grace_ms: None,
+    };
+    f.send(host, HostCmd::Signal { id: 7, req });
+    let outcomes = loop {
+        if let HostEvent::Outcomes {
+            id: 7, outcomes, ..
+        } = next_event(&mut f, Duration::from_secs(10)).await
+        {
+            break outcomes;
+        }
+    };
+    assert!(
+        matches!(&outcomes[0].fate, Fate::Failed { reason } if reason.contains("busy")),
+        "{outcomes:?}"
+    );
+}
+
+fn gpusweep(args: &[&str], dir: &Path) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(args)
+        .env("GPUSWEEP_CONFIG", dir.join("none.toml"))
+        .env("GPUSWEEP_AUDIT_LOG", dir.join("audit"))
+        .env_remove("GPUSWEEP_HOSTS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// A command that never says hello: `snapshot` reports it at its deadline, and nothing it started survives.
+#[test]
+fn a_command_that_never_answers_is_reported_and_killed() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let o = gpusweep(
+        &[
+            "snapshot",
+            "--json",
+            "--connect-timeout",
+            "1",
+            "--hosts",
+            "cmd:sleep 86393 & exec sleep 86394",
+        ],
+        dir.path(),
+    )
+    .output()
+    .expect("run");
+    assert_eq!(o.status.code(), Some(2), "no host was read");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let e = v["hosts"][0]["error"].as_str().unwrap_or_default();
+    assert!(e.contains("no hello") || e.contains("no reading"), "{e}");
+    await_cond("the command's processes to die", 10, || {
+        sleepers("86393").is_empty() && sleepers("86394").is_empty()
+    });
+}
+
+/// SIGTERM ends a waiting gpusweep with 143, and the `cmd:` host's processes go with it.
+#[test]
+fn sigterm_exits_143_and_takes_the_command_hosts_along() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut child = gpusweep(
+        &[
+            "wait",
+            "--no-nvml",
+            "--timeout",
+            "120s",
+            "--hosts",
+            "cmd:sleep 86395 & exec sleep 86396",
+        ],
+        dir.path(),
+    )
+    .spawn()
+    .expect("spawn");
+    await_cond("the command host to start", 20, || {
+        !sleepers("86395").is_empty() && !sleepers("86396").is_empty()
+    });
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(143));
+    await_cond("the command's processes to die", 10, || {
+        sleepers("86395").is_empty() && sleepers("86396").is_empty()
+    });
+}
