@@ -144,6 +144,7 @@ pub fn run(s: &crate::runtime::Settings, demo_host: &str) -> anyhow::Result<i32>
     let d = Deliverer {
         host,
         audit: s.fleet.audit.clone(),
+        without_pidfd: s.fleet.kill_without_pidfd,
     };
     Ok(serve(Box::new(src), Some(&d), s.fleet.interval))
 }

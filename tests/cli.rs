@@ -86,6 +86,11 @@ fn orphan_holding(dev: &Path) -> u32 {
     pid
 }
 
+/// The audit log holds no record (it may exist: it is opened before the first signal is decided).
+fn no_record(env: &Env) -> bool {
+    std::fs::read_to_string(env.audit()).map_or(true, |s| s.is_empty())
+}
+
 fn alive(pid: u32) -> bool {
     stat_field(pid, 0).is_some_and(|s| s != "Z")
 }
@@ -256,11 +261,12 @@ fn reused_pid_is_refused_through_the_library() {
             pid,
             start_time: start + 1,
             cmdline: "old".into(),
+            pidfs_ino: None,
         }],
         signal: Sig::Kill,
         grace_ms: None,
     };
-    let out = deliver("local", &stale, &audit);
+    let out = deliver("local", &stale, &audit, false);
     assert!(
         matches!(&out[0].fate, Fate::Refused { reason } if reason.contains("PID reused")),
         "{out:?}"
@@ -281,11 +287,12 @@ fn reused_pid_is_refused_through_the_library() {
             pid,
             start_time: start,
             cmdline: String::new(),
+            pidfs_ino: None,
         }],
         signal: Sig::Term,
         grace_ms: Some(5000),
     };
-    let out = deliver("local", &ok, &audit);
+    let out = deliver("local", &ok, &audit, false);
     // Our own child stays a zombie until we wait, but the pidfd reports its exit.
     assert!(
         matches!(
@@ -318,11 +325,12 @@ fn an_unwritable_audit_log_means_no_signal() {
             pid,
             start_time: start,
             cmdline: String::new(),
+            pidfs_ino: None,
         }],
         signal: Sig::Kill,
         grace_ms: None,
     };
-    let out = deliver("local", &req, &audit);
+    let out = deliver("local", &req, &audit, false);
     assert!(
         matches!(&out[0].fate, Fate::Refused { reason } if reason.contains("audit log") || reason.contains("cannot")),
         "{out:?}"
@@ -564,11 +572,12 @@ fn deliver_escalates_term_to_kill_on_a_process_that_ignores_term() {
             pid,
             start_time: start,
             cmdline: String::new(),
+            pidfs_ino: None,
         }],
         signal: Sig::Term,
         grace_ms: Some(300),
     };
-    let out = deliver("local", &req, &audit);
+    let out = deliver("local", &req, &audit, false);
     assert!(
         matches!(
             out[0].fate,
@@ -926,4 +935,418 @@ fn inside_a_pid_namespace_gpusweep_says_so() {
     ]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!(v["hosts"][0]["in_child_pid_namespace"], false);
+
+    // From the host, a holder inside a container's PID namespace is named by both its PIDs (NSpid).
+    let dev = env.device();
+    let mut boxed = Command::new("unshare")
+        .args([
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "sh",
+            "-c",
+            "exec sleep 300 <\"$0\"",
+        ])
+        .arg(&dev)
+        .spawn()
+        .expect("unshare");
+    let unshare = boxed.id();
+    let mut inner = None;
+    await_cond("the boxed holder", || {
+        inner = std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children"))
+            .ok()
+            .and_then(|c| {
+                c.split_whitespace()
+                    .next()
+                    .and_then(|p| p.parse::<u32>().ok())
+            })
+            .filter(|p| std::fs::read_link(format!("/proc/{p}/fd/0")).is_ok_and(|l| l == dev));
+        inner.is_some()
+    });
+    let holder = inner.expect("holder");
+    let o = env.run(&[
+        "snapshot",
+        "--json",
+        "--no-nvml",
+        "--device-glob",
+        &env.glob(),
+    ]);
+    let _ = boxed.kill();
+    let _ = boxed.wait();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let p = v["hosts"][0]["processes"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["pid"] == holder))
+        .unwrap_or_else(|| panic!("the holder {holder} is listed: {v}"))
+        .clone();
+    assert_eq!(p["ns_pid"], 1, "PID 1 of its namespace: {p}");
+}
+
+/// Four gpusweep processes signalling at once into one audit log: every line is one whole record. The
+/// records are long (a 3 KB command line each) so that a record written in pieces would show.
+#[test]
+fn four_killers_sharing_one_audit_log_never_interleave() {
+    let env = Env::new();
+    let name = "x".repeat(3000);
+    let mut children: Vec<std::process::Child> = (0..80)
+        .map(|_| {
+            Command::new("bash")
+                .args(["-c", "exec -a \"$1\" sleep 300", "bash", &name])
+                .spawn()
+                .expect("sleep")
+        })
+        .collect();
+    let pids: Vec<String> = children.iter().map(|c| c.id().to_string()).collect();
+    await_cond("80 renamed sleeps", || {
+        children.iter().all(|c| {
+            std::fs::read(format!("/proc/{}/cmdline", c.id()))
+                .is_ok_and(|b| b.starts_with(name.as_bytes()))
+        })
+    });
+    let killers: Vec<std::process::Child> = pids
+        .chunks(20)
+        .map(|chunk| {
+            let mut args = vec!["kill", "--no-nvml", "--yes"];
+            args.extend(chunk.iter().map(String::as_str));
+            env.cmd(&args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("gpusweep kill")
+        })
+        .collect();
+    for mut k in killers {
+        assert_eq!(k.wait().expect("wait").code(), Some(0));
+    }
+    for c in &mut children {
+        let _ = c.wait();
+    }
+    let log = std::fs::read_to_string(env.audit()).expect("audit log");
+    let records: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("a broken record ({e}): {l:.80}"))
+        })
+        .collect();
+    assert_eq!(records.len(), 80, "one record per signal");
+    let mut seen: Vec<u64> = records
+        .iter()
+        .map(|r| {
+            assert_eq!(
+                r["cmdline"].as_str().map(str::len),
+                Some(3000 + " 300".len())
+            );
+            r["pid"].as_u64().expect("pid")
+        })
+        .collect();
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen.len(), 80);
+}
+
+/// A seccomp filter that answers ENOSYS to pidfd_open and pidfd_send_signal, as on a 4.18 kernel.
+#[cfg(target_arch = "x86_64")]
+fn without_pidfd(c: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    const LD_ABS_W: u16 = 0x20;
+    const JEQ_K: u16 = 0x15;
+    const RET_K: u16 = 0x06;
+    const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
+    let op = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    let filter: [libc::sock_filter; 7] = [
+        op(LD_ABS_W, 0, 0, 4),               // seccomp_data.arch
+        op(JEQ_K, 0, 3, AUDIT_ARCH_X86_64),  // another ABI: allow
+        op(LD_ABS_W, 0, 0, 0),               // seccomp_data.nr
+        op(JEQ_K, 2, 0, 434),                // pidfd_open
+        op(JEQ_K, 1, 0, 424),                // pidfd_send_signal
+        op(RET_K, 0, 0, 0x7fff_0000),        // SECCOMP_RET_ALLOW
+        op(RET_K, 0, 0, 0x0005_0000 | 0x26), // SECCOMP_RET_ERRNO | ENOSYS
+    ];
+    // SAFETY: between fork and exec the closure only calls prctl, which is async-signal-safe; the filter
+    // lives on this stack frame's copy in the child, which outlives both calls.
+    #[allow(unsafe_code)]
+    unsafe {
+        c.pre_exec(move || {
+            let prog = libc::sock_fprog {
+                len: 7,
+                filter: filter.as_ptr().cast_mut(),
+            };
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::prctl(
+                    libc::PR_SET_SECCOMP,
+                    libc::SECCOMP_MODE_FILTER,
+                    &raw const prog,
+                ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_kernel_without_pidfd_disables_kills_unless_the_operator_opts_in() {
+    let env = Env::new();
+    let mut child = Command::new("sleep").arg("300").spawn().expect("sleep");
+    let pid = child.id();
+    let o = without_pidfd(&mut env.cmd(&["kill", &pid.to_string(), "--no-nvml", "--yes"]))
+        .output()
+        .expect("run");
+    let t = text(&o);
+    assert_ne!(o.status.code(), Some(0), "{t}");
+    assert!(
+        t.contains("this kernel has no pidfd; kills are disabled"),
+        "{t}"
+    );
+    assert!(
+        t.contains("--kill-without-pidfd"),
+        "the way out is named: {t}"
+    );
+    assert!(alive(pid), "{t}");
+    assert!(no_record(&env), "nothing sent, nothing logged");
+
+    let dev = env.device();
+    let o = without_pidfd(&mut env.cmd(&[
+        "snapshot",
+        "--json",
+        "--no-nvml",
+        "--device-glob",
+        &env.glob(),
+    ]))
+    .output()
+    .expect("run");
+    let _ = dev;
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+    let missing = &v["hosts"][0]["missing_features"];
+    assert!(
+        missing
+            .as_array()
+            .is_some_and(|a| a.iter().any(|f| f == "pidfd")),
+        "{missing}"
+    );
+
+    let o = without_pidfd(&mut env.cmd(&[
+        "kill",
+        &pid.to_string(),
+        "--no-nvml",
+        "--yes",
+        "--grace",
+        "5s",
+        "--kill-without-pidfd",
+    ]))
+    .output()
+    .expect("run");
+    let t = text(&o);
+    let _ = child.wait();
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("exited after TERM"), "{t}");
+    let log = std::fs::read_to_string(env.audit()).expect("audit log");
+    let rec: serde_json::Value =
+        serde_json::from_str(log.lines().next().expect("a record")).expect("json");
+    assert_eq!(rec["pid"], pid);
+    assert!(
+        rec["method"]
+            .as_str()
+            .is_some_and(|m| m.contains("kill(2)")),
+        "{rec}"
+    );
+}
+
+#[test]
+fn a_pid_reused_within_one_tick_is_told_apart_by_its_pidfs_inode() {
+    use gpusweep::act::{AuditLog, deliver};
+    use gpusweep::core::signal::{Fate, Sig, SignalRequest, TargetInfo};
+    let env = Env::new();
+    let audit = AuditLog {
+        path: Some(env.audit()),
+    };
+    let mut child = Command::new("sleep").arg("300").spawn().expect("sleep");
+    let pid = child.id();
+    let start: u64 = stat_field(pid, 19)
+        .expect("starttime")
+        .parse()
+        .expect("num");
+    let target = |pidfs_ino| SignalRequest {
+        targets: vec![TargetInfo {
+            pid,
+            start_time: start,
+            cmdline: String::new(),
+            pidfs_ino,
+        }],
+        signal: Sig::Term,
+        grace_ms: Some(5000),
+    };
+    // Same PID, same start tick, another pidfs inode: another process.
+    let out = deliver("local", &target(Some(1)), &audit, false);
+    assert!(
+        matches!(&out[0].fate, Fate::Refused { reason } if reason.contains("pidfs inode")),
+        "this kernel (6.9+) has pidfs: {out:?}"
+    );
+    assert!(child.try_wait().expect("try_wait").is_none());
+    assert!(no_record(&env));
+    // Without a known inode, delivery records the one it pinned.
+    let out = deliver("local", &target(None), &audit, false);
+    let _ = child.wait();
+    assert!(matches!(out[0].fate, Fate::Exited { .. }), "{out:?}");
+    let log = std::fs::read_to_string(env.audit()).expect("audit log");
+    let rec: serde_json::Value =
+        serde_json::from_str(log.lines().next().expect("a record")).expect("json");
+    assert!(rec["pidfs_ino"].as_u64().is_some_and(|i| i > 1), "{rec}");
+    assert_eq!(rec["method"], "pidfd");
+}
+
+/// A cgroup v1 freezer group (this machine's hybrid layout has one): its frozen members sleep in state D,
+/// and a KILL stays pending until they are thawed, exactly like a process stuck in a hung read.
+struct Frozen(PathBuf);
+
+impl Frozen {
+    fn new(pid: u32) -> Frozen {
+        let root = Path::new("/sys/fs/cgroup/freezer");
+        assert!(
+            root.join("freezer.state").exists() || root.join("cgroup.procs").exists(),
+            "this test needs the cgroup v1 freezer at {} (the CI machine has it)",
+            root.display()
+        );
+        let dir = root.join(format!("gpusweep-test-{pid}"));
+        std::fs::create_dir_all(&dir).expect("freezer group");
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).expect("move in");
+        std::fs::write(dir.join("freezer.state"), "FROZEN").expect("freeze");
+        await_cond("frozen", || stat_field(pid, 0).as_deref() == Some("D"));
+        Frozen(dir)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0.join("freezer.state"), "THAWED");
+        let t = Instant::now();
+        while std::fs::remove_dir(&self.0).is_err() && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+#[test]
+fn a_holder_in_state_d_is_reported_as_unkillable_with_its_wchan() {
+    let env = Env::new();
+    let dev = env.device();
+    let pid = orphan_holding(&dev);
+    let frozen = Frozen::new(pid);
+    let o = env.run(&[
+        "snapshot",
+        "--json",
+        "--no-nvml",
+        "--device-glob",
+        &env.glob(),
+    ]);
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+    let f = v["hosts"][0]["findings"]
+        .as_array()
+        .and_then(|a| a.iter().find(|f| f["kind"] == "unkillable"))
+        .unwrap_or_else(|| panic!("no unkillable finding: {v}"))
+        .clone();
+    assert_eq!(f["pid"], pid);
+    let detail = f["detail"].as_str().expect("detail");
+    assert!(
+        detail.contains("state D") && detail.contains("waiting in "),
+        "{detail}"
+    );
+    let proc = v["hosts"][0]["processes"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["pid"] == pid))
+        .expect("the holder is listed")
+        .clone();
+    assert!(
+        proc["wchan"].as_str().is_some_and(|w| !w.is_empty()),
+        "{proc}"
+    );
+
+    let o = env.run(&[
+        "kill",
+        &pid.to_string(),
+        "--no-nvml",
+        "--signal",
+        "KILL",
+        "--grace",
+        "0s",
+        "--yes",
+    ]);
+    let t = text(&o);
+    assert_ne!(o.status.code(), Some(0), "it did not die: {t}");
+    assert!(
+        t.contains("cannot die yet: in state D") && t.contains("waiting in "),
+        "{t}"
+    );
+    drop(frozen);
+    // Thawed, the pending KILL takes effect.
+    await_cond("the pending KILL", || !alive(pid));
+}
+
+/// Build the wedged-driver stand-in library (tests/fixtures/wedged_nvml.c) into `dir`.
+fn wedged_nvml(dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wedged_nvml.c");
+    let lib = dir.join("libnvidia-ml.so.1");
+    let o = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .expect("cc (a C compiler is part of the Rust toolchain's needs)");
+    assert!(o.status.success(), "{}", text(&o));
+    lib
+}
+
+#[test]
+fn a_wedged_driver_marks_its_gpu_and_the_rest_goes_on() {
+    let env = Env::new();
+    let lib = wedged_nvml(env.dir.path());
+    let started = Instant::now();
+    let o = env
+        .cmd(&["snapshot", "--json", "--device-glob", &env.glob()])
+        .env("GPUSWEEP_NVML_LIBRARY", &lib)
+        .output()
+        .expect("run");
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+    let gpus = v["hosts"][0]["gpus"].as_array().expect("gpus").clone();
+    assert_eq!(gpus.len(), 2, "{v}");
+    assert_eq!(gpus[0]["memory"]["used"], 0, "GPU 0 answers: {v}");
+    assert!(gpus[1]["memory"]["used"].is_null(), "unknown, never 0: {v}");
+    assert!(
+        gpus[1]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("driver not answering")),
+        "{v}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "snapshot returned although the driver never does"
+    );
+    // A gate on the wedged GPU is an error, not a pass and not "still held"; on GPU 0 alone it passes.
+    let o = env
+        .cmd(&["wait", "--timeout", "1s", "--device-glob", &env.glob()])
+        .env("GPUSWEEP_NVML_LIBRARY", &lib)
+        .output()
+        .expect("run");
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(t.contains("driver not answering"), "{t}");
+    let o = env
+        .cmd(&[
+            "wait",
+            "--gpus",
+            "0",
+            "--timeout",
+            "1s",
+            "--device-glob",
+            &env.glob(),
+        ])
+        .env("GPUSWEEP_NVML_LIBRARY", &lib)
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
 }

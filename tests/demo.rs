@@ -83,11 +83,13 @@ fn demo_refuses_pid_1_and_reused_pids() {
                 pid: 1,
                 start_time: 0,
                 cmdline: String::new(),
+                pidfs_ino: None,
             },
             gpusweep::core::signal::TargetInfo {
                 pid: 7306,
                 start_time: 1,
                 cmdline: String::new(),
+                pidfs_ino: None,
             },
         ],
         signal: Sig::Kill,

@@ -527,6 +527,7 @@ async fn agent_killed_mid_stream_is_reported_and_reconnected() {
             ..Default::default()
         },
         demo_clock: DemoClock::real(),
+        kill_without_pidfd: false,
     };
     let spec = HostSpec::Ssh {
         user: Some("root".into()),

@@ -71,6 +71,7 @@ impl AuditLog {
         host: &str,
         t: &TargetInfo,
         signal: Sig,
+        method: &str,
         result: &str,
     ) -> Result<(), AuditError> {
         let mut f = self.open()?;
@@ -80,7 +81,9 @@ impl AuditLog {
             "pid": t.pid,
             "start_time": t.start_time,
             "cmdline": t.cmdline,
+            "pidfs_ino": t.pidfs_ino,
             "signal": signal.name(),
+            "method": method,
             "result": result,
         })
         .to_string()

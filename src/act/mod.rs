@@ -17,6 +17,9 @@ pub use deliver::deliver;
 pub struct Deliverer {
     pub host: String,
     pub audit: AuditLog,
+    /// Where the kernel has no pidfd: signal with kill(2) right after re-checking the start time (a small
+    /// window for PID reuse remains). Off unless asked for; recorded as such in the audit log.
+    pub without_pidfd: bool,
 }
 
 impl Deliverer {
@@ -24,6 +27,11 @@ impl Deliverer {
         &self,
         req: &crate::core::signal::SignalRequest,
     ) -> Vec<crate::core::signal::Outcome> {
-        deliver::deliver(&self.host, req, &self.audit)
+        deliver::deliver(&self.host, req, &self.audit, self.without_pidfd)
+    }
+
+    /// Why signals here lack a pidfd, if they do: a missing feature of this host.
+    pub fn pidfd_missing(&self) -> Option<String> {
+        pidfd::missing()
     }
 }

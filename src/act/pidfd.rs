@@ -44,6 +44,42 @@ impl PidFd {
     fn raw(&self) -> i32 {
         self.0.as_raw_fd()
     }
+
+    /// The pidfs inode of the process (Linux 6.9+); `None` on older kernels, where every pidfd shares one.
+    pub fn inode(&self) -> Option<u64> {
+        let fs = rustix::fs::fstatfs(&self.0).ok()?;
+        (fs.f_type == PIDFS_MAGIC)
+            .then(|| rustix::fs::fstat(&self.0).ok().map(|st| st.st_ino))
+            .flatten()
+    }
+
+    /// Whether the process has exited, without waiting.
+    pub fn exited(&self) -> bool {
+        wait_exits(&[self], Instant::now())[0]
+    }
+}
+
+/// `PID_FS_MAGIC` from linux/magic.h.
+const PIDFS_MAGIC: rustix::fs::FsWord = 0x5049_4446;
+
+/// Why this kernel (or this seccomp profile) gives no pidfds, in words: `None` where they work.
+pub fn missing() -> Option<String> {
+    match PidFd::open(std::process::id()) {
+        Ok(_) => None,
+        Err(e) => no_pidfd(&e),
+    }
+}
+
+/// The words for an error that means "no pidfds here" (rather than "no such process").
+pub fn no_pidfd(e: &std::io::Error) -> Option<String> {
+    match e.raw_os_error() {
+        Some(libc::ENOSYS) => Some("this kernel has no pidfd; kills are disabled".into()),
+        // pidfd_open checks no permission on its target: EPERM is a filter saying no.
+        Some(libc::EPERM) => {
+            Some("pidfd_open is blocked here (a seccomp filter); kills are disabled".into())
+        }
+        _ => None,
+    }
 }
 
 /// Wait until each pidfd is readable (its process exited) or the deadline passes. Returns which exited.

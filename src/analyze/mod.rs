@@ -35,6 +35,7 @@ pub fn analyze(snap: &HostSnapshot, opts: &AnalyzeOptions) -> Vec<Finding> {
     findings::gpu::find(snap, opts, &mut out);
     findings::orphan::find(snap, &mut out);
     findings::zombie::find(snap, &mut out);
+    findings::stuck::find(snap, &mut out);
     findings::shm::find(snap, &mut out);
     findings::smem::find(snap, &mut out);
     let mut out = out.out;

@@ -16,6 +16,8 @@ pub struct PlanItem {
     pub host: String,
     pub pid: u32,
     pub start_time: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pidfs_ino: Option<u64>,
     pub user: Option<String>,
     pub cmdline: String,
     pub gpus: Vec<u32>,
@@ -46,6 +48,7 @@ impl Plan {
                     pid: i.pid,
                     start_time: i.start_time,
                     cmdline: i.cmdline.clone(),
+                    pidfs_ino: i.pidfs_ino,
                 })
                 .collect(),
             signal,
@@ -114,6 +117,7 @@ impl Planner<'_> {
             host: self.snap.host.clone(),
             pid,
             start_time: p.start_time,
+            pidfs_ino: p.pidfs_ino,
             user: p.user.clone(),
             cmdline: p.display_cmd(),
             gpus,

@@ -62,12 +62,13 @@ pub fn verdict(snap: &HostSnapshot, scope: &Scope, tolerance: u64) -> Verdict {
         .collect();
     let readable = gpus.iter().any(|g| g.memory.used.is_some());
     let mut why = Vec::new();
+    let mut unread = Vec::new();
     if readable {
         for g in gpus {
             match gpu_clean(g, tolerance) {
                 Some(true) => {}
                 Some(false) => why.push(dirty_gpu_line(snap, g)),
-                None => why.push(format!(
+                None => unread.push(format!(
                     "GPU {}: no reading ({})",
                     g.index,
                     g.error.clone().unwrap_or_default()
@@ -80,6 +81,11 @@ pub fn verdict(snap: &HostSnapshot, scope: &Scope, tolerance: u64) -> Verdict {
                 why.push(format!("holder {} ({})", h.pid, h.devices.join(" ")));
             }
         }
+    }
+    // A chosen GPU that could not be read (a wedged driver, a lost GPU) leaves the host undecided.
+    if !unread.is_empty() {
+        unread.extend(why);
+        return Verdict::Unknown(unread.join("; "));
     }
     if why.is_empty() {
         Verdict::Clean
@@ -215,6 +221,13 @@ impl Watch {
                 .expected
                 .iter()
                 .all(|(h, _)| matches!(self.hosts.get(h), Some(Verdict::Clean)))
+    }
+
+    /// Whether some watched host (or GPU) could not be read at the end: the gate cannot say "held" or "clean".
+    pub fn undecided(&self) -> bool {
+        self.expected
+            .iter()
+            .any(|(h, _)| !matches!(self.hosts.get(h), Some(Verdict::Clean | Verdict::Dirty(_))))
     }
 
     pub fn took_ms(&self) -> Option<u64> {

@@ -134,6 +134,10 @@ pub struct Global {
     /// SSH: private key to try (repeatable), besides ssh-agent and ~/.ssh/id_*.
     #[arg(long = "identity", short = 'i', global = true, value_name = "FILE")]
     pub identities: Vec<PathBuf>,
+    /// Where this host has no pidfd (old kernel, seccomp): signal with kill(2) right after re-checking the
+    /// start time instead of refusing. A PID reused in that window could be hit; the audit log says so.
+    #[arg(long, global = true)]
+    pub kill_without_pidfd: bool,
     /// Seconds to wait for a host's first reading (1 to 86400). Default 10.
     #[arg(long, global = true, value_name = "SECS", allow_hyphen_values = true,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
@@ -254,6 +258,7 @@ impl Global {
             known_hosts: self.known_hosts.clone(),
             identities: self.identities.clone(),
             connect_timeout: self.connect_timeout,
+            kill_without_pidfd: self.kill_without_pidfd,
         }
     }
 

@@ -37,20 +37,22 @@ fn pick_host(s: &Settings, host: Option<&str>) -> anyhow::Result<usize> {
 }
 
 /// A PID's (start time, command line) as this host's /proc says now.
-fn local_identity(pid: u32) -> Option<(u64, String)> {
+fn local_identity(pid: u32) -> Option<TargetInfo> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let p = parse_stat(&stat)?;
     let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|raw| parse_cmdline(&raw))
         .unwrap_or_default();
-    Some((
-        p.start_time,
-        if cmd.is_empty() {
+    Some(TargetInfo {
+        pid,
+        start_time: p.start_time,
+        cmdline: if cmd.is_empty() {
             format!("[{}]", p.comm)
         } else {
             cmd
         },
-    ))
+        pidfs_ino: crate::source::local::procfs::pidfs_inode(pid),
+    })
 }
 
 pub fn run(s: &Settings, a: &KillArgs) -> anyhow::Result<i32> {
@@ -70,14 +72,10 @@ pub fn run(s: &Settings, a: &KillArgs) -> anyhow::Result<i32> {
             // On this host any PID can be named; elsewhere only what the agent reported.
             let found = snap
                 .proc(pid)
-                .map(|p| (p.start_time, p.display_cmd()))
+                .map(TargetInfo::of)
                 .or_else(|| local.then(|| local_identity(pid)).flatten());
             match found {
-                Some((start_time, cmdline)) => targets.push(TargetInfo {
-                    pid,
-                    start_time,
-                    cmdline,
-                }),
+                Some(t) => targets.push(t),
                 None => println!("  {}: {pid}: no such process", snap.host),
             }
         }

@@ -214,13 +214,20 @@ pub fn run(s: &Settings, a: &WaitArgs) -> anyhow::Result<i32> {
         );
         Ok(0)
     } else {
+        let undecided = watch.undecided();
         println!(
-            "timed out after {}; still held:",
-            fmt_ms(millis(started.elapsed()))
+            "timed out after {}; {}:",
+            fmt_ms(millis(started.elapsed())),
+            if undecided {
+                "could not be read (no verdict)"
+            } else {
+                "still held"
+            }
         );
         for r in watch.remaining() {
             println!("  {}", escape(&r));
         }
-        Ok(1)
+        // Something could not be read: an error, never "still held".
+        Ok(if undecided { 2 } else { 1 })
     }
 }

@@ -95,6 +95,8 @@ impl<'de> Deserialize<'de> for ProcState {
 pub enum Feature {
     /// Signals (agentless hosts: no pidfd there to make them safe).
     Signals,
+    /// pidfd_open / pidfd_send_signal: without them kills are refused unless opted in.
+    Pidfd,
     /// Which processes have GPU device files open.
     Holders,
     /// /dev/shm segments and their users.
@@ -108,6 +110,10 @@ impl Feature {
     pub fn describe(self) -> &'static str {
         match self {
             Feature::Signals => "signals (agentless: install gpusweep there or use --deploy)",
+            Feature::Pidfd => {
+                "pidfd (this kernel has no pidfd, or a seccomp filter blocks it): kills are disabled; \
+                 --kill-without-pidfd opts in to start-time checks and kill(2)"
+            }
             Feature::Holders => "GPU holders (process fds could not be scanned)",
             Feature::Shm => "/dev/shm",
             Feature::Sensors => "temperature/power where nvidia-smi lacks them",
@@ -278,6 +284,17 @@ pub struct Proc {
     /// Its fd table could not be read (permissions): whether it holds a GPU is unknown.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fds_unreadable: bool,
+    /// The inode of a pidfd on it (pidfs, Linux 6.9+): unique per process for the whole boot, so a PID
+    /// reused within one clock tick is still told apart. Read for GPU holders and listed PIDs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pidfs_ino: Option<u64>,
+    /// Where it sleeps in the kernel (`/proc/PID/wchan`), read for processes in state D.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wchan: Option<String>,
+    /// Its PID in the innermost PID namespace it lives in (NSpid), when that differs: a container's own
+    /// name for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns_pid: Option<u32>,
 }
 
 impl Proc {
@@ -349,6 +366,8 @@ pub enum FindingKind {
     SmemLimit,
     /// NVML lists a PID that this PID namespace cannot see (running inside a container).
     NotVisible,
+    /// A GPU holder in state D: no signal ends it until its I/O returns.
+    Unkillable,
 }
 
 impl FindingKind {
@@ -362,6 +381,7 @@ impl FindingKind {
             FindingKind::ShmLeftover => "shm_leftover",
             FindingKind::SmemLimit => "smem_limit",
             FindingKind::NotVisible => "not_visible",
+            FindingKind::Unkillable => "unkillable",
         }
     }
 }

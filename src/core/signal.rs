@@ -96,6 +96,21 @@ pub struct TargetInfo {
     /// For people only: the audit log records what `/proc` says at the moment of the signal.
     #[serde(default)]
     pub cmdline: String,
+    /// The pidfs inode when it was chosen (Linux 6.9+): checked against the pidfd opened to signal it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pidfs_ino: Option<u64>,
+}
+
+impl TargetInfo {
+    /// The identity of `p` as a reading showed it.
+    pub fn of(p: &super::model::Proc) -> TargetInfo {
+        TargetInfo {
+            pid: p.pid,
+            start_time: p.start_time,
+            cmdline: p.display_cmd(),
+            pidfs_ino: p.pidfs_ino,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,8 +128,11 @@ pub enum Fate {
     Exited { signal: Sig, after_ms: u64 },
     /// Signal delivered; nobody waited for it to exit.
     Signalled { signal: Sig },
-    /// Still running after KILL and the wait that followed (a process stuck in the driver, state D).
+    /// Still running after KILL and the wait that followed, not in state D.
     Survived,
+    /// Still there after KILL because it sleeps uninterruptibly (state D) in the kernel, at `wchan`: the
+    /// KILL stays pending until that I/O returns (a hung NFS or FUSE read, a wedged driver, a frozen cgroup).
+    Uninterruptible { wchan: Option<String> },
     /// Gone before anything was sent.
     AlreadyGone,
     /// Not signalled on purpose (PID 1, ourselves, an ancestor, a reused PID).
@@ -147,7 +165,14 @@ impl Outcome {
                 format!("exited after {} ({} ms)", signal.name(), after_ms)
             }
             Fate::Signalled { signal } => format!("sent {}", signal.name()),
-            Fate::Survived => "still running after KILL (stuck in the driver?)".into(),
+            Fate::Survived => "still running after KILL".into(),
+            Fate::Uninterruptible { wchan } => format!(
+                "cannot die yet: in state D (uninterruptible{}); KILL is pending until that I/O returns",
+                wchan
+                    .as_deref()
+                    .map(|w| format!(", waiting in {}", escape(w)))
+                    .unwrap_or_default()
+            ),
             Fate::AlreadyGone => "already gone".into(),
             Fate::Refused { reason } => format!("refused: {}", escape(reason)),
             Fate::Failed { reason } => format!("failed: {}", escape(reason)),
@@ -168,7 +193,10 @@ impl Outcome {
     pub fn failed(&self) -> bool {
         matches!(
             self.fate,
-            Fate::Refused { .. } | Fate::Failed { .. } | Fate::Survived
+            Fate::Refused { .. }
+                | Fate::Failed { .. }
+                | Fate::Survived
+                | Fate::Uninterruptible { .. }
         )
     }
 }

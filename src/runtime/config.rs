@@ -30,6 +30,8 @@ pub struct Config {
     pub device_globs: Vec<String>,
     #[serde(default)]
     pub ssh: SshConfig,
+    /// Where a host has no pidfd, signal with kill(2) after a start-time check instead of refusing.
+    pub kill_without_pidfd: Option<bool>,
     /// Key bindings: action name -> key ("kill" = "K", "sweep" = "S", ...).
     #[serde(default)]
     pub keys: BTreeMap<String, String>,

@@ -46,6 +46,8 @@ pub struct FleetOptions {
     pub procfs: ProcfsConfig,
     pub load_nvml: bool,
     pub audit: AuditLog,
+    /// Signal with kill(2) after a start-time check where this host has no pidfd (opt-in).
+    pub kill_without_pidfd: bool,
     pub ssh: SshOptions,
     pub demo_clock: DemoClock,
 }
@@ -137,6 +139,7 @@ impl Fleet {
                     let d = Deliverer {
                         host: label.clone(),
                         audit: opts.audit.clone(),
+                        without_pidfd: opts.kill_without_pidfd,
                     };
                     Handle::Thread(spawn_thread(i, Box::new(src), Some(d), sink, opts.interval))
                 }

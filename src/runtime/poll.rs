@@ -30,10 +30,17 @@ pub fn run(
         return;
     }
     let in_flight = Arc::new(AtomicUsize::new(0));
+    // Known once: a kernel does not grow pidfds while running.
+    let no_pidfd = signals.and_then(Deliverer::pidfd_missing).is_some();
     loop {
         let read_at = Instant::now();
         let sent = match src.poll() {
-            Ok(s) => sink.reading(s),
+            Ok(mut s) => {
+                if no_pidfd {
+                    s.missing_features.push(crate::core::model::Feature::Pidfd);
+                }
+                sink.reading(s)
+            }
             Err(e) => sink.status(ConnStatus::Down(e.to_string())),
         };
         if !sent {

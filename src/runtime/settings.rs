@@ -41,6 +41,7 @@ pub struct Overrides {
     pub known_hosts: Option<PathBuf>,
     pub identities: Vec<PathBuf>,
     pub connect_timeout: Option<u64>,
+    pub kill_without_pidfd: bool,
 }
 
 #[derive(Debug, Error)]
@@ -177,6 +178,7 @@ pub fn resolve(o: &Overrides) -> Result<Settings, SettingsError> {
         procfs,
         load_nvml: !o.no_nvml,
         audit: AuditLog::default_location(),
+        kill_without_pidfd: o.kill_without_pidfd || config.kill_without_pidfd.unwrap_or(false),
         ssh: ssh_options(o, &config, connect_timeout),
         demo_clock: DemoClock::real(),
     };

@@ -433,8 +433,7 @@ impl DemoHost {
                 user: Some(p.user.to_string()),
                 comm: p.comm.to_string(),
                 cmdline: p.cmdline.clone(),
-                fds_unreadable: false,
-                kernel_thread: false,
+                ..Default::default()
             });
             if p.state.is_zombie() {
                 zombies.push(p.pid);

@@ -580,11 +580,7 @@ impl App {
         }
         self.dialog = Some(Dialog::Kill {
             host,
-            target: TargetInfo {
-                pid,
-                start_time: p.start_time,
-                cmdline: p.display_cmd(),
-            },
+            target: TargetInfo::of(&p),
             user: p.user.clone(),
             signal: Sig::Term,
         });

@@ -4,6 +4,7 @@ pub mod gpu;
 pub mod orphan;
 pub mod shm;
 pub mod smem;
+pub mod stuck;
 pub mod zombie;
 
 use crate::core::model::{Finding, FindingKind, HostSnapshot, Proc, Severity};
@@ -53,10 +54,13 @@ pub fn short_cmd(p: &Proc) -> String {
     crate::core::format::truncate(&p.display_cmd(), 60)
 }
 
-/// "946 (python3 worker.py)", or the bare PID when the process is not in the snapshot.
+/// "946 (python3 worker.py)" (with its own PID where it lives in a PID namespace of its own), or the bare PID when the process is not in the snapshot.
 pub fn who(snap: &HostSnapshot, pid: u32) -> String {
     match snap.proc(pid) {
-        Some(p) => format!("{pid} ({})", short_cmd(p)),
+        Some(p) => match p.ns_pid {
+            Some(n) => format!("{pid} ({}; pid {n} in its container)", short_cmd(p)),
+            None => format!("{pid} ({})", short_cmd(p)),
+        },
         None => pid.to_string(),
     }
 }

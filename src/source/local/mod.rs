@@ -2,20 +2,32 @@
 
 pub mod nvml;
 pub mod procfs;
+pub mod watchdog;
 
 use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::Duration;
 
 use super::{Source, SourceError};
 use crate::core::model::{Gpu, Holder, HostSnapshot, SourceKind, now_ms};
 use crate::core::trace;
 use procfs::{ProcScanner, ProcTable, ProcfsConfig};
 
+/// NVML once loaded: its GPUs behind the watchdog.
+struct Nvml {
+    gpus: watchdog::Guarded,
+    driver_version: Option<String>,
+}
+
 /// This host: NVML (when a driver exists) plus /proc.
 pub struct LocalSource {
     host: String,
-    nvml: Result<nvml::NvmlReader, String>,
+    nvml: Result<Nvml, String>,
     /// NVML is loaded on a thread of its own (about 10 ms on a real H200) while the first /proc scan runs.
-    loader: Option<std::thread::JoinHandle<Result<nvml::NvmlReader, String>>>,
+    /// A load that does not finish within the deadline (a wedged driver) is waited for again at each poll.
+    loader: Option<Receiver<Result<nvml::NvmlReader, String>>>,
+    deadline: Duration,
     scanner: ProcScanner,
     self_pid: u32,
     in_child_ns: bool,
@@ -32,7 +44,17 @@ impl LocalSource {
             } else {
                 "NVML disabled (--no-nvml)".into()
             }),
-            loader: load_nvml.then(|| std::thread::spawn(nvml::NvmlReader::open)),
+            loader: load_nvml.then(|| {
+                let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                // A thread that cannot start drops `tx`: the first poll then says the loader failed.
+                let _ = std::thread::Builder::new()
+                    .name("nvml-load".into())
+                    .spawn(move || {
+                        let _ = tx.send(nvml::NvmlReader::open());
+                    });
+                rx
+            }),
+            deadline: watchdog::DEFAULT_DEADLINE,
             scanner: ProcScanner::new(procfs)?,
             self_pid: std::process::id(),
             in_child_ns,
@@ -52,18 +74,35 @@ impl Source for LocalSource {
             .loader
             .is_some()
             .then(|| self.scanner.scan(false, &HashSet::new()));
-        if let Some(h) = self.loader.take() {
+        if let Some(rx) = &self.loader {
             trace(&self.host, "first /proc scan done");
-            self.nvml = h
-                .join()
-                .unwrap_or_else(|_| Err("NVML loader panicked".into()));
+            match rx.recv_timeout(self.deadline) {
+                Ok(loaded) => {
+                    self.nvml = loaded.map(|r| Nvml {
+                        driver_version: r.driver_version.clone(),
+                        gpus: {
+                            let count = r.count;
+                            let reader: Arc<dyn watchdog::GpuReader> = Arc::new(r);
+                            watchdog::Guarded::new(&reader, count, self.deadline)
+                        },
+                    });
+                    self.loader = None;
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    self.nvml = Err(format!(
+                        "driver not answering: NVML did not finish loading within {} s",
+                        self.deadline.as_secs()
+                    ));
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.nvml = Err("NVML loader failed".into());
+                    self.loader = None;
+                }
+            }
             trace(&self.host, "NVML loaded");
         }
-        let (gpus, gpu_error, driver_version) = match &self.nvml {
-            Ok(r) => match r.read() {
-                Ok(g) => (g, None, r.driver_version()),
-                Err(e) => (Vec::new(), Some(e), r.driver_version()),
-            },
+        let (gpus, gpu_error, driver_version) = match &mut self.nvml {
+            Ok(n) => (n.gpus.read(), None, n.driver_version.clone()),
             Err(e) => (Vec::new(), Some(e.clone()), None),
         };
         trace(&self.host, "GPUs read");

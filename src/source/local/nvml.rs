@@ -11,13 +11,14 @@ use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 
+use super::watchdog::GpuReader;
 use crate::core::model::{Gpu, ListedProcess, Memory, ProcessKind};
 
 pub struct NvmlReader {
     nvml: Nvml,
-    /// After the first reading every call is microseconds; before it some are driver round trips of
-    /// milliseconds (a device handle ~7 ms, power ~4 ms on a real H200), so the first reading runs them in parallel.
-    warm: std::sync::atomic::AtomicBool,
+    /// Read once when NVML is loaded: GPUs do not come and go while it runs.
+    pub count: u32,
+    pub driver_version: Option<String>,
 }
 
 /// The one line a user sees when NVML cannot be used.
@@ -33,20 +34,34 @@ pub fn describe_init_error(e: &NvmlError) -> String {
 }
 
 impl NvmlReader {
-    /// Load `libnvidia-ml.so.1` (the name the driver installs; the unversioned name needs the -dev package).
+    /// Load `libnvidia-ml.so.1` (the name the driver installs; the unversioned name needs the -dev package),
+    /// or the library `GPUSWEEP_NVML_LIBRARY` names (a driver installed off the loader's path).
     pub fn open() -> Result<Self, String> {
         let mut last = None;
-        for lib in ["libnvidia-ml.so.1", "libnvidia-ml.so"] {
-            match Nvml::builder().lib_path(OsStr::new(lib)).init() {
+        let chosen = std::env::var_os("GPUSWEEP_NVML_LIBRARY");
+        let libs: Vec<&OsStr> = match &chosen {
+            Some(p) => vec![p.as_os_str()],
+            None => vec![
+                OsStr::new("libnvidia-ml.so.1"),
+                OsStr::new("libnvidia-ml.so"),
+            ],
+        };
+        for lib in libs {
+            match Nvml::builder().lib_path(lib).init() {
                 Ok(nvml) => {
+                    let count = nvml
+                        .device_count()
+                        .map_err(|e| format!("NVML device count: {e}"))?;
                     // Take each device handle now: it is the slowest first call, and this runs on the loader
                     // thread while /proc is being scanned.
-                    for i in 0..nvml.device_count().unwrap_or(0) {
+                    for i in 0..count {
                         let _ = nvml.device_by_index(i);
                     }
+                    let driver_version = nvml.sys_driver_version().ok();
                     return Ok(NvmlReader {
                         nvml,
-                        warm: std::sync::atomic::AtomicBool::new(false),
+                        count,
+                        driver_version,
                     });
                 }
                 Err(e) => last = Some(e),
@@ -54,38 +69,11 @@ impl NvmlReader {
         }
         Err(last.map_or_else(|| "NVML unavailable".into(), |e| describe_init_error(&e)))
     }
+}
 
-    pub fn driver_version(&self) -> Option<String> {
-        self.nvml.sys_driver_version().ok()
-    }
-
-    /// Every GPU. `Err` only when the device count itself cannot be read.
-    pub fn read(&self) -> Result<Vec<Gpu>, String> {
-        let count = self
-            .nvml
-            .device_count()
-            .map_err(|e| format!("NVML device count: {e}"))?;
-        let cold = !self.warm.swap(true, std::sync::atomic::Ordering::Relaxed);
-        if cold && count > 1 {
-            return Ok(std::thread::scope(|s| {
-                let hs: Vec<_> = (0..count)
-                    .map(|i| s.spawn(move || self.read_one(i, cold)))
-                    .collect();
-                hs.into_iter()
-                    .enumerate()
-                    .map(|(i, h)| {
-                        h.join().unwrap_or_else(|_| Gpu {
-                            index: u32::try_from(i).unwrap_or(u32::MAX),
-                            error: Some("reader panicked".into()),
-                            ..Default::default()
-                        })
-                    })
-                    .collect()
-            }));
-        }
-        Ok((0..count).map(|i| self.read_one(i, cold)).collect())
-    }
-
+impl GpuReader for NvmlReader {
+    /// One GPU; on its cold first reading the slow driver round trips run in parallel
+    /// (a device handle ~7 ms, power ~4 ms on a real H200).
     fn read_one(&self, index: u32, cold: bool) -> Gpu {
         let mut gpu = Gpu {
             index,

@@ -13,7 +13,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::core::model::{Proc, ShmInfo, ShmSegment, SysvSegment};
+use crate::core::model::{Proc, ProcState, ShmInfo, ShmSegment, SysvSegment};
 use crate::core::procstat::{parse_cmdline, parse_stat};
 use crate::source::SourceError;
 
@@ -313,6 +313,30 @@ impl ProcScanner {
                         .unwrap_or_else(|| uid.to_string()),
                 );
             }
+            let dir = self.cfg.proc_root.join(pid.to_string());
+            if p.state == ProcState::DiskSleep {
+                p.wchan = fs::read_to_string(dir.join("wchan"))
+                    .ok()
+                    .map(|w| w.trim().to_string())
+                    .filter(|w| !w.is_empty() && w != "0");
+            }
+            if !p.state.is_zombie() {
+                p.ns_pid = fs::read_to_string(dir.join("status"))
+                    .ok()
+                    .and_then(|s| inner_ns_pid(&s))
+                    .filter(|&n| n != pid);
+            }
+            // Only the real /proc has real processes to open a pidfd on.
+            if self.cfg.proc_root == Path::new("/proc") {
+                p.pidfs_ino = pidfs_inode(pid).filter(|_| {
+                    // The inode names the process with this start time only if the PID was not reused
+                    // between the stat read and the pidfd.
+                    fs::read_to_string(dir.join("stat"))
+                        .ok()
+                        .and_then(|s| parse_stat(&s))
+                        .is_some_and(|now| now.start_time == p.start_time)
+                });
+            }
         }
     }
 
@@ -602,9 +626,61 @@ pub fn pid_ns_ino(link: &str) -> Option<u64> {
     link.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
 }
 
+/// The innermost PID of a process (the last field of `NSpid:` in /proc/PID/status).
+pub fn inner_ns_pid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
+/// The pidfs inode of a process: on Linux 6.9+ unique per process for the whole boot. `None` where the
+/// kernel has no pidfd or no pidfs (the inode is then shared by all pidfds, so it says nothing).
+pub fn pidfs_inode(pid: u32) -> Option<u64> {
+    let pid = rustix::process::Pid::from_raw(i32::try_from(pid).ok()?)?;
+    let fd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()?;
+    let st = rustix::fs::fstat(&fd).ok()?;
+    // Before pidfs every pidfd was an anon inode of one shared inode; pidfs gives each process its own,
+    // on a filesystem whose magic is PID_FS_MAGIC.
+    let fs = rustix::fs::fstatfs(&fd).ok()?;
+    (fs.f_type == PIDFS_MAGIC).then_some(st.st_ino)
+}
+
+/// `PID_FS_MAGIC` from linux/magic.h.
+const PIDFS_MAGIC: rustix::fs::FsWord = 0x5049_4446;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nspid_is_the_innermost_pid() {
+        assert_eq!(inner_ns_pid("Name:\tx\nNSpid:\t4242\t7\n"), Some(7));
+        assert_eq!(inner_ns_pid("NSpid:\t4242\n"), Some(4242));
+        assert_eq!(inner_ns_pid("Name:\tx\n"), None);
+    }
+
+    /// This kernel (6.18) has pidfs: our own inode is ours alone, and a child's differs from ours.
+    #[test]
+    fn pidfs_inodes_tell_processes_apart() {
+        let me = pidfs_inode(std::process::id()).expect("pidfs on this kernel");
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        let other = pidfs_inode(child.id()).expect("the child's inode");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_ne!(me, other);
+        assert_eq!(
+            pidfs_inode(std::process::id()),
+            Some(me),
+            "stable for one process"
+        );
+    }
 
     #[test]
     fn pid_namespace_links() {

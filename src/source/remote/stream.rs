@@ -2,6 +2,8 @@
 //! command. Remote output is untrusted: lines are bounded, JSON that does not parse ends the connection with a
 //! message saying what came instead, nothing panics.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
@@ -108,80 +110,200 @@ where
         trace(&task.label, "agent said hello");
         task.status(ConnStatus::Up);
         send_cmd(&mut writer, &AgentCmd::Interval { ms: millis(*interval) }).await?;
-        let mut pending: Vec<(u64, SignalRequest)> = Vec::new();
-        let mut last_reading = Instant::now();
-        let mut stale = false;
-        let out: Result<(), String> = loop {
-            let (stale_after, read_timeout) = silence_limits(*interval, connect_timeout);
-            let alarm = last_reading + if stale { read_timeout } else { stale_after };
-            tokio::select! {
-                () = tokio::time::sleep_until(alarm) => {
-                    let silent = last_reading.elapsed();
-                    if stale {
-                        break Err(format!(
-                            "no reading from the agent for {}s: reconnecting",
-                            silent.as_secs()
-                        ));
-                    }
-                    stale = true;
-                    task.status(ConnStatus::Stale { silent_ms: millis(silent) });
+        // Commands are written by a loop of their own: an agent that stops reading its stdin blocks the writer,
+        // never the readings, the stale check or the answers to signal requests.
+        let (wtx, mut wrx) = mpsc::channel::<Outgoing>(WRITE_QUEUE);
+        let writing = async {
+            while let Some(o) = wrx.recv().await {
+                // A signal request given up on before it was written is never written.
+                if o.claim.as_ref().is_some_and(|c| c.swap(true, Ordering::SeqCst)) {
+                    continue;
                 }
-                l = lines.recv() => {
-                    let line = match l {
-                        Some(Ok(Some(l))) => l,
-                        Some(Ok(None)) | None => break Err("the agent exited".into()),
-                        Some(Err(e)) => break Err(format!("reading the agent: {e}")),
-                    };
-                    match serde_json::from_slice::<AgentMsg>(&line) {
-                        Ok(AgentMsg::Snapshot { mut snapshot }) => {
-                            trace(&task.label, "snapshot");
-                            snapshot.source = kind;
-                            last_reading = Instant::now();
-                            if stale {
-                                stale = false;
-                                task.status(ConnStatus::Up);
-                            }
-                            if !task.sink.reading(*snapshot) {
-                                break Ok(());
-                            }
-                        }
-                        Ok(AgentMsg::Outcomes { id, outcomes }) => {
-                            pending.retain(|(p, _)| *p != id);
-                            task.sink.outcomes(id, outcomes);
-                        }
-                        Ok(AgentMsg::Error { message }) => {
-                            task.status(ConnStatus::Down(format!("agent: {}", escape(&message))));
-                        }
-                        Ok(AgentMsg::Hello { .. }) => {}
-                        Err(_) => break Err(format!("garbage from the agent: {:?}", preview(&line))),
-                    }
-                }
-                c = cmds.recv() => {
-                    let cmd = match c {
-                        None => break Ok(()),
-                        Some(HostCmd::PollNow) => AgentCmd::Poll,
-                        Some(HostCmd::Interval(d)) => { *interval = d; AgentCmd::Interval { ms: millis(d) } }
-                        Some(HostCmd::Signal { id, req }) => {
-                            pending.push((id, req.clone()));
-                            AgentCmd::Signal { id, request: req }
-                        }
-                    };
-                    if let Err(e) = send_cmd(&mut writer, &cmd).await {
-                        break Err(e);
-                    }
-                }
+                send_cmd(&mut writer, &o.cmd).await?;
             }
+            Ok::<(), String>(())
+        };
+        let mut pending: Vec<Pending> = Vec::new();
+        let reading = converse(task, &mut lines, cmds, interval, kind, &wtx, &mut pending);
+        let out = tokio::select! {
+            r = reading => r,
+            w = writing => w.and(Err("the command writer stopped".into())),
         };
         // Whatever was asked and not answered is reported, never left hanging.
-        for (id, req) in pending {
-            let outcomes = all_failed(&req, "connection lost before the outcome was known");
-            task.sink.outcomes(id, outcomes);
+        for p in pending {
+            let reason = if p.claim.swap(true, Ordering::SeqCst) {
+                "connection lost before the outcome was known"
+            } else {
+                "connection lost before the request was sent: nothing was signalled"
+            };
+            task.sink.outcomes(p.id, all_failed(&p.req, reason));
         }
         out
     }
     .await;
     reader_task.abort();
     result
+}
+
+/// A command on its way to the agent. `claim` (signal requests only) is taken by whoever settles it first:
+/// the writer, just before writing it, or the reader, when it gives up on it.
+struct Outgoing {
+    cmd: AgentCmd,
+    claim: Option<Arc<AtomicBool>>,
+}
+
+/// A signal request sent and not yet answered.
+struct Pending {
+    id: u64,
+    req: SignalRequest,
+    claim: Arc<AtomicBool>,
+    queued: Instant,
+}
+
+/// Commands waiting for the writer at most; past that the agent is not reading and further ones are refused.
+const WRITE_QUEUE: usize = 16;
+
+/// How long a signal request may wait to be written before it is given up (and then never written).
+const WRITE_DEADLINE: Duration = Duration::from_secs(10);
+
+/// How long after it was queued a written signal request may go unanswered: the write, the grace period,
+/// the wait after KILL, and a margin.
+fn answer_deadline(req: &SignalRequest) -> Duration {
+    WRITE_DEADLINE + Duration::from_millis(req.grace_ms.unwrap_or(0)) + Duration::from_secs(35)
+}
+
+/// Readings, outcomes and commands after the hello, until the stream ends or misbehaves.
+#[allow(clippy::too_many_lines)] // the protocol's one select loop: readings, outcomes, commands, silences
+async fn converse(
+    task: &RemoteTask,
+    lines: &mut mpsc::Receiver<std::io::Result<Option<Vec<u8>>>>,
+    cmds: &mut mpsc::Receiver<HostCmd>,
+    interval: &mut Duration,
+    kind: SourceKind,
+    wtx: &mpsc::Sender<Outgoing>,
+    pending: &mut Vec<Pending>,
+) -> Result<(), String> {
+    let connect_timeout = task.opts.ssh.connect_timeout;
+    let mut last_reading = Instant::now();
+    let mut stale = false;
+    loop {
+        let (stale_after, read_timeout) = silence_limits(*interval, connect_timeout);
+        let silence_alarm = last_reading + if stale { read_timeout } else { stale_after };
+        let unsent = pending
+            .iter()
+            .map(|p| {
+                if p.claim.load(Ordering::SeqCst) {
+                    p.queued + answer_deadline(&p.req)
+                } else {
+                    p.queued + WRITE_DEADLINE
+                }
+            })
+            .min();
+        let alarm = unsent.map_or(silence_alarm, |u| u.min(silence_alarm));
+        tokio::select! {
+            () = tokio::time::sleep_until(alarm) => {
+                let now = Instant::now();
+                pending.retain(|p| {
+                    if now < p.queued + WRITE_DEADLINE {
+                        return true;
+                    }
+                    if p.claim.swap(true, Ordering::SeqCst) {
+                        // Written: the agent has it. Past a generous deadline, say the outcome is unknown.
+                        let limit = answer_deadline(&p.req);
+                        if now < p.queued + limit {
+                            return true;
+                        }
+                        let why = format!(
+                            "no answer from the agent within {} s: whether it was signalled is unknown \
+                             (its audit log says)",
+                            limit.as_secs()
+                        );
+                        task.sink.outcomes(p.id, all_failed(&p.req, &why));
+                        return false;
+                    }
+                    let why = format!(
+                        "not sent: the agent read no commands for {} s; nothing was signalled",
+                        WRITE_DEADLINE.as_secs()
+                    );
+                    task.sink.outcomes(p.id, all_failed(&p.req, &why));
+                    false
+                });
+                if now < silence_alarm {
+                    continue;
+                }
+                let silent = last_reading.elapsed();
+                if stale {
+                    return Err(format!(
+                        "no reading from the agent for {}s: reconnecting",
+                        silent.as_secs()
+                    ));
+                }
+                stale = true;
+                task.status(ConnStatus::Stale { silent_ms: millis(silent) });
+            }
+            l = lines.recv() => {
+                let line = match l {
+                    Some(Ok(Some(l))) => l,
+                    Some(Ok(None)) | None => return Err("the agent exited".into()),
+                    Some(Err(e)) => return Err(format!("reading the agent: {e}")),
+                };
+                match serde_json::from_slice::<AgentMsg>(&line) {
+                    Ok(AgentMsg::Snapshot { mut snapshot }) => {
+                        trace(&task.label, "snapshot");
+                        snapshot.source = kind;
+                        last_reading = Instant::now();
+                        if stale {
+                            stale = false;
+                            task.status(ConnStatus::Up);
+                        }
+                        if !task.sink.reading(*snapshot) {
+                            return Ok(());
+                        }
+                    }
+                    Ok(AgentMsg::Outcomes { id, outcomes }) => {
+                        pending.retain(|p| p.id != id);
+                        task.sink.outcomes(id, outcomes);
+                    }
+                    Ok(AgentMsg::Error { message }) => {
+                        task.status(ConnStatus::Down(format!("agent: {}", escape(&message))));
+                    }
+                    Ok(AgentMsg::Hello { .. }) => {}
+                    Err(_) => return Err(format!("garbage from the agent: {:?}", preview(&line))),
+                }
+            }
+            c = cmds.recv() => {
+                let (cmd, signal) = match c {
+                    None => return Ok(()),
+                    Some(HostCmd::PollNow) => (AgentCmd::Poll, None),
+                    Some(HostCmd::Interval(d)) => {
+                        *interval = d;
+                        (AgentCmd::Interval { ms: millis(d) }, None)
+                    }
+                    Some(HostCmd::Signal { id, req }) => {
+                        (AgentCmd::Signal { id, request: req.clone() }, Some((id, req)))
+                    }
+                };
+                let claim = signal.as_ref().map(|_| Arc::new(AtomicBool::new(false)));
+                match wtx.try_send(Outgoing { cmd, claim: claim.clone() }) {
+                    Ok(()) => {
+                        if let (Some((id, req)), Some(claim)) = (signal, claim) {
+                            pending.push(Pending { id, req, claim, queued: Instant::now() });
+                        }
+                    }
+                    // A poll or an interval is superseded by the next one; a signal request is answered now.
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        if let Some((id, req)) = signal {
+                            let why = "host busy: the agent is not reading its commands; nothing was signalled";
+                            task.sink.outcomes(id, all_failed(&req, why));
+                        }
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        return Err("the command writer stopped".into());
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// How long a connected agent may say nothing before its data is called stale, and before the connection is
