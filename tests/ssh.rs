@@ -28,8 +28,12 @@ struct Sshd {
 }
 
 fn keygen(path: &Path) {
+    keygen_type(path, "ed25519");
+}
+
+fn keygen_type(path: &Path, kind: &str) {
     let o = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .args(["-q", "-t", kind, "-N", "", "-f"])
         .arg(path)
         .output()
         .expect("ssh-keygen is required");
@@ -46,9 +50,16 @@ fn free_port() -> u16 {
 
 impl Sshd {
     fn start() -> Sshd {
+        Sshd::start_with_host_key("ed25519")
+    }
+    /// An sshd that offers only a host key of type `kind` (its file is `host_<kind>`).
+    fn start_with_host_key(kind: &str) -> Sshd {
         let dir = tempfile::tempdir().expect("tmp");
         let d = dir.path();
         keygen(&d.join("host_ed25519"));
+        if kind != "ed25519" {
+            keygen_type(&d.join(format!("host_{kind}")), kind);
+        }
         keygen(&d.join("id_ed25519"));
         keygen(&d.join("bad_ed25519"));
         keygen(&d.join("other_host_ed25519"));
@@ -56,6 +67,7 @@ impl Sshd {
             .expect("authorized_keys");
         std::fs::create_dir_all(d.join("home/.ssh")).expect("home");
         std::fs::create_dir_all(d.join("bin")).expect("bin");
+        std::fs::create_dir_all(d.join("remote-home")).expect("remote home");
         // A fake nvidia-smi printing the reference H200's real CSV (idle GPU, ghost PID 924).
         let fake = "#!/bin/sh\ncase \"$*\" in\n *query-gpu*) echo '0, GPU-a5b2e79f-a4e0-1241-ebeb-3cdbbcebd2a0, NVIDIA H200, 10157, 143771, 616, 9.0, Enabled, 00000000:00:06.0' ;;\n *query-compute-apps=pid,gpu_uuid*) echo '924, GPU-a5b2e79f-a4e0-1241-ebeb-3cdbbcebd2a0, 10148, [Not Found]' ;;\n *query-compute-apps=pid*) echo '924' ;;\nesac\n";
         let fake_path = d.join("bin/nvidia-smi");
@@ -68,7 +80,7 @@ impl Sshd {
         std::fs::create_dir_all("/run/sshd").expect("/run/sshd (run the tests as root)");
         let port = free_port();
         let cfg = format!(
-            "Port {port}\nListenAddress 127.0.0.1\nListenAddress 127.0.0.2\nListenAddress 127.0.0.3\nHostKey {d}/host_ed25519\nAuthorizedKeysFile {d}/authorized_keys\nPidFile {d}/sshd.pid\nStrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\nPermitRootLogin yes\nAllowTcpForwarding yes\nSetEnv PATH={d}/bin:/usr/local/bin:/usr/bin:/bin GPUSWEEP_CONFIG={d}/none.toml\nMaxStartups 200:30:400\nMaxSessions 200\nLogLevel ERROR\n",
+            "Port {port}\nListenAddress 127.0.0.1\nListenAddress 127.0.0.2\nListenAddress 127.0.0.3\nHostKey {d}/host_{kind}\nAuthorizedKeysFile {d}/authorized_keys\nPidFile {d}/sshd.pid\nStrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\nPermitRootLogin yes\nAllowTcpForwarding yes\nSetEnv PATH={d}/bin:/usr/local/bin:/usr/bin:/bin GPUSWEEP_CONFIG={d}/none.toml HOME={d}/remote-home\nMaxStartups 200:30:400\nMaxSessions 200\nLogLevel ERROR\n",
             d = d.display()
         );
         std::fs::write(d.join("sshd_config"), cfg).expect("config");
@@ -95,7 +107,10 @@ impl Sshd {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
-        s.known_hosts(&["127.0.0.1", "127.0.0.2", "127.0.0.3"], "host_ed25519.pub");
+        s.known_hosts(
+            &["127.0.0.1", "127.0.0.2", "127.0.0.3"],
+            &format!("host_{kind}.pub"),
+        );
         s
     }
     fn path(&self, p: &str) -> PathBuf {
@@ -110,6 +125,15 @@ impl Sshd {
             t
         });
         std::fs::write(self.path("known_hosts"), text).expect("known_hosts");
+    }
+    /// The known_hosts line fields of a public key file: (algorithm, base64).
+    fn key_fields(&self, key: &str) -> (String, String) {
+        let pubkey = std::fs::read_to_string(self.path(key)).expect("pub");
+        let mut parts = pubkey.split_whitespace();
+        (
+            parts.next().expect("alg").to_string(),
+            parts.next().expect("key").to_string(),
+        )
     }
     fn host(&self, n: u8) -> String {
         format!("root@127.0.0.{n}:{}", self.port)
@@ -558,5 +582,205 @@ async fn agent_killed_mid_stream_is_reported_and_reconnected() {
     assert!(
         down.as_deref().unwrap_or("").contains("agent exited"),
         "{down:?}"
+    );
+}
+
+fn host_error(o: &Output, i: usize) -> String {
+    json(o)["hosts"][i]["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn a_host_known_by_ed25519_that_offers_only_rsa_is_a_changed_identity() {
+    let s = Sshd::start_with_host_key("rsa");
+    // The host was known by its ed25519 key; now it offers only RSA.
+    s.known_hosts(&["127.0.0.1"], "host_ed25519.pub");
+    let before = std::fs::read_to_string(s.path("known_hosts")).expect("read");
+    let o = s.run(
+        &Sshd::demo_agent(),
+        &["snapshot", "--json", "--hosts", &s.host(1), "--accept-new"],
+    );
+    let e = host_error(&o, 0);
+    assert!(
+        e.contains("HOST KEY CHANGED") && e.contains("ssh-rsa") && e.contains("ssh-ed25519"),
+        "{e}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(s.path("known_hosts")).expect("read"),
+        before,
+        "nothing learned"
+    );
+}
+
+#[test]
+fn revoked_keys_and_negated_patterns_in_known_hosts() {
+    let s = Sshd::start();
+    let (alg, b64) = s.key_fields("host_ed25519.pub");
+    let port = s.port;
+    std::fs::write(
+        s.path("known_hosts"),
+        format!("[127.0.0.1]:{port} {alg} {b64}\n@revoked * {alg} {b64}\n"),
+    )
+    .expect("known_hosts");
+    let o = s.run(
+        &Sshd::demo_agent(),
+        &["snapshot", "--json", "--hosts", &s.host(1), "--accept-new"],
+    );
+    let e = host_error(&o, 0);
+    assert!(e.contains("REVOKED") && e.contains("@revoked"), "{e}");
+
+    // Every loopback host but 127.0.0.1: .2 is known, .1 is not (and is not learned without --accept-new).
+    std::fs::write(
+        s.path("known_hosts"),
+        format!("[127.0.0.*]:{port},![127.0.0.1]:{port} {alg} {b64}\n"),
+    )
+    .expect("known_hosts");
+    let o = s.run(
+        &Sshd::demo_agent(),
+        &[
+            "snapshot",
+            "--json",
+            "--hosts",
+            &format!("{},{}", s.host(1), s.host(2)),
+        ],
+    );
+    let v = json(&o);
+    let by_host = |n: &str| {
+        v["hosts"]
+            .as_array()
+            .and_then(|a| {
+                a.iter()
+                    .find(|h| h["host"].as_str().is_some_and(|x| x.contains(n)))
+            })
+            .unwrap_or_else(|| panic!("{n}: {v}"))
+            .clone()
+    };
+    let one = by_host("127.0.0.1");
+    assert!(
+        one["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("unknown host key")),
+        "{one}"
+    );
+    assert!(by_host("127.0.0.2")["error"].is_null(), "{v}");
+}
+
+#[test]
+fn ssh_config_options_are_honoured_or_refused_by_name() {
+    let s = Sshd::start();
+    let p = s.port;
+    let kh = s.path("known_hosts").display().to_string();
+    let cfg = format!(
+        "Host viaproxy\n  HostName 127.0.0.1\n  Port {p}\n  ProxyCommand nc %h %p\n\
+         Host lax\n  HostName 127.0.0.1\n  Port {p}\n  StrictHostKeyChecking no\n\
+         Host ownfile\n  HostName 127.0.0.1\n  Port {p}\n  UserKnownHostsFile {kh}\n"
+    );
+    std::fs::write(s.path("ssh_config"), cfg).expect("cfg");
+    let run = |host: &str| {
+        Command::new(BIN)
+            .args(["snapshot", "--json", "--hosts", host, "--ssh-config"])
+            .arg(s.path("ssh_config"))
+            .arg("-i")
+            .arg(s.path("id_ed25519"))
+            .args([
+                "--remote-command",
+                &Sshd::demo_agent(),
+                "--connect-timeout",
+                "10",
+            ])
+            .env("HOME", s.path("home"))
+            .env("USER", "root")
+            .env("GPUSWEEP_CONFIG", s.path("none.toml"))
+            .env_remove("SSH_AUTH_SOCK")
+            .env_remove("GPUSWEEP_HOSTS")
+            .stdin(Stdio::null())
+            .output()
+            .expect("gpusweep")
+    };
+    let e = host_error(&run("viaproxy"), 0);
+    assert!(
+        e.contains("ProxyCommand") && e.contains("not supported"),
+        "{e}"
+    );
+    let e = host_error(&run("lax"), 0);
+    assert!(e.contains("StrictHostKeyChecking no"), "{e}");
+    // The known key is only in the file ssh_config names (HOME's known_hosts does not exist).
+    let o = run("ownfile");
+    assert!(json(&o)["hosts"][0]["error"].is_null(), "{}", text(&o));
+}
+
+#[test]
+fn deploy_uploads_through_a_fresh_name_and_runs_what_it_verified() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Sshd::start();
+    let cache = s.path("remote-home/.cache/gpusweep");
+    std::fs::create_dir_all(&cache).expect("cache");
+    // Planted links where a fixed temporary name or the final name would be: neither victim may change.
+    let victim = s.path("victim");
+    std::fs::write(&victim, "precious").expect("victim");
+    let version = env!("CARGO_PKG_VERSION");
+    let bin = std::fs::read(BIN).expect("binary");
+    let sum = {
+        let o = Command::new("sha256sum")
+            .arg(BIN)
+            .output()
+            .expect("sha256sum");
+        String::from_utf8_lossy(&o.stdout)[..16].to_string()
+    };
+    let name = format!("gpusweep-{version}-{sum}");
+    std::os::unix::fs::symlink(&victim, cache.join(format!("{name}.tmp"))).expect("link");
+    std::os::unix::fs::symlink(&victim, cache.join(&name)).expect("link");
+    let o = s.run(
+        "gpusweep-not-installed-here agent",
+        &[
+            "snapshot",
+            "--json",
+            "--hosts",
+            &s.host(1),
+            "--deploy",
+            "--no-nvml",
+        ],
+    );
+    let v = json(&o);
+    assert!(v["hosts"][0]["error"].is_null(), "{}", text(&o));
+    assert_eq!(v["hosts"][0]["source"], "agent", "{v}");
+    assert_eq!(
+        std::fs::read_to_string(&victim).expect("victim"),
+        "precious"
+    );
+    let placed = cache.join(&name);
+    let meta = std::fs::symlink_metadata(&placed).expect("uploaded");
+    assert!(
+        meta.file_type().is_file(),
+        "the link was replaced, not followed"
+    );
+    assert_eq!(std::fs::read(&placed).expect("read").len(), bin.len());
+    let dir_mode = std::fs::metadata(&cache).expect("dir").permissions().mode() & 0o777;
+    assert_eq!(dir_mode, 0o700);
+    // A second run finds the verified binary and uploads nothing (the file is not rewritten).
+    let before = std::fs::metadata(&placed)
+        .expect("meta")
+        .modified()
+        .expect("mtime");
+    let o = s.run(
+        "gpusweep-not-installed-here agent",
+        &[
+            "snapshot",
+            "--json",
+            "--hosts",
+            &s.host(1),
+            "--deploy",
+            "--no-nvml",
+        ],
+    );
+    assert!(json(&o)["hosts"][0]["error"].is_null(), "{}", text(&o));
+    assert_eq!(
+        std::fs::metadata(&placed)
+            .expect("meta")
+            .modified()
+            .expect("mtime"),
+        before
     );
 }

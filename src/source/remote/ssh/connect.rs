@@ -31,6 +31,14 @@ async fn open_one(
     via: Option<&Handle<Client>>,
     opts: &SshOptions,
 ) -> Result<Handle<Client>, String> {
+    if !t.unsupported.is_empty() {
+        return Err(format!(
+            "{}@{}: ssh_config: {}",
+            t.user,
+            t.host,
+            t.unsupported.join("; ")
+        ));
+    }
     let refusal = Arc::new(Mutex::new(None));
     let handler = Client {
         host: t.host.clone(),
@@ -39,6 +47,7 @@ async fn open_one(
         user_file: opts
             .known_hosts
             .clone()
+            .or_else(|| t.known_hosts.clone())
             .or_else(|| home().map(|h| h.join(".ssh/known_hosts")))
             .unwrap_or_default(),
         system_file: PathBuf::from("/etc/ssh/ssh_known_hosts"),

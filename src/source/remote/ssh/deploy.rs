@@ -64,10 +64,11 @@ pub fn guarded(remote_command: &str) -> String {
     )
 }
 
-/// Start `command` on a new channel; `Ok(None)` when the host lacks its program.
+/// Run `line` (a shell line that prints `NOT_FOUND` when the program is missing: `guarded` or
+/// `Deployment::run_line`) on a new channel; `Ok(None)` when the host lacks the program.
 pub async fn start_agent(
     handle: &Handle<Client>,
-    command: &str,
+    line: &str,
 ) -> Result<
     Option<(
         impl tokio::io::AsyncBufRead + Unpin + Send + 'static + use<>,
@@ -79,7 +80,7 @@ pub async fn start_agent(
         .channel_open_session()
         .await
         .map_err(|e| format!("open channel: {e}"))?;
-    ch.exec(true, guarded(command))
+    ch.exec(true, line)
         .await
         .map_err(|e| format!("exec: {e}"))?;
     let (r, w) = tokio::io::split(ch.into_stream());
@@ -103,47 +104,84 @@ pub async fn start_agent(
     )))
 }
 
-/// Upload this binary to `~/.cache/gpusweep/gpusweep-VERSION-SHA` when the architectures match; returns the
-/// command that runs it as an agent.
-pub async fn deploy(handle: &Handle<Client>) -> Result<String, String> {
-    let (st, arch) = exec(handle, "uname -m", None, 256).await?;
-    let arch = String::from_utf8_lossy(&arch).trim().to_string();
-    if st != Some(0) || arch != std::env::consts::ARCH {
-        return Err(format!(
-            "cannot deploy: the host is {arch:?}, this binary is {}",
-            std::env::consts::ARCH
-        ));
-    }
-    // Reading and hashing the whole binary is blocking work: off the async threads.
-    let (bytes, sum) = tokio::task::spawn_blocking(|| {
-        let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
-        let bytes = std::fs::read(&exe).map_err(|e| format!("reading {}: {e}", exe.display()))?;
-        let sum = hex(&Sha256::digest(&bytes));
-        Ok::<_, String>((bytes, sum))
-    })
-    .await
-    .map_err(|e| format!("reading this binary: {e}"))??;
-    let path = format!(
-        "\"$HOME/.cache/gpusweep/gpusweep-{}-{}\"",
-        env!("CARGO_PKG_VERSION"),
-        &sum[..16]
-    );
-    let check = format!("sha256sum {path} 2>/dev/null | cut -d' ' -f1");
-    let (_, have) = exec(handle, &check, None, 256).await?;
-    if String::from_utf8_lossy(&have).trim() != sum {
-        let up = format!(
-            "mkdir -p \"$HOME/.cache/gpusweep\" && cat > {path}.tmp && chmod 755 {path}.tmp && mv {path}.tmp {path}"
-        );
-        let (st, _) = exec(handle, &up, Some(&bytes), 4096).await?;
-        if st != Some(0) {
-            return Err(format!("upload failed (exit {st:?})"));
+/// This binary, to be uploaded to `~/.cache/gpusweep/gpusweep-VERSION-SHA` on a host of the same
+/// architecture. The directory is the user's own, mode 0700, never a symlink; the upload goes to a fresh
+/// `mktemp` name in it and is renamed into place; the checksum is verified by the same shell line that execs
+/// the binary, so nothing can be swapped in between two round trips.
+pub struct Deployment {
+    bytes: Vec<u8>,
+    sum: String,
+}
+
+/// The directory checks every deploy line starts with (POSIX sh).
+const DIR: &str = "umask 077; d=\"$HOME/.cache/gpusweep\"; \
+    mkdir -p \"$d\" && [ -d \"$d\" ] && [ ! -L \"$d\" ] && [ -O \"$d\" ] && chmod 700 \"$d\" || \
+    { echo \"gpusweep: $d is not a directory of this user's own\"; exit 3; }";
+
+impl Deployment {
+    /// Read and hash this binary, after checking that the host runs the same architecture.
+    pub async fn prepare(handle: &Handle<Client>) -> Result<Deployment, String> {
+        let (st, arch) = exec(handle, "uname -m", None, 256).await?;
+        let arch = String::from_utf8_lossy(&arch).trim().to_string();
+        if st != Some(0) || arch != std::env::consts::ARCH {
+            return Err(format!(
+                "cannot deploy: the host is {arch:?}, this binary is {}",
+                std::env::consts::ARCH
+            ));
         }
-        let (_, have) = exec(handle, &check, None, 256).await?;
-        if String::from_utf8_lossy(&have).trim() != sum {
-            return Err("the uploaded binary's checksum does not match".into());
+        // Reading and hashing the whole binary is blocking work: off the async threads.
+        tokio::task::spawn_blocking(|| {
+            let exe =
+                std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+            let bytes =
+                std::fs::read(&exe).map_err(|e| format!("reading {}: {e}", exe.display()))?;
+            let sum = hex(&Sha256::digest(&bytes));
+            Ok::<_, String>(Deployment { bytes, sum })
+        })
+        .await
+        .map_err(|e| format!("reading this binary: {e}"))?
+    }
+
+    fn file_name(&self) -> String {
+        format!("gpusweep-{}-{}", env!("CARGO_PKG_VERSION"), &self.sum[..16])
+    }
+
+    /// One line: verify the uploaded binary's checksum and exec it as the agent, or print `NOT_FOUND`.
+    pub fn run_line(&self) -> String {
+        format!(
+            "{DIR}; f=\"$d/{name}\"; \
+             if [ -f \"$f\" ] && [ ! -L \"$f\" ] && [ \"$(sha256sum \"$f\" 2>/dev/null | cut -d' ' -f1)\" = {sum} ]; \
+             then exec \"$f\" agent; else echo {NOT_FOUND}; fi",
+            name = self.file_name(),
+            sum = self.sum
+        )
+    }
+
+    /// The upload line: stdin into a fresh temporary name, then renamed into place.
+    pub fn upload_line(&self) -> String {
+        format!(
+            "{DIR}; t=$(mktemp \"$d/.upload.XXXXXXXX\") || exit 4; \
+             if cat > \"$t\" && chmod 700 \"$t\" && mv -f \"$t\" \"$d/{name}\"; then exit 0; fi; \
+             rm -f \"$t\"; exit 5",
+            name = self.file_name()
+        )
+    }
+
+    pub async fn upload(&self, handle: &Handle<Client>) -> Result<(), String> {
+        let (st, out) = exec(handle, &self.upload_line(), Some(&self.bytes), 4096).await?;
+        if st == Some(0) {
+            Ok(())
+        } else {
+            Err(format!(
+                "upload failed (exit {st:?}){}",
+                String::from_utf8_lossy(&out)
+                    .lines()
+                    .next()
+                    .map(|l| format!(": {}", crate::core::format::escape(l)))
+                    .unwrap_or_default()
+            ))
         }
     }
-    Ok(format!("{path} agent"))
 }
 
 fn hex(b: &[u8]) -> String {

@@ -66,6 +66,11 @@ pub struct Target {
     pub user: String,
     pub identity_files: Vec<PathBuf>,
     pub proxy_jump: Vec<String>,
+    /// ssh_config's `UserKnownHostsFile` (honoured unless --known-hosts says otherwise).
+    pub known_hosts: Option<PathBuf>,
+    /// ssh_config options gpusweep does not implement for this host; connecting is refused, naming them,
+    /// rather than silently doing something other than `ssh` would.
+    pub unsupported: Vec<String>,
 }
 
 pub fn home() -> Option<PathBuf> {
@@ -126,7 +131,32 @@ pub fn resolve(
                     .collect()
             })
             .unwrap_or_default(),
+        known_hosts: hc.user_known_hosts_file.as_deref().map(expand_tilde),
+        unsupported: unsupported_options(&hc),
     }
+}
+
+/// What ssh_config asks for that gpusweep will not do.
+fn unsupported_options(hc: &russh_config::HostConfig) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(pc) = hc
+        .proxy_command
+        .as_deref()
+        .filter(|c| !c.eq_ignore_ascii_case("none"))
+    {
+        out.push(format!(
+            "ProxyCommand {:?} is not supported: use ProxyJump, or a cmd: host that runs ssh itself",
+            crate::core::format::truncate(pc, 60)
+        ));
+    }
+    if hc.strict_host_key_checking == Some(false) {
+        out.push(
+            "StrictHostKeyChecking no is not honoured: gpusweep never connects to a host whose key it has \
+             not verified (--accept-new learns keys of new hosts)"
+                .into(),
+        );
+    }
+    out
 }
 
 /// One connection's life: connect, then agent (or deploy, or agentless) until it ends. Err says why.
@@ -158,11 +188,21 @@ pub async fn run(
             .map_err(|_| format!("no connection within {}s", opts.connect_timeout.as_secs()))??
     };
     trace(&task.label, "connected and authenticated");
-    let mut stream = deploy::start_agent(&session.handle, &opts.remote_command).await?;
+    let mut stream = deploy::start_agent(&session.handle, &guarded(&opts.remote_command)).await?;
     trace(&task.label, "agent started");
     if stream.is_none() && opts.deploy {
-        let command = deploy::deploy(&session.handle).await?;
-        stream = deploy::start_agent(&session.handle, &command).await?;
+        let d = deploy::Deployment::prepare(&session.handle).await?;
+        stream = deploy::start_agent(&session.handle, &d.run_line()).await?;
+        if stream.is_none() {
+            trace(&task.label, "uploading this binary");
+            d.upload(&session.handle).await?;
+            stream = deploy::start_agent(&session.handle, &d.run_line()).await?;
+            if stream.is_none() {
+                return Err(
+                    "--deploy: the uploaded binary did not pass its checksum on the host".into(),
+                );
+            }
+        }
     }
     let r = match stream {
         Some((r, w)) => drive_stream(task, r, w, cmds, interval, SourceKind::Agent).await,
