@@ -85,8 +85,10 @@ if wait_line "$W/hold.out" READY 90; then
   check "holder: pid $P listed on GPU 0 with >= 20 GiB and its cmdline" jcheck "$W/hold.json" "any(p['pid'] == $P and p['used_bytes'] >= 20*2**30 for p in h['gpus'][0]['processes']) and any(q['pid'] == $P and 'hold.py' in q['cmdline'] for q in h['processes'])"
   check "holder: a live listed process is in use, not a leak" jcheck "$W/hold.json" 'not [f for f in h["findings"] if f["severity"] == "leak"]'
   check "holder: the holder's fds on /dev/nvidia0 are seen" jcheck "$W/hold.json" "any(x['pid'] == $P and 0 in x['gpus'] for x in h['holders'])"
-  rm -f "$W/hold.json"
+  check "holder: the snapshot carries its pidfs inode" jcheck "$W/hold.json" "any(q['pid'] == $P and q.get('pidfs_ino', 0) > 1 for q in h['processes'])"
   check "holder: gpusweep kill --grace 5s ends it" "$BIN" kill "$P" --yes --grace 5s
+  check "holder: its audit record was sent through a pidfd with the pidfs inode" python3 -c "import json,sys; r=[json.loads(l) for l in open('$OUT/actions.jsonl')]; sys.exit(0 if any(x['pid']==$P and x['method']=='pidfd' and (x.get('pidfs_ino') or 0)>1 for x in r) else 1)"
+  rm -f "$W/hold.json"
   check "holder: then wait sees 0 MiB" "$BIN" wait --timeout 20s
 else fail "holder: hold.py did not start"; cat "$W/hold.out" >>"$LOG"; fi
 
@@ -192,6 +194,31 @@ tui_cpu "$BIN" --demo | tee -a "$OUT/bench.txt" "$LOG"
 say "10. an EP-style job on one GPU: launcher + 4 workers, launcher SIGKILLed, swept"
 WORKERS=4 GPUS=1 GB=8 OUT="$OUT" BIN="$BIN" bash scripts/gpu-ep.sh >>"$LOG" 2>&1
 grep -E "^(PASS|FAIL|NOTE)" "$OUT/ep.log" | sed 's/^/  ep: /' | tee -a "$SUM"
+
+say "11. kills on a kernel without pidfd (a seccomp filter), and a frozen GPU holder"
+bg "$W/hold3.out" python3 $G/hold.py 5; P=$BGPID
+if wait_line "$W/hold3.out" READY 90; then
+  python3 $G/nopidfd.py "$BIN" kill "$P" --yes --grace 5s >"$W/nopidfd.txt" 2>&1; cat "$W/nopidfd.txt" >>"$LOG"
+  check "no pidfd: the kill is refused in words" grep -q "this kernel has no pidfd; kills are disabled" "$W/nopidfd.txt"
+  check "no pidfd: the holder $P lives" kill -0 "$P"
+  python3 $G/nopidfd.py "$BIN" snapshot --json >"$W/nopidfd.json" 2>>"$LOG"
+  check "no pidfd: pidfd is among the host's missing features" jcheck "$W/nopidfd.json" "'pidfd' in h.get('missing_features', [])"
+  check "no pidfd: --kill-without-pidfd ends it" python3 $G/nopidfd.py "$BIN" kill "$P" --yes --grace 5s --kill-without-pidfd
+  check "no pidfd: the audit record says kill(2)" python3 -c "import json,sys; r=[json.loads(l) for l in open('$OUT/actions.jsonl')]; sys.exit(0 if any(x['pid']==$P and 'kill(2)' in x['method'] for x in r) else 1)"
+  check "no pidfd: then wait sees 0 MiB" "$BIN" wait --timeout 20s
+else fail "no pidfd: hold.py did not start"; fi
+CG=$(awk '$9 == "cgroup2" {print $5; exit}' /proc/self/mountinfo)
+bg "$W/hold4.out" python3 $G/hold.py 5; P=$BGPID
+if [ -n "$CG" ] && wait_line "$W/hold4.out" READY 90 && mkdir "$CG/gpusweep-e2e-frozen" 2>>"$LOG"; then
+  echo "$P" >"$CG/gpusweep-e2e-frozen/cgroup.procs"; echo 1 >"$CG/gpusweep-e2e-frozen/cgroup.freeze"; sleep 1
+  echo "frozen holder $P: $(grep State /proc/$P/status), wchan $(cat /proc/$P/wchan)" | tee -a "$SUM" "$LOG"
+  "$BIN" snapshot --json >"$W/frozen.json" 2>>"$LOG"
+  python3 -c "import json; h=json.load(open('$W/frozen.json'))['hosts'][0]; print('NOTE frozen: findings', sorted({f['kind'] for f in h['findings']}))" | tee -a "$SUM"
+  "$BIN" kill "$P" --yes --signal KILL --grace 0s >"$W/frozen-kill.txt" 2>&1; echo "NOTE frozen: kill says: $(tr '\n' ' ' <"$W/frozen-kill.txt")" | tee -a "$SUM"
+  echo 0 >"$CG/gpusweep-e2e-frozen/cgroup.freeze" 2>/dev/null
+  check "frozen: after thawing, wait sees 0 MiB" "$BIN" wait --timeout 20s
+  rmdir "$CG/gpusweep-e2e-frozen" 2>>"$LOG"
+else fail "frozen: no cgroup v2 leaf or hold.py did not start"; fi
 
 say "summary"
 cat "$SUM"
