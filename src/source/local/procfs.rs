@@ -85,6 +85,8 @@ struct Cached {
     start_time: u64,
     fds: FdInfo,
     cmdline: Option<String>,
+    /// (NSpid's innermost PID, pidfs inode): fixed for the life of a process, so read once.
+    identity: Option<(Option<u32>, Option<u64>)>,
     /// The process as last read; reused between full scans for processes nobody needs fresh.
     proc_: Proc,
 }
@@ -246,6 +248,7 @@ impl ProcScanner {
                 .get(&pid)
                 .filter(|c| c.start_time == p.start_time);
             let cmdline = cached.and_then(|c| c.cmdline.clone());
+            let identity = cached.and_then(|c| c.identity);
             let fds = match walked.get(&pid) {
                 Some(f) => f.clone(),
                 None if p.kernel_thread => FdInfo {
@@ -278,6 +281,7 @@ impl ProcScanner {
                     start_time: p.start_time,
                     fds,
                     cmdline,
+                    identity,
                     proc_: p.clone(),
                 },
             );
@@ -320,24 +324,47 @@ impl ProcScanner {
                     .map(|w| w.trim().to_string())
                     .filter(|w| !w.is_empty() && w != "0");
             }
-            if !p.state.is_zombie() {
-                p.ns_pid = fs::read_to_string(dir.join("status"))
-                    .ok()
-                    .and_then(|s| inner_ns_pid(&s))
-                    .filter(|&n| n != pid);
+            if p.state.is_zombie() {
+                continue;
             }
-            // Only the real /proc has real processes to open a pidfd on.
-            if self.cfg.proc_root == Path::new("/proc") {
-                p.pidfs_ino = pidfs_inode(pid).filter(|_| {
-                    // The inode names the process with this start time only if the PID was not reused
-                    // between the stat read and the pidfd.
-                    fs::read_to_string(dir.join("stat"))
-                        .ok()
-                        .and_then(|s| parse_stat(&s))
-                        .is_some_and(|now| now.start_time == p.start_time)
-                });
-            }
+            let cached = self
+                .cache
+                .get(&pid)
+                .filter(|c| c.start_time == p.start_time)
+                .and_then(|c| c.identity);
+            let (ns_pid, pidfs_ino) = if let Some(id) = cached {
+                id
+            } else {
+                let id = self.read_identity(pid, p.start_time, &dir);
+                if let Some(entry) = self.cache.get_mut(&pid) {
+                    entry.identity = Some(id);
+                }
+                id
+            };
+            p.ns_pid = ns_pid;
+            p.pidfs_ino = pidfs_ino;
         }
+    }
+
+    /// A process's NSpid (when it differs) and pidfs inode, both fixed for its life.
+    fn read_identity(&self, pid: u32, start_time: u64, dir: &Path) -> (Option<u32>, Option<u64>) {
+        let ns_pid = fs::read_to_string(dir.join("status"))
+            .ok()
+            .and_then(|s| inner_ns_pid(&s))
+            .filter(|&n| n != pid);
+        // Only the real /proc has real processes to open a pidfd on.
+        let pidfs_ino = (self.cfg.proc_root == Path::new("/proc"))
+            .then(|| pidfs_inode(pid))
+            .flatten()
+            .filter(|_| {
+                // The inode names the process with this start time only if the PID was not reused
+                // between the stat read and the pidfd.
+                fs::read_to_string(dir.join("stat"))
+                    .ok()
+                    .and_then(|s| parse_stat(&s))
+                    .is_some_and(|now| now.start_time == start_time)
+            });
+        (ns_pid, pidfs_ino)
     }
 
     /// Benign by what the process runs (`/proc/PID/exe`), never by the argv it shows.
