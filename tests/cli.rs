@@ -1350,3 +1350,71 @@ fn a_wedged_driver_marks_its_gpu_and_the_rest_goes_on() {
         .expect("run");
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
 }
+
+#[test]
+fn a_zombie_adopted_by_a_pid_1_that_never_reaps_is_not_promised_a_reaping() {
+    let env = Env::new();
+    // A PID namespace whose PID 1 is `sleep`: the orphaned `sleep 0.2` becomes its zombie, forever.
+    let mut boxed = Command::new("unshare")
+        .args([
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child",
+            "sh",
+            "-c",
+        ])
+        .arg("(sleep 0.2 &); exec sleep 300")
+        .spawn()
+        .expect("unshare");
+    let unshare = boxed.id();
+    let mut init = None;
+    await_cond("the namespace's zombie", || {
+        init = std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children"))
+            .ok()
+            .and_then(|c| {
+                c.split_whitespace()
+                    .next()
+                    .and_then(|p| p.parse::<u32>().ok())
+            });
+        init.is_some_and(|i| {
+            std::fs::read_to_string(format!("/proc/{i}/task/{i}/children"))
+                .ok()
+                .and_then(|c| {
+                    c.split_whitespace()
+                        .next()
+                        .and_then(|z| z.parse::<u32>().ok())
+                })
+                .is_some_and(|z| stat_field(z, 0).as_deref() == Some("Z"))
+        })
+    });
+    let init = init.expect("init");
+    let o = Command::new("nsenter")
+        .args(["--target", &init.to_string(), "--pid", "--mount"])
+        .arg(env!("CARGO_BIN_EXE_gpusweep"))
+        .args([
+            "snapshot",
+            "--json",
+            "--no-nvml",
+            "--device-glob",
+            &env.glob(),
+        ])
+        .env("GPUSWEEP_CONFIG", env.dir.path().join("no-config.toml"))
+        .output()
+        .expect("nsenter (util-linux)");
+    let _ = boxed.kill();
+    let _ = boxed.wait();
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+    let f = v["hosts"][0]["findings"]
+        .as_array()
+        .and_then(|a| a.iter().find(|f| f["kind"] == "zombie"))
+        .unwrap_or_else(|| panic!("no zombie finding: {v}"))
+        .clone();
+    let detail = f["detail"].as_str().expect("detail");
+    assert!(
+        detail.contains("PID 1 (sleep)") && detail.contains("not an init known to reap"),
+        "{detail}"
+    );
+    assert!(!detail.contains("will reap"), "{detail}");
+}

@@ -83,6 +83,13 @@ pub fn shown_pids(
         .collect();
     zombies.sort_unstable();
     wanted.extend(zombies.iter().copied());
+    // Whether an adopted zombie will ever be reaped depends on what PID 1 is: show it then.
+    if zombies
+        .iter()
+        .any(|z| procs.get(z).is_some_and(|p| p.ppid == 1))
+    {
+        wanted.insert(1);
+    }
     let start: Vec<u32> = wanted.iter().copied().collect();
     for pid in start {
         let mut cur = pid;

@@ -3,13 +3,47 @@
 use super::{Draft, Findings, who};
 use crate::core::model::{FindingKind, HostSnapshot, Severity};
 
+/// PID 1 programs that reap the children they adopt.
+fn reaps(comm: &str) -> bool {
+    matches!(
+        comm,
+        "systemd"
+            | "init"
+            | "tini"
+            | "dumb-init"
+            | "catatonit"
+            | "docker-init"
+            | "s6-svscan"
+            | "runit"
+            | "openrc-init"
+            | "busybox"
+            | "launchd"
+            | "upstart"
+    )
+}
+
 pub fn find(snap: &HostSnapshot, out: &mut Findings) {
     for &z in &snap.zombies {
         let Some(p) = snap.proc(z) else { continue };
-        let (detail_parent, action, target) = if p.ppid <= 1 {
+        let init = snap.proc(1).map(|i| i.comm.as_str());
+        let (detail_parent, action, target) = if p.ppid <= 1 && init.is_some_and(reaps) {
             (
-                "PID 1 will reap it".to_string(),
+                format!("PID 1 ({}) will reap it", init.unwrap_or("init")),
                 "nothing to do: init reaps it".to_string(),
+                None,
+            )
+        } else if p.ppid <= 1 {
+            // Seen on real machines: a PID 1 that is a plain program (a container's entry point, an agent)
+            // never calls wait(), so its adopted children stay zombies until it exits.
+            (
+                format!(
+                    "its parent is PID 1 ({}), which is not an init known to reap adopted children: it stays \
+                     until PID 1 exits",
+                    init.unwrap_or("unknown")
+                ),
+                "nothing to do for the GPU (a zombie holds no memory); if zombies pile up, run containers with \
+                 an init (docker --init, tini)"
+                    .to_string(),
                 None,
             )
         } else {
