@@ -27,6 +27,9 @@ fn main() {
 fn run(cli: Cli) -> anyhow::Result<i32> {
     let s = gpusweep::runtime::settings::resolve(&cli.global.overrides())?;
     trace("main", "settings resolved");
+    // The config's keys are checked whatever the subcommand: a broken file is reported where it is read.
+    gpusweep::tui::keymap::Keymap::with_overrides(&s.config.keys)
+        .map_err(|e| anyhow::anyhow!("config: {e}"))?;
     let explicit_hosts = cli.global.hosts_named();
     match cli.command {
         None => {

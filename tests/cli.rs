@@ -1418,3 +1418,33 @@ fn a_zombie_adopted_by_a_pid_1_that_never_reaps_is_not_promised_a_reaping() {
     );
     assert!(!detail.contains("will reap"), "{detail}");
 }
+
+#[test]
+fn key_conflicts_in_the_config_are_refused_by_every_subcommand() {
+    let env = Env::new();
+    let cfg = env.dir.path().join("keys.toml");
+    for (conf, want) in [
+        ("[keys]\nkill = \"q\"\n", "already quit's"),
+        ("[keys]\nkill = \"x\"\nsweep = \"x\"\n", "already"),
+    ] {
+        std::fs::write(&cfg, conf).expect("config");
+        for args in [&["snapshot", "--demo"][..], &["smem", "--cc", "9.0"][..]] {
+            let o = env
+                .cmd(args)
+                .env("GPUSWEEP_CONFIG", &cfg)
+                .output()
+                .expect("run");
+            let t = text(&o);
+            assert_eq!(o.status.code(), Some(2), "{args:?} {conf}: {t}");
+            assert!(t.contains(want) && t.contains("[keys]"), "{t}");
+        }
+    }
+    // Moving quit elsewhere frees q.
+    std::fs::write(&cfg, "[keys]\nkill = \"q\"\nquit = \"Q\"\n").expect("config");
+    let o = env
+        .cmd(&["snapshot", "--demo"])
+        .env("GPUSWEEP_CONFIG", &cfg)
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}

@@ -171,10 +171,19 @@ impl Default for Keymap {
     }
 }
 
+fn cmd_name(cmd: Cmd) -> &'static str {
+    Cmd::ALL
+        .iter()
+        .find(|(c, _, _)| *c == cmd)
+        .map_or("?", |(_, n, _)| n)
+}
+
 impl Keymap {
     /// Defaults with the config's `[keys]` applied; a bound key replaces every default key of that command.
+    /// A key bound to two commands, or a command left without a key, is an error naming both.
     pub fn with_overrides(over: &BTreeMap<String, String>) -> Result<Keymap, String> {
         let mut km = Keymap::default();
+        let mut bound: Vec<(Key, Cmd, &str)> = Vec::new();
         for (name, key) in over {
             let cmd = Cmd::ALL
                 .iter()
@@ -188,7 +197,24 @@ impl Keymap {
                 })?;
             let key = Key::parse(key).map_err(|e| format!("[keys] {name}: {e}"))?;
             km.map.retain(|_, c| *c != cmd);
+            bound.push((key, cmd, name));
+        }
+        for (key, cmd, name) in bound {
+            if let Some(other) = km.map.get(&key).copied().filter(|o| *o != cmd) {
+                return Err(format!(
+                    "[keys] {name} = {:?}: that key is already {}'s; bind {} to another key too, or choose another",
+                    key.label(),
+                    cmd_name(other),
+                    cmd_name(other)
+                ));
+            }
             km.map.insert(key, cmd);
+        }
+        if let Some((_, name, _)) = Cmd::ALL
+            .iter()
+            .find(|(c, _, _)| !km.map.values().any(|v| v == c))
+        {
+            return Err(format!("[keys]: {name} has no key left"));
         }
         Ok(km)
     }
