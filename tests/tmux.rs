@@ -98,3 +98,42 @@ fn demo_open_gpu_b_sweep_confirm_and_see_all_zero() {
     t.keys(&["w", "q"]);
     t.await_text("EXITED 0");
 }
+
+#[test]
+fn wait_progress_is_one_line_redrawn_in_place_at_80_columns() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let t = Tmux {
+        socket: format!("gpusweep-wait-{}", std::process::id()),
+    };
+    let bin = env!("CARGO_BIN_EXE_gpusweep");
+    // The demo cluster is never all clean: `wait` redraws its progress until the timeout.
+    let cmd = format!(
+        "GPUSWEEP_CONFIG={0}/none.toml {bin} wait --demo --timeout 3s --poll 50ms; echo EXITED $?; sleep 30",
+        dir.path().display()
+    );
+    let o = t.cmd(&[
+        "new-session",
+        "-d",
+        "-s",
+        "gs",
+        "-x",
+        "80",
+        "-y",
+        "40",
+        &cmd,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let screen = t.await_text("EXITED");
+    let before: Vec<&str> = screen
+        .lines()
+        .take_while(|l| !l.starts_with("timed out"))
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    assert_eq!(
+        before.len(),
+        1,
+        "one progress line, never wrapped or repeated:\n{screen}"
+    );
+    assert!(before[0].starts_with("waiting "), "{screen}");
+    assert!(screen.contains("EXITED 1"), "{screen}");
+}

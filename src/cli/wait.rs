@@ -34,16 +34,18 @@ impl Progress {
         if !self.on {
             return;
         }
+        // One line, redrawn in place: cut below the terminal's width so it never wraps.
+        let width = crossterm::terminal::size().map_or(80, |(w, _)| usize::from(w));
         let line = truncate(
-            &format!(
+            &escape(&format!(
                 "waiting {}: {}",
                 fmt_ms(elapsed_ms),
                 watch.remaining().join("; ")
-            ),
-            160,
+            )),
+            width.saturating_sub(1).max(10),
         );
         let n = line.chars().count();
-        eprint!("\r{line}{}", " ".repeat(self.last_len.saturating_sub(n)));
+        eprint!("\r{line}\x1b[K");
         self.last_len = n;
         let _ = std::io::stderr().flush();
     }
