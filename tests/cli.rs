@@ -1448,3 +1448,33 @@ fn key_conflicts_in_the_config_are_refused_by_every_subcommand() {
         .expect("run");
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
 }
+
+#[test]
+fn help_shows_a_subcommands_own_flags_first_then_global_and_ssh_headings() {
+    let env = Env::new();
+    for sub in ["sweep", "wait", "kill", "snapshot", "smem"] {
+        let o = env
+            .cmd(&[sub, "--help"])
+            .env("COLUMNS", "80")
+            .output()
+            .expect("run");
+        let t = text(&o);
+        let (own, global, ssh) = (
+            t.find("Options:").expect("own options"),
+            t.find("Global options:")
+                .unwrap_or_else(|| panic!("{sub}: {t}")),
+            t.find("SSH options:")
+                .unwrap_or_else(|| panic!("{sub}: {t}")),
+        );
+        assert!(own < global && global < ssh, "{sub}: {t}");
+        let hosts = t.find("--hosts <HOSTS>").expect("--hosts");
+        assert!(
+            hosts > global && hosts < ssh,
+            "{sub}: --hosts under Global options: {t}"
+        );
+        assert!(
+            t.lines().all(|l| l.chars().count() <= 80),
+            "{sub}: wider than 80: {t}"
+        );
+    }
+}

@@ -88,37 +88,58 @@ pub struct Cli {
 pub struct Global {
     /// Hosts: [user@]host[:port], comma lists, ranges (node[01-16]), @group, `local`, or cmd:COMMAND.
     /// Repeatable. Default: this host.
-    #[arg(long, global = true, env = "GPUSWEEP_HOSTS")]
+    #[arg(
+        help_heading = "Global options",
+        long,
+        global = true,
+        env = "GPUSWEEP_HOSTS"
+    )]
     pub hosts: Vec<String>,
     /// File with one host spec per line (# comments).
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(
+        help_heading = "Global options",
+        long,
+        global = true,
+        value_name = "FILE"
+    )]
     pub hostfile: Option<PathBuf>,
     /// The simulated cluster (gpu-a warming up, gpu-b after a pkill, gpu-c Blackwell). --hosts picks among them.
-    #[arg(long, global = true)]
+    #[arg(help_heading = "Global options", long, global = true)]
     pub demo: bool,
     /// Poll interval (e.g. 500ms, 2s). Default 1s.
-    #[arg(long, global = true, env = "GPUSWEEP_INTERVAL", value_name = "DUR", value_parser = duration_arg, allow_hyphen_values = true)]
+    #[arg(help_heading = "Global options", long, global = true, env = "GPUSWEEP_INTERVAL", value_name = "DUR", value_parser = duration_arg, allow_hyphen_values = true)]
     pub interval: Option<Duration>,
     /// Device files that make a process a holder (repeatable). Default /dev/nvidia*.
-    #[arg(long = "device-glob", global = true, value_name = "GLOB")]
+    #[arg(
+        help_heading = "Global options",
+        long = "device-glob",
+        global = true,
+        value_name = "GLOB"
+    )]
     pub device_globs: Vec<String>,
     /// Config file. Default $GPUSWEEP_CONFIG or ~/.config/gpusweep/config.toml.
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(
+        help_heading = "Global options",
+        long,
+        global = true,
+        value_name = "FILE"
+    )]
     pub config: Option<PathBuf>,
     /// TUI: watch this host even without an NVIDIA driver (otherwise the TUI opens the demo cluster there).
-    #[arg(long, global = true)]
+    #[arg(help_heading = "Global options", long, global = true)]
     pub local: bool,
     /// Do not load NVML: judge by holders, zombies and /dev/shm alone.
-    #[arg(long, global = true)]
+    #[arg(help_heading = "Global options", long, global = true)]
     pub no_nvml: bool,
     /// SSH: learn unknown host keys (like OpenSSH's accept-new). A changed key is always refused.
-    #[arg(long, global = true)]
+    #[arg(help_heading = "SSH options", long, global = true)]
     pub accept_new: bool,
     /// SSH: upload this binary to hosts that have no gpusweep (same architecture only).
-    #[arg(long, global = true)]
+    #[arg(help_heading = "SSH options", long, global = true)]
     pub deploy: bool,
     /// SSH: the command that starts the agent on remote hosts. Default "gpusweep agent".
     #[arg(
+        help_heading = "SSH options",
         long,
         global = true,
         value_name = "CMD",
@@ -126,20 +147,26 @@ pub struct Global {
     )]
     pub remote_command: Option<String>,
     /// SSH: the ssh_config file to read. Default ~/.ssh/config.
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(help_heading = "SSH options", long, global = true, value_name = "FILE")]
     pub ssh_config: Option<PathBuf>,
     /// SSH: known_hosts file to check (and learn into). Default ~/.ssh/known_hosts (+ /etc/ssh/ssh_known_hosts).
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(help_heading = "SSH options", long, global = true, value_name = "FILE")]
     pub known_hosts: Option<PathBuf>,
     /// SSH: private key to try (repeatable), besides ssh-agent and ~/.ssh/id_*.
-    #[arg(long = "identity", short = 'i', global = true, value_name = "FILE")]
+    #[arg(
+        help_heading = "SSH options",
+        long = "identity",
+        short = 'i',
+        global = true,
+        value_name = "FILE"
+    )]
     pub identities: Vec<PathBuf>,
     /// Where this host has no pidfd (old kernel, seccomp): signal with kill(2) right after re-checking the
     /// start time instead of refusing. A PID reused in that window could be hit; the audit log says so.
-    #[arg(long, global = true)]
+    #[arg(help_heading = "Global options", long, global = true)]
     pub kill_without_pidfd: bool,
     /// Seconds to wait for a host's first reading (1 to 86400). Default 10.
-    #[arg(long, global = true, value_name = "SECS", allow_hyphen_values = true,
+    #[arg(help_heading = "Global options", long, global = true, value_name = "SECS", allow_hyphen_values = true,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub connect_timeout: Option<u64>,
 }
