@@ -34,16 +34,9 @@ pub fn fmt_bytes(b: Option<u64>) -> String {
     }
 }
 
-/// GPU indices as `0,1,4`, or `-` for none.
+/// GPU indices for a table: ranges (`0-7`, `0,2,4-6`), `-` for none.
 pub fn fmt_gpus(gpus: &[u32]) -> String {
-    if gpus.is_empty() {
-        "-".into()
-    } else {
-        gpus.iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(",")
-    }
+    fmt_gpu_ranges(gpus)
 }
 
 /// GPU indices as ranges: `0-7`, `0,2,4-6`, or `-` for none.
@@ -123,6 +116,14 @@ pub fn truncate(s: &str, max: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn gpu_sets_read_as_ranges() {
+        assert_eq!(fmt_gpus(&[0, 1, 2, 3, 4, 5, 6, 7]), "0-7");
+        assert_eq!(fmt_gpus(&[6, 0, 2, 4, 5]), "0,2,4-6");
+        assert_eq!(fmt_gpus(&[]), "-");
+        assert_eq!(truncate(&fmt_gpus(&[0, 2, 4, 5, 6]), 5), "0,2,\u{2026}");
+    }
     use super::*;
 
     #[test]

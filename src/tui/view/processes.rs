@@ -88,7 +88,8 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
                     r.state.map_or_else(|| "-".to_string(), |s| s.to_string()),
                 ));
             }
-            cells.push(Cell::from(fmt_gpus(&r.gpus)));
+            // The column is 5 wide: a longer set is cut with a mark, never silently.
+            cells.push(Cell::from(truncate(&fmt_gpus(&r.gpus), 5)));
             cells.push(Cell::from(if r.bytes.is_some() {
                 fmt_bytes(r.bytes)
             } else {
