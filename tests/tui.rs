@@ -348,6 +348,16 @@ fn reducer_navigation_sort_quit_and_mouse() {
     let eff = d.ch('w');
     assert!(eff.contains(&Effect::Broadcast(HostCmd::PollNow)));
     assert!(d.app.rewatch.is_some());
+    // Esc stops an endless re-watch too.
+    let eff = d.key(KeyCode::Esc);
+    assert!(
+        d.app.rewatch.is_none()
+            && eff.contains(&Effect::Broadcast(HostCmd::Interval(Duration::from_secs(
+                1
+            )))),
+        "Esc stops the re-watch: {eff:?}"
+    );
+    d.ch('w');
     let eff = d.ch('w');
     assert!(
         d.app.rewatch.is_none()

@@ -458,6 +458,10 @@ impl App {
             Some(Cmd::PrevPanel) => self.sel.focus = self.sel.focus.step(-1),
             Some(Cmd::Open) if self.sel.focus == Panel::Hosts => self.sel.focus = Panel::Gpus,
             Some(Cmd::Back) => {
+                // Esc first ends what runs without end: a re-watch.
+                if self.rewatch.is_some() {
+                    return self.toggle_rewatch();
+                }
                 if self.banner.is_some() {
                     self.banner = None;
                 } else if !self.procs.filter.is_empty() {

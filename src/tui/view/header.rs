@@ -124,7 +124,11 @@ fn render_banner(app: &App, f: &mut Frame, banner: Rect) {
         };
         Line::from(vec![
             Span::styled(
-                format!(" ⟳ re-watching {} {} ", rw.label, fmt_ms(elapsed)),
+                format!(
+                    " ⟳ re-watching {} {} (Esc stops) ",
+                    rw.label,
+                    fmt_ms(elapsed)
+                ),
                 fg(app, Color::Black)
                     .bg_if(app, Color::Yellow)
                     .add_modifier(Modifier::BOLD),
