@@ -87,9 +87,7 @@ impl Guarded {
             let index = u32::try_from(i).unwrap_or(u32::MAX);
             let fresh = w.asked == Some(now);
             let answer = if fresh {
-                w.answers
-                    .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                    .ok()
+                await_answer(&w.answers, deadline)
             } else {
                 None
             };
@@ -104,6 +102,25 @@ impl Guarded {
         }
         out
     }
+}
+
+/// How long the caller stays on its CPU for an answer before it sleeps. A warm reading takes well under a
+/// millisecond; waking a sleeping caller costs an inter-processor interrupt, which on a virtual machine can
+/// cost as much as the reading itself.
+const SPIN: Duration = Duration::from_millis(2);
+
+fn await_answer(answers: &Receiver<Gpu>, deadline: Instant) -> Option<Gpu> {
+    let spin_until = (Instant::now() + SPIN).min(deadline);
+    while Instant::now() < spin_until {
+        match answers.try_recv() {
+            Ok(g) => return Some(g),
+            Err(TryRecvError::Disconnected) => return None,
+            Err(TryRecvError::Empty) => std::hint::spin_loop(),
+        }
+    }
+    answers
+        .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        .ok()
 }
 
 /// A GPU whose reading did not come back: who it was, and no numbers (unknown, never 0).
