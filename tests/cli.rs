@@ -42,6 +42,16 @@ impl Env {
     fn run(&self, args: &[&str]) -> Output {
         self.cmd(args).output().expect("run gpusweep")
     }
+    /// `snapshot --json` of this host by holders alone, with the stand-in devices.
+    fn local_snapshot(&self) -> Output {
+        self.run(&[
+            "snapshot",
+            "--json",
+            "--no-nvml",
+            "--device-glob",
+            &self.glob(),
+        ])
+    }
 }
 
 fn text(o: &Output) -> String {
@@ -56,6 +66,21 @@ fn stat_field(pid: u32, n: usize) -> Option<String> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after = &s[s.rfind(')')? + 2..];
     after.split_whitespace().nth(n).map(str::to_string)
+}
+
+/// The first child of a process (its main thread's `children`), if it has one.
+fn first_child(pid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .ok()
+        .and_then(|c| c.split_whitespace().next().and_then(|p| p.parse().ok()))
+}
+
+/// A process's start time (stat field 22), as a target names it.
+fn start_time(pid: u32) -> u64 {
+    stat_field(pid, 19)
+        .expect("starttime")
+        .parse()
+        .expect("num")
 }
 
 /// Wait for a condition on real processes, up to a bound (not a sleep-as-synchronisation: it returns as soon
@@ -165,13 +190,7 @@ fn zombie_is_found_with_its_parent() {
     let mut child = Command::new("true").spawn().expect("spawn");
     let zpid = child.id();
     await_cond("the zombie", || stat_field(zpid, 0).as_deref() == Some("Z"));
-    let o = env.run(&[
-        "snapshot",
-        "--json",
-        "--no-nvml",
-        "--device-glob",
-        &env.glob(),
-    ]);
+    let o = env.local_snapshot();
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     let h = &v["hosts"][0];
     assert!(
@@ -251,10 +270,7 @@ fn reused_pid_is_refused_through_the_library() {
     };
     let mut child = Command::new("sleep").arg("300").spawn().expect("sleep");
     let pid = child.id();
-    let start: u64 = stat_field(pid, 19)
-        .expect("starttime")
-        .parse()
-        .expect("num");
+    let start = start_time(pid);
     // The PID now names a process that started at another time: exactly what a reused PID looks like.
     let stale = SignalRequest {
         targets: vec![TargetInfo {
@@ -313,10 +329,7 @@ fn an_unwritable_audit_log_means_no_signal() {
     use gpusweep::core::signal::{Fate, Sig, SignalRequest, TargetInfo};
     let mut child = Command::new("sleep").arg("300").spawn().expect("sleep");
     let pid = child.id();
-    let start: u64 = stat_field(pid, 19)
-        .expect("starttime")
-        .parse()
-        .expect("num");
+    let start = start_time(pid);
     let audit = AuditLog {
         path: Some(PathBuf::from("/proc/version/actions.jsonl")),
     };
@@ -563,10 +576,7 @@ fn deliver_escalates_term_to_kill_on_a_process_that_ignores_term() {
     await_cond("the child to exec sleep", || {
         std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
     });
-    let start: u64 = stat_field(pid, 19)
-        .expect("starttime")
-        .parse()
-        .expect("num");
+    let start = start_time(pid);
     let req = SignalRequest {
         targets: vec![TargetInfo {
             pid,
@@ -926,13 +936,7 @@ fn inside_a_pid_namespace_gpusweep_says_so() {
         "{}",
         text(&o)
     );
-    let o = env.run(&[
-        "snapshot",
-        "--json",
-        "--no-nvml",
-        "--device-glob",
-        &env.glob(),
-    ]);
+    let o = env.local_snapshot();
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!(v["hosts"][0]["in_child_pid_namespace"], false);
 
@@ -953,24 +957,12 @@ fn inside_a_pid_namespace_gpusweep_says_so() {
     let unshare = boxed.id();
     let mut inner = None;
     await_cond("the boxed holder", || {
-        inner = std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children"))
-            .ok()
-            .and_then(|c| {
-                c.split_whitespace()
-                    .next()
-                    .and_then(|p| p.parse::<u32>().ok())
-            })
+        inner = first_child(unshare)
             .filter(|p| std::fs::read_link(format!("/proc/{p}/fd/0")).is_ok_and(|l| l == dev));
         inner.is_some()
     });
     let holder = inner.expect("holder");
-    let o = env.run(&[
-        "snapshot",
-        "--json",
-        "--no-nvml",
-        "--device-glob",
-        &env.glob(),
-    ]);
+    let o = env.local_snapshot();
     let _ = boxed.kill();
     let _ = boxed.wait();
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
@@ -1165,10 +1157,7 @@ fn a_pid_reused_within_one_tick_is_told_apart_by_its_pidfs_inode() {
     };
     let mut child = Command::new("sleep").arg("300").spawn().expect("sleep");
     let pid = child.id();
-    let start: u64 = stat_field(pid, 19)
-        .expect("starttime")
-        .parse()
-        .expect("num");
+    let start = start_time(pid);
     let target = |pidfs_ino| SignalRequest {
         targets: vec![TargetInfo {
             pid,
@@ -1235,13 +1224,7 @@ fn a_holder_in_state_d_is_reported_as_unkillable_with_its_wchan() {
     let dev = env.device();
     let pid = orphan_holding(&dev);
     let frozen = Frozen::new(pid);
-    let o = env.run(&[
-        "snapshot",
-        "--json",
-        "--no-nvml",
-        "--device-glob",
-        &env.glob(),
-    ]);
+    let o = env.local_snapshot();
     let v: serde_json::Value =
         serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
     let f = v["hosts"][0]["findings"]
@@ -1370,22 +1353,9 @@ fn a_zombie_adopted_by_a_pid_1_that_never_reaps_is_not_promised_a_reaping() {
     let unshare = boxed.id();
     let mut init = None;
     await_cond("the namespace's zombie", || {
-        init = std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children"))
-            .ok()
-            .and_then(|c| {
-                c.split_whitespace()
-                    .next()
-                    .and_then(|p| p.parse::<u32>().ok())
-            });
+        init = first_child(unshare);
         init.is_some_and(|i| {
-            std::fs::read_to_string(format!("/proc/{i}/task/{i}/children"))
-                .ok()
-                .and_then(|c| {
-                    c.split_whitespace()
-                        .next()
-                        .and_then(|z| z.parse::<u32>().ok())
-                })
-                .is_some_and(|z| stat_field(z, 0).as_deref() == Some("Z"))
+            first_child(i).is_some_and(|z| stat_field(z, 0).as_deref() == Some("Z"))
         })
     });
     let init = init.expect("init");

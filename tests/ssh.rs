@@ -711,6 +711,21 @@ fn ssh_config_options_are_honoured_or_refused_by_name() {
     assert!(json(&o)["hosts"][0]["error"].is_null(), "{}", text(&o));
 }
 
+/// A snapshot of host 1 where gpusweep is not installed, with --deploy.
+fn deploy_snapshot(s: &Sshd) -> Output {
+    s.run(
+        "gpusweep-not-installed-here agent",
+        &[
+            "snapshot",
+            "--json",
+            "--hosts",
+            &s.host(1),
+            "--deploy",
+            "--no-nvml",
+        ],
+    )
+}
+
 #[test]
 fn deploy_uploads_through_a_fresh_name_and_runs_what_it_verified() {
     use std::os::unix::fs::PermissionsExt;
@@ -732,17 +747,7 @@ fn deploy_uploads_through_a_fresh_name_and_runs_what_it_verified() {
     let name = format!("gpusweep-{version}-{sum}");
     std::os::unix::fs::symlink(&victim, cache.join(format!("{name}.tmp"))).expect("link");
     std::os::unix::fs::symlink(&victim, cache.join(&name)).expect("link");
-    let o = s.run(
-        "gpusweep-not-installed-here agent",
-        &[
-            "snapshot",
-            "--json",
-            "--hosts",
-            &s.host(1),
-            "--deploy",
-            "--no-nvml",
-        ],
-    );
+    let o = deploy_snapshot(&s);
     let v = json(&o);
     assert!(v["hosts"][0]["error"].is_null(), "{}", text(&o));
     assert_eq!(v["hosts"][0]["source"], "agent", "{v}");
@@ -764,17 +769,7 @@ fn deploy_uploads_through_a_fresh_name_and_runs_what_it_verified() {
         .expect("meta")
         .modified()
         .expect("mtime");
-    let o = s.run(
-        "gpusweep-not-installed-here agent",
-        &[
-            "snapshot",
-            "--json",
-            "--hosts",
-            &s.host(1),
-            "--deploy",
-            "--no-nvml",
-        ],
-    );
+    let o = deploy_snapshot(&s);
     assert!(json(&o)["hosts"][0]["error"].is_null(), "{}", text(&o));
     assert_eq!(
         std::fs::metadata(&placed)

@@ -12,6 +12,20 @@ struct Tmux {
 }
 
 impl Tmux {
+    /// A tmux server of its own (named after `tag` and this test process) running `cmd` in a `cols`x`rows` pane.
+    fn start(tag: &str, cols: u16, rows: u16, cmd: &str) -> Tmux {
+        let t = Tmux {
+            socket: format!("gpusweep-{tag}-{}", std::process::id()),
+        };
+        let (x, y) = (cols.to_string(), rows.to_string());
+        let o = t.cmd(&["new-session", "-d", "-s", "gs", "-x", &x, "-y", &y, cmd]);
+        assert!(
+            o.status.success(),
+            "tmux new-session: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        t
+    }
     fn cmd(&self, args: &[&str]) -> std::process::Output {
         Command::new("tmux")
             .arg("-L")
@@ -54,30 +68,12 @@ impl Drop for Tmux {
 #[test]
 fn demo_open_gpu_b_sweep_confirm_and_see_all_zero() {
     let dir = tempfile::tempdir().expect("tmp");
-    let t = Tmux {
-        socket: format!("gpusweep-test-{}", std::process::id()),
-    };
     let bin = env!("CARGO_BIN_EXE_gpusweep");
     let cmd = format!(
         "GPUSWEEP_CONFIG={0}/none.toml GPUSWEEP_AUDIT_LOG={0}/a.jsonl {bin} --demo; echo EXITED $?; sleep 30",
         dir.path().display()
     );
-    let o = t.cmd(&[
-        "new-session",
-        "-d",
-        "-s",
-        "gs",
-        "-x",
-        "160",
-        "-y",
-        "48",
-        &cmd,
-    ]);
-    assert!(
-        o.status.success(),
-        "tmux new-session: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let t = Tmux::start("test", 160, 48, &cmd);
     t.await_text("gpu-b [······");
     t.keys(&["j", "Enter"]);
     t.await_text("▶ GPUs on gpu-b");
@@ -102,27 +98,13 @@ fn demo_open_gpu_b_sweep_confirm_and_see_all_zero() {
 #[test]
 fn wait_progress_is_one_line_redrawn_in_place_at_80_columns() {
     let dir = tempfile::tempdir().expect("tmp");
-    let t = Tmux {
-        socket: format!("gpusweep-wait-{}", std::process::id()),
-    };
     let bin = env!("CARGO_BIN_EXE_gpusweep");
     // The demo cluster is never all clean: `wait` redraws its progress until the timeout.
     let cmd = format!(
         "GPUSWEEP_CONFIG={0}/none.toml {bin} wait --demo --timeout 3s --poll 50ms; echo EXITED $?; sleep 30",
         dir.path().display()
     );
-    let o = t.cmd(&[
-        "new-session",
-        "-d",
-        "-s",
-        "gs",
-        "-x",
-        "80",
-        "-y",
-        "40",
-        &cmd,
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let t = Tmux::start("wait", 80, 40, &cmd);
     let screen = t.await_text("EXITED");
     let before: Vec<&str> = screen
         .lines()
