@@ -47,6 +47,9 @@ impl Demo {
             AnalyzeOptions::default(),
             false,
         );
+        let mut app = app;
+        // As `new_app` starts it on the demo cluster.
+        app.cfg.demo = true;
         let mut d = Demo { app, hosts, t };
         for s in 0..=secs {
             d.at(s * 1000);
@@ -128,6 +131,13 @@ fn screen_kill_dialog() {
         matches!(&d.app.dialog, Some(Dialog::Kill { target, signal: Sig::Term, .. }) if target.pid == 7306)
     );
     both("kill_dialog", &mut d);
+    // The demo never passes for a real cluster: the mark is in the header and in the dialog, at any size.
+    for (w, h) in [(80, 24), (160, 48)] {
+        let screen = d.screen(w, h);
+        let first = screen.lines().next().unwrap_or_default();
+        assert!(first.contains("gpusweep DEMO"), "{screen}");
+        assert!(screen.contains("DEMO: simulated"), "{screen}");
+    }
     d.key(KeyCode::Tab);
     assert!(matches!(
         &d.app.dialog,

@@ -130,6 +130,8 @@ pub struct AppConfig {
     pub keymap: Keymap,
     pub analyze: AnalyzeOptions,
     pub color: bool,
+    /// The simulated cluster: marked on every screen and dialog, so it never passes for a real one.
+    pub demo: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -231,6 +233,7 @@ impl App {
                 keymap,
                 analyze,
                 color,
+                demo: false,
             },
             next_id: 1,
             pending: HashMap::new(),

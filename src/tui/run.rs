@@ -32,6 +32,7 @@ pub fn new_app(s: &Settings, labels: Vec<String>) -> anyhow::Result<App> {
     let keymap = Keymap::with_overrides(&s.config.keys).map_err(|e| anyhow!("config: {e}"))?;
     let color = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let mut app = App::new(labels, s.fleet.interval, keymap, s.fleet.analyze, color);
+    app.cfg.demo = s.demo;
     for (h, spec) in app.hosts.iter_mut().zip(&s.specs) {
         h.protected = protected_for(Some(spec));
     }

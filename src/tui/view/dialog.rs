@@ -83,7 +83,11 @@ pub fn render(app: &App, f: &mut Frame) {
             f.render_widget(
                 Paragraph::new(lines).block(
                     Block::bordered()
-                        .title(" Kill process ")
+                        .title(if app.cfg.demo {
+                            " Kill process (DEMO: simulated, no real process) "
+                        } else {
+                            " Kill process "
+                        })
                         .border_style(fg(app, Color::Red)),
                 ),
                 r,
@@ -159,7 +163,11 @@ pub fn render(app: &App, f: &mut Frame) {
             f.render_widget(
                 Paragraph::new(lines).block(
                     Block::bordered()
-                        .title(" Sweep ")
+                        .title(if app.cfg.demo {
+                            " Sweep (DEMO: simulated, no real process) "
+                        } else {
+                            " Sweep "
+                        })
                         .border_style(fg(app, Color::Red)),
                 ),
                 r,

@@ -10,6 +10,16 @@ use super::{fg, truncate};
 use crate::core::format::{fmt_ms, fmt_secs};
 use crate::tui::app::App;
 
+/// The name, and on the simulated cluster a DEMO mark that no key or status line replaces.
+fn title(app: &App) -> Span<'static> {
+    let style = fg(app, Color::Black).add_modifier(Modifier::BOLD);
+    if app.cfg.demo {
+        Span::styled(" gpusweep DEMO ", style.bg_if(app, Color::Magenta))
+    } else {
+        Span::styled(" gpusweep ", style.bg_if(app, Color::Cyan))
+    }
+}
+
 pub fn render(app: &App, f: &mut Frame, area: Rect, banner: Rect) {
     let (clean, inuse, leak, unknown) = app.counts();
     let total = clean + inuse + leak + unknown;
@@ -29,12 +39,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, banner: Rect) {
             None => "no sweep".into(),
         };
         let line = Line::from(vec![
-            Span::styled(
-                " gpusweep ",
-                fg(app, Color::Black)
-                    .bg_if(app, Color::Cyan)
-                    .add_modifier(Modifier::BOLD),
-            ),
+            title(app),
             Span::raw(format!(" {}h {total} GPUs ", app.hosts.len())),
             Span::styled(format!("{clean}✓ "), fg(app, Color::Green)),
             Span::styled(format!("{inuse}● "), fg(app, Color::Cyan)),
@@ -72,12 +77,7 @@ fn render_wide(
 ) {
     let total = clean + inuse + leak + unknown;
     let mut spans = vec![
-        Span::styled(
-            " gpusweep ",
-            fg(app, Color::Black)
-                .bg_if(app, Color::Cyan)
-                .add_modifier(Modifier::BOLD),
-        ),
+        title(app),
         Span::raw(format!(
             " {} host{} │ {total} GPUs: ",
             app.hosts.len(),
