@@ -12,11 +12,20 @@ use crate::tui::app::App;
 
 /// The name, and on the simulated cluster a DEMO mark that no key or status line replaces.
 fn title(app: &App) -> Span<'static> {
-    let style = fg(app, Color::Black).add_modifier(Modifier::BOLD);
     if app.cfg.demo {
-        Span::styled(" gpusweep DEMO ", style.bg_if(app, Color::Magenta))
+        Span::styled(
+            " gpusweep DEMO ",
+            fg(app, Color::White)
+                .bg_if(app, Color::Magenta)
+                .add_modifier(Modifier::BOLD),
+        )
     } else {
-        Span::styled(" gpusweep ", style.bg_if(app, Color::Cyan))
+        Span::styled(
+            " gpusweep ",
+            fg(app, Color::Black)
+                .bg_if(app, Color::Cyan)
+                .add_modifier(Modifier::BOLD),
+        )
     }
 }
 
