@@ -15,6 +15,7 @@ use crate::act::Deliverer;
 use crate::core::format::millis;
 use crate::core::model::HostSnapshot;
 use crate::core::protocol::{AgentCmd, AgentMsg, MAX_LINE_BYTES, MIN_INTERVAL, PROTOCOL};
+use crate::core::removal::RemovalOutcome;
 use crate::core::signal::Outcome;
 use crate::runtime::poll;
 use crate::source::{ConnStatus, HostCmd, Sink, Source};
@@ -49,6 +50,9 @@ impl Sink for StdoutSink {
     }
     fn outcomes(&self, id: u64, outcomes: Vec<Outcome>) -> bool {
         emit(&self.0, &AgentMsg::Outcomes { id, outcomes })
+    }
+    fn removals(&self, id: u64, outcomes: Vec<RemovalOutcome>) -> bool {
+        emit(&self.0, &AgentMsg::Removals { id, outcomes })
     }
 }
 
@@ -87,6 +91,7 @@ fn read_commands(out: &Out, tx: &mpsc::SyncSender<HostCmd>) {
                 HostCmd::Interval(Duration::from_millis(ms).max(MIN_INTERVAL))
             }
             Ok(AgentCmd::Signal { id, request }) => HostCmd::Signal { id, req: request },
+            Ok(AgentCmd::Remove { id, request }) => HostCmd::Remove { id, req: request },
             Err(e) => {
                 emit(
                     out,

@@ -325,18 +325,21 @@ fn shm_leftovers_only_when_nobody_uses_them() {
                 bytes: 33_554_432,
                 age_s: Some(60),
                 users: Some(vec![]),
+                ..Default::default()
             },
             ShmSegment {
                 name: "nccl-live".into(),
                 bytes: 33_554_432,
                 age_s: Some(60),
                 users: Some(vec![123]),
+                ..Default::default()
             },
             ShmSegment {
                 name: "nccl-unknown".into(),
                 bytes: 1,
                 age_s: None,
                 users: None,
+                ..Default::default()
             },
         ],
         ..Default::default()

@@ -92,6 +92,14 @@ impl Demo {
     }
 }
 
+/// The effects that reach hosts (not the events-file records).
+fn sent(eff: &[Effect]) -> Vec<Effect> {
+    eff.iter()
+        .filter(|e| matches!(e, Effect::Send(..) | Effect::Broadcast(..)))
+        .cloned()
+        .collect()
+}
+
 fn both(name: &str, d: &mut Demo) {
     for (w, h) in [(80u16, 24u16), (160, 48)] {
         d.app.update(Action::Resize(w, h));
@@ -257,15 +265,16 @@ fn reducer_protects_pid_1_and_explains_zombies() {
         .expect("zombie row");
     d.app.sel.proc = zombie;
     d.ch('K');
-    assert!(d.app.dialog.is_none());
-    assert!(
-        d.app
-            .status
-            .as_ref()
-            .expect("status")
-            .0
-            .contains("kill its parent 7340")
-    );
+    // A zombie cannot be killed: the dialog offers its parent and says why.
+    match &d.app.dialog {
+        Some(Dialog::Kill { target, note, .. }) => {
+            assert_eq!(target.pid, 7340);
+            let n = note.as_deref().expect("a note");
+            assert!(n.contains("7350 is a zombie") && n.contains("7340"), "{n}");
+        }
+        other => panic!("{other:?}"),
+    }
+    d.key(KeyCode::Esc);
     let ghost = d
         .app
         .process_rows()
@@ -274,10 +283,15 @@ fn reducer_protects_pid_1_and_explains_zombies() {
         .expect("ghost row");
     d.app.sel.proc = ghost;
     d.ch('K');
-    assert!(
-        d.app.dialog.is_none(),
-        "a dead PID is never offered for a kill"
-    );
+    // A dead PID is never signalled: the holder that keeps its memory alive is offered, by name.
+    match &d.app.dialog {
+        Some(Dialog::Kill { target, note, .. }) => {
+            assert_eq!(target.pid, 7391);
+            assert!(note.as_deref().is_some_and(|n| n.contains("7307 is gone")));
+        }
+        other => panic!("{other:?}"),
+    }
+    d.key(KeyCode::Esc);
     d.app.hosts[1].protected = Protected::local(7391, []);
     d.app.sel.proc = d
         .app
@@ -303,7 +317,7 @@ fn reducer_kill_sends_the_confirmed_target_and_reports() {
     d.ch('K');
     d.key(KeyCode::Tab); // KILL now
     let eff = d.key(KeyCode::Enter);
-    match &eff[..] {
+    match &sent(&eff)[..] {
         [Effect::Send(HostId(1), HostCmd::Signal { req, .. })] => {
             assert_eq!(req.signal, Sig::Kill);
             assert_eq!(req.grace_ms, None);
@@ -380,4 +394,250 @@ fn reducer_navigation_sort_quit_and_mouse() {
         KeyModifiers::CONTROL,
     )));
     assert!(d.app.quit);
+}
+
+/// gpu-b swept and re-watched until its GPUs read zero, as the event loop would drive it.
+fn swept_gpu_b() -> (Demo, Vec<Effect>) {
+    let mut d = gpu_b();
+    d.ch('S');
+    d.key(KeyCode::Tab);
+    d.at(31_000);
+    let eff = d.key(KeyCode::Enter);
+    d.run_effects(&eff);
+    d.at(31_050);
+    d.poll();
+    d.at(31_100);
+    let eff = d.poll();
+    (d, eff)
+}
+
+#[test]
+fn screen_timeline_records_signals_fates_and_the_time_to_clean() {
+    let (mut d, eff) = swept_gpu_b();
+    assert!(
+        eff.contains(&Effect::DrawNow),
+        "the reading that completes the watch is drawn at once: {eff:?}"
+    );
+    let logged: Vec<String> = d
+        .app
+        .timeline
+        .iter()
+        .map(gpusweep::core::event::Event::describe)
+        .collect();
+    let has = |s: &str| logged.iter().any(|l| l.contains(s));
+    assert!(has("→ sweep: TERM to 7306, 7391"), "{logged:#?}");
+    assert!(has("← 7306"), "{logged:#?}");
+    assert!(
+        has("GPU 6 reads clean, 100 ms after the first signal"),
+        "{logged:#?}"
+    );
+    assert!(has("gpu-b: all zero after 100 ms"), "{logged:#?}");
+    assert!(has("- process 7306 exited from GPU 6"), "{logged:#?}");
+    assert!(has("cleared ghost"), "{logged:#?}");
+    // The events file gets the same events, as effects of the updates that made them.
+    assert!(
+        eff.iter()
+            .any(|e| matches!(e, Effect::Log(ev) if ev.describe().contains("all zero")))
+    );
+    d.ch('e');
+    assert!(d.app.timeline_open);
+    both("timeline", &mut d);
+    d.ch('k');
+    assert_eq!(d.app.timeline_scroll, 1, "k scrolls back");
+    d.key(KeyCode::Esc);
+    assert!(!d.app.timeline_open);
+}
+
+#[test]
+fn screen_the_banner_stays_at_40x10() {
+    let (mut d, _) = swept_gpu_b();
+    d.app.update(Action::Resize(40, 10));
+    let s = d.screen(40, 10);
+    insta::assert_snapshot!("all_zero_banner_40x10", s);
+    assert!(s.contains("✓ all 8 GPUs read zero after 100 ms"), "{s}");
+    assert!(s.lines().next().unwrap_or("").contains("DEMO"), "{s}");
+}
+
+#[test]
+fn screen_chart_of_the_warm_up() {
+    let mut d = Demo::new(90);
+    d.ch('c');
+    assert!(d.app.chart_open);
+    both("chart", &mut d);
+    // With the GPU panel focused, only the selected GPU's line.
+    d.key(KeyCode::Enter);
+    d.ch('j');
+    let s = d.screen(160, 48);
+    assert!(s.contains("Memory of GPU 1 on gpu-a"), "{s}");
+    d.ch('c');
+    assert!(!d.app.chart_open);
+}
+
+#[test]
+fn screen_finding_details_show_the_evidence() {
+    let mut d = gpu_b();
+    d.key(KeyCode::Tab);
+    d.key(KeyCode::Tab);
+    assert_eq!(d.app.sel.focus, Panel::Findings);
+    let ghost = d
+        .app
+        .snap()
+        .expect("reading")
+        .findings
+        .iter()
+        .position(|f| f.kind == gpusweep::core::model::FindingKind::Ghost)
+        .expect("ghost finding");
+    d.app.sel.finding = ghost;
+    d.key(KeyCode::Enter);
+    assert!(matches!(d.app.dialog, Some(Dialog::Finding { .. })));
+    both("finding_details", &mut d);
+    let s = d.screen(160, 48);
+    for want in [
+        "acts on 7391",
+        "parents 7391",
+        "→ 1 ",
+        "open    /dev/nvidia7",
+        "held    for at least",
+    ] {
+        assert!(s.contains(want), "{want:?} in\n{s}");
+    }
+    // K from the details offers the holder the ghost stands for.
+    d.ch('K');
+    assert!(matches!(&d.app.dialog, Some(Dialog::Kill { target, .. }) if target.pid == 7391));
+}
+
+#[test]
+fn screen_shm_confirmation_then_no_leftovers() {
+    let mut d = gpu_b();
+    d.ch('D');
+    match &d.app.dialog {
+        Some(Dialog::Remove { files, .. }) => assert_eq!(files.len(), 3),
+        other => panic!("{other:?}"),
+    }
+    both("shm_confirmation", &mut d);
+    let eff = d.key(KeyCode::Enter);
+    let Some(Effect::Send(h, HostCmd::Remove { id, req })) = sent(&eff).into_iter().next() else {
+        panic!("{eff:?}")
+    };
+    let out = d.hosts[h.0].remove(&req);
+    d.app.update(Action::Removals(h, id, out));
+    d.poll();
+    let s = d.app.snap().expect("reading");
+    assert!(
+        !s.findings
+            .iter()
+            .any(|f| f.kind == gpusweep::core::model::FindingKind::ShmLeftover),
+        "{:?}",
+        s.findings
+    );
+    assert!(
+        d.app
+            .timeline
+            .iter()
+            .any(|e| e.describe().contains("rm removed /dev/shm/nccl-7f3a2c"))
+    );
+    d.ch('D');
+    assert!(d.app.dialog.is_none());
+    assert!(
+        d.app
+            .status
+            .as_ref()
+            .is_some_and(|(m, _)| m.contains("no /dev/shm leftovers"))
+    );
+}
+
+#[test]
+fn screen_readonly_hides_and_refuses_actions() {
+    let mut d = gpu_b();
+    d.app.cfg.readonly = true;
+    d.key(KeyCode::Tab);
+    for c in ['K', 'S', 'D'] {
+        let eff = d.ch(c);
+        assert!(d.app.dialog.is_none() && sent(&eff).is_empty(), "{c}");
+        assert!(
+            d.app
+                .status
+                .as_ref()
+                .is_some_and(|(m, _)| m.starts_with("read-only"))
+        );
+    }
+    d.app.status = None;
+    both("readonly", &mut d);
+    let s = d.screen(160, 48);
+    assert!(
+        !s.contains("K kill") && !s.contains("S sweep") && s.contains("read-only"),
+        "{s}"
+    );
+}
+
+#[test]
+fn screen_kill_dialog_warns_about_a_benign_holder() {
+    let mut d = gpu_b();
+    d.key(KeyCode::Tab);
+    let row = d
+        .app
+        .process_rows()
+        .iter()
+        .position(|r| r.marks.contains(&gpusweep::core::model::Mark::Benign))
+        .expect("benign row");
+    d.app.sel.proc = row;
+    d.ch('K');
+    assert!(
+        matches!(&d.app.dialog, Some(Dialog::Kill { note: Some(n), .. }) if n.starts_with("benign")),
+        "{:?}",
+        d.app.dialog
+    );
+    both("kill_benign", &mut d);
+}
+
+#[test]
+fn reducer_a_silent_host_is_reported_after_the_connect_timeout() {
+    let mut app = App::new(
+        vec!["quiet".into()],
+        Duration::from_secs(1),
+        Keymap::default(),
+        AnalyzeOptions::default(),
+        false,
+    );
+    app.update(Action::Tick(BASE_MS));
+    app.update(Action::Resize(100, 24));
+    let render = |app: &App| {
+        let mut term = Terminal::new(TestBackend::new(100, 24)).expect("terminal");
+        term.draw(|f| view::render(app, f)).expect("draw");
+        term.backend().to_string()
+    };
+    assert!(render(&app).contains("connecting…"));
+    app.update(Action::Tick(BASE_MS + 10_000));
+    let s = render(&app);
+    assert!(s.contains("no reading within 10s; still trying"), "{s}");
+    assert!(s.contains("1 ✗"), "the header counts it: {s}");
+    app.update(Action::Status(
+        HostId(0),
+        ConnStatus::Down("no hello from the agent within 10s".into()),
+    ));
+    let s = render(&app);
+    assert!(s.contains("retrying"), "{s}");
+    assert!(
+        app.timeline
+            .iter()
+            .any(|e| e.describe().contains("host down"))
+    );
+}
+
+#[test]
+fn reducer_w_on_an_opened_host_watches_that_host() {
+    let mut d = gpu_b();
+    d.ch('w');
+    assert_eq!(
+        d.app.rewatch.as_ref().map(|r| r.label.as_str()),
+        Some("gpu-b")
+    );
+    d.key(KeyCode::Esc);
+    d.key(KeyCode::Esc);
+    assert_eq!(d.app.sel.focus, Panel::Hosts);
+    d.ch('w');
+    assert_eq!(
+        d.app.rewatch.as_ref().map(|r| r.label.as_str()),
+        Some("every host")
+    );
 }

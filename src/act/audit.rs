@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
+use crate::core::removal::ShmFile;
 use crate::core::signal::{Sig, TargetInfo};
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -74,8 +75,7 @@ impl AuditLog {
         method: &str,
         result: &str,
     ) -> Result<(), AuditError> {
-        let mut f = self.open()?;
-        let mut line = serde_json::json!({
+        self.append(&serde_json::json!({
             "time": humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
             "host": host,
             "pid": t.pid,
@@ -85,9 +85,32 @@ impl AuditLog {
             "signal": signal.name(),
             "method": method,
             "result": result,
-        })
-        .to_string()
-        .into_bytes();
+        }))
+    }
+
+    /// The record of a /dev/shm removal, by the identity it is checked against (device and inode).
+    pub fn record_removal(
+        &self,
+        host: &str,
+        path: &str,
+        file: &ShmFile,
+        result: &str,
+    ) -> Result<(), AuditError> {
+        self.append(&serde_json::json!({
+            "time": humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+            "host": host,
+            "action": "remove",
+            "path": path,
+            "dev": file.dev,
+            "ino": file.ino,
+            "bytes": file.bytes,
+            "result": result,
+        }))
+    }
+
+    fn append(&self, record: &serde_json::Value) -> Result<(), AuditError> {
+        let mut f = self.open()?;
+        let mut line = record.to_string().into_bytes();
         line.push(b'\n');
         let n = f
             .write(&line)

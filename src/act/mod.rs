@@ -8,6 +8,7 @@ pub mod own;
 #[allow(unsafe_code)] // raw syscalls: pidfd_open, pidfd_send_signal, poll
 pub mod pidfd;
 pub mod protect;
+pub mod shm;
 
 pub use audit::AuditLog;
 pub use deliver::deliver;

@@ -2,6 +2,7 @@
 //! are DESIGN's: ghost, hidden holder, residual, orphan, zombie, shm leftover, smem limit (and not_visible for
 //! PIDs another PID namespace owns). The runtime calls `analyzed` once per reading, for every host.
 
+pub mod events;
 pub mod findings;
 pub mod plan;
 pub mod state;

@@ -49,21 +49,32 @@ fn signal_arg(s: &str) -> Result<Sig, String> {
 
 pub const EXIT_CODES: &str = "\
 Exit codes:
-  0  success; for `wait` and `sweep`: every chosen GPU of every host was read and is clean
-  1  `wait`/`sweep` timed out with memory still held (what holds it is printed); `sweep --no-wait`,
-     `kill`: a target could not be signalled (refused, failed, still running after KILL)
-  2  error: bad arguments or config; a host that could not be read; a host whose GPUs cannot be read
-     (no driver) unless --no-nvml; a GPU index or UUID a host lacks; or the action was not confirmed
+  0  success; `wait`, `sweep`: every chosen GPU of every host was read and
+     is clean; `smem --tile`: the tile fits every capability shown
+  1  `wait`/`sweep` timed out with memory still held (the holders are
+     printed); `sweep --no-wait`, `kill`: a target could not be signalled
+     (refused, failed, still there after KILL); `smem --tile`: it does not fit
+  2  error: bad arguments or config; a host that could not be read; GPUs that
+     cannot be read (no driver) unless --no-nvml; a GPU a host lacks; the
+     action was not confirmed; --readonly refused it
+  129/130/143  ended by HUP, INT or TERM (128 + the signal)
 
 Findings:
-  ghost          NVML charges memory to a PID that is gone (or reused): kill the holder it names
-  hidden_holder  a live process has the GPU open, is not listed, and memory is unexplained: kill it
-  residual       used memory no live listed process accounts for: sweep the GPU
-  orphan         a GPU holder whose launcher died (reparented to PID 1): kill it if its job is over
+  ghost          NVML charges memory to a PID that is gone: kill the holder
+                 it names
+  hidden_holder  a live process holds the GPU, unlisted, and memory is
+                 unexplained: kill it
+  residual       used memory no live listed process accounts for: sweep it
+  orphan         a GPU holder whose launcher died (reparented to PID 1): kill
+                 it if its job is over
   zombie         state Z, holds nothing: its parent (named) must reap it
-  shm_leftover   a /dev/shm nccl-*/torch_*/psm_*/sem.* file nobody has open or mapped: rm it
-  smem_limit     less shared memory per block than Hopper's 227 KB: check tiles with `gpusweep smem`
-  not_visible    a listed PID in another PID namespace: run gpusweep on the host";
+  unkillable     a GPU holder in state D: no signal ends it until its I/O
+                 returns
+  shm_leftover   a /dev/shm nccl-*/torch_*/psm_*/sem.* file nobody has open
+                 or mapped: `gpusweep shm clean`
+  smem_limit     less shared memory per block than Hopper's 227 KB: check
+                 tiles with `gpusweep smem`
+  not_visible    a listed PID in another PID namespace: run gpusweep there";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -165,6 +176,25 @@ pub struct Global {
     /// start time instead of refusing. A PID reused in that window could be hit; the audit log says so.
     #[arg(help_heading = "Global options", long, global = true)]
     pub kill_without_pidfd: bool,
+    /// No kill, sweep or removal (their keys hidden in the TUI): for shared monitoring screens. Config: readonly.
+    #[arg(help_heading = "Global options", long, global = true)]
+    pub readonly: bool,
+    /// TUI: append every timeline event to FILE as JSON lines (a session to replay or attach to a report).
+    #[arg(
+        help_heading = "Global options",
+        long,
+        global = true,
+        value_name = "FILE"
+    )]
+    pub events: Option<PathBuf>,
+    /// The shared-memory directory to watch and clean. Default /dev/shm. Config: shm_dir.
+    #[arg(
+        help_heading = "Global options",
+        long,
+        global = true,
+        value_name = "DIR"
+    )]
+    pub shm_dir: Option<PathBuf>,
     /// Seconds to wait for a host's first reading (1 to 86400). Default 10.
     #[arg(help_heading = "Global options", long, global = true, value_name = "SECS", allow_hyphen_values = true,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
@@ -232,6 +262,7 @@ pub enum Command {
         /// Wait this long for exit, then KILL. Default: do not wait.
         #[arg(long, value_name = "DUR", value_parser = duration_arg, allow_hyphen_values = true)]
         grace: Option<Duration>,
+        /// Do not ask (required when stdin is not a terminal).
         #[arg(long, short = 'y')]
         yes: bool,
     },
@@ -258,11 +289,38 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// /dev/shm leftovers of the GPU stack (nccl-*, torch_*, psm_*, sem.*...).
+    Shm {
+        #[command(subcommand)]
+        action: ShmAction,
+    },
+    /// Print a shell completion script: `gpusweep completions bash > ~/.local/share/bash-completion/completions/gpusweep`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff): `gpusweep man > ~/.local/share/man/man1/gpusweep.1`.
+    Man,
     /// The remote end: JSON snapshots on stdout, one per line; commands on stdin.
     Agent {
         /// Which simulated host to serve with --demo.
         #[arg(long, default_value = "gpu-b")]
         demo_host: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ShmAction {
+    /// Remove the files no live process has open or mapped, on every chosen host, after a confirmation.
+    /// Each is re-checked at removal (same inode, a plain file, still unused) and logged in the audit log.
+    /// Exit 0 removed (or nothing to remove), 1 a file refused or failed, 2 a host unreadable or not confirmed.
+    Clean {
+        /// List what would be removed and remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Do not ask (required when stdin is not a terminal).
+        #[arg(long, short = 'y')]
+        yes: bool,
     },
 }
 
@@ -286,6 +344,9 @@ impl Global {
             identities: self.identities.clone(),
             connect_timeout: self.connect_timeout,
             kill_without_pidfd: self.kill_without_pidfd,
+            readonly: self.readonly,
+            events: self.events.clone(),
+            shm_dir: self.shm_dir.clone(),
         }
     }
 

@@ -70,7 +70,7 @@ pub fn confirm(question: &str, yes: bool) -> anyhow::Result<bool> {
         return Ok(true);
     }
     if !std::io::stdin().is_terminal() {
-        bail!("refusing to signal without --yes: stdin is not a terminal");
+        bail!("refusing without --yes: stdin is not a terminal, so nobody can confirm");
     }
     eprint!("{question} [y/N] ");
     std::io::stderr().flush()?;

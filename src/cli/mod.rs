@@ -4,16 +4,18 @@
 pub mod args;
 pub mod common;
 pub mod kill;
+pub mod shm;
 pub mod smem;
 pub mod snapshot;
 pub mod sweep;
 pub mod wait;
 
-pub use args::{Cli, Command, EXIT_CODES, Global};
+pub use args::{Cli, Command, EXIT_CODES, Global, ShmAction};
 
 use crate::runtime::Settings;
 
 /// Run a subcommand other than the TUI and the agent (those are front ends of their own).
+#[allow(clippy::too_many_lines)] // one arm per subcommand, each only unpacking its arguments
 pub fn run(s: &Settings, cmd: Command, explicit_hosts: bool) -> anyhow::Result<i32> {
     match cmd {
         Command::Snapshot { json } => snapshot::run(s, json),
@@ -31,6 +33,11 @@ pub fn run(s: &Settings, cmd: Command, explicit_hosts: bool) -> anyhow::Result<i
                 poll,
             },
         ),
+        Command::Sweep { dry_run: false, .. } | Command::Kill { .. } if s.readonly => {
+            anyhow::bail!(
+                "read-only (--readonly / readonly = true): no kill or sweep; `sweep --dry-run` shows the plan"
+            )
+        }
         Command::Sweep {
             gpus,
             grace,
@@ -86,6 +93,23 @@ pub fn run(s: &Settings, cmd: Command, explicit_hosts: bool) -> anyhow::Result<i
             },
             explicit_hosts,
         ),
+        Command::Shm {
+            action: ShmAction::Clean { dry_run, yes },
+        } => shm::run(s, &shm::CleanArgs { dry_run, yes }),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "gpusweep",
+                &mut std::io::stdout(),
+            );
+            Ok(0)
+        }
+        Command::Man => {
+            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
+                .render(&mut std::io::stdout())?;
+            Ok(0)
+        }
         Command::Agent { .. } => anyhow::bail!("the agent is not a cli subcommand"),
     }
 }

@@ -17,25 +17,26 @@ pub struct SmemArgs {
     pub json: bool,
 }
 
-/// The compute capabilities to show, each with where it was seen: --cc, else the chosen hosts' GPUs, else all.
+/// The compute capabilities to show, each with the GPUs (`host:index`) it was seen on: --cc, else the chosen
+/// hosts' GPUs, else all.
 fn capabilities(
     s: &Settings,
     a: &SmemArgs,
     explicit_hosts: bool,
-) -> anyhow::Result<Vec<(String, String)>> {
-    let mut ccs: Vec<(String, String)> = Vec::new();
-    if let Some(cc) = a.cc.as_deref() {
-        if smem::limits(cc).is_none() {
+) -> anyhow::Result<Vec<(String, Vec<String>)>> {
+    let mut ccs: Vec<(String, Vec<String>)> = Vec::new();
+    if let Some(typed) = a.cc.as_deref() {
+        let Some(cc) = smem::normalize_cc(typed).filter(|c| smem::limits(c).is_some()) else {
             bail!(
-                "--cc {cc}: unknown compute capability (known: {})",
+                "--cc {typed}: unknown compute capability (known: {}; sm_90 and 12 are read as 9.0 and 12.0)",
                 smem::TABLE
                     .iter()
                     .map(|r| r.cc)
                     .collect::<Vec<_>>()
                     .join(", ")
             );
-        }
-        ccs.push((cc.to_string(), String::new()));
+        };
+        ccs.push((cc, Vec::new()));
     } else {
         let rt = runtime()?;
         let snaps = rt.block_on(async {
@@ -53,9 +54,7 @@ fn capabilities(
                 }
             }
         }
-        for (cc, w) in by {
-            ccs.push((cc, w.join(" ")));
-        }
+        ccs.extend(by);
         if ccs.is_empty() {
             if explicit_hosts || s.demo {
                 eprintln!(
@@ -64,17 +63,19 @@ fn capabilities(
             }
             ccs = smem::TABLE
                 .iter()
-                .map(|r| (r.cc.to_string(), String::new()))
+                .map(|r| (r.cc.to_string(), Vec::new()))
                 .collect();
         }
     }
     Ok(ccs)
 }
 
+/// Exit 0 when the tile fits every capability shown (or no tile was asked about), 1 when it does not fit one.
 pub fn run(s: &Settings, a: &SmemArgs, explicit_hosts: bool) -> anyhow::Result<i32> {
     if a.stages == 0 {
         bail!("--stages: at least 1");
     }
+    let mut misfit = false;
     let dtype = a.dtype;
     let tile = a.tile;
     let ccs = capabilities(s, a, explicit_hosts)?;
@@ -87,6 +88,7 @@ pub fn run(s: &Settings, a: &SmemArgs, explicit_hosts: bool) -> anyhow::Result<i
             continue;
         };
         let fit = tile.map(|t| smem::fit(l, t, dtype, a.stages, a.epilogue));
+        misfit |= fit.as_ref().is_some_and(|f| !f.fits);
         rows.push(serde_json::json!({"cc": cc, "gpus": at, "limits": l, "fit": fit}));
         if !a.json {
             println!(
@@ -100,7 +102,7 @@ pub fn run(s: &Settings, a: &SmemArgs, explicit_hosts: bool) -> anyhow::Result<i
                 if at.is_empty() {
                     String::new()
                 } else {
-                    format!("  [{at}]")
+                    format!("  [{}]", at.join(" "))
                 }
             );
             if let Some(f) = &fit {
@@ -123,5 +125,5 @@ pub fn run(s: &Settings, a: &SmemArgs, explicit_hosts: bool) -> anyhow::Result<i
             )?
         );
     }
-    Ok(0)
+    Ok(i32::from(misfit))
 }

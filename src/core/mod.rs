@@ -2,12 +2,14 @@
 //! requests and outcomes, parsers and formatting, shared-memory limits. No I/O beyond reading the host name.
 
 pub mod escape;
+pub mod event;
 pub mod format;
 pub mod host;
 pub mod model;
 pub mod parse;
 pub mod procstat;
 pub mod protocol;
+pub mod removal;
 pub mod signal;
 pub mod smem;
 pub mod trace;

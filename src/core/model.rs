@@ -295,6 +295,9 @@ pub struct Proc {
     /// name for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ns_pid: Option<u32>,
+    /// Its cgroup v2 path (`/proc/PID/cgroup`, the `0::` line): the job, pod, container or unit it runs in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
 }
 
 impl Proc {
@@ -344,6 +347,14 @@ pub struct ShmSegment {
     pub age_s: Option<u64>,
     /// Live PIDs that have it open or mapped; `None` when that could not be checked.
     pub users: Option<Vec<u32>>,
+    /// Device and inode (never following a symlink): what a removal is checked against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dev: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ino: Option<u64>,
+    /// Not a plain file (a symlink, directory, socket...): never removed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub special: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::model::HostSnapshot;
+use super::removal::{RemovalOutcome, RemovalRequest};
 use super::signal::{Outcome, SignalRequest};
 
 /// Bumped on an incompatible change; clients refuse other versions with a clear message.
@@ -32,6 +33,11 @@ pub enum AgentMsg {
         id: u64,
         outcomes: Vec<Outcome>,
     },
+    /// The answer to a `remove` command.
+    Removals {
+        id: u64,
+        outcomes: Vec<RemovalOutcome>,
+    },
     Error {
         message: String,
     },
@@ -46,4 +52,6 @@ pub enum AgentCmd {
     Poll,
     /// Signal these targets (the client's confirmed plan); answered by an `outcomes` message with this id.
     Signal { id: u64, request: SignalRequest },
+    /// Remove these /dev/shm leftovers (re-checked there); answered by a `removals` message with this id.
+    Remove { id: u64, request: RemovalRequest },
 }

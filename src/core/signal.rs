@@ -23,10 +23,20 @@ pub enum Sig {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error(
-    "unknown signal {0:?} (use TERM, KILL, INT, HUP, QUIT, USR1, USR2, CONT, STOP or their numbers)"
-)]
-pub struct UnknownSignal(pub String);
+pub enum UnknownSignal {
+    #[error(
+        "unknown signal {0:?} (use TERM, KILL, INT, HUP, QUIT, USR1, USR2, CONT, STOP or their numbers)"
+    )]
+    Name(String),
+    #[error(
+        "signal {0} is out of range: Linux signals are 1 to 64 (TERM is 15, KILL 9, INT 2, HUP 1)"
+    )]
+    OutOfRange(i64),
+    #[error(
+        "signal {0} is not one gpusweep sends (TERM 15, KILL 9, INT 2, HUP 1, QUIT 3, USR1 10, USR2 12, CONT 18, STOP 19)"
+    )]
+    NotSent(i64),
+}
 
 impl Sig {
     pub const ALL: [Sig; 9] = [
@@ -81,10 +91,20 @@ impl std::str::FromStr for Sig {
     fn from_str(s: &str) -> Result<Sig, UnknownSignal> {
         let u = s.trim().to_ascii_uppercase();
         let u = u.strip_prefix("SIG").unwrap_or(&u);
+        if let Ok(n) = u.parse::<i64>() {
+            return Sig::ALL
+                .into_iter()
+                .find(|g| i64::from(g.number()) == n)
+                .ok_or(if (1..=64).contains(&n) {
+                    UnknownSignal::NotSent(n)
+                } else {
+                    UnknownSignal::OutOfRange(n)
+                });
+        }
         Sig::ALL
             .into_iter()
-            .find(|g| g.name() == u || g.number().to_string() == u)
-            .ok_or_else(|| UnknownSignal(s.to_string()))
+            .find(|g| g.name() == u)
+            .ok_or_else(|| UnknownSignal::Name(s.to_string()))
     }
 }
 
@@ -275,7 +295,19 @@ mod tests {
         assert_eq!("term".parse::<Sig>(), Ok(Sig::Term));
         assert_eq!("SIGKILL".parse::<Sig>(), Ok(Sig::Kill));
         assert_eq!("9".parse::<Sig>(), Ok(Sig::Kill));
-        assert!("99".parse::<Sig>().is_err());
+        assert_eq!(
+            "99".parse::<Sig>(),
+            Err(UnknownSignal::OutOfRange(99)),
+            "a number past 64 says the range"
+        );
+        assert!(
+            UnknownSignal::OutOfRange(-3)
+                .to_string()
+                .contains("1 to 64")
+        );
+        assert_eq!("17".parse::<Sig>(), Err(UnknownSignal::NotSent(17)));
+        assert_eq!("0".parse::<Sig>(), Err(UnknownSignal::OutOfRange(0)));
+        assert!(matches!("BOOM".parse::<Sig>(), Err(UnknownSignal::Name(_))));
     }
 
     #[test]

@@ -52,8 +52,35 @@ const fn row(cc: &'static str, family: &'static str, sm_kb: u32, block_kb: u32) 
 pub const HOPPER_PER_BLOCK: u32 = 227 * KB;
 
 pub fn limits(cc: &str) -> Option<&'static SmemLimits> {
-    let cc = cc.trim();
+    let cc = normalize_cc(cc)?;
     TABLE.iter().find(|r| r.cc == cc)
+}
+
+/// A compute capability as people write it, as "major.minor": "9.0", "12" (major only), "sm_90",
+/// "sm90a", "sm120", "compute_120f". `None` when it is no capability at all.
+pub fn normalize_cc(s: &str) -> Option<String> {
+    let t = s.trim().to_ascii_lowercase();
+    let (arch, rest) = match t
+        .strip_prefix("sm_")
+        .or_else(|| t.strip_prefix("compute_"))
+        .or_else(|| t.strip_prefix("sm"))
+    {
+        Some(r) => (true, r),
+        None => (false, t.as_str()),
+    };
+    // Architecture suffixes: sm_90a (arch-specific), sm_120f (family).
+    let rest = rest.trim_end_matches(['a', 'f']);
+    if let Some((maj, min)) = rest.split_once('.') {
+        let (maj, min) = (maj.parse::<u32>().ok()?, min.parse::<u32>().ok()?);
+        return (min < 10).then(|| format!("{maj}.{min}"));
+    }
+    let n = rest.parse::<u32>().ok()?;
+    // "sm_90" packs major and minor in one number; a bare "12" or "9" is a major version.
+    if arch || n >= 20 {
+        (n >= 10).then(|| format!("{}.{}", n / 10, n % 10))
+    } else {
+        Some(format!("{n}.0"))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -77,11 +104,12 @@ impl Dtype {
     }
     pub fn parse(s: &str) -> Option<Dtype> {
         Some(match s.to_ascii_lowercase().as_str() {
-            "fp32" | "f32" | "float" => Dtype::Fp32,
-            "bf16" => Dtype::Bf16,
-            "fp16" | "f16" | "half" => Dtype::Fp16,
-            "fp8" | "e4m3" | "e5m2" => Dtype::Fp8,
-            "fp4" | "e2m1" | "nvfp4" | "mxfp4" => Dtype::Fp4,
+            "fp32" | "f32" | "float" | "float32" | "tf32" => Dtype::Fp32,
+            "bf16" | "bfloat16" => Dtype::Bf16,
+            "fp16" | "f16" | "half" | "float16" => Dtype::Fp16,
+            "fp8" | "e4m3" | "e5m2" | "fp8_e4m3" | "fp8_e5m2" | "float8_e4m3fn" | "float8_e5m2"
+            | "mxfp8" => Dtype::Fp8,
+            "fp4" | "e2m1" | "nvfp4" | "mxfp4" | "fp4_e2m1" => Dtype::Fp4,
             _ => return None,
         })
     }
@@ -186,26 +214,35 @@ pub fn group(n: u64) -> String {
 impl Fit {
     pub fn sentence(&self) -> String {
         if self.fits {
+            let room = if self.max_stages > self.stages_wanted {
+                format!("room for up to {} stages", self.max_stages)
+            } else {
+                "no room for another stage".to_string()
+            };
             format!(
-                "fits on CC {}: {} stages of {} B need {} B of {} B ({} stages would fit)",
+                "fits on CC {}: {} stage{} of {} B need {} B of {} B ({room})",
                 self.cc,
                 self.stages_wanted,
+                if self.stages_wanted == 1 { "" } else { "s" },
                 group(self.bytes_per_stage),
                 group(self.needed),
                 group(self.available),
-                self.max_stages
             )
         } else {
             format!(
-                "does NOT fit on CC {}: {} stages of {} B need {} B, only {} B per block available ({} B short; {} stage{} fit)",
+                "does NOT fit on CC {}: {} stage{} of {} B need {} B, only {} B per block available ({} B short; {})",
                 self.cc,
                 self.stages_wanted,
+                if self.stages_wanted == 1 { "" } else { "s" },
                 group(self.bytes_per_stage),
                 group(self.needed),
                 group(self.available),
                 group(self.short_by),
-                self.max_stages,
-                if self.max_stages == 1 { "" } else { "s" }
+                match self.max_stages {
+                    0 => "not even one stage fits".to_string(),
+                    1 => "at most 1 stage fits".to_string(),
+                    n => format!("at most {n} stages fit"),
+                }
             )
         }
     }
@@ -248,6 +285,52 @@ mod tests {
             assert!(limits(cc).is_some(), "{cc}");
         }
         assert!(limits("6.1").is_none());
+    }
+
+    #[test]
+    fn capabilities_are_read_as_people_write_them() {
+        for (s, cc) in [
+            ("12", "12.0"),
+            ("12.0", "12.0"),
+            ("sm_90", "9.0"),
+            ("SM90a", "9.0"),
+            ("sm120", "12.0"),
+            ("sm_120f", "12.0"),
+            ("compute_103", "10.3"),
+            ("9", "9.0"),
+            ("90", "9.0"),
+            (" 8.6 ", "8.6"),
+        ] {
+            assert_eq!(normalize_cc(s).as_deref(), Some(cc), "{s}");
+            assert!(limits(s).is_some(), "{s}");
+        }
+        for bad in ["", "sm_", "x", "9.10", "sm_5"] {
+            assert_eq!(normalize_cc(bad), None, "{bad}");
+        }
+        assert_eq!(Dtype::parse("BF16"), Some(Dtype::Bf16));
+        assert_eq!(Dtype::parse("Float8_E4M3FN"), Some(Dtype::Fp8));
+    }
+
+    #[test]
+    fn the_sentence_says_what_room_is_left() {
+        let t = Tile::parse("128x256x128").expect("tile");
+        let h = fit(limits("9.0").expect("9.0"), t, Dtype::Bf16, 2, 0);
+        assert!(
+            h.sentence().contains("no room for another stage"),
+            "{}",
+            h.sentence()
+        );
+        let small = fit(limits("9.0").expect("9.0"), t, Dtype::Fp8, 1, 0);
+        assert!(
+            small.sentence().contains("1 stage of"),
+            "{}",
+            small.sentence()
+        );
+        assert!(
+            small.sentence().contains("up to 4 stages"),
+            "{}",
+            small.sentence()
+        );
     }
 
     #[test]

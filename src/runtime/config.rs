@@ -32,6 +32,10 @@ pub struct Config {
     pub ssh: SshConfig,
     /// Where a host has no pidfd, signal with kill(2) after a start-time check instead of refusing.
     pub kill_without_pidfd: Option<bool>,
+    /// No kill, sweep or removal, and their keys hidden: for shared monitoring screens.
+    pub readonly: Option<bool>,
+    /// Where the shared-memory files are (default /dev/shm; a container may mount the host's elsewhere).
+    pub shm_dir: Option<PathBuf>,
     /// Key bindings: action name -> key ("kill" = "K", "sweep" = "S", ...).
     #[serde(default)]
     pub keys: BTreeMap<String, String>,

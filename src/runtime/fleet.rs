@@ -15,6 +15,7 @@ use crate::act::{AuditLog, Deliverer};
 use crate::analyze::{AnalyzeOptions, analyzed};
 use crate::core::host::{HostSpec, unique_labels};
 use crate::core::model::{HostId, HostSnapshot};
+use crate::core::removal::RemovalOutcome;
 use crate::core::signal::{Outcome, Protected, all_failed};
 use crate::source::demo::{DemoClock, DemoHost};
 use crate::source::local::LocalSource;
@@ -36,6 +37,11 @@ pub enum HostEvent {
         host: HostId,
         id: u64,
         outcomes: Vec<Outcome>,
+    },
+    Removals {
+        host: HostId,
+        id: u64,
+        outcomes: Vec<RemovalOutcome>,
     },
 }
 
@@ -62,6 +68,7 @@ enum Wire {
     Reading(HostId),
     Status(HostId, ConnStatus),
     Outcomes(HostId, u64, Vec<Outcome>),
+    Removals(HostId, u64, Vec<RemovalOutcome>),
 }
 
 /// The latest unread reading of one host.
@@ -93,6 +100,11 @@ impl Sink for FleetSink {
     fn outcomes(&self, id: u64, outcomes: Vec<Outcome>) -> bool {
         self.tx
             .send(Wire::Outcomes(self.host, id, outcomes))
+            .is_ok()
+    }
+    fn removals(&self, id: u64, outcomes: Vec<RemovalOutcome>) -> bool {
+        self.tx
+            .send(Wire::Removals(self.host, id, outcomes))
             .is_ok()
     }
 }
@@ -204,6 +216,7 @@ impl Fleet {
             }
             Wire::Status(host, status) => HostEvent::Status { host, status },
             Wire::Outcomes(host, id, outcomes) => HostEvent::Outcomes { host, id, outcomes },
+            Wire::Removals(host, id, outcomes) => HostEvent::Removals { host, id, outcomes },
         })
     }
 
@@ -223,9 +236,18 @@ impl Fleet {
             },
             None => Some(cmd),
         };
-        if let Some(HostCmd::Signal { id, req }) = refused {
-            let outcomes = all_failed(&req, "host busy: its command queue is full");
-            let _ = self.tx.send(Wire::Outcomes(host, id, outcomes));
+        let why = "host busy: its command queue is full";
+        match refused {
+            Some(HostCmd::Signal { id, req }) => {
+                let _ = self
+                    .tx
+                    .send(Wire::Outcomes(host, id, all_failed(&req, why)));
+            }
+            Some(HostCmd::Remove { id, req }) => {
+                let outcomes = crate::core::removal::all_failed(&req, why);
+                let _ = self.tx.send(Wire::Removals(host, id, outcomes));
+            }
+            _ => {}
         }
     }
 

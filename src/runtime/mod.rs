@@ -2,6 +2,7 @@
 //! fleet and the agent, settings resolution and the config file. Analysis runs here, once per reading.
 
 pub mod config;
+pub mod eventlog;
 pub mod fleet;
 pub mod poll;
 pub mod settings;

@@ -17,6 +17,22 @@ use crate::source::{ConnStatus, HostCmd, Sink, Source};
 /// starting a thread each.
 const MAX_DELIVERIES: usize = 16;
 
+/// Remove /dev/shm leftovers on this host, checked against a reading taken now (every process's fds and
+/// maps); the demo removes its simulated files itself.
+fn removal(
+    src: &mut dyn Source,
+    signals: Option<&Deliverer>,
+    req: &crate::core::removal::RemovalRequest,
+) -> Vec<crate::core::removal::RemovalOutcome> {
+    if let Some(o) = src.simulate_removal(req) {
+        return o;
+    }
+    match (signals, src.fresh_shm()) {
+        (Some(d), Some((dir, now))) => crate::act::shm::remove(&d.host, &dir, req, &now, &d.audit),
+        _ => crate::core::removal::all_failed(req, "this host removes no files"),
+    }
+}
+
 /// Poll `src` until the command channel closes or the sink stops listening. `signals` delivers real signals
 /// on this host; sources that simulate theirs (the demo) answer them themselves.
 pub fn run(
@@ -96,6 +112,10 @@ pub fn run(
                         sink.outcomes(id, all_failed(&req, "this host takes no signals"));
                     }
                     // Read again right away: the signalled processes may be gone.
+                    break;
+                }
+                Ok(HostCmd::Remove { id, req }) => {
+                    sink.removals(id, removal(src.as_mut(), signals, &req));
                     break;
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => return,

@@ -42,6 +42,12 @@ pub struct Overrides {
     pub identities: Vec<PathBuf>,
     pub connect_timeout: Option<u64>,
     pub kill_without_pidfd: bool,
+    /// No kill, sweep or removal.
+    pub readonly: bool,
+    /// TUI: write every timeline event here as JSON lines.
+    pub events: Option<PathBuf>,
+    /// Where the shared-memory files are (default /dev/shm).
+    pub shm_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Error)]
@@ -70,6 +76,9 @@ pub struct Settings {
     pub hosts_given: bool,
     /// --local: never fall back to the demo cluster.
     pub local: bool,
+    /// --readonly or `readonly = true`: no kill, sweep or removal anywhere.
+    pub readonly: bool,
+    pub events: Option<PathBuf>,
 }
 
 fn interval(o: &Overrides, config: &Config) -> Result<Duration, SettingsError> {
@@ -163,12 +172,16 @@ pub fn resolve(o: &Overrides) -> Result<Settings, SettingsError> {
         procfs.device_globs.clone_from(&config.device_globs);
     }
     procfs.benign.extend(config.benign.iter().cloned());
+    if let Some(d) = o.shm_dir.clone().or_else(|| config.shm_dir.clone()) {
+        procfs.shm_dir = d;
+    }
     let connect_timeout = Duration::from_secs(
         o.connect_timeout
             .or(config.ssh.connect_timeout_s)
             .unwrap_or(DEFAULT_CONNECT_TIMEOUT_S)
             .max(1),
     );
+    let readonly = o.readonly || config.readonly.unwrap_or(false);
     let fleet = FleetOptions {
         interval,
         analyze: AnalyzeOptions {
@@ -190,5 +203,7 @@ pub fn resolve(o: &Overrides) -> Result<Settings, SettingsError> {
         demo: o.demo,
         hosts_given,
         local: o.local || o.no_nvml,
+        readonly,
+        events: o.events.clone(),
     })
 }

@@ -24,6 +24,7 @@ use crate::core::model::{
     Gpu, Holder, HostSnapshot, ListedProcess, MIB, Memory, Proc, ProcState, ProcessKind, ShmInfo,
     ShmSegment, SourceKind,
 };
+use crate::core::removal::{Removal, RemovalOutcome, RemovalRequest};
 use crate::core::signal::{Fate, Outcome, Sig, SignalRequest};
 
 pub const DEMO_HOSTS: &[&str] = &["gpu-a", "gpu-b", "gpu-c"];
@@ -283,18 +284,27 @@ impl DemoHost {
                 bytes: 33_554_432,
                 age_s: Some(95),
                 users: Some(vec![]),
+                dev: Some(0x2a),
+                ino: Some(4101),
+                special: false,
             },
             ShmSegment {
                 name: "nccl-91bd04".into(),
                 bytes: 33_554_432,
                 age_s: Some(95),
                 users: Some(vec![]),
+                dev: Some(0x2a),
+                ino: Some(4102),
+                special: false,
             },
             ShmSegment {
                 name: "torch_7000_2381".into(),
                 bytes: 1_048_576,
                 age_s: Some(97),
                 users: Some(vec![]),
+                dev: Some(0x2a),
+                ino: Some(4103),
+                special: false,
             },
         ];
         h
@@ -483,6 +493,37 @@ impl DemoHost {
     }
 
     /// Signals act on the simulation with the same refusals as real delivery.
+    /// Remove simulated /dev/shm files, with the checks a real host makes: the same inode, nobody using it.
+    pub fn remove(&mut self, req: &RemovalRequest) -> Vec<RemovalOutcome> {
+        req.files
+            .iter()
+            .map(|f| {
+                let at = self.shm.iter().position(|s| s.name == f.name);
+                let result = match at.map(|i| &self.shm[i]) {
+                    None => Removal::AlreadyGone,
+                    Some(s) if s.ino != Some(f.ino) || s.dev != Some(f.dev) => Removal::Refused {
+                        reason: "another file has this name now (device or inode changed since it was chosen)"
+                            .into(),
+                    },
+                    Some(s) if s.users.as_ref().is_none_or(|u| !u.is_empty()) => Removal::Refused {
+                        reason: "in use now".into(),
+                    },
+                    Some(_) => {
+                        if let Some(i) = at {
+                            self.shm.remove(i);
+                        }
+                        Removal::Removed
+                    }
+                };
+                RemovalOutcome {
+                    name: f.name.clone(),
+                    bytes: f.bytes,
+                    result,
+                }
+            })
+            .collect()
+    }
+
     pub fn signal(&mut self, req: &SignalRequest) -> Vec<Outcome> {
         let t = self.clock.now_ms();
         let mut out = Vec::new();
@@ -574,5 +615,8 @@ impl super::Source for DemoHost {
     }
     fn simulate_signal(&mut self, req: &SignalRequest) -> Option<Vec<Outcome>> {
         Some(DemoHost::signal(self, req))
+    }
+    fn simulate_removal(&mut self, req: &RemovalRequest) -> Option<Vec<RemovalOutcome>> {
+        Some(DemoHost::remove(self, req))
     }
 }

@@ -14,8 +14,10 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::core::model::ShmInfo;
 use crate::core::model::{Gpu, HostSnapshot, Proc};
 use crate::core::procstat::device_minor;
+use crate::core::removal::{RemovalOutcome, RemovalRequest};
 use crate::core::signal::{Outcome, SignalRequest};
 
 /// How often sources are polled by default.
@@ -38,14 +40,47 @@ pub trait Source: Send {
     fn simulate_signal(&mut self, _req: &SignalRequest) -> Option<Vec<Outcome>> {
         None
     }
+    /// The demo removes its simulated /dev/shm files itself; real hosts return `None`.
+    fn simulate_removal(&mut self, _req: &RemovalRequest) -> Option<Vec<RemovalOutcome>> {
+        None
+    }
+    /// A fresh reading of /dev/shm with every process's fds and maps scanned, and the directory it read, for
+    /// a removal to be checked against. `None` where this source has none.
+    fn fresh_shm(&mut self) -> Option<(std::path::PathBuf, ShmInfo)> {
+        None
+    }
 }
 
 /// What a front end asks of one host.
 #[derive(Debug, Clone, PartialEq)]
 pub enum HostCmd {
-    Signal { id: u64, req: SignalRequest },
+    Signal {
+        id: u64,
+        req: SignalRequest,
+    },
+    /// Remove these /dev/shm leftovers; answered through `Sink::removals` with this id.
+    Remove {
+        id: u64,
+        req: RemovalRequest,
+    },
     Interval(Duration),
     PollNow,
+}
+
+impl HostCmd {
+    /// Answer a request that will not be carried out, at once, so nothing waits for it forever. Polls and
+    /// interval changes need no answer.
+    pub fn refuse(self, sink: &dyn Sink, why: &str) {
+        match self {
+            HostCmd::Signal { id, req } => {
+                sink.outcomes(id, crate::core::signal::all_failed(&req, why));
+            }
+            HostCmd::Remove { id, req } => {
+                sink.removals(id, crate::core::removal::all_failed(&req, why));
+            }
+            HostCmd::Interval(_) | HostCmd::PollNow => {}
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -67,6 +102,7 @@ pub trait Sink: Send + Sync {
     fn reading(&self, snap: HostSnapshot) -> bool;
     fn status(&self, status: ConnStatus) -> bool;
     fn outcomes(&self, id: u64, outcomes: Vec<Outcome>) -> bool;
+    fn removals(&self, id: u64, outcomes: Vec<RemovalOutcome>) -> bool;
 }
 
 /// The processes worth showing: the seeds (holders, listed PIDs), every zombie, and their ancestors (for the

@@ -9,17 +9,24 @@ use crossterm::event::{KeyCode, KeyEvent};
 use super::keymap::{Cmd, Keymap};
 use super::rows::{ProcRow, build_rows};
 pub use super::rows::{ProcView, SortKey};
+use super::targets::{self, Choice};
+use crate::analyze::events::between;
+use crate::analyze::findings::shm::removable;
 use crate::analyze::plan::{Plan, plan, plan_summary};
 use crate::analyze::watch::{Scope, Watch};
 use crate::analyze::{AnalyzeOptions, GpuState, gpu_state};
+use crate::core::event::{Event, EventKind};
 use crate::core::format::{fmt_ms, millis};
-use crate::core::model::{FindingKind, HostId, HostSnapshot, MIB, Severity};
+use crate::core::model::{Finding, HostId, HostSnapshot, MIB, Severity};
+use crate::core::removal::{RemovalOutcome, RemovalRequest, ShmFile};
 use crate::core::signal::{Outcome, Protected, Sig, SignalRequest, TargetInfo};
 use crate::core::smem::{Dtype, Tile};
 use crate::source::{ConnStatus, HostCmd};
 
 /// Samples of memory history kept per GPU (10 minutes at a 1 s poll).
 pub const HISTORY: usize = 600;
+/// Events kept for the timeline (the events file has them all).
+pub const TIMELINE: usize = 2000;
 /// Grace between TERM and KILL for sweeps started from the TUI.
 pub const TUI_GRACE: Duration = Duration::from_secs(10);
 /// Polling while re-watching.
@@ -30,6 +37,7 @@ pub enum Action {
     Snapshot(HostId, Box<HostSnapshot>),
     Status(HostId, ConnStatus),
     Outcomes(HostId, u64, Vec<Outcome>),
+    Removals(HostId, u64, Vec<RemovalOutcome>),
     Key(KeyEvent),
     /// A click on a row of a panel (the event loop, which owns the layout, found which).
     Click {
@@ -47,6 +55,10 @@ pub enum Action {
 pub enum Effect {
     Send(HostId, HostCmd),
     Broadcast(HostCmd),
+    /// An event for the `--events` file.
+    Log(Event),
+    /// Draw now, not at the next throttled redraw: a watch just completed.
+    DrawNow,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -81,6 +93,19 @@ pub enum Dialog {
         target: TargetInfo,
         user: Option<String>,
         signal: Sig,
+        /// What the operator should know first: the zombie or ghost this target stands for, a benign
+        /// holder, state D.
+        note: Option<String>,
+    },
+    /// A finding's whole text and the evidence behind it.
+    Finding {
+        host: HostId,
+        finding: Finding,
+    },
+    /// Remove these /dev/shm leftovers of a host.
+    Remove {
+        host: HostId,
+        files: Vec<ShmFile>,
     },
     Sweep {
         scope: SweepScope,
@@ -105,8 +130,12 @@ pub struct HostView {
     pub status: ConnStatus,
     /// Unix ms of the last good reading.
     pub last_seen_ms: Option<u64>,
-    /// Per GPU index, used MiB over time.
-    pub history: HashMap<u32, VecDeque<u64>>,
+    /// Per GPU index, (Unix ms, used MiB) over time.
+    pub history: HashMap<u32, VecDeque<(u64, u64)>>,
+    /// When each GPU process (pid, start time) was first seen holding or listed, Unix ms.
+    pub held_since: HashMap<(u32, u64), u64>,
+    /// The first signal sent to this host since its GPUs were last all clean: "clean N s after".
+    pub first_signal_ms: Option<u64>,
     /// The process panel's rows, built once per reading (and when the filter, sort or tree change).
     pub rows: Vec<ProcRow>,
     /// PIDs never offered for signals on this host.
@@ -132,6 +161,10 @@ pub struct AppConfig {
     pub color: bool,
     /// The simulated cluster: marked on every screen and dialog, so it never passes for a real one.
     pub demo: bool,
+    /// No kill, sweep or removal: for shared monitoring screens. Their keys are hidden.
+    pub readonly: bool,
+    /// A host with no reading this long after the start is reported, and still retried.
+    pub connect_timeout: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -181,8 +214,18 @@ pub struct App {
     pub size: (u16, u16),
     pub quit: bool,
     pub cfg: AppConfig,
+    /// What happened, oldest first (at most TIMELINE).
+    pub timeline: VecDeque<Event>,
+    pub timeline_open: bool,
+    /// Rows scrolled back from the newest event.
+    pub timeline_scroll: usize,
+    pub chart_open: bool,
+    /// When the app got its first clock tick, Unix ms.
+    pub started_ms: Option<u64>,
     next_id: u64,
     pending: HashMap<u64, String>,
+    /// Events recorded during the current update, handed out as `Effect::Log`.
+    unsaved: Vec<Event>,
 }
 
 impl App {
@@ -202,6 +245,8 @@ impl App {
                     status: ConnStatus::Connecting,
                     last_seen_ms: None,
                     history: HashMap::new(),
+                    held_since: HashMap::new(),
+                    first_signal_ms: None,
                     rows: Vec::new(),
                     protected: Protected::remote(),
                 })
@@ -234,9 +279,17 @@ impl App {
                 analyze,
                 color,
                 demo: false,
+                readonly: false,
+                connect_timeout: Duration::from_secs(10),
             },
+            timeline: VecDeque::new(),
+            timeline_open: false,
+            timeline_scroll: 0,
+            chart_open: false,
+            started_ms: None,
             next_id: 1,
             pending: HashMap::new(),
+            unsaved: Vec::new(),
         }
     }
 
@@ -269,7 +322,48 @@ impl App {
         self.status = Some((msg.into(), level));
     }
 
+    fn label(&self, h: HostId) -> String {
+        self.hosts
+            .get(h.0)
+            .map(|v| v.label.clone())
+            .unwrap_or_default()
+    }
+
+    /// Add an event to the timeline (and, through the effects of this update, to the events file).
+    fn record(&mut self, host: HostId, what: EventKind) {
+        let e = Event {
+            at_ms: self.now_ms,
+            host: self.label(host),
+            what,
+        };
+        self.timeline.push_back(e.clone());
+        while self.timeline.len() > TIMELINE {
+            self.timeline.pop_front();
+        }
+        // A scrolled-back timeline stays on the rows it shows.
+        if self.timeline_scroll > 0 {
+            self.timeline_scroll += 1;
+        }
+        self.unsaved.push(e);
+    }
+
+    /// Whether a host has said nothing usable for longer than the connect timeout.
+    pub fn silent_too_long(&self, h: &HostView) -> bool {
+        h.snap.is_none()
+            && matches!(h.status, ConnStatus::Connecting)
+            && self
+                .started_ms
+                .is_some_and(|t| self.now_ms.saturating_sub(t) >= millis(self.cfg.connect_timeout))
+    }
+
     pub fn update(&mut self, action: Action) -> Vec<Effect> {
+        let mut effects = self.dispatch(action);
+        effects.extend(self.unsaved.drain(..).map(Effect::Log));
+        effects
+    }
+
+    #[allow(clippy::too_many_lines)] // one arm per action
+    fn dispatch(&mut self, action: Action) -> Vec<Effect> {
         match action {
             Action::Snapshot(i, snap) => self.on_snapshot(i, *snap),
             Action::Status(i, st) => {
@@ -286,13 +380,37 @@ impl App {
                 if let Some(h) = self.hosts.get_mut(i.0) {
                     if let ConnStatus::Down(e) = &st {
                         let msg = format!("{}: {e}", h.label);
+                        let was_down = matches!(h.status, ConnStatus::Down(_));
                         h.status = st.clone();
                         self.set_status(msg, Level::Bad);
+                        if !was_down {
+                            self.record(i, EventKind::HostDown { reason: e.clone() });
+                        }
                     } else {
                         h.status = st;
                     }
                 }
                 vec![]
+            }
+            Action::Removals(i, id, outs) => {
+                self.pending.remove(&id);
+                let bad = outs.iter().filter(|o| o.failed()).count();
+                let text: Vec<String> = outs.iter().map(RemovalOutcome::describe).collect();
+                for o in &outs {
+                    self.record(
+                        i,
+                        EventKind::ShmRemoved {
+                            name: o.name.clone(),
+                            result: o.describe(),
+                            ok: !o.failed(),
+                        },
+                    );
+                }
+                let level = if bad > 0 { Level::Bad } else { Level::Good };
+                let label = self.label(i);
+                self.set_status(format!("{label}: {}", text.join("; ")), level);
+                // Read again: the leftover findings clear with the next reading.
+                vec![Effect::Send(i, HostCmd::PollNow)]
             }
             Action::Outcomes(i, id, outs) => {
                 let what = self.pending.remove(&id).unwrap_or_else(|| "signal".into());
@@ -308,10 +426,21 @@ impl App {
                     .collect();
                 let level = if bad > 0 { Level::Bad } else { Level::Good };
                 self.set_status(format!("{what} on {label}: {}", text.join("; ")), level);
+                for o in &outs {
+                    self.record(
+                        i,
+                        EventKind::SignalFate {
+                            pid: o.pid,
+                            fate: o.describe(),
+                            ok: !o.failed(),
+                        },
+                    );
+                }
                 vec![]
             }
             Action::Tick(now) => {
                 self.now_ms = now;
+                self.started_ms.get_or_insert(now);
                 vec![]
             }
             Action::Resize(w, h) => {
@@ -330,24 +459,64 @@ impl App {
         }
     }
 
+    #[allow(clippy::too_many_lines)] // history, hold times, events, then the watch: one reading's effects
     fn on_snapshot(&mut self, id: HostId, snap: HostSnapshot) -> Vec<Effect> {
         let i = id.0;
+        let now = self.now_ms;
         let Some(h) = self.hosts.get_mut(i) else {
             return vec![];
         };
         for g in &snap.gpus {
             if let Some(used) = g.memory.used {
                 let hist = h.history.entry(g.index).or_default();
-                hist.push_back(used / MIB);
+                hist.push_back((snap.taken_at_ms, used / MIB));
                 while hist.len() > HISTORY {
                     hist.pop_front();
                 }
             }
         }
+        let mut seen: Vec<(u32, u64)> = snap
+            .holders
+            .iter()
+            .map(|x| x.pid)
+            .chain(
+                snap.gpus
+                    .iter()
+                    .flat_map(|g| g.processes.iter().map(|p| p.pid)),
+            )
+            .map(|pid| (pid, snap.proc(pid).map_or(0, |p| p.start_time)))
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        h.held_since.retain(|k, _| seen.contains(k));
+        for k in seen {
+            h.held_since.entry(k).or_insert(snap.taken_at_ms);
+        }
+        let events = between(h.snap.as_ref(), &snap, &self.cfg.analyze);
+        let came_back = matches!(h.status, ConnStatus::Down(_));
+        let first = h.snap.is_none();
+        let all_clean = !snap.gpus.is_empty()
+            && snap
+                .gpus
+                .iter()
+                .all(|g| gpu_state(&snap, g, &self.cfg.analyze) == GpuState::Clean);
+        let first_signal = h.first_signal_ms;
+        if all_clean {
+            h.first_signal_ms = None;
+        }
         h.last_seen_ms = Some(snap.taken_at_ms);
         h.status = ConnStatus::Up;
         h.rows = build_rows(&snap, &self.procs);
         h.snap = Some(snap);
+        if first || came_back {
+            self.record(id, EventKind::HostUp { first });
+        }
+        for mut e in events {
+            if let EventKind::GpuClean { after_ms, .. } = &mut e {
+                *after_ms = first_signal.map(|t| now.saturating_sub(t));
+            }
+            self.record(id, e);
+        }
         let mut effects = vec![];
         if let Some(rw) = &mut self.rewatch {
             let Some(s) = &self.hosts[i].snap else {
@@ -379,8 +548,17 @@ impl App {
                     rw.label,
                     fmt_ms(took)
                 ));
+                let scope = rw.label.clone();
                 self.rewatch = None;
+                self.record(
+                    id,
+                    EventKind::AllClean {
+                        scope,
+                        after_ms: took,
+                    },
+                );
                 effects.push(Effect::Broadcast(HostCmd::Interval(self.cfg.interval)));
+                effects.push(Effect::DrawNow);
             }
         }
         self.clamp();
@@ -453,10 +631,39 @@ impl App {
             }
             return vec![];
         }
+        if self.timeline_open {
+            match cmd {
+                Some(Cmd::Quit) => self.quit = true,
+                Some(Cmd::Back | Cmd::Timeline) => self.timeline_open = false,
+                Some(Cmd::Up) => {
+                    self.timeline_scroll =
+                        (self.timeline_scroll + 1).min(self.timeline.len().saturating_sub(1));
+                }
+                Some(Cmd::Down) => self.timeline_scroll = self.timeline_scroll.saturating_sub(1),
+                Some(Cmd::Help) => self.dialog = Some(Dialog::Help),
+                _ => {}
+            }
+            return vec![];
+        }
+        if self.cfg.readonly && matches!(cmd, Some(Cmd::Kill | Cmd::Sweep | Cmd::RemoveShm)) {
+            self.set_status(
+                "read-only: kills, sweeps and removals are off (--readonly / readonly = true)",
+                Level::Info,
+            );
+            return vec![];
+        }
         match cmd {
             Some(Cmd::Quit) => self.quit = true,
             Some(Cmd::Up) => self.move_sel(-1),
             Some(Cmd::Down) => self.move_sel(1),
+            Some(Cmd::Open) if self.sel.focus == Panel::Findings => self.open_finding(),
+            Some(Cmd::Timeline) => {
+                self.timeline_open = true;
+                self.timeline_scroll = 0;
+                self.smem_open = false;
+            }
+            Some(Cmd::Chart) => self.chart_open = !self.chart_open,
+            Some(Cmd::RemoveShm) => self.open_remove(),
             Some(Cmd::NextPanel) => self.sel.focus = self.sel.focus.step(1),
             Some(Cmd::PrevPanel) => self.sel.focus = self.sel.focus.step(-1),
             Some(Cmd::Open) if self.sel.focus == Panel::Hosts => self.sel.focus = Panel::Gpus,
@@ -537,60 +744,62 @@ impl App {
 
     fn open_kill(&mut self) {
         let host = HostId(self.sel.host);
-        let target_pid = match self.sel.focus {
-            Panel::Processes => self
-                .process_rows()
-                .get(self.sel.proc)
-                .filter(|r| !r.ghost)
-                .map(|r| r.pid),
-            Panel::Findings => self
-                .snap()
-                .and_then(|s| s.findings.get(self.sel.finding))
-                .and_then(|f| {
-                    f.target_pid.or(if f.kind == FindingKind::Ghost {
-                        None
-                    } else {
-                        f.pid
-                    })
-                }),
-            _ => None,
+        let (Some(h), Some(snap)) = (self.host(), self.snap()) else {
+            self.set_status("no reading of this host yet", Level::Info);
+            return;
         };
-        let Some(pid) = target_pid else {
+        let choice = match self.sel.focus {
+            Panel::Processes => match self.process_rows().get(self.sel.proc) {
+                Some(r) if r.ghost => targets::for_ghost(snap, r.pid, &h.protected),
+                Some(r) => targets::for_pid(snap, r.pid, &h.protected),
+                None => Choice::Explain("no process row selected".into()),
+            },
+            Panel::Findings => match snap.findings.get(self.sel.finding) {
+                Some(f) => targets::for_finding(snap, f, &h.protected),
+                None => Choice::Explain("no finding selected".into()),
+            },
+            Panel::Hosts | Panel::Gpus => Choice::Explain(
+                "select a process first: Tab to the process or findings panel".into(),
+            ),
+        };
+        match choice {
+            Choice::Offer { target, note } => {
+                self.dialog = Some(Dialog::Kill {
+                    host,
+                    target: TargetInfo::of(&target),
+                    user: target.user.clone(),
+                    signal: Sig::Term,
+                    note,
+                });
+            }
+            Choice::Explain(why) => self.set_status(why, Level::Info),
+        }
+    }
+
+    /// Enter on a finding: its whole text and evidence.
+    fn open_finding(&mut self) {
+        let host = HostId(self.sel.host);
+        if let Some(f) = self.snap().and_then(|s| s.findings.get(self.sel.finding)) {
+            self.dialog = Some(Dialog::Finding {
+                host,
+                finding: f.clone(),
+            });
+        }
+    }
+
+    /// D: the selected host's /dev/shm leftovers, for a confirmation that lists them.
+    fn open_remove(&mut self) {
+        let host = HostId(self.sel.host);
+        let files = self.snap().map(removable).unwrap_or_default();
+        if files.is_empty() {
+            let label = self.label(host);
             self.set_status(
-                "select a live process (Tab to the process or findings panel) to kill it",
+                format!("no /dev/shm leftovers on {label} (nobody-uses-it files only)"),
                 Level::Info,
             );
             return;
-        };
-        if self.host().is_none_or(|h| h.protected.contains(pid)) {
-            self.set_status(
-                format!(
-                    "{pid} is protected: PID 1, gpusweep and its ancestors are never signalled"
-                ),
-                Level::Bad,
-            );
-            return;
         }
-        let Some(p) = self.snap().and_then(|s| s.proc(pid)).cloned() else {
-            self.set_status(format!("{pid} is not in the last reading"), Level::Bad);
-            return;
-        };
-        if p.state.is_zombie() {
-            self.set_status(
-                format!(
-                    "{pid} is a zombie: killing it does nothing; kill its parent {}",
-                    p.ppid
-                ),
-                Level::Info,
-            );
-            return;
-        }
-        self.dialog = Some(Dialog::Kill {
-            host,
-            target: TargetInfo::of(&p),
-            user: p.user.clone(),
-            signal: Sig::Term,
-        });
+        self.dialog = Some(Dialog::Remove { host, files });
     }
 
     /// The plan for a scope, from the latest readings.
@@ -639,11 +848,52 @@ impl App {
                 self.dialog = None;
                 vec![]
             }
+            Dialog::Finding { host, finding } => {
+                self.dialog = None;
+                // K from the details acts on the finding, as it would from the panel.
+                if self.cfg.keymap.lookup(&k) == Some(Cmd::Kill)
+                    && !self.cfg.readonly
+                    && let Some(i) = self
+                        .hosts
+                        .get(host.0)
+                        .and_then(|h| h.snap.as_ref())
+                        .and_then(|s| s.findings.iter().position(|f| *f == finding))
+                {
+                    self.sel.host = host.0;
+                    self.sel.focus = Panel::Findings;
+                    self.sel.finding = i;
+                    self.open_kill();
+                }
+                vec![]
+            }
+            Dialog::Remove { host, files } => {
+                if no {
+                    self.dialog = None;
+                    return vec![];
+                }
+                if !yes {
+                    return vec![];
+                }
+                self.dialog = None;
+                let id = self.take_id("remove".into());
+                self.set_status(
+                    format!("removing {} /dev/shm file(s)…", files.len()),
+                    Level::Info,
+                );
+                vec![Effect::Send(
+                    host,
+                    HostCmd::Remove {
+                        id,
+                        req: RemovalRequest { files },
+                    },
+                )]
+            }
             Dialog::Kill {
                 host,
                 target,
                 user,
                 signal,
+                note,
             } => {
                 if no {
                     self.dialog = None;
@@ -663,6 +913,7 @@ impl App {
                         target,
                         user,
                         signal,
+                        note,
                     });
                     return vec![];
                 }
@@ -671,6 +922,7 @@ impl App {
                 }
                 self.dialog = None;
                 let id = self.take_id(format!("{} {}", signal.name(), target.pid));
+                self.signal_sent(host, signal, vec![target.pid], "kill");
                 let grace = (signal == Sig::Term).then_some(millis(TUI_GRACE));
                 self.set_status(
                     format!("sending {} to {}…", signal.name(), target.pid),
@@ -723,6 +975,22 @@ impl App {
         }
     }
 
+    /// A confirmed signal: on the timeline, and the start of this host's "clean after".
+    fn signal_sent(&mut self, host: HostId, signal: Sig, pids: Vec<u32>, what: &str) {
+        let now = self.now_ms;
+        if let Some(h) = self.hosts.get_mut(host.0) {
+            h.first_signal_ms.get_or_insert(now);
+        }
+        self.record(
+            host,
+            EventKind::SignalSent {
+                signal: signal.name().to_string(),
+                pids,
+                what: what.to_string(),
+            },
+        );
+    }
+
     fn take_id(&mut self, what: String) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
@@ -740,6 +1008,13 @@ impl App {
         let mut effects = Vec::new();
         for h in plan.hosts() {
             let id = self.take_id("sweep".into());
+            let pids = plan
+                .items
+                .iter()
+                .filter(|i| i.host_id == h)
+                .map(|i| i.pid)
+                .collect();
+            self.signal_sent(h, Sig::Term, pids, "sweep");
             effects.push(Effect::Send(
                 h,
                 HostCmd::Signal {
@@ -794,7 +1069,14 @@ impl App {
             self.set_status("re-watch stopped", Level::Info);
             return vec![Effect::Broadcast(HostCmd::Interval(self.cfg.interval))];
         }
-        let expected = self.all_hosts();
+        // The scope in view: every host from the hosts panel, the opened host otherwise.
+        let (expected, label) = if self.sel.focus == Panel::Hosts {
+            (self.all_hosts(), "every host".to_string())
+        } else {
+            let h = HostId(self.sel.host);
+            let l = self.label(h);
+            (vec![(h, l.clone())], l)
+        };
         self.rewatch = Some(Rewatch {
             watch: Watch::new(
                 expected,
@@ -802,7 +1084,7 @@ impl App {
                 self.cfg.analyze.tolerance,
                 self.now_ms,
             ),
-            label: "every host".into(),
+            label,
         });
         self.banner = None;
         vec![
@@ -849,6 +1131,14 @@ impl App {
                 .map(|s| build_rows(s, &self.procs))
                 .unwrap_or_default();
         }
+    }
+
+    /// Hosts without a usable reading now: down, or silent past the connect timeout.
+    pub fn down_count(&self) -> usize {
+        self.hosts
+            .iter()
+            .filter(|h| matches!(h.status, ConnStatus::Down(_)) || self.silent_too_long(h))
+            .count()
     }
 
     /// Findings worth a glance in the header: leaks on any host.

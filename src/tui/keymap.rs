@@ -23,10 +23,13 @@ pub enum Cmd {
     Smem,
     Help,
     Tree,
+    Timeline,
+    Chart,
+    RemoveShm,
 }
 
 impl Cmd {
-    pub const ALL: [(Cmd, &'static str, &'static str); 16] = [
+    pub const ALL: [(Cmd, &'static str, &'static str); 19] = [
         (Cmd::Up, "up", "move up"),
         (Cmd::Down, "down", "move down"),
         (Cmd::NextPanel, "next_panel", "next panel"),
@@ -52,6 +55,17 @@ impl Cmd {
             "refresh now (reconnects down hosts)",
         ),
         (Cmd::Smem, "smem", "shared-memory panel and tile calculator"),
+        (
+            Cmd::Timeline,
+            "timeline",
+            "timeline: what happened, with times",
+        ),
+        (Cmd::Chart, "chart", "memory chart of the host (or GPU)"),
+        (
+            Cmd::RemoveShm,
+            "remove_shm",
+            "remove the host's /dev/shm leftovers (dialog)",
+        ),
         (Cmd::Tree, "tree", "toggle the process tree"),
         (Cmd::Help, "help", "this help"),
         (Cmd::Quit, "quit", "quit"),
@@ -164,6 +178,9 @@ impl Default for Keymap {
             (k('m'), Cmd::Smem),
             (k('?'), Cmd::Help),
             (k('t'), Cmd::Tree),
+            (k('e'), Cmd::Timeline),
+            (k('c'), Cmd::Chart),
+            (k('D'), Cmd::RemoveShm),
         ];
         Keymap {
             map: pairs.into_iter().collect(),

@@ -4,6 +4,7 @@ pub mod app;
 pub mod keymap;
 pub mod rows;
 pub mod run;
+pub mod targets;
 pub mod view;
 
 pub use run::run;

@@ -19,6 +19,7 @@ use super::keymap::Keymap;
 use super::view;
 use crate::core::host::HostSpec;
 use crate::core::model::now_ms;
+use crate::runtime::eventlog::EventLog;
 use crate::runtime::fleet::protected_for;
 use crate::runtime::{Fleet, HostEvent, Settings};
 
@@ -33,6 +34,8 @@ pub fn new_app(s: &Settings, labels: Vec<String>) -> anyhow::Result<App> {
     let color = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let mut app = App::new(labels, s.fleet.interval, keymap, s.fleet.analyze, color);
     app.cfg.demo = s.demo;
+    app.cfg.readonly = s.readonly;
+    app.cfg.connect_timeout = s.connect_timeout;
     for (h, spec) in app.hosts.iter_mut().zip(&s.specs) {
         h.protected = protected_for(Some(spec));
     }
@@ -44,16 +47,27 @@ pub fn action_of(ev: HostEvent) -> Action {
         HostEvent::Snapshot { host, snap } => Action::Snapshot(host, snap),
         HostEvent::Status { host, status } => Action::Status(host, status),
         HostEvent::Outcomes { host, id, outcomes } => Action::Outcomes(host, id, outcomes),
+        HostEvent::Removals { host, id, outcomes } => Action::Removals(host, id, outcomes),
     }
 }
 
-fn apply(fleet: &Fleet, effects: Vec<Effect>) {
+/// Carry out the app's effects. Returns whether one asks for a draw now. An event that cannot be written to
+/// the events file ends the TUI with that error: a record with holes would mislead.
+fn apply(fleet: &Fleet, log: &mut Option<EventLog>, effects: Vec<Effect>) -> anyhow::Result<bool> {
+    let mut now = false;
     for e in effects {
         match e {
             Effect::Send(h, c) => fleet.send(h, c),
             Effect::Broadcast(c) => fleet.broadcast(&c),
+            Effect::Log(ev) => {
+                if let Some(l) = log {
+                    l.write(&ev).map_err(|e| anyhow!(e))?;
+                }
+            }
+            Effect::DrawNow => now = true,
         }
     }
+    Ok(now)
 }
 
 /// What a mouse event means, given where the panels are: the event loop owns the layout, the app gets an
@@ -122,6 +136,12 @@ pub fn run(s: &Settings) -> anyhow::Result<i32> {
         .enable_all()
         .build()
         .context("async runtime")?;
+    let mut log = s
+        .events
+        .as_deref()
+        .map(EventLog::open)
+        .transpose()
+        .map_err(|e| anyhow!(e))?;
     let res = rt.block_on(async {
         let mut fleet = Fleet::start(&s.specs, &s.fleet)?;
         let mut app = new_app(s, fleet.labels().to_vec())?;
@@ -135,44 +155,49 @@ pub fn run(s: &Settings) -> anyhow::Result<i32> {
             prev(info);
         }));
         let _ = execute!(stdout(), EnableMouseCapture);
-        let r = event_loop(&mut terminal, &mut fleet, &mut app).await;
+        let r = event_loop(&mut terminal, &mut fleet, &mut app, &mut log).await;
         let _ = execute!(stdout(), DisableMouseCapture);
         ratatui::restore();
         r
     });
     rt.shutdown_background();
-    res.map(|()| 0)
+    res
 }
 
 async fn event_loop(
     terminal: &mut ratatui::DefaultTerminal,
     fleet: &mut Fleet,
     app: &mut App,
-) -> anyhow::Result<()> {
+    log: &mut Option<EventLog>,
+) -> anyhow::Result<i32> {
     let mut events = EventStream::new();
     let mut term = signal(SignalKind::terminate())?;
     let mut hup = signal(SignalKind::hangup())?;
     if let Ok(sz) = terminal.size() {
         app.update(Action::Resize(sz.width, sz.height));
     }
-    app.update(Action::Tick(now_ms()));
+    let first = app.update(Action::Tick(now_ms()));
+    apply(fleet, log, first)?;
     let mut dirty = true;
     // Only readings changed since the last draw (no key, resize or tick).
     let mut data_only = false;
     let mut last_draw = Instant::now()
         .checked_sub(FRAME)
         .unwrap_or_else(Instant::now);
+    // A completed watch is drawn at once, whatever the throttle.
+    let mut urgent = false;
     let mut next_tick = Instant::now();
     loop {
-        let gap = if data_only && app.rewatch.is_none() {
+        let gap = if data_only && app.rewatch.is_none() && !urgent {
             DATA_FRAME
         } else {
             FRAME
         };
-        if dirty && last_draw.elapsed() >= gap {
+        if dirty && (urgent || last_draw.elapsed() >= gap) {
             terminal.draw(|f| view::render(app, f))?;
             dirty = false;
             data_only = false;
+            urgent = false;
             last_draw = Instant::now();
         }
         let frame_wait = if dirty {
@@ -193,10 +218,10 @@ async fn event_loop(
                 Some(Ok(Event::Resize(w, h))) => { app.update(Action::Resize(w, h)); dirty = true; data_only = false; }
                 Some(Ok(_)) => {}
                 Some(Err(e)) => return Err(anyhow!("terminal: {e}")),
-                None => return Ok(()),
+                None => return Ok(0),
             },
             ev = fleet.recv() => {
-                let Some(ev) = ev else { return Ok(()) };
+                let Some(ev) = ev else { return Ok(0) };
                 stamp(app);
                 effects.extend(app.update(action_of(ev)));
                 // Take everything queued before drawing once.
@@ -207,19 +232,20 @@ async fn event_loop(
                 dirty = true;
             },
             () = tokio::time::sleep(tick_wait) => {
-                app.update(Action::Tick(now_ms()));
+                effects = app.update(Action::Tick(now_ms()));
                 let period = if app.rewatch.is_some() { crate::runtime::FAST_POLL } else { Duration::from_secs(1) };
                 next_tick = Instant::now() + period;
                 dirty = true;
                 data_only = false;
             },
             () = tokio::time::sleep(frame_wait) => {},
-            _ = term.recv() => return Ok(()),
-            _ = hup.recv() => return Ok(()),
+            // Ended by a signal: 128 + its number, as shells report it.
+            _ = term.recv() => return Ok(128 + libc::SIGTERM),
+            _ = hup.recv() => return Ok(128 + libc::SIGHUP),
         }
-        apply(fleet, effects);
+        urgent |= apply(fleet, log, effects)?;
         if app.quit {
-            return Ok(());
+            return Ok(0);
         }
     }
 }

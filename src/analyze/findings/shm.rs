@@ -3,11 +3,31 @@
 use super::{Draft, Findings};
 use crate::core::format::{escape, fmt_bytes, fmt_secs, shell_quote};
 use crate::core::model::{FindingKind, HostSnapshot, Severity};
+use crate::core::removal::ShmFile;
+
+/// The leftovers a removal may ask for: plain files nobody has open or mapped, each with the identity
+/// (device, inode) the removal is checked against.
+pub fn removable(s: &HostSnapshot) -> Vec<ShmFile> {
+    s.shm
+        .iter()
+        .flat_map(|i| i.segments.iter())
+        .filter(|g| !g.special && g.users.as_ref().is_some_and(Vec::is_empty))
+        .filter_map(|g| {
+            Some(ShmFile {
+                name: g.name.clone(),
+                dev: g.dev?,
+                ino: g.ino?,
+                bytes: g.bytes,
+            })
+        })
+        .collect()
+}
 
 pub fn find(snap: &HostSnapshot, out: &mut Findings) {
     let Some(shm) = &snap.shm else { return };
     for s in &shm.segments {
-        if !s.users.as_ref().is_some_and(Vec::is_empty) {
+        // Only plain files nobody uses: a symlink or socket with such a name is not the stack's leftover.
+        if s.special || !s.users.as_ref().is_some_and(Vec::is_empty) {
             continue;
         }
         let age = s
@@ -26,7 +46,7 @@ pub fn find(snap: &HostSnapshot, out: &mut Findings) {
                 fmt_bytes(Some(s.bytes))
             ),
             action: format!(
-                "rm -- {}",
+                "`gpusweep shm clean` (D in the TUI) removes it, re-checked; or rm -- {}",
                 escape(&shell_quote(&format!("/dev/shm/{}", s.name)))
             ),
             target_pid: None,

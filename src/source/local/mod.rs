@@ -131,6 +131,10 @@ impl Source for LocalSource {
         trace(&self.host, "snapshot built");
         Ok(snap)
     }
+
+    fn fresh_shm(&mut self) -> Option<(std::path::PathBuf, crate::core::model::ShmInfo)> {
+        Some(self.scanner.shm_now())
+    }
 }
 
 /// Memory that no live listed process explains: a listed PID that is gone, or used memory with nothing listed.

@@ -163,6 +163,15 @@ impl ProcScanner {
         &self.cfg
     }
 
+    /// A scan that walks every process's fds now, whatever the cadence, and the /dev/shm state it shows
+    /// (maps included): what a removal is checked against.
+    pub fn shm_now(&mut self) -> (PathBuf, ShmInfo) {
+        self.last_full = None;
+        let table = self.scan(false, &HashSet::new());
+        let info = self.read_shm(&table);
+        (self.cfg.shm_dir.clone(), info)
+    }
+
     /// Scan /proc. `unexplained` asks for a full fd walk sooner (some GPU memory has no live owner);
     /// `always` names processes whose fds are walked this time whatever the cadence (NVML's listed PIDs).
     #[allow(clippy::too_many_lines)] // three passes over /proc (which, walk, assemble) that share their buffers
@@ -327,6 +336,10 @@ impl ProcScanner {
             if p.state.is_zombie() {
                 continue;
             }
+            // Read each time: a process can be moved to another cgroup (a job's supervisor moves its child).
+            p.cgroup = fs::read_to_string(dir.join("cgroup"))
+                .ok()
+                .and_then(|s| unified_cgroup(&s));
             let cached = self
                 .cache
                 .get(&pid)
@@ -488,11 +501,15 @@ impl ProcScanner {
                     .and_then(|m| now.duration_since(m).ok())
                     .map(|d| d.as_secs());
                 names.push(name.clone());
+                // A DirEntry's metadata is the entry's own (lstat): a symlink is seen as one.
                 info.segments.push(ShmSegment {
                     name,
                     bytes: md.len(),
                     age_s,
                     users: None,
+                    dev: Some(md.dev()),
+                    ino: Some(md.ino()),
+                    special: !md.file_type().is_file(),
                 });
             }
         }
@@ -582,6 +599,14 @@ pub fn read_cmdline(path: &Path) -> String {
     fs::read(path)
         .map(|raw| parse_cmdline(&raw))
         .unwrap_or_default()
+}
+
+/// The cgroup v2 path from `/proc/PID/cgroup` (its `0::` line); `None` on a v1-only host.
+pub fn unified_cgroup(s: &str) -> Option<String> {
+    s.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|p| p.trim().to_string())
+        .filter(|p| !p.is_empty())
 }
 
 /// `/proc/sysvipc/shm`: a header line, then key shmid perms size cpid lpid nattch ...
@@ -688,6 +713,12 @@ mod tests {
         assert_eq!(inner_ns_pid("Name:\tx\nNSpid:\t4242\t7\n"), Some(7));
         assert_eq!(inner_ns_pid("NSpid:\t4242\n"), Some(4242));
         assert_eq!(inner_ns_pid("Name:\tx\n"), None);
+        assert_eq!(
+            unified_cgroup("12:cpu:/x\n0::/system.slice/slurmstepd.scope/job_42/step_0\n")
+                .as_deref(),
+            Some("/system.slice/slurmstepd.scope/job_42/step_0")
+        );
+        assert_eq!(unified_cgroup("3:memory:/a\n"), None);
     }
 
     /// This kernel (6.18) has pidfs: our own inode is ours alone, and a child's differs from ours.

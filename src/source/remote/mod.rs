@@ -14,7 +14,6 @@ use tokio::sync::{Semaphore, mpsc};
 
 use super::{ConnStatus, HostCmd, Sink};
 use crate::core::host::HostSpec;
-use crate::core::signal::all_failed;
 
 /// What every remote host needs to know.
 #[derive(Debug, Clone)]
@@ -89,8 +88,8 @@ impl RemoteTask {
                     None => return false,
                     Some(HostCmd::PollNow) => return true,
                     Some(HostCmd::Interval(d)) => *interval = d,
-                    Some(HostCmd::Signal { id, req }) => {
-                        self.sink.outcomes(id, all_failed(&req, "host is down"));
+                    Some(c @ (HostCmd::Signal { .. } | HostCmd::Remove { .. })) => {
+                        c.refuse(self.sink.as_ref(), "host is down");
                     }
                 }
             }

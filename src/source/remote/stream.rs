@@ -14,7 +14,8 @@ use super::RemoteTask;
 use crate::core::format::{escape, millis, truncate};
 use crate::core::model::SourceKind;
 use crate::core::protocol::{AgentCmd, AgentMsg, MAX_LINE_BYTES, PROTOCOL};
-use crate::core::signal::{SignalRequest, all_failed};
+use crate::core::removal::RemovalRequest;
+use crate::core::signal::SignalRequest;
 use crate::core::trace;
 use crate::source::{ConnStatus, HostCmd};
 
@@ -136,7 +137,7 @@ where
             } else {
                 "connection lost before the request was sent: nothing was signalled"
             };
-            task.sink.outcomes(p.id, all_failed(&p.req, reason));
+            p.cmd().refuse(task.sink.as_ref(), reason);
         }
         out
     }
@@ -152,12 +153,34 @@ struct Outgoing {
     claim: Option<Arc<AtomicBool>>,
 }
 
-/// A signal request sent and not yet answered.
+/// What a request asked for: signals, or removals.
+enum Asked {
+    Signal(SignalRequest),
+    Remove(RemovalRequest),
+}
+
+/// A request (signals or removals) sent and not yet answered.
 struct Pending {
     id: u64,
-    req: SignalRequest,
+    req: Asked,
     claim: Arc<AtomicBool>,
     queued: Instant,
+}
+
+impl Pending {
+    /// The command it came from, to be answered with a failure.
+    fn cmd(&self) -> HostCmd {
+        match &self.req {
+            Asked::Signal(req) => HostCmd::Signal {
+                id: self.id,
+                req: req.clone(),
+            },
+            Asked::Remove(req) => HostCmd::Remove {
+                id: self.id,
+                req: req.clone(),
+            },
+        }
+    }
 }
 
 /// Commands waiting for the writer at most; past that the agent is not reading and further ones are refused.
@@ -166,10 +189,14 @@ const WRITE_QUEUE: usize = 16;
 /// How long a signal request may wait to be written before it is given up (and then never written).
 const WRITE_DEADLINE: Duration = Duration::from_secs(10);
 
-/// How long after it was queued a written signal request may go unanswered: the write, the grace period,
-/// the wait after KILL, and a margin.
-fn answer_deadline(req: &SignalRequest) -> Duration {
-    WRITE_DEADLINE + Duration::from_millis(req.grace_ms.unwrap_or(0)) + Duration::from_secs(35)
+/// How long after it was queued a written request may go unanswered: the write, the grace period, the wait
+/// after KILL (or the scan before a removal), and a margin.
+fn answer_deadline(req: &Asked) -> Duration {
+    let grace = match req {
+        Asked::Signal(r) => r.grace_ms.unwrap_or(0),
+        Asked::Remove(_) => 0,
+    };
+    WRITE_DEADLINE + Duration::from_millis(grace) + Duration::from_secs(35)
 }
 
 /// Readings, outcomes and commands after the hello, until the stream ends or misbehaves.
@@ -214,18 +241,18 @@ async fn converse(
                             return true;
                         }
                         let why = format!(
-                            "no answer from the agent within {} s: whether it was signalled is unknown \
+                            "no answer from the agent within {} s: whether it was done is unknown \
                              (its audit log says)",
                             limit.as_secs()
                         );
-                        task.sink.outcomes(p.id, all_failed(&p.req, &why));
+                        p.cmd().refuse(task.sink.as_ref(), &why);
                         return false;
                     }
                     let why = format!(
-                        "not sent: the agent read no commands for {} s; nothing was signalled",
+                        "not sent: the agent read no commands for {} s; nothing was done",
                         WRITE_DEADLINE.as_secs()
                     );
-                    task.sink.outcomes(p.id, all_failed(&p.req, &why));
+                    p.cmd().refuse(task.sink.as_ref(), &why);
                     false
                 });
                 if now < silence_alarm {
@@ -264,6 +291,10 @@ async fn converse(
                         pending.retain(|p| p.id != id);
                         task.sink.outcomes(id, outcomes);
                     }
+                    Ok(AgentMsg::Removals { id, outcomes }) => {
+                        pending.retain(|p| p.id != id);
+                        task.sink.removals(id, outcomes);
+                    }
                     Ok(AgentMsg::Error { message }) => {
                         task.status(ConnStatus::Down(format!("agent: {}", escape(&message))));
                     }
@@ -280,7 +311,10 @@ async fn converse(
                         (AgentCmd::Interval { ms: millis(d) }, None)
                     }
                     Some(HostCmd::Signal { id, req }) => {
-                        (AgentCmd::Signal { id, request: req.clone() }, Some((id, req)))
+                        (AgentCmd::Signal { id, request: req.clone() }, Some((id, Asked::Signal(req))))
+                    }
+                    Some(HostCmd::Remove { id, req }) => {
+                        (AgentCmd::Remove { id, request: req.clone() }, Some((id, Asked::Remove(req))))
                     }
                 };
                 let claim = signal.as_ref().map(|_| Arc::new(AtomicBool::new(false)));
@@ -293,8 +327,9 @@ async fn converse(
                     // A poll or an interval is superseded by the next one; a signal request is answered now.
                     Err(mpsc::error::TrySendError::Full(_)) => {
                         if let Some((id, req)) = signal {
-                            let why = "host busy: the agent is not reading its commands; nothing was signalled";
-                            task.sink.outcomes(id, all_failed(&req, why));
+                            let why = "host busy: the agent is not reading its commands; nothing was done";
+                            let p = Pending { id, req, claim: Arc::new(AtomicBool::new(true)), queued: Instant::now() };
+                            p.cmd().refuse(task.sink.as_ref(), why);
                         }
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => {
@@ -338,8 +373,8 @@ async fn await_hello(
                 None => return Err("stopped".into()),
                 Some(HostCmd::PollNow) => return Err("no hello from the agent yet: reconnecting as asked".into()),
                 Some(HostCmd::Interval(d)) => *interval = d,
-                Some(HostCmd::Signal { id, req }) => {
-                    task.sink.outcomes(id, all_failed(&req, "not connected yet: the agent has not said hello"));
+                Some(c @ (HostCmd::Signal { .. } | HostCmd::Remove { .. })) => {
+                    c.refuse(task.sink.as_ref(), "not connected yet: the agent has not said hello");
                 }
             }
         }

@@ -8,7 +8,7 @@ use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
 
 use super::{fg, truncate};
 use crate::analyze::plan::plan_summary;
-use crate::core::format::{fmt_bytes, fmt_gpus};
+use crate::core::format::{escape, fmt_bytes, fmt_gpus};
 use crate::core::signal::Sig;
 use crate::tui::app::{App, Dialog, SweepScope, TUI_GRACE};
 use crate::tui::keymap::Cmd;
@@ -45,16 +45,31 @@ pub fn render(app: &App, f: &mut Frame) {
             target,
             user,
             signal,
+            note,
         } => {
             let w = area.width.min(76);
-            let r = centered(area, w, 11);
+            let note_rows = note.as_ref().map_or(0, |n| {
+                n.chars()
+                    .count()
+                    .div_ceil(w.saturating_sub(4).max(1) as usize)
+                    + 1
+            });
+            let r = centered(area, w, 11 + note_rows as u16);
             let inner_w = w.saturating_sub(12) as usize;
             let label = app
                 .hosts
                 .get(host.0)
                 .map(|h| h.label.clone())
                 .unwrap_or_default();
-            let lines = vec![
+            let mut lines = Vec::new();
+            if let Some(n) = note {
+                lines.push(Line::from(Span::styled(
+                    format!(" {n}"),
+                    fg(app, Color::Yellow),
+                )));
+                lines.push(Line::default());
+            }
+            lines.extend([
                 Line::from(format!(" host    {label}")),
                 Line::from(format!(
                     " pid     {}  (start time {} — re-checked before sending)",
@@ -78,10 +93,10 @@ pub fn render(app: &App, f: &mut Frame) {
                     " Enter/y send   Tab switch signal   Esc cancel",
                     fg(app, Color::DarkGray),
                 )),
-            ];
+            ]);
             f.render_widget(Clear, r);
             f.render_widget(
-                Paragraph::new(lines).block(
+                Paragraph::new(lines).wrap(Wrap { trim: false }).block(
                     Block::bordered()
                         .title(if app.cfg.demo {
                             " Kill process (DEMO: simulated, no real process) "
@@ -173,9 +188,61 @@ pub fn render(app: &App, f: &mut Frame) {
                 r,
             );
         }
+        Dialog::Finding { host, finding } => super::details::render(app, f, *host, finding),
+        Dialog::Remove { host, files } => {
+            let w = area.width.min(100);
+            let h = (files.len() as u16 + 8).min(area.height);
+            let r = centered(area, w, h);
+            let label = app
+                .hosts
+                .get(host.0)
+                .map(|h| h.label.clone())
+                .unwrap_or_default();
+            let mut lines = vec![
+                Line::from(format!(
+                    " Remove {} file(s) from /dev/shm on {label}: no live process has them open or mapped.",
+                    files.len()
+                )),
+                Line::default(),
+            ];
+            for file in files {
+                lines.push(Line::from(format!(
+                    " {:>10}  /dev/shm/{}",
+                    fmt_bytes(Some(file.bytes)),
+                    truncate(&escape(&file.name), w.saturating_sub(26) as usize)
+                )));
+            }
+            lines.push(Line::default());
+            lines.push(Line::from(
+                " Each is re-checked first (same inode, still unused, a plain file) and logged.",
+            ));
+            lines.push(Line::from(Span::styled(
+                " Enter/y remove   Esc cancel",
+                fg(app, Color::DarkGray),
+            )));
+            f.render_widget(Clear, r);
+            f.render_widget(
+                Paragraph::new(lines).block(
+                    Block::bordered()
+                        .title(if app.cfg.demo {
+                            " Remove /dev/shm leftovers (DEMO: simulated, no real file) "
+                        } else {
+                            " Remove /dev/shm leftovers "
+                        })
+                        .border_style(fg(app, Color::Red)),
+                ),
+                r,
+            );
+        }
         Dialog::Help => {
-            let r = centered(area, 64, (Cmd::ALL.len() as u16 + 9).min(area.height));
-            let mut lines: Vec<Line> = Cmd::ALL
+            let shown: Vec<_> = Cmd::ALL
+                .iter()
+                .filter(|(c, _, _)| {
+                    !(app.cfg.readonly && matches!(c, Cmd::Kill | Cmd::Sweep | Cmd::RemoveShm))
+                })
+                .collect();
+            let r = centered(area, 64, (shown.len() as u16 + 9).min(area.height));
+            let mut lines: Vec<Line> = shown
                 .iter()
                 .map(|(c, _, what)| {
                     Line::from(format!(" {:<12} {what}", app.cfg.keymap.keys_for(*c)))

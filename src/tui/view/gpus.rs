@@ -30,9 +30,16 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     };
     let block = panel(app, &title, focused, compact);
     let Some(s) = h.snap.as_ref().filter(|s| s.error.is_none()) else {
-        let msg = match &h.snap {
-            Some(s) => s.error.clone().unwrap_or_default(),
-            None => "waiting for the first reading…".into(),
+        let msg = match (&h.snap, &h.status) {
+            (Some(s), _) => s.error.clone().unwrap_or_default(),
+            (None, crate::source::ConnStatus::Down(e)) => {
+                format!("down: {e} — retrying (r retries now)")
+            }
+            (None, _) if app.silent_too_long(h) => format!(
+                "no reading within {}s (--connect-timeout); still trying (r retries now)",
+                app.cfg.connect_timeout.as_secs()
+            ),
+            (None, _) => "waiting for the first reading…".into(),
         };
         f.render_widget(ratatui::widgets::Paragraph::new(msg).block(block), area);
         return;

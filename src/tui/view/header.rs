@@ -65,6 +65,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, banner: Rect) {
             } else {
                 String::new()
             }),
+            down_span(app, " {n}✗"),
             Span::raw(format!(
                 " │ {sweep} │ poll {}",
                 fmt_ms(app.cfg.interval.as_millis() as u64)
@@ -108,11 +109,26 @@ fn render_wide(
     if unknown > 0 {
         spans.push(Span::raw(format!("  {unknown} ? N/A")));
     }
+    spans.push(down_span(app, "  {n} ✗ host down"));
+    if app.cfg.readonly {
+        spans.push(Span::styled(" │ read-only", fg(app, Color::Yellow)));
+    }
     spans.push(Span::raw(format!(
         " │ {sweep} │ poll {}",
         fmt_ms(app.cfg.interval.as_millis() as u64)
     )));
     f.render_widget(Paragraph::new(Line::from(spans)), area);
+}
+
+/// Hosts without a reading now, in red; nothing when all answer. `{n}` in `fmt` is the count.
+fn down_span(app: &App, fmt: &str) -> Span<'static> {
+    match app.down_count() {
+        0 => Span::raw(""),
+        n => Span::styled(
+            fmt.replace("{n}", &n.to_string()),
+            fg(app, Color::Red).add_modifier(Modifier::BOLD),
+        ),
+    }
 }
 
 fn render_banner(app: &App, f: &mut Frame, banner: Rect) {
@@ -148,9 +164,17 @@ fn render_banner(app: &App, f: &mut Frame, banner: Rect) {
             )),
         ])
     } else if let Some(b) = &app.banner {
+        // Narrow: the verdict and its time before the scope's name.
+        let room = banner.width.saturating_sub(2) as usize;
+        let text = if b.chars().count() > room {
+            b.split_once(": ")
+                .map_or(b.clone(), |(_, rest)| format!("✓ {rest}"))
+        } else {
+            b.clone()
+        };
         Line::from(vec![
             Span::styled(
-                format!(" {b} "),
+                format!(" {} ", truncate(&text, room)),
                 fg(app, Color::Black)
                     .bg_if(app, Color::Green)
                     .add_modifier(Modifier::BOLD),

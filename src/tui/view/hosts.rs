@@ -90,7 +90,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
                 spans.push(Span::raw(" "));
                 warn = s.findings.len();
             }
-            _ => spans.push(Span::styled("[no reading]", fg(app, Color::DarkGray))),
+            _ => spans.push(Span::styled("[no reading] ", fg(app, Color::DarkGray))),
         }
         if leaks > 0 {
             spans.push(Span::styled(format!("{leaks} leak "), fg(app, Color::Red)));
@@ -103,6 +103,13 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
         }
         let conn = match &h.status {
             ConnStatus::Up => Span::styled("up", fg(app, Color::Green)),
+            ConnStatus::Connecting if app.silent_too_long(h) => Span::styled(
+                format!(
+                    "no reading within {}s; still trying",
+                    app.cfg.connect_timeout.as_secs()
+                ),
+                fg(app, Color::Red),
+            ),
             ConnStatus::Connecting => Span::styled("connecting…", fg(app, Color::Yellow)),
             // The age runs on between messages: it is the age of the reading shown.
             ConnStatus::Stale { silent_ms } => {

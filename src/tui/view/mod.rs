@@ -8,6 +8,8 @@
     clippy::cast_possible_wrap
 )]
 
+mod chart;
+mod details;
 mod dialog;
 mod findings;
 mod gpus;
@@ -15,6 +17,7 @@ mod header;
 mod hosts;
 mod processes;
 mod smem;
+mod timeline;
 
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -51,12 +54,17 @@ pub fn layout(area: Rect, app: &App) -> Areas {
         .map_or(1, |s| s.gpus.len())
         .clamp(1, if compact { 8 } else { 16 }) as u16;
     let banner = u16::from(app.banner.is_some() || app.rewatch.is_some());
+    // Header, banner and status line always get their row; the panels share what is left, so even at
+    // 40x10 the all-zero banner is seen.
+    let left = area.height.saturating_sub(2 + banner);
+    let hosts_h = (host_rows + border).min((left / 3).max(2)).min(left);
+    let gpus_h = (gpu_rows + border + 1).min(left.saturating_sub(hosts_h) * 2 / 3);
     let v = Layout::vertical([
         Constraint::Length(1),
         Constraint::Length(banner),
-        Constraint::Length(host_rows + border),
-        Constraint::Length(gpu_rows + border + 1),
-        Constraint::Min(3),
+        Constraint::Length(hosts_h),
+        Constraint::Length(gpus_h),
+        Constraint::Fill(1),
         Constraint::Length(1),
     ])
     .split(area);
@@ -99,11 +107,15 @@ pub fn render(app: &App, f: &mut Frame) {
     let a = layout(f.area(), app);
     header::render(app, f, a.header, a.banner);
     hosts::render(app, f, a.hosts, a.compact);
-    if app.smem_open {
+    if app.timeline_open {
+        timeline::render(app, f, a.smem);
+    } else if app.smem_open {
         smem::render(app, f, a.smem);
     } else {
         gpus::render(app, f, a.gpus, a.compact);
-        if a.procs.height > 0 {
+        if a.procs.height > 0 && app.chart_open {
+            chart::render(app, f, a.procs);
+        } else if a.procs.height > 0 {
             processes::render(app, f, a.procs, a.compact);
         }
         if a.findings.height > 0 {
@@ -175,7 +187,7 @@ pub fn bar(used: Option<u64>, total: Option<u64>, width: usize) -> String {
 
 /// The last `width` samples as a sparkline, scaled to `max`.
 pub fn sparkline(
-    samples: Option<&std::collections::VecDeque<u64>>,
+    samples: Option<&std::collections::VecDeque<(u64, u64)>>,
     max: u64,
     width: usize,
 ) -> String {
@@ -186,7 +198,7 @@ pub fn sparkline(
     let skip = s.len().saturating_sub(width);
     s.iter()
         .skip(skip)
-        .map(|&v| {
+        .map(|&(_, v)| {
             if v == 0 || max == 0 {
                 ' '
             } else {
@@ -222,13 +234,27 @@ fn status_line(app: &App, f: &mut Frame, area: Rect) {
             (Cmd::Kill, "kill"),
             (Cmd::Sweep, "sweep"),
             (Cmd::Rewatch, "re-watch"),
+            (Cmd::Timeline, "timeline"),
+            (Cmd::Chart, "chart"),
             (Cmd::Filter, "filter"),
             (Cmd::Smem, "smem"),
         ]
         .iter()
+        .filter(|(c, _)| !(app.cfg.readonly && matches!(c, Cmd::Kill | Cmd::Sweep)))
         .map(|(c, w)| format!("{} {w}", km.keys_for(*c)))
-        .collect::<Vec<_>>()
-        .join("  ");
+        // As many as fit, in this order: ? help lists the rest.
+        .fold(String::new(), |acc, h| {
+            let next = if acc.is_empty() {
+                h
+            } else {
+                format!("{acc}  {h}")
+            };
+            if next.chars().count() < area.width as usize {
+                next
+            } else {
+                acc
+            }
+        });
         Line::from(Span::styled(format!(" {hint}"), fg(app, Color::DarkGray)))
     };
     f.render_widget(Paragraph::new(line), area);

@@ -24,7 +24,6 @@ use super::stream::drive_stream;
 use super::{RemoteTask, agentless};
 use crate::core::host::HostSpec;
 use crate::core::model::SourceKind;
-use crate::core::signal::all_failed;
 use crate::core::trace;
 use crate::source::{ConnStatus, HostCmd};
 
@@ -244,9 +243,8 @@ async fn run_agentless(
                     None => return Ok(()),
                     Some(HostCmd::PollNow) => break,
                     Some(HostCmd::Interval(d)) => { *interval = d; break; }
-                    Some(HostCmd::Signal { id, req }) => {
-                        let outcomes = all_failed(&req, "agentless host: signals need gpusweep there (install it or use --deploy)");
-                        task.sink.outcomes(id, outcomes);
+                    Some(c @ (HostCmd::Signal { .. } | HostCmd::Remove { .. })) => {
+                        c.refuse(task.sink.as_ref(), "agentless host: signals and removals need gpusweep there (install it or use --deploy)");
                     }
                 }
             }

@@ -1,0 +1,145 @@
+//! `gpusweep shm clean`: remove the /dev/shm files of the GPU stack (nccl-*, torch_*, ...) that no live
+//! process has open or mapped, on every chosen host. Each host re-checks each file at the moment of removal
+//! (same device and inode, a plain file, still unused after a fresh scan) and logs it in its audit log.
+
+use std::time::Duration;
+
+use anyhow::bail;
+
+use super::common::{confirm, first_snapshots, runtime};
+use crate::analyze::findings::shm::removable;
+use crate::core::format::{escape, fmt_bytes};
+use crate::core::model::{Feature, HostId};
+use crate::core::removal::{RemovalOutcome, RemovalRequest, all_failed};
+use crate::runtime::{Fleet, HostEvent, Settings};
+use crate::source::HostCmd;
+
+pub struct CleanArgs {
+    pub dry_run: bool,
+    pub yes: bool,
+}
+
+/// How long a host may take to answer a removal (a fresh scan of every process's fds and maps).
+const ANSWER_LIMIT: Duration = Duration::from_secs(60);
+
+/// Exit 0: everything listed was removed (or was already gone), or there was nothing to remove; 1: a file
+/// was refused or could not be removed; 2: a host could not be read, or the removal was not confirmed.
+pub fn run(s: &Settings, a: &CleanArgs) -> anyhow::Result<i32> {
+    if s.readonly && !a.dry_run {
+        bail!(
+            "read-only (--readonly / readonly = true): nothing is removed; --dry-run lists what would be"
+        );
+    }
+    let rt = runtime()?;
+    let code = rt.block_on(async {
+        let mut fleet = Fleet::start(&s.specs, &s.fleet)?;
+        let snaps = first_snapshots(&mut fleet, s.connect_timeout).await;
+        let mut unreadable = false;
+        let mut reqs: Vec<(HostId, RemovalRequest)> = Vec::new();
+        for (i, snap) in snaps.iter().enumerate() {
+            let host = escape(&snap.host);
+            if let Some(e) = &snap.error {
+                eprintln!("gpusweep: {host}: {}", escape(e));
+                unreadable = true;
+                continue;
+            }
+            if snap.lacks(Feature::Shm) || snap.shm.is_none() {
+                eprintln!(
+                    "gpusweep: {host}: who uses /dev/shm cannot be seen there (agentless): nothing is removed on it"
+                );
+                unreadable = true;
+                continue;
+            }
+            let files = removable(snap);
+            if files.is_empty() {
+                println!("{host}: no /dev/shm leftovers");
+                continue;
+            }
+            let total: u64 = files.iter().map(|f| f.bytes).sum();
+            println!(
+                "{host}: {} leftover file(s), {} — open or mapped by no live process:",
+                files.len(),
+                fmt_bytes(Some(total))
+            );
+            for f in &files {
+                println!("  {:>10}  /dev/shm/{}", fmt_bytes(Some(f.bytes)), escape(&f.name));
+            }
+            reqs.push((HostId(i), RemovalRequest { files }));
+        }
+        if reqs.is_empty() || a.dry_run {
+            if a.dry_run && !reqs.is_empty() {
+                println!("dry run: nothing removed");
+            }
+            return anyhow::Ok(if unreadable { 2 } else { 0 });
+        }
+        let n: usize = reqs.iter().map(|(_, r)| r.files.len()).sum();
+        if !confirm(&format!("remove these {n} file(s)?"), a.yes)? {
+            eprintln!("gpusweep: not confirmed: nothing removed");
+            return Ok(2);
+        }
+        let outcomes = remove_all(&mut fleet, &reqs).await;
+        let mut failed = false;
+        for (host, o) in &outcomes {
+            println!("  {}: {}", escape(host), o.describe());
+            failed |= o.failed();
+        }
+        Ok(if unreadable {
+            2
+        } else {
+            i32::from(failed)
+        })
+    });
+    rt.shutdown_background();
+    code
+}
+
+/// One removal request per host; a host that does not answer in time has each of its files reported as such.
+async fn remove_all(
+    fleet: &mut Fleet,
+    reqs: &[(HostId, RemovalRequest)],
+) -> Vec<(String, RemovalOutcome)> {
+    let mut waiting: Vec<Option<usize>> = Vec::new();
+    for (i, (host, req)) in reqs.iter().enumerate() {
+        fleet.send(
+            *host,
+            HostCmd::Remove {
+                id: i as u64 + 1,
+                req: req.clone(),
+            },
+        );
+        waiting.push(Some(i));
+    }
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + ANSWER_LIMIT;
+    while waiting.iter().any(Option::is_some) {
+        match tokio::time::timeout_at(deadline, fleet.recv()).await {
+            Ok(Some(HostEvent::Removals { host, id, outcomes })) => {
+                let Some(slot) = usize::try_from(id)
+                    .ok()
+                    .and_then(|id| id.checked_sub(1))
+                    .filter(|&i| waiting.get(i).is_some_and(Option::is_some) && reqs[i].0 == host)
+                else {
+                    continue;
+                };
+                waiting[slot] = None;
+                let label = fleet.label(host).to_string();
+                out.extend(outcomes.into_iter().map(|o| (label.clone(), o)));
+            }
+            Ok(Some(_)) => {}
+            _ => break,
+        }
+    }
+    for i in waiting.into_iter().flatten() {
+        let (host, req) = &reqs[i];
+        let label = fleet.label(*host).to_string();
+        out.extend(
+            all_failed(
+                req,
+                "no answer from the host: whether it was removed is unknown",
+            )
+            .into_iter()
+            .map(|o| (label.clone(), o)),
+        );
+    }
+    out
+}
