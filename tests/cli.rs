@@ -362,11 +362,41 @@ fn smem_tile_fit_from_the_issue() {
         "12.0",
     ]);
     let t = text(&o);
-    assert!(o.status.success(), "{t}");
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "a tile that does not fit exits 1: {t}"
+    );
     assert!(
         t.contains("does NOT fit") && t.contains("98,320") && t.contains("101,376"),
         "{t}"
     );
+    // Capabilities as people write them, dtypes in any case.
+    for cc in ["12", "sm120", "sm_120a"] {
+        let o = env.run(&[
+            "smem",
+            "--tile",
+            "128x256x128",
+            "--dtype",
+            "BF16",
+            "--cc",
+            cc,
+        ]);
+        assert_eq!(o.status.code(), Some(1), "{cc}: {}", text(&o));
+        assert!(text(&o).contains("CC 12.0"), "{cc}: {}", text(&o));
+    }
+    let o = env.run(&["smem", "--tile", "128x256x128", "--cc", "sm_90"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains("no room for another stage"),
+        "{}",
+        text(&o)
+    );
+    let o = env.run(&["smem", "--stages", "65", "--cc", "9.0"]);
+    assert_eq!(o.status.code(), Some(2), "stages are capped: {}", text(&o));
+    let o = env.run(&["smem", "--json", "--cc", "9.0"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert!(v["rows"][0]["gpus"].is_array(), "{v}");
     let o = env.run(&[
         "smem",
         "--tile",
@@ -1443,4 +1473,194 @@ fn help_shows_a_subcommands_own_flags_first_then_global_and_ssh_headings() {
             "{sub}: wider than 80: {t}"
         );
     }
+}
+
+/// A process with `path` open on fd 3, until it is killed.
+fn holding_open(path: &Path) -> std::process::Child {
+    let c = Command::new("sh")
+        .args(["-c", "exec 3<\"$1\"; exec sleep 300", "sh"])
+        .arg(path)
+        .spawn()
+        .expect("sh");
+    let fd = PathBuf::from(format!("/proc/{}/fd/3", c.id()));
+    await_cond("the fd to be open", || {
+        std::fs::read_link(&fd).is_ok_and(|t| t == path)
+    });
+    c
+}
+
+#[test]
+fn shm_clean_removes_only_unused_plain_files_each_recorded_first() {
+    let env = Env::new();
+    let shm = env.dir.path().join("shm");
+    std::fs::create_dir(&shm).expect("dir");
+    let unused = shm.join("nccl-unused");
+    let open = shm.join("nccl-open");
+    let keep = env.dir.path().join("keep");
+    std::fs::write(&unused, vec![0u8; 4096]).expect("write");
+    std::fs::write(&open, b"x").expect("write");
+    std::fs::write(&keep, b"x").expect("write");
+    std::fs::write(shm.join("unrelated.txt"), b"x").expect("write");
+    std::os::unix::fs::symlink(&keep, shm.join("nccl-link")).expect("ln");
+    let mut holder = holding_open(&open);
+    let dir = shm.display().to_string();
+    let base = ["shm", "clean", "--no-nvml", "--shm-dir", dir.as_str()];
+    let with = |extra: &[&str]| -> Vec<String> {
+        base.iter().chain(extra).map(|s| (*s).to_string()).collect()
+    };
+    let run = |args: Vec<String>| env.run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let o = run(with(&["--dry-run"]));
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("nccl-unused") && t.contains("dry run"), "{t}");
+    assert!(
+        !t.contains("nccl-open") && !t.contains("nccl-link"),
+        "only unused plain files: {t}"
+    );
+    let o = run(with(&[]));
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "no terminal, no --yes: {}",
+        text(&o)
+    );
+    let mut ro = with(&["--yes"]);
+    ro.push("--readonly".into());
+    let o = run(ro);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("read-only"), "{}", text(&o));
+    assert!(unused.exists() && no_record(&env));
+    let o = run(with(&["--yes"]));
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("removed /dev/shm/nccl-unused"), "{t}");
+    assert!(!unused.exists());
+    assert!(open.exists() && keep.exists() && shm.join("nccl-link").exists());
+    assert!(shm.join("unrelated.txt").exists());
+    let log = std::fs::read_to_string(env.audit()).expect("audit log");
+    let rec: serde_json::Value =
+        serde_json::from_str(log.lines().next().expect("a record")).expect("json");
+    assert_eq!(rec["action"], "remove");
+    assert!(
+        rec["path"]
+            .as_str()
+            .is_some_and(|p| p.ends_with("nccl-unused")),
+        "{rec}"
+    );
+    assert!(rec["ino"].as_u64().is_some(), "{rec}");
+    assert_eq!(log.lines().count(), 1, "{log}");
+    // Once its user is gone, the file that was open is a leftover too; an agent removes it on its host.
+    holder.kill().expect("kill");
+    holder.wait().expect("wait");
+    let agent = format!(
+        "cmd:{} agent --no-nvml --shm-dir {dir}",
+        env!("CARGO_BIN_EXE_gpusweep")
+    );
+    let o = env.run(&["shm", "clean", "--hosts", &agent, "--yes"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("removed /dev/shm/nccl-open"), "{t}");
+    assert!(!open.exists() && keep.exists());
+}
+
+#[test]
+fn readonly_refuses_kills_and_sweeps_before_reading_anything() {
+    let env = Env::new();
+    let o = env.run(&["kill", "--readonly", "--yes", "4242"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("read-only"), "{}", text(&o));
+    let cfg = env.dir.path().join("ro.toml");
+    std::fs::write(&cfg, "readonly = true\n").expect("config");
+    let o = env.run(&[
+        "sweep",
+        "--demo",
+        "--yes",
+        "--config",
+        cfg.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = env.run(&[
+        "sweep",
+        "--demo",
+        "--dry-run",
+        "--config",
+        cfg.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "a dry run stays allowed: {}",
+        text(&o)
+    );
+    assert!(no_record(&env));
+}
+
+#[test]
+fn signals_out_of_range_and_unsent_say_so() {
+    let env = Env::new();
+    let o = env.run(&["kill", "--signal", "99", "5"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("out of range: Linux signals are 1 to 64"),
+        "{}",
+        text(&o)
+    );
+    let o = env.run(&["kill", "--signal", "17", "5"]);
+    assert!(text(&o).contains("not one gpusweep sends"), "{}", text(&o));
+}
+
+#[test]
+fn help_fits_80_columns_every_flag_is_described_and_completions_and_man_are_generated() {
+    let env = Env::new();
+    for sub in [
+        vec!["--help"],
+        vec!["snapshot", "--help"],
+        vec!["wait", "--help"],
+        vec!["sweep", "--help"],
+        vec!["kill", "--help"],
+        vec!["smem", "--help"],
+        vec!["shm", "clean", "--help"],
+        vec!["agent", "--help"],
+    ] {
+        let o = env.cmd(&sub).env("COLUMNS", "80").output().expect("run");
+        let t = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(o.status.success(), "{sub:?}: {t}");
+        for l in t.lines() {
+            assert!(
+                l.chars().count() <= 80,
+                "{sub:?}: a line past 80 columns: {l:?}"
+            );
+            let flag = l.trim_start();
+            // A flag line of the short help: the flag, then its description on the same line.
+            if flag.starts_with('-')
+                && l.starts_with("  ")
+                && !l.starts_with("          ")
+                && sub.len() > 1
+            {
+                assert!(
+                    flag.split("  ").filter(|p| !p.trim().is_empty()).count() >= 2,
+                    "{sub:?}: no description: {l:?}"
+                );
+            }
+            assert!(
+                !l.contains("Default") || !l.contains("[default:"),
+                "{sub:?}: {l:?}"
+            );
+        }
+    }
+    let o = env.run(&["--help"]);
+    let t = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        t.contains("  unkillable ") && t.contains("129/130/143"),
+        "{t}"
+    );
+    let o = env.run(&["completions", "bash"]);
+    let t = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success() && t.contains("--readonly") && t.contains("shm"),
+        "{t}"
+    );
+    let o = env.run(&["man"]);
+    let t = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success() && t.contains(".TH gpusweep"), "{t}");
 }

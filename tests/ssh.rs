@@ -476,7 +476,7 @@ fn agentless_fallback_reads_the_fake_nvidia_smi() {
     let _ = hostile.wait();
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(
-        text(&o).contains("agentless host: signals need gpusweep there"),
+        text(&o).contains("agentless host: signals and removals need gpusweep there"),
         "{}",
         text(&o)
     );

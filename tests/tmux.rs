@@ -59,6 +59,24 @@ impl Tmux {
     }
 }
 
+impl Tmux {
+    /// Wait until the screen no longer shows `needle`.
+    fn await_gone(&self, needle: &str) -> String {
+        let t = Instant::now();
+        loop {
+            let s = self.screen();
+            if !s.contains(needle) {
+                return s;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "timed out waiting for {needle:?} to go; screen:\n{s}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 impl Drop for Tmux {
     fn drop(&mut self) {
         let _ = self.cmd(&["kill-server"]);
@@ -89,10 +107,124 @@ fn demo_open_gpu_b_sweep_confirm_and_see_all_zero() {
     let s = t.await_text("gpu-b: all 8 GPUs read zero after");
     assert!(s.contains("gpu-b [········] 8/8 clean"), "{s}");
     // Re-watch everything: gpu-a is busy, so it keeps watching and says what still holds memory.
-    t.keys(&["Escape", "w"]);
+    // From the hosts panel (Esc dismisses the banner, Esc again goes back there). A key right after Esc
+    // would read as Alt+key: each waits for the last to show.
+    t.keys(&["Escape"]);
+    t.await_gone("Esc to dismiss");
+    t.keys(&["Escape"]);
+    t.await_text("▶ Hosts");
+    t.keys(&["w"]);
     t.await_text("re-watching every host");
     t.keys(&["w", "q"]);
     t.await_text("EXITED 0");
+}
+
+#[test]
+fn demo_sweep_timeline_shm_removal_and_a_clean_gpu_b_recorded_in_the_events_file() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let bin = env!("CARGO_BIN_EXE_gpusweep");
+    let events = dir.path().join("events.jsonl");
+    let cmd = format!(
+        "GPUSWEEP_CONFIG={0}/none.toml GPUSWEEP_AUDIT_LOG={0}/a.jsonl {bin} --demo --events {1}; echo EXITED $?; sleep 30",
+        dir.path().display(),
+        events.display()
+    );
+    let t = Tmux::start("timeline", 160, 48, &cmd);
+    t.await_text("gpu-b [······");
+    t.keys(&["j", "Enter"]);
+    t.await_text("▶ GPUs on gpu-b");
+    t.keys(&["S"]);
+    t.await_text("Sweep");
+    t.keys(&["Tab"]);
+    t.await_text("[all of gpu-b]");
+    t.keys(&["Enter"]);
+    t.await_text("gpu-b: all 8 GPUs read zero after");
+    // The timeline has the signals, their fates and the time to clean.
+    t.keys(&["e"]);
+    let s = t.await_text("all zero after");
+    assert!(s.contains("→ sweep: TERM to 7306, 7391"), "{s}");
+    assert!(
+        s.contains("← 7306 sglang::scheduler_TP6: exited after TERM"),
+        "{s}"
+    );
+    assert!(s.contains("after the first signal"), "{s}");
+    t.keys(&["Escape"]);
+    t.await_gone("Timeline (");
+    // D lists the leftovers; Enter removes them.
+    t.keys(&["D"]);
+    let s = t.await_text("Remove /dev/shm leftovers");
+    assert!(
+        s.contains("nccl-7f3a2c") && s.contains("torch_7000_2381"),
+        "{s}"
+    );
+    t.keys(&["Enter"]);
+    t.await_text("removed /dev/shm/nccl-7f3a2c");
+    // The zombie: K on its row offers its parent, which is what ends it.
+    t.keys(&["/"]);
+    t.keys(&["-l", "zombie"]);
+    t.keys(&["Enter", "K"]);
+    let s = t.await_text("is a zombie: it holds nothing and no signal");
+    assert!(s.contains("pid     7340"), "{s}");
+    t.keys(&["Enter"]);
+    t.await_text("TERM 7340 on gpu-b: 7340");
+    t.await_text("no findings: nothing leaked here");
+    t.keys(&["q"]);
+    t.await_text("EXITED 0");
+    let log = std::fs::read_to_string(&events).expect("events file");
+    let kinds: Vec<String> = log
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("one JSON object a line");
+            assert_eq!(v["host"].as_str().map(str::is_empty), Some(false), "{l}");
+            v["event"].as_str().expect("event").to_string()
+        })
+        .collect();
+    for want in [
+        "host_up",
+        "signal_sent",
+        "signal_fate",
+        "process_exited",
+        "gpu_clean",
+        "all_clean",
+        "shm_removed",
+        "finding_cleared",
+    ] {
+        assert!(kinds.iter().any(|k| k == want), "{want} in {kinds:?}");
+    }
+}
+
+#[test]
+fn sigterm_ends_the_tui_with_143_and_restores_the_terminal() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let bin = env!("CARGO_BIN_EXE_gpusweep");
+    let cmd = format!(
+        "GPUSWEEP_CONFIG={0}/none.toml {bin} --demo; echo EXITED $?; sleep 30",
+        dir.path().display()
+    );
+    let t = Tmux::start("term", 100, 30, &cmd);
+    t.await_text("gpu-b [");
+    let pane = String::from_utf8_lossy(
+        &t.cmd(&["list-panes", "-t", "gs", "-F", "#{pane_pid}"])
+            .stdout,
+    )
+    .trim()
+    .to_string();
+    let children =
+        std::fs::read_to_string(format!("/proc/{pane}/task/{pane}/children")).expect("children");
+    let pid: i32 = children
+        .split_whitespace()
+        .next()
+        .expect("the TUI")
+        .parse()
+        .expect("pid");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("kill");
+    let s = t.await_text("EXITED");
+    assert!(s.contains("EXITED 143"), "{s}");
+    assert!(!s.contains("gpu-b ["), "the alternate screen is gone: {s}");
 }
 
 #[test]

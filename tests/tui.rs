@@ -641,3 +641,29 @@ fn reducer_w_on_an_opened_host_watches_that_host() {
         Some("every host")
     );
 }
+
+#[test]
+fn reducer_after_a_sweep_the_zombie_parent_and_d_leave_gpu_b_without_findings() {
+    let (mut d, _) = swept_gpu_b();
+    d.ch('D');
+    let eff = d.key(KeyCode::Enter);
+    let Some(Effect::Send(h, HostCmd::Remove { id, req })) = sent(&eff).into_iter().next() else {
+        panic!("{eff:?}")
+    };
+    let out = d.hosts[h.0].remove(&req);
+    d.app.update(Action::Removals(h, id, out));
+    d.app.sel.focus = Panel::Processes;
+    d.app.sel.proc = d
+        .app
+        .process_rows()
+        .iter()
+        .position(|r| r.pid == 7350)
+        .expect("zombie row");
+    d.ch('K');
+    let eff = d.key(KeyCode::Enter);
+    d.run_effects(&eff);
+    d.at(32_000);
+    d.poll();
+    let s = d.app.snap().expect("reading");
+    assert!(s.findings.is_empty(), "{:#?}", s.findings);
+}
