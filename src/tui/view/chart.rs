@@ -98,7 +98,8 @@ pub fn render(app: &App, f: &mut Frame, area: Rect) {
         .map(|(g, pts)| {
             Dataset::default()
                 .name(format!("GPU {g}"))
-                .marker(Marker::Braille)
+                // Half blocks: every terminal font has them at one cell wide (braille is not everywhere).
+                .marker(Marker::HalfBlock)
                 .graph_type(GraphType::Line)
                 .style(fg(app, COLORS[*g as usize % COLORS.len()]))
                 .data(pts)

@@ -24,6 +24,37 @@ fn centered(area: Rect, w: u16, h: u16) -> Rect {
     }
 }
 
+/// A confirmation box in red; on the demo its title says nothing real is touched. Tables are cut at the
+/// edge, prose (`wrap`) is wrapped.
+fn confirm_box(
+    app: &App,
+    f: &mut Frame,
+    r: Rect,
+    lines: Vec<Line<'_>>,
+    title: &str,
+    thing: &str,
+    wrap: bool,
+) {
+    let title = if app.cfg.demo {
+        format!(" {title} (DEMO: simulated, no real {thing}) ")
+    } else {
+        format!(" {title} ")
+    };
+    let mut p = Paragraph::new(lines);
+    if wrap {
+        p = p.wrap(Wrap { trim: false });
+    }
+    f.render_widget(Clear, r);
+    f.render_widget(
+        p.block(
+            Block::bordered()
+                .title(title)
+                .border_style(fg(app, Color::Red)),
+        ),
+        r,
+    );
+}
+
 fn choice(app: &App, label: &str, on: bool) -> Span<'static> {
     if on {
         Span::styled(
@@ -94,19 +125,7 @@ pub fn render(app: &App, f: &mut Frame) {
                     fg(app, Color::DarkGray),
                 )),
             ]);
-            f.render_widget(Clear, r);
-            f.render_widget(
-                Paragraph::new(lines).wrap(Wrap { trim: false }).block(
-                    Block::bordered()
-                        .title(if app.cfg.demo {
-                            " Kill process (DEMO: simulated, no real process) "
-                        } else {
-                            " Kill process "
-                        })
-                        .border_style(fg(app, Color::Red)),
-                ),
-                r,
-            );
+            confirm_box(app, f, r, lines, "Kill process", "process", true);
         }
         Dialog::Sweep {
             scope,
@@ -174,19 +193,7 @@ pub fn render(app: &App, f: &mut Frame) {
                 " Enter/y sweep   Tab change scope   Esc cancel",
                 fg(app, Color::DarkGray),
             )));
-            f.render_widget(Clear, r);
-            f.render_widget(
-                Paragraph::new(lines).block(
-                    Block::bordered()
-                        .title(if app.cfg.demo {
-                            " Sweep (DEMO: simulated, no real process) "
-                        } else {
-                            " Sweep "
-                        })
-                        .border_style(fg(app, Color::Red)),
-                ),
-                r,
-            );
+            confirm_box(app, f, r, lines, "Sweep", "process", false);
         }
         Dialog::Finding { host, finding } => super::details::render(app, f, *host, finding),
         Dialog::Remove { host, files } => {
@@ -220,19 +227,7 @@ pub fn render(app: &App, f: &mut Frame) {
                 " Enter/y remove   Esc cancel",
                 fg(app, Color::DarkGray),
             )));
-            f.render_widget(Clear, r);
-            f.render_widget(
-                Paragraph::new(lines).block(
-                    Block::bordered()
-                        .title(if app.cfg.demo {
-                            " Remove /dev/shm leftovers (DEMO: simulated, no real file) "
-                        } else {
-                            " Remove /dev/shm leftovers "
-                        })
-                        .border_style(fg(app, Color::Red)),
-                ),
-                r,
-            );
+            confirm_box(app, f, r, lines, "Remove /dev/shm leftovers", "file", false);
         }
         Dialog::Help => {
             let shown: Vec<_> = Cmd::ALL
