@@ -24,7 +24,7 @@ fn gpu_b_after_pkill_has_every_kind_of_leftover() {
         FindingKind::Ghost,
         FindingKind::HiddenHolder,
         FindingKind::Residual,
-        FindingKind::Orphan,
+        FindingKind::OrphanedJob,
         FindingKind::Zombie,
         FindingKind::ShmLeftover,
     ] {

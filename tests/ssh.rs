@@ -219,7 +219,7 @@ fn snapshot_of_three_hosts_and_one_that_is_down() {
             "ghost",
             "hidden_holder",
             "residual",
-            "orphan",
+            "orphaned_job",
             "zombie",
             "shm_leftover",
         ] {

@@ -102,6 +102,28 @@ pub fn judged_by_holders_only(snap: &HostSnapshot) -> bool {
 /// Which GPUs of each host `refs` names: an index stands for that GPU on every host and must exist on every
 /// host whose GPUs could be read; a UUID must name a GPU of some host. Hosts that none of them name are left
 /// out of the map. `Err` says which GPU is missing and what the host has.
+/// The PIDs of a host's reading that belong to the job `query` names (see `Job::matches`) and hold or are
+/// listed on a GPU, with the GPUs they hold.
+pub fn job_processes(snap: &HostSnapshot, query: &str) -> Vec<(u32, Vec<u32>)> {
+    let mut out: Vec<(u32, Vec<u32>)> = snap
+        .processes
+        .iter()
+        .filter(|p| p.job.as_ref().is_some_and(|j| j.matches(query)))
+        .filter_map(|p| {
+            let mut gpus = snap.listed_gpus(p.pid);
+            if let Some(h) = snap.holder(p.pid).filter(|h| !h.benign) {
+                gpus.extend(&h.gpus);
+            }
+            gpus.sort_unstable();
+            gpus.dedup();
+            (!gpus.is_empty() || snap.holder(p.pid).is_some_and(|h| !h.benign))
+                .then_some((p.pid, gpus))
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
 pub fn resolve_gpus(
     refs: &[GpuRef],
     hosts: &[(HostId, &HostSnapshot)],

@@ -223,12 +223,19 @@ pub enum Command {
         /// Poll interval while waiting.
         #[arg(long, value_name = "DUR", default_value = "100ms", value_parser = duration_arg, allow_hyphen_values = true)]
         poll: Duration,
+        /// Only the GPUs this job's processes hold: a Slurm job (4711, slurm:4711.0), a pod or container ID
+        /// (4 characters or more), a systemd unit, run:PID.
+        #[arg(long, value_name = "JOB")]
+        job: Option<String>,
     },
     /// Signal every holder of the chosen GPUs: TERM, a grace period, KILL; then wait until clean.
     Sweep {
         /// GPUs to sweep: indices, ranges and UUIDs (0,1,4-7,GPU-...). Default: all.
         #[arg(long, value_name = "LIST", value_parser = gpu_list_arg)]
         gpus: Option<GpuList>,
+        /// Only this job's processes and the GPUs they hold (4711, slurm:4711.0, a container ID, run:PID).
+        #[arg(long, value_name = "JOB")]
+        job: Option<String>,
         /// Time between TERM and KILL.
         #[arg(long, value_name = "DUR", default_value = "10s", value_parser = duration_arg, allow_hyphen_values = true)]
         grace: Duration,
@@ -251,8 +258,11 @@ pub enum Command {
     /// Signal chosen processes with the same safety as sweep.
     Kill {
         /// PIDs on the chosen host.
-        #[arg(required = true, allow_negative_numbers = true)]
+        #[arg(required_unless_present = "job", allow_negative_numbers = true)]
         pids: Vec<u32>,
+        /// Every GPU process of this job (4711, slurm:4711.0, a container ID, run:PID), besides the PIDs.
+        #[arg(long, value_name = "JOB")]
+        job: Option<String>,
         /// The host the PIDs live on: the spec as typed in --hosts, or its label. Default: the only host.
         #[arg(long)]
         host: Option<String>,

@@ -19,6 +19,8 @@ pub struct KillArgs {
     pub signal: Sig,
     pub grace: Option<Duration>,
     pub yes: bool,
+    /// Also every GPU process of this job.
+    pub job: Option<String>,
 }
 
 /// The host the PIDs live on: `--host` as typed or as labelled, or the only host.
@@ -67,8 +69,21 @@ pub fn run(s: &Settings, a: &KillArgs) -> anyhow::Result<i32> {
         if let Some(e) = &snap.error {
             bail!("{}: {e}", snap.host);
         }
+        let mut pids = a.pids.clone();
+        if let Some(q) = &a.job {
+            let of_job = crate::analyze::watch::job_processes(&snap, q);
+            if of_job.is_empty() && pids.is_empty() {
+                println!(
+                    "  {}: no process of job {} holds a GPU",
+                    escape(&snap.host),
+                    escape(q)
+                );
+                return Ok(0);
+            }
+            pids.extend(of_job.into_iter().map(|(pid, _)| pid));
+        }
         let mut targets = Vec::new();
-        for &pid in &a.pids {
+        for &pid in &pids {
             // On this host any PID can be named; elsewhere only what the agent reported.
             let found = snap
                 .proc(pid)
@@ -104,7 +119,7 @@ pub fn run(s: &Settings, a: &KillArgs) -> anyhow::Result<i32> {
         let outs = deliver_all(&mut fleet, &[(HostId(0), req)], limit).await;
         print_outcomes(&outs);
         Ok(i32::from(
-            !(outs.iter().all(|(_, o)| o.ok()) && outs.len() == a.pids.len()),
+            !(outs.iter().all(|(_, o)| o.ok()) && outs.len() == pids.len()),
         ))
     });
     rt.shutdown_background();

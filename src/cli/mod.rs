@@ -24,10 +24,12 @@ pub fn run(s: &Settings, cmd: Command, explicit_hosts: bool) -> anyhow::Result<i
             tolerance,
             timeout,
             poll,
+            job,
         } => wait::run(
             s,
             &wait::WaitArgs {
                 gpus: gpus.map(|g| g.0),
+                job,
                 tolerance_mib: tolerance,
                 timeout,
                 poll,
@@ -40,6 +42,7 @@ pub fn run(s: &Settings, cmd: Command, explicit_hosts: bool) -> anyhow::Result<i
         }
         Command::Sweep {
             gpus,
+            job,
             grace,
             dry_run,
             yes,
@@ -50,6 +53,7 @@ pub fn run(s: &Settings, cmd: Command, explicit_hosts: bool) -> anyhow::Result<i
             s,
             &sweep::SweepArgs {
                 gpus: gpus.map(|g| g.0),
+                job,
                 grace,
                 dry_run,
                 yes,
@@ -64,6 +68,7 @@ pub fn run(s: &Settings, cmd: Command, explicit_hosts: bool) -> anyhow::Result<i
             signal,
             grace,
             yes,
+            job,
         } => kill::run(
             s,
             &kill::KillArgs {
@@ -72,6 +77,7 @@ pub fn run(s: &Settings, cmd: Command, explicit_hosts: bool) -> anyhow::Result<i
                 signal,
                 grace,
                 yes,
+                job,
             },
         ),
         Command::Smem {

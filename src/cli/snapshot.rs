@@ -127,8 +127,8 @@ fn process_table(o: &mut String, snap: &HostSnapshot) {
     }
     let _ = write!(
         o,
-        "\n   {:>7} {:<10} {:<2} {:>7} {:<8} {:>10} {:>7}  COMMAND\n",
-        "PID", "USER", "S", "PPID", "GPUS", "GPU MEM", "AGE"
+        "\n   {:>7} {:<10} {:<2} {:>7} {:<8} {:>10} {:>7} {:<14}  COMMAND\n",
+        "PID", "USER", "S", "PPID", "GPUS", "GPU MEM", "AGE", "JOB"
     );
     for p in shown {
         let h = snap.holder(p.pid);
@@ -140,7 +140,7 @@ fn process_table(o: &mut String, snap: &HostSnapshot) {
         };
         let _ = writeln!(
             o,
-            "   {:>7} {:<10} {:<2} {:>7} {:<8} {:>10} {:>7}  {}{}",
+            "   {:>7} {:<10} {:<2} {:>7} {:<8} {:>10} {:>7} {:<14}  {}{}",
             p.pid,
             truncate(&escape(p.user.as_deref().unwrap_or("N/A")), 10),
             p.state,
@@ -152,6 +152,9 @@ fn process_table(o: &mut String, snap: &HostSnapshot) {
                 "-".into()
             },
             age(snap, p.started_at),
+            p.job
+                .as_ref()
+                .map_or_else(|| "-".into(), |j| truncate(&escape(&j.short()), 14)),
             truncate(&p.display_cmd(), 70),
             mark
         );

@@ -10,7 +10,7 @@ use super::common::{
 };
 use super::wait::{unusable, watch_for, watch_until_clean};
 use crate::analyze::plan::{Plan, plan, plan_summary};
-use crate::analyze::watch::Watch;
+use crate::analyze::watch::{Watch, job_processes};
 use crate::core::format::{escape, fmt_bytes, fmt_gpus, fmt_ms, millis, truncate};
 use crate::core::model::{HostId, MIB};
 use crate::core::parse::GpuRef;
@@ -20,6 +20,8 @@ use crate::source::HostCmd;
 
 pub struct SweepArgs {
     pub gpus: Option<Vec<GpuRef>>,
+    /// Only this job's processes, and the GPUs they hold.
+    pub job: Option<String>,
     pub grace: Duration,
     pub dry_run: bool,
     pub yes: bool,
@@ -76,20 +78,35 @@ async fn start(
     if snaps.iter().all(|h| h.error.is_some()) {
         bail!("no host could be read");
     }
-    let watch = watch_for(fleet, &snaps, a.gpus.as_deref(), tolerance)?;
+    let watch = watch_for(
+        fleet,
+        &snaps,
+        a.gpus.as_deref(),
+        a.job.as_deref(),
+        tolerance,
+    )?;
     let mut all = Plan::default();
     for (i, snap) in snaps.iter().enumerate() {
         let id = HostId(i);
         if snap.error.is_some() {
             continue;
         }
-        let gpus: Option<&[u32]> = match (&a.gpus, watch.per_host.get(&id)) {
-            (None, _) => None,
-            (Some(_), Some(scope)) => scope.gpus.as_deref(),
-            // --gpus names no GPU of this host.
-            (Some(_), None) => continue,
+        let chosen = a.gpus.is_some() || a.job.is_some();
+        let gpus: Option<&[u32]> = match (chosen, watch.per_host.get(&id)) {
+            (false, _) => None,
+            (true, Some(scope)) => scope.gpus.as_deref(),
+            // --gpus or --job names no GPU of this host.
+            (true, None) => continue,
         };
-        all.extend(plan(id, snap, gpus, &fleet.protected(id)));
+        let mut p = plan(id, snap, gpus, &fleet.protected(id));
+        if let Some(q) = &a.job {
+            let of_job: Vec<u32> = job_processes(snap, q)
+                .into_iter()
+                .map(|(pid, _)| pid)
+                .collect();
+            p.items.retain(|i| of_job.contains(&i.pid));
+        }
+        all.extend(p);
     }
     Ok(Start {
         plan: all,

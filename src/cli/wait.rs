@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 
 use super::common::{first_snapshots, runtime};
-use crate::analyze::watch::{Scope, Watch, judged_by_holders_only, resolve_gpus};
+use crate::analyze::watch::{Scope, Watch, job_processes, judged_by_holders_only, resolve_gpus};
 use crate::core::format::{escape, fmt_ms, millis, truncate};
 use crate::core::model::{HostId, HostSnapshot, MIB};
 use crate::core::parse::GpuRef;
@@ -18,6 +18,8 @@ use crate::source::ConnStatus;
 
 pub struct WaitArgs {
     pub gpus: Option<Vec<GpuRef>>,
+    /// Only the GPUs this job's processes hold (see `Job::matches`).
+    pub job: Option<String>,
     pub tolerance_mib: Option<u64>,
     pub timeout: Option<Duration>,
     pub poll: Duration,
@@ -85,6 +87,7 @@ pub fn watch_for(
     fleet: &Fleet,
     snaps: &[HostSnapshot],
     gpus: Option<&[GpuRef]>,
+    job: Option<&str>,
     tolerance: u64,
 ) -> anyhow::Result<Watch> {
     let readable: Vec<(HostId, &HostSnapshot)> = snaps
@@ -93,6 +96,34 @@ pub fn watch_for(
         .filter(|(_, s)| s.error.is_none())
         .map(|(i, s)| (HostId(i), s))
         .collect();
+    if let Some(q) = job {
+        if gpus.is_some() {
+            bail!("--job and --gpus: choose one (a job's GPUs are the ones it holds)");
+        }
+        // The job's GPUs, host by host, as this first reading shows them.
+        let mut expected = Vec::new();
+        let mut per_host = BTreeMap::new();
+        for (h, s) in &readable {
+            let mut held: Vec<u32> = job_processes(s, q)
+                .into_iter()
+                .flat_map(|(_, g)| g)
+                .collect();
+            held.sort_unstable();
+            held.dedup();
+            if !held.is_empty() {
+                expected.push((*h, fleet.label(*h).to_string()));
+                per_host.insert(*h, Scope { gpus: Some(held) });
+            }
+        }
+        let mut watch = Watch::new(expected, Scope::default(), tolerance, 0);
+        watch.per_host = per_host;
+        for (h, s) in readable {
+            if watch.per_host.contains_key(&h) {
+                watch.observe(h, s, 0);
+            }
+        }
+        return Ok(watch);
+    }
     let (expected, per_host) = match gpus {
         None => (
             readable
@@ -199,11 +230,28 @@ pub fn run(s: &Settings, a: &WaitArgs) -> anyhow::Result<i32> {
                 snap.gpu_error.as_deref().unwrap_or("no GPUs")
             );
         }
-        let watch = watch_for(&fleet, &snaps, a.gpus.as_deref(), tolerance)?;
-        watch_until_clean(&mut fleet, watch, a.timeout, started).await
+        let watch = watch_for(
+            &fleet,
+            &snaps,
+            a.gpus.as_deref(),
+            a.job.as_deref(),
+            tolerance,
+        )?;
+        if a.job.is_some() && watch.expected.is_empty() {
+            return Ok(None);
+        }
+        watch_until_clean(&mut fleet, watch, a.timeout, started)
+            .await
+            .map(Some)
     });
     rt.shutdown_background();
-    let (clean, watch) = res?;
+    let Some((clean, watch)) = res? else {
+        println!(
+            "job {}: none of its processes holds a GPU; nothing to wait for",
+            escape(a.job.as_deref().unwrap_or_default())
+        );
+        return Ok(0);
+    };
     if clean {
         println!(
             "clean: every chosen GPU reads {} after {}",

@@ -5,6 +5,7 @@ pub mod escape;
 pub mod event;
 pub mod format;
 pub mod host;
+pub mod job;
 pub mod model;
 pub mod parse;
 pub mod procstat;

@@ -149,7 +149,7 @@ impl Mark {
         match kind {
             FindingKind::Ghost => Some(Mark::Ghost),
             FindingKind::HiddenHolder => Some(Mark::Hidden),
-            FindingKind::Orphan => Some(Mark::Orphan),
+            FindingKind::Orphan | FindingKind::OrphanedJob => Some(Mark::Orphan),
             FindingKind::Zombie => Some(Mark::Zombie),
             FindingKind::NotVisible => Some(Mark::OtherNs),
             _ => None,
@@ -295,9 +295,13 @@ pub struct Proc {
     /// name for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ns_pid: Option<u32>,
-    /// Its cgroup v2 path (`/proc/PID/cgroup`, the `0::` line): the job, pod, container or unit it runs in.
+    /// Its cgroup path (`/proc/PID/cgroup`: the v2 line, or the v1 line that names its job).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<String>,
+    /// The job it belongs to, from its cgroup: a Slurm job, a pod, a container, a unit, a `gpusweep run`
+    /// job. `null` where none (or where the cgroup could not be read).
+    #[serde(default)]
+    pub job: Option<super::job::Job>,
 }
 
 impl Proc {
@@ -379,6 +383,9 @@ pub enum FindingKind {
     NotVisible,
     /// A GPU holder in state D: no signal ends it until its I/O returns.
     Unkillable,
+    /// A process of a job that is over (its `gpusweep run` supervisor or its Slurm step is gone) still
+    /// holds a GPU.
+    OrphanedJob,
 }
 
 impl FindingKind {
@@ -393,6 +400,7 @@ impl FindingKind {
             FindingKind::SmemLimit => "smem_limit",
             FindingKind::NotVisible => "not_visible",
             FindingKind::Unkillable => "unkillable",
+            FindingKind::OrphanedJob => "orphaned_job",
         }
     }
 }

@@ -120,6 +120,8 @@ struct SimProc {
     mem: Mem,
     benign: bool,
     killed_at: Option<u64>,
+    /// Its cgroup path, which names its job.
+    cgroup: Option<String>,
 }
 
 /// Memory NVML keeps charging to a dead PID while `kept_by` lives.
@@ -159,6 +161,7 @@ fn sp(pid: u32, ppid: u32, sid: u32, comm: &'static str, cmdline: &str) -> SimPr
         mem: Mem::None,
         benign: false,
         killed_at: None,
+        cgroup: None,
     }
 }
 
@@ -230,6 +233,7 @@ impl DemoHost {
             );
             w.holds = vec![i];
             w.listed_on = Some(i);
+            w.cgroup = Some("/system.slice/sglang-ep8.service".into());
             // Each rank loads at a slightly different pace, as real ranks do.
             w.mem = Mem::WarmUp {
                 weights: 84 * GIB + u64::from(i) * 64 * MIB,
@@ -249,6 +253,8 @@ impl DemoHost {
         tp6.holds = vec![6];
         tp6.listed_on = Some(6);
         tp6.mem = Mem::Const(71 * GIB + 412 * MIB);
+        // Its Slurm job ended; the kernel still keeps it in the job's cgroup.
+        tp6.cgroup = Some("/system.slice/slurmstepd.scope/job_4711/step_0/user/task_0".into());
         h.procs.push(tp6);
         // TP7 (7307) was killed, but a child it forked inherited the CUDA context: NVML still charges 7307.
         let mut child = sp(
@@ -259,6 +265,7 @@ impl DemoHost {
             "python3 -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=12)",
         );
         child.holds = vec![7];
+        child.cgroup = Some("/system.slice/slurmstepd.scope/job_4711/step_0/user/task_0".into());
         h.procs.push(child);
         h.ghosts.push(Ghost {
             pid: 7307,
@@ -337,6 +344,9 @@ impl DemoHost {
             w.holds = vec![i];
             w.listed_on = Some(i);
             w.mem = Mem::Const(82 * GIB + u64::from(i) * 16 * MIB);
+            w.cgroup = Some(
+                "/system.slice/docker-4f1c2b3a5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f70.scope".into(),
+            );
             h.procs.push(w);
         }
         h
@@ -443,6 +453,8 @@ impl DemoHost {
                 user: Some(p.user.to_string()),
                 comm: p.comm.to_string(),
                 cmdline: p.cmdline.clone(),
+                cgroup: p.cgroup.clone(),
+                job: p.cgroup.as_deref().and_then(crate::core::job::from_cgroup),
                 ..Default::default()
             });
             if p.state.is_zombie() {

@@ -55,6 +55,8 @@ pub struct ProcRow {
     pub bytes: Option<u64>,
     pub started_at: Option<u64>,
     pub cmd: String,
+    /// The job its cgroup names, short (`slurm:4711.0`), or empty.
+    pub job: String,
     pub marks: Vec<Mark>,
     pub depth: usize,
     pub start_time: Option<u64>,
@@ -102,6 +104,11 @@ fn live_rows(s: &HostSnapshot, tree: bool) -> Vec<ProcRow> {
             bytes: s.charged(p.pid),
             started_at: p.started_at,
             cmd: p.display_cmd(),
+            job: p
+                .job
+                .as_ref()
+                .map(crate::core::job::Job::short)
+                .unwrap_or_default(),
             marks: marks_for(s, p.pid),
             depth: 0,
             start_time: Some(p.start_time),
@@ -125,6 +132,7 @@ fn ghost_rows(s: &HostSnapshot, rows: &mut Vec<ProcRow>) {
                     bytes: s.charged(lp.pid),
                     started_at: None,
                     cmd: "(gone: NVML still charges it)".into(),
+                    job: String::new(),
                     marks: marks_for(s, lp.pid),
                     depth: 0,
                     start_time: None,
@@ -144,6 +152,7 @@ pub fn build_rows(s: &HostSnapshot, view: &ProcView) -> Vec<ProcRow> {
             r.cmd.to_lowercase().contains(&f)
                 || r.user.to_lowercase().contains(&f)
                 || r.pid.to_string().contains(&f)
+                || r.job.to_lowercase().contains(&f)
                 || r.marks.iter().any(|m| m.as_str().contains(&f))
         });
     }

@@ -9,7 +9,10 @@ use crate::core::signal::Protected;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Choice {
     /// Offer this process in the kill dialog, with what the operator should know first.
-    Offer { target: Proc, note: Option<String> },
+    Offer {
+        target: Box<Proc>,
+        note: Option<String>,
+    },
     /// Nothing to offer; say why.
     Explain(String),
 }
@@ -56,7 +59,7 @@ pub fn for_pid(snap: &HostSnapshot, pid: u32, protected: &Protected) -> Choice {
         None
     };
     Choice::Offer {
-        target: p.clone(),
+        target: Box::new(p.clone()),
         note,
     }
 }
@@ -74,7 +77,7 @@ fn for_zombie(snap: &HostSnapshot, z: &Proc, protected: &Protected) -> Choice {
         return Choice::Explain(format!("{} is a zombie whose parent is unknown", z.pid));
     };
     Choice::Offer {
-        target: parent.clone(),
+        target: Box::new(parent.clone()),
         note: Some(format!(
             "{} is a zombie: it holds nothing and no signal removes it. Its parent {} has not reaped it; \
              ending the parent hands it to init, which reaps it",
@@ -95,7 +98,7 @@ pub fn for_ghost(snap: &HostSnapshot, pid: u32, protected: &Protected) -> Choice
     let charged = fmt_bytes(snap.charged(pid));
     match holder {
         Some(h) if !protected.contains(h.pid) => Choice::Offer {
-            target: h.clone(),
+            target: Box::new(h.clone()),
             note: Some(format!(
                 "{pid} is gone, but NVML still charges {charged} to it: {} keeps its GPU context alive. \
                  Ending it frees the memory",

@@ -337,9 +337,9 @@ impl ProcScanner {
                 continue;
             }
             // Read each time: a process can be moved to another cgroup (a job's supervisor moves its child).
-            p.cgroup = fs::read_to_string(dir.join("cgroup"))
-                .ok()
-                .and_then(|s| unified_cgroup(&s));
+            (p.cgroup, p.job) = fs::read_to_string(dir.join("cgroup"))
+                .map(|s| crate::core::job::from_proc_cgroup(&s))
+                .unwrap_or_default();
             let cached = self
                 .cache
                 .get(&pid)
@@ -601,14 +601,6 @@ pub fn read_cmdline(path: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// The cgroup v2 path from `/proc/PID/cgroup` (its `0::` line); `None` on a v1-only host.
-pub fn unified_cgroup(s: &str) -> Option<String> {
-    s.lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(|p| p.trim().to_string())
-        .filter(|p| !p.is_empty())
-}
-
 /// `/proc/sysvipc/shm`: a header line, then key shmid perms size cpid lpid nattch ...
 pub fn parse_sysvipc_shm(s: &str) -> Vec<SysvSegment> {
     s.lines()
@@ -713,12 +705,6 @@ mod tests {
         assert_eq!(inner_ns_pid("Name:\tx\nNSpid:\t4242\t7\n"), Some(7));
         assert_eq!(inner_ns_pid("NSpid:\t4242\n"), Some(4242));
         assert_eq!(inner_ns_pid("Name:\tx\n"), None);
-        assert_eq!(
-            unified_cgroup("12:cpu:/x\n0::/system.slice/slurmstepd.scope/job_42/step_0\n")
-                .as_deref(),
-            Some("/system.slice/slurmstepd.scope/job_42/step_0")
-        );
-        assert_eq!(unified_cgroup("3:memory:/a\n"), None);
     }
 
     /// This kernel (6.18) has pidfs: our own inode is ours alone, and a child's differs from ours.

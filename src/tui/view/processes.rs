@@ -65,8 +65,8 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     widths.extend([Constraint::Length(5), Constraint::Length(9)]);
     header.extend(["GPUS", "GPU MEM"]);
     if wide {
-        widths.push(Constraint::Length(6));
-        header.push("AGE");
+        widths.extend([Constraint::Length(6), Constraint::Length(13)]);
+        header.extend(["AGE", "JOB"]);
     }
     widths.extend([Constraint::Length(13), Constraint::Min(10)]);
     header.extend(["MARK", "COMMAND"]);
@@ -100,6 +100,11 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
                     || "N/A".into(),
                     |t| fmt_secs(now_s.saturating_sub(t)),
                 )));
+                cells.push(Cell::from(if r.job.is_empty() {
+                    "-".to_string()
+                } else {
+                    truncate(&crate::core::format::escape(&r.job), 13)
+                }));
             }
             cells.push(
                 Cell::from(

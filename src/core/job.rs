@@ -1,0 +1,322 @@
+//! Which job a process belongs to, from its cgroup path (`/proc/PID/cgroup`): a Slurm job and step, a
+//! Kubernetes pod and container, a Docker or Podman container, a systemd unit, or a `gpusweep run` job. The
+//! kernel keeps a process in its cgroup whatever it forks or whoever adopts it, so a double-forked worker
+//! reparented to PID 1 is still named by its job.
+
+use serde::{Deserialize, Serialize};
+
+/// The cgroup leaf `gpusweep run` puts a job in: `gpusweep-run-<supervisor pid>`.
+pub const RUN_LEAF_PREFIX: &str = "gpusweep-run-";
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Job {
+    Slurm {
+        job: u64,
+        step: Option<String>,
+    },
+    Kubernetes {
+        pod: String,
+        container: Option<String>,
+    },
+    Docker {
+        container: String,
+    },
+    Podman {
+        container: String,
+    },
+    /// A container of another runtime (containerd without Kubernetes, CRI-O).
+    Container {
+        runtime: String,
+        container: String,
+    },
+    Systemd {
+        unit: String,
+    },
+    /// A `gpusweep run` job, named by its supervisor's PID.
+    Run {
+        supervisor: u32,
+    },
+}
+
+impl Job {
+    /// Short, for a table column: `slurm:4711.0`, `k8s:3f2a9c1e`, `docker:9a8b7c6d5e4f`, `run:812`.
+    pub fn short(&self) -> String {
+        let cut = |s: &str, n: usize| s.chars().take(n).collect::<String>();
+        match self {
+            Job::Slurm { job, step: Some(s) } => format!("slurm:{job}.{s}"),
+            Job::Slurm { job, step: None } => format!("slurm:{job}"),
+            Job::Kubernetes { pod, .. } => format!("k8s:{}", cut(pod, 8)),
+            Job::Docker { container } => format!("docker:{}", cut(container, 12)),
+            Job::Podman { container } => format!("podman:{}", cut(container, 12)),
+            Job::Container { runtime, container } => format!("{runtime}:{}", cut(container, 12)),
+            Job::Systemd { unit } => unit.clone(),
+            Job::Run { supervisor } => format!("run:{supervisor}"),
+        }
+    }
+
+    /// What `--job` takes to name the whole job (every step of a Slurm job).
+    pub fn query(&self) -> String {
+        match self {
+            Job::Slurm { job, .. } => format!("slurm:{job}"),
+            other => other.short(),
+        }
+    }
+
+    /// Whether `--job Q` names this job: `4711` or `slurm:4711` (any step), `slurm:4711.0` (that step), a
+    /// pod UID or container ID or a prefix of at least 4 characters, a unit name, `run:812`.
+    pub fn matches(&self, q: &str) -> bool {
+        let q = q.trim();
+        let (kind, id) = q.split_once(':').unwrap_or(("", q));
+        let prefix = |full: &str| id.len() >= 4 && full.starts_with(id);
+        match self {
+            Job::Slurm { job, step } => {
+                (kind.is_empty() || kind == "slurm")
+                    && match id.split_once('.') {
+                        Some((j, s)) => j == job.to_string() && step.as_deref() == Some(s),
+                        None => id == job.to_string(),
+                    }
+            }
+            Job::Kubernetes { pod, container } => {
+                (kind.is_empty() || kind == "k8s" || kind == "pod")
+                    && (prefix(pod) || container.as_deref().is_some_and(prefix))
+            }
+            Job::Docker { container } => (kind.is_empty() || kind == "docker") && prefix(container),
+            Job::Podman { container } => (kind.is_empty() || kind == "podman") && prefix(container),
+            Job::Container { runtime, container } => {
+                (kind.is_empty() || kind == runtime) && prefix(container)
+            }
+            Job::Systemd { unit } => {
+                (kind.is_empty() || kind == "systemd")
+                    && (id == unit || unit.strip_suffix(".service") == Some(id))
+            }
+            Job::Run { supervisor } => {
+                (kind.is_empty() || kind == "run") && id == supervisor.to_string()
+            }
+        }
+    }
+}
+
+fn hex_id(s: &str) -> Option<String> {
+    (s.len() >= 12 && s.chars().all(|c| c.is_ascii_hexdigit())).then(|| s.to_string())
+}
+
+/// `cri-containerd-<id>.scope`, `docker-<id>.scope`, `crio-<id>.scope`, `libpod-<id>.scope`: (runtime, id).
+fn scoped_container(part: &str) -> Option<(&'static str, String)> {
+    let base = part.strip_suffix(".scope").unwrap_or(part);
+    for (prefix, runtime) in [
+        ("cri-containerd-", "containerd"),
+        ("docker-", "docker"),
+        ("crio-", "crio"),
+        ("libpod-", "podman"),
+    ] {
+        if let Some(id) = base.strip_prefix(prefix).and_then(hex_id) {
+            return Some((runtime, id));
+        }
+    }
+    None
+}
+
+/// The job a cgroup path names, if any. Both cgroup drivers' layouts are read (systemd's `.slice`/`.scope`
+/// names and cgroupfs's plain directories), for v2 and v1 hierarchies alike.
+pub fn from_cgroup(path: &str) -> Option<Job> {
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    // Slurm: .../job_<id>/step_<s>/... (v2: system.slice/slurmstepd.scope/job_*, v1: slurm/uid_*/job_*).
+    if let Some((i, job)) = parts.iter().enumerate().find_map(|(i, p)| {
+        p.strip_prefix("job_")
+            .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|n| n.parse::<u64>().ok())
+            .map(|j| (i, j))
+    }) {
+        let step = parts
+            .get(i + 1)
+            .and_then(|p| p.strip_prefix("step_"))
+            .map(str::to_string);
+        return Some(Job::Slurm { job, step });
+    }
+    if let Some(supervisor) = parts
+        .iter()
+        .find_map(|p| p.strip_prefix(RUN_LEAF_PREFIX)?.parse().ok())
+    {
+        return Some(Job::Run { supervisor });
+    }
+    // Kubernetes: a pod component (`kubepods-burstable-pod<uid>.slice` or `pod<uid>`), then its container.
+    if parts.iter().any(|p| p.starts_with("kubepods")) {
+        // cgroupfs: `pod<uid>`; systemd: `kubepods-<qos>-pod<uid with _>.slice`.
+        let pod_of = |p: &str| -> Option<String> {
+            let base = p.strip_suffix(".slice").unwrap_or(p);
+            base.strip_prefix("pod")
+                .or_else(|| base.rsplit('-').next().and_then(|t| t.strip_prefix("pod")))
+                .filter(|u| !u.is_empty())
+                .map(|u| u.replace('_', "-"))
+        };
+        if let Some((i, pod)) = parts
+            .iter()
+            .enumerate()
+            .find_map(|(i, p)| pod_of(p).map(|u| (i, u)))
+        {
+            let container = parts
+                .get(i + 1)
+                .and_then(|c| scoped_container(c).map(|(_, id)| id).or_else(|| hex_id(c)));
+            return Some(Job::Kubernetes { pod, container });
+        }
+    }
+    for (i, p) in parts.iter().enumerate() {
+        if let Some((runtime, container)) = scoped_container(p) {
+            return Some(match runtime {
+                "docker" => Job::Docker { container },
+                "podman" => Job::Podman { container },
+                r => Job::Container {
+                    runtime: r.to_string(),
+                    container,
+                },
+            });
+        }
+        // cgroupfs driver: /docker/<id>
+        if *p == "docker"
+            && let Some(container) = parts.get(i + 1).and_then(|c| hex_id(c))
+        {
+            return Some(Job::Docker { container });
+        }
+    }
+    parts
+        .iter()
+        .rev()
+        .find(|p| p.ends_with(".service") && !p.starts_with("user@"))
+        .map(|u| Job::Systemd {
+            unit: (*u).to_string(),
+        })
+}
+
+/// The most telling cgroup path of a `/proc/PID/cgroup` file and the job it names: the v2 line (`0::`) when
+/// it names a job, else a v1 line that does (Slurm on hybrid hosts keeps its jobs in v1 hierarchies), else
+/// the v2 line alone.
+pub fn from_proc_cgroup(s: &str) -> (Option<String>, Option<Job>) {
+    let mut unified = None;
+    let mut v1 = None;
+    for line in s.lines() {
+        let mut f = line.splitn(3, ':');
+        let (Some(id), Some(_), Some(path)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        let path = path.trim();
+        if id == "0" {
+            unified = Some(path.to_string()).filter(|p| !p.is_empty());
+        } else if v1.is_none()
+            && let Some(job) = from_cgroup(path)
+        {
+            v1 = Some((path.to_string(), job));
+        }
+    }
+    if let Some(u) = &unified
+        && let Some(job) = from_cgroup(u)
+    {
+        return (unified, Some(job));
+    }
+    match v1 {
+        Some((path, job)) => (Some(path), Some(job)),
+        None => (unified, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CID: &str = "4f1c2b3a5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f70";
+
+    #[test]
+    fn slurm_v2_and_v1_layouts() {
+        assert_eq!(
+            from_cgroup("/system.slice/slurmstepd.scope/job_4711/step_0/user/task_0"),
+            Some(Job::Slurm {
+                job: 4711,
+                step: Some("0".into())
+            })
+        );
+        assert_eq!(
+            from_cgroup("/slurm/uid_1000/job_12/step_batch"),
+            Some(Job::Slurm {
+                job: 12,
+                step: Some("batch".into())
+            })
+        );
+        let (path, job) =
+            from_proc_cgroup("4:memory:/slurm/uid_0/job_9/step_0/task_0\n1:cpu:/\n0::/\n");
+        assert_eq!(path.as_deref(), Some("/slurm/uid_0/job_9/step_0/task_0"));
+        assert!(matches!(job, Some(Job::Slurm { job: 9, .. })));
+    }
+
+    #[test]
+    fn kubernetes_docker_podman_systemd_and_run() {
+        let systemd_pod = format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod3f2a9c1e_7b6d_4c5e_9f8a_1b2c3d4e5f60.slice/cri-containerd-{CID}.scope"
+        );
+        assert_eq!(
+            from_cgroup(&systemd_pod),
+            Some(Job::Kubernetes {
+                pod: "3f2a9c1e-7b6d-4c5e-9f8a-1b2c3d4e5f60".into(),
+                container: Some(CID.into())
+            })
+        );
+        let cgroupfs_pod =
+            format!("/kubepods/besteffort/pod3f2a9c1e-7b6d-4c5e-9f8a-1b2c3d4e5f60/{CID}");
+        assert!(matches!(
+            from_cgroup(&cgroupfs_pod),
+            Some(Job::Kubernetes { container: Some(c), .. }) if c == CID
+        ));
+        assert_eq!(
+            from_cgroup(&format!("/system.slice/docker-{CID}.scope")),
+            Some(Job::Docker {
+                container: CID.into()
+            })
+        );
+        assert_eq!(
+            from_cgroup(&format!("/docker/{CID}")),
+            Some(Job::Docker {
+                container: CID.into()
+            })
+        );
+        assert_eq!(
+            from_cgroup(&format!("/machine.slice/libpod-{CID}.scope/container")),
+            Some(Job::Podman {
+                container: CID.into()
+            })
+        );
+        assert_eq!(
+            from_cgroup("/system.slice/vllm-serve.service"),
+            Some(Job::Systemd {
+                unit: "vllm-serve.service".into()
+            })
+        );
+        assert_eq!(
+            from_cgroup("/process_api/1c75/gpusweep-run-812"),
+            Some(Job::Run { supervisor: 812 })
+        );
+        assert_eq!(
+            from_cgroup("/user.slice/user-1000.slice/session-3.scope"),
+            None
+        );
+        assert_eq!(from_cgroup("/"), None);
+    }
+
+    #[test]
+    fn job_queries() {
+        let s = Job::Slurm {
+            job: 4711,
+            step: Some("0".into()),
+        };
+        assert!(s.matches("4711") && s.matches("slurm:4711") && s.matches("slurm:4711.0"));
+        assert!(!s.matches("4711.1") && !s.matches("471") && !s.matches("docker:4711"));
+        let d = Job::Docker {
+            container: CID.into(),
+        };
+        assert!(d.matches("4f1c") && d.matches("docker:4f1c2b") && !d.matches("4f1"));
+        assert_eq!(d.short(), "docker:4f1c2b3a5d6e");
+        let u = Job::Systemd {
+            unit: "vllm.service".into(),
+        };
+        assert!(u.matches("vllm") && u.matches("vllm.service"));
+        assert!(Job::Run { supervisor: 812 }.matches("run:812"));
+    }
+}
