@@ -7,12 +7,23 @@ use gpusweep::core::trace;
 fn main() {
     trace("main", "start");
     gpusweep::runtime::raise_fd_limit();
-    let cli = Cli::parse();
-    if cli.command.is_some() {
+    // `gpusweep run` re-executes itself with a neutral argv and reads its own from a pipe.
+    let argv: Vec<String> = std::env::args().collect();
+    let supervisor = match argv.as_slice() {
+        [_, run, job] if run == "run" => gpusweep::act::own::take_spec(job)
+            .and_then(|spec| serde_json::from_slice::<Vec<String>>(&spec).ok()),
+        _ => None,
+    };
+    let cli = match &supervisor {
+        Some(original) => Cli::parse_from(original),
+        None => Cli::parse(),
+    };
+    // The supervisor forwards INT/TERM/HUP to its job; it must not die of them.
+    if cli.command.is_some() && !matches!(cli.command, Some(Command::Run { .. })) {
         gpusweep::act::own::default_sigpipe();
         gpusweep::runtime::exit_on_signals();
     }
-    let code = match run(cli) {
+    let code = match run(cli, supervisor.is_some()) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("gpusweep: error: {e:#}");
@@ -24,7 +35,7 @@ fn main() {
     std::process::exit(code);
 }
 
-fn run(cli: Cli) -> anyhow::Result<i32> {
+fn run(cli: Cli, supervised: bool) -> anyhow::Result<i32> {
     let s = gpusweep::runtime::settings::resolve(&cli.global.overrides())?;
     trace("main", "settings resolved");
     // The config's keys are checked whatever the subcommand: a broken file is reported where it is read.
@@ -42,6 +53,30 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             gpusweep::tui::run(&s)
         }
         Some(Command::Agent { demo_host }) => gpusweep::agent::run(&s, &demo_host),
+        Some(Command::Run {
+            gpus,
+            grace,
+            timeout,
+            no_preflight,
+            command,
+        }) => {
+            if !supervised {
+                gpusweep::act::own::default_sigpipe();
+                let original: Vec<String> = std::env::args().collect();
+                let e = gpusweep::act::own::reexec_with_spec(&serde_json::to_vec(&original)?);
+                anyhow::bail!("cannot start the supervisor: {e}");
+            }
+            gpusweep::cli::run::supervise_job(
+                &s,
+                &gpusweep::cli::run::RunArgs {
+                    gpus: gpus.map(|g| g.0),
+                    grace,
+                    timeout,
+                    no_preflight,
+                    command,
+                },
+            )
+        }
         Some(cmd) => gpusweep::cli::run(&s, cmd, explicit_hosts),
     }
 }

@@ -299,6 +299,31 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run COMMAND as a job that cannot leak: preflight, a cgroup (or a subreaper) of its own, every
+    /// leftover ended when it ends, then wait until its GPUs read zero. Exits with COMMAND's status.
+    #[command(
+        after_help = "Containment: a cgroup v2 leaf under gpusweep's own cgroup where it may create one \
+(root, or a delegated systemd user slice), ended with cgroup.kill; otherwise a process group with gpusweep as \
+child subreaper, so double-forked workers are reparented to it, not PID 1. INT, TERM and HUP are forwarded to \
+the job first. The supervisor shows as `gpusweep run [job PID ...]`: `pkill -f COMMAND` never hits it."
+    )]
+    Run {
+        /// GPUs the job uses. Default: CUDA_VISIBLE_DEVICES, else all.
+        #[arg(long, value_name = "LIST", value_parser = gpu_list_arg)]
+        gpus: Option<GpuList>,
+        /// Time between TERM and KILL for what is left of the job, and after a forwarded signal.
+        #[arg(long, value_name = "DUR", default_value = "10s", value_parser = duration_arg, allow_hyphen_values = true)]
+        grace: Duration,
+        /// How long to wait for the job's GPUs to read zero after it ends.
+        #[arg(long, value_name = "DUR", default_value = "60s", value_parser = duration_arg, allow_hyphen_values = true)]
+        timeout: Duration,
+        /// Start even if the GPUs are not clean or /dev/shm is short.
+        #[arg(long)]
+        no_preflight: bool,
+        /// The command and its arguments (after --).
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
     /// /dev/shm leftovers of the GPU stack (nccl-*, torch_*, psm_*, sem.*...).
     Shm {
         #[command(subcommand)]

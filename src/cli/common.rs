@@ -7,7 +7,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use crate::core::model::{HostId, HostSnapshot, now_ms};
-use crate::core::signal::{Outcome, SignalRequest, all_failed};
+use crate::core::procstat::{parse_cmdline, parse_stat};
+use crate::core::signal::{Outcome, SignalRequest, TargetInfo, all_failed};
 use crate::runtime::{Fleet, HostEvent};
 use crate::source::{ConnStatus, HostCmd};
 
@@ -131,4 +132,23 @@ pub fn print_outcomes(outs: &[(String, Outcome)]) {
 /// Whether any target's fate means it was not dealt with.
 pub fn any_failed(outs: &[(String, Outcome)]) -> bool {
     outs.iter().any(|(_, o)| o.failed())
+}
+
+/// A PID's (start time, command line) as this host's /proc says now.
+pub fn local_identity(pid: u32) -> Option<TargetInfo> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let p = parse_stat(&stat)?;
+    let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|raw| parse_cmdline(&raw))
+        .unwrap_or_default();
+    Some(TargetInfo {
+        pid,
+        start_time: p.start_time,
+        cmdline: if cmd.is_empty() {
+            format!("[{}]", p.comm)
+        } else {
+            cmd
+        },
+        pidfs_ino: crate::source::local::procfs::pidfs_inode(pid),
+    })
 }

@@ -4,11 +4,12 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail};
 
-use super::common::{ANSWER_SLACK, confirm, deliver_all, first_snapshots, print_outcomes, runtime};
+use super::common::{
+    ANSWER_SLACK, confirm, deliver_all, first_snapshots, local_identity, print_outcomes, runtime,
+};
 use crate::core::format::{escape, millis, truncate};
 use crate::core::host::HostSpec;
 use crate::core::model::HostId;
-use crate::core::procstat::{parse_cmdline, parse_stat};
 use crate::core::signal::{Sig, SignalRequest, TargetInfo};
 use crate::runtime::fleet::find_host;
 use crate::runtime::{Fleet, Settings};
@@ -36,25 +37,6 @@ fn pick_host(s: &Settings, host: Option<&str>) -> anyhow::Result<usize> {
             labels.join(", ")
         ),
     }
-}
-
-/// A PID's (start time, command line) as this host's /proc says now.
-fn local_identity(pid: u32) -> Option<TargetInfo> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let p = parse_stat(&stat)?;
-    let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|raw| parse_cmdline(&raw))
-        .unwrap_or_default();
-    Some(TargetInfo {
-        pid,
-        start_time: p.start_time,
-        cmdline: if cmd.is_empty() {
-            format!("[{}]", p.comm)
-        } else {
-            cmd
-        },
-        pidfs_ino: crate::source::local::procfs::pidfs_inode(pid),
-    })
 }
 
 pub fn run(s: &Settings, a: &KillArgs) -> anyhow::Result<i32> {

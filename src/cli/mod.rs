@@ -4,6 +4,7 @@
 pub mod args;
 pub mod common;
 pub mod kill;
+pub mod run;
 pub mod shm;
 pub mod smem;
 pub mod snapshot;
@@ -116,6 +117,7 @@ pub fn run(s: &Settings, cmd: Command, explicit_hosts: bool) -> anyhow::Result<i
                 .render(&mut std::io::stdout())?;
             Ok(0)
         }
+        Command::Run { .. } => anyhow::bail!("run starts through its supervisor"),
         Command::Agent { .. } => anyhow::bail!("the agent is not a cli subcommand"),
     }
 }

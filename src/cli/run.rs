@@ -1,0 +1,345 @@
+//! `gpusweep run [--gpus LIST] [--grace DUR] [--timeout DUR] [--no-preflight] -- COMMAND...`: a job that
+//! cannot leak. Preflight (the GPUs are clean, /dev/shm has room, CUDA_VISIBLE_DEVICES is sane), then COMMAND
+//! in a job of its own (a cgroup leaf, else a process group under gpusweep as child subreaper). When COMMAND
+//! ends, or gpusweep gets INT/TERM/HUP (forwarded to the job first), every process still in the job is
+//! ended, gpusweep waits until the job's GPUs read zero, says how long that took, and exits with COMMAND's
+//! status.
+//!
+//! The supervisor re-executes itself as `gpusweep run [job PID spec-fd N]` and reads its arguments from a
+//! pipe, so `pkill -f COMMAND` never matches it.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail};
+
+use super::common::{first_snapshots, local_identity, runtime};
+use super::wait::{unusable, watch_for, watch_until_clean};
+use crate::act::Deliverer;
+use crate::act::job::{self as jobs, Containment};
+use crate::core::format::{escape, fmt_bytes, fmt_gpus, fmt_ms, millis};
+use crate::core::host::HostSpec;
+use crate::core::model::{HostId, HostSnapshot, MIB};
+use crate::core::parse::GpuRef;
+use crate::core::signal::{Sig, SignalRequest};
+use crate::runtime::{Fleet, Settings};
+
+pub struct RunArgs {
+    pub gpus: Option<Vec<GpuRef>>,
+    pub grace: Duration,
+    pub timeout: Duration,
+    pub no_preflight: bool,
+    pub command: Vec<String>,
+}
+
+/// NCCL's shared-memory transport: NCCL_BUFFSIZE (4 MiB by default) per channel and peer, two channels.
+const NCCL_SHM_PER_PEER: u64 = 2 * 4 * MIB;
+
+/// `CUDA_VISIBLE_DEVICES` as GPU references; an error names a GPU listed twice. "" and "-1" hide every GPU.
+pub fn visible_devices(v: &str) -> Result<Vec<String>, String> {
+    let items: Vec<String> = v
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+    for (i, a) in items.iter().enumerate() {
+        if items[..i].contains(a) {
+            return Err(format!("CUDA_VISIBLE_DEVICES={v:?} names GPU {a} twice"));
+        }
+    }
+    Ok(items)
+}
+
+/// The GPUs the job will use, as references `wait` understands: --gpus, else CUDA_VISIBLE_DEVICES, else all.
+fn chosen(a: &RunArgs, snap: &HostSnapshot) -> anyhow::Result<Option<Vec<GpuRef>>> {
+    if a.gpus.is_some() {
+        return Ok(a.gpus.clone());
+    }
+    let Ok(v) = std::env::var("CUDA_VISIBLE_DEVICES") else {
+        return Ok(None);
+    };
+    let items = visible_devices(&v).map_err(|e| anyhow!(e))?;
+    let mut refs = Vec::new();
+    for it in &items {
+        if it == "-1" || it.starts_with("MIG-") {
+            continue;
+        }
+        let r = crate::core::parse::gpu_refs_arg(it)
+            .map_err(|e| anyhow!("CUDA_VISIBLE_DEVICES: {e}"))?;
+        refs.extend(r);
+    }
+    // CUDA stops at the first entry it cannot use; a GPU this host lacks is a mistake to name now.
+    if !snap.gpus.is_empty() {
+        for r in &refs {
+            let known = match r {
+                GpuRef::Index(i) => snap.gpu(*i).is_some(),
+                GpuRef::Uuid(u) => snap
+                    .gpus
+                    .iter()
+                    .any(|g| g.uuid.as_deref().is_some_and(|x| x.eq_ignore_ascii_case(u))),
+            };
+            if !known {
+                bail!(
+                    "CUDA_VISIBLE_DEVICES={v:?} names {r}, which this host does not have (it has GPU {})",
+                    fmt_gpus(&snap.gpus.iter().map(|g| g.index).collect::<Vec<_>>())
+                );
+            }
+        }
+    }
+    Ok((!refs.is_empty()).then_some(refs))
+}
+
+/// What must be true before the job starts. Err: why not, naming who holds what.
+fn preflight(
+    s: &Settings,
+    snap: &HostSnapshot,
+    watch: &crate::analyze::watch::Watch,
+) -> anyhow::Result<()> {
+    if !watch.all_clean() {
+        bail!(
+            "refusing to start: the job's GPUs are not clean: {}",
+            watch.remaining().join("; ")
+        );
+    }
+    let n = watch
+        .per_host
+        .get(&HostId(0))
+        .and_then(|sc| sc.gpus.as_ref().map(Vec::len))
+        .unwrap_or(snap.gpus.len()) as u64;
+    let need = n * n.saturating_sub(1) * NCCL_SHM_PER_PEER;
+    if let Some(free) = snap.shm.as_ref().and_then(|i| i.free)
+        && free < need
+    {
+        bail!(
+            "refusing to start: {} has {} free; NCCL's shared-memory transport needs about {} for {n} GPUs \
+             (2 channels x 4 MiB NCCL_BUFFSIZE per peer)",
+            s.fleet.procfs.shm_dir.display(),
+            fmt_bytes(Some(free)),
+            fmt_bytes(Some(need))
+        );
+    }
+    Ok(())
+}
+
+/// INT, TERM and HUP as they arrive, on a thread of its own (gpusweep's own exit-on-signal is not installed
+/// for `run`: these signals are the job's to forward).
+fn signals() -> mpsc::Receiver<Sig> {
+    let (tx, rx) = mpsc::channel();
+    let _ = std::thread::Builder::new()
+        .name("run-signals".into())
+        .spawn(move || {
+            use tokio::signal::unix::{SignalKind, signal};
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async {
+                let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
+                    signal(SignalKind::interrupt()),
+                    signal(SignalKind::terminate()),
+                    signal(SignalKind::hangup()),
+                ) else {
+                    return;
+                };
+                loop {
+                    let s = tokio::select! {
+                        _ = int.recv() => Sig::Int,
+                        _ = term.recv() => Sig::Term,
+                        _ = hup.recv() => Sig::Hup,
+                    };
+                    if tx.send(s).is_err() {
+                        return;
+                    }
+                }
+            });
+        });
+    rx
+}
+
+/// Run COMMAND until it ends (or a forwarded signal and the grace after it); its exit status.
+fn supervise(child: u32, grace: Duration, sigs: &mpsc::Receiver<Sig>) -> Option<i32> {
+    let pgid = nix::unistd::Pid::from_raw(child.cast_signed());
+    let mut deadline: Option<Instant> = None;
+    loop {
+        if let Some(st) = jobs::reap(child) {
+            return Some(st);
+        }
+        match sigs.recv_timeout(Duration::from_millis(20)) {
+            Ok(sig) => {
+                eprintln!(
+                    "gpusweep run: {} received: forwarded to the job",
+                    sig.name()
+                );
+                if let Ok(s) = nix::sys::signal::Signal::try_from(sig.number()) {
+                    let _ = nix::sys::signal::killpg(pgid, s);
+                }
+                deadline.get_or_insert_with(|| Instant::now() + grace);
+            }
+            Err(mpsc::RecvTimeoutError::Timeout | mpsc::RecvTimeoutError::Disconnected) => {}
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return None;
+        }
+    }
+}
+
+/// End every process still in the job; returns how many there were and how.
+fn end_job(c: &Containment, me: u32, d: &Deliverer, grace: Duration) -> (usize, String) {
+    let left = jobs::members(c, me);
+    if left.is_empty() {
+        return (0, String::new());
+    }
+    let targets: Vec<_> = left.iter().filter_map(|&p| local_identity(p)).collect();
+    if let Containment::Cgroup { leaf, kill: true } = c {
+        // On record first, as for every signal; cgroup.kill then reaches them all at once, forks included.
+        let recorded = targets.iter().all(|t| {
+            d.audit
+                .record(&d.host, t, Sig::Kill, "cgroup.kill", "sending")
+                .is_ok()
+        });
+        if recorded && jobs::cgroup_kill(leaf).is_ok() {
+            return (left.len(), "cgroup.kill".into());
+        }
+    }
+    let outs = d.deliver(&SignalRequest {
+        targets,
+        signal: Sig::Term,
+        grace_ms: Some(millis(grace)),
+    });
+    for o in outs.iter().filter(|o| o.failed()) {
+        eprintln!("gpusweep run: {}", o.describe());
+    }
+    (
+        left.len(),
+        format!("TERM, KILL after {}", fmt_ms(millis(grace))),
+    )
+}
+
+fn status_words(st: Option<i32>) -> String {
+    match st {
+        Some(c) if c > 128 => format!("killed by signal {}", c - 128),
+        Some(c) => format!("exit status {c}"),
+        None => "did not end within the grace period after the signal".into(),
+    }
+}
+
+/// The supervisor (re-executed): preflight, contain, run, end, wait for clean.
+#[allow(clippy::too_many_lines)] // the job's life in order: preflight, start, supervise, end, watch
+pub fn supervise_job(s: &Settings, a: &RunArgs) -> anyhow::Result<i32> {
+    if s.specs != [HostSpec::Local] {
+        bail!("run starts its job on this host: --hosts does not apply");
+    }
+    let me = std::process::id();
+    let tolerance = s.fleet.analyze.tolerance;
+    let rt = runtime()?;
+    let mut fleet = rt.block_on(async { Fleet::start(&s.specs, &s.fleet) })?;
+    let snaps = rt.block_on(first_snapshots(&mut fleet, s.connect_timeout));
+    let snap = &snaps[0];
+    if let Some(e) = unusable(snap, s.fleet.load_nvml) {
+        bail!("{e}");
+    }
+    let gpus = chosen(a, snap)?;
+    let watch = watch_for(&fleet, &snaps, gpus.as_deref(), None, tolerance)?;
+    if !a.no_preflight {
+        preflight(s, snap, &watch)?;
+    }
+    let scope = watch
+        .per_host
+        .get(&HostId(0))
+        .and_then(|sc| sc.gpus.clone())
+        .unwrap_or_else(|| snap.gpus.iter().map(|g| g.index).collect());
+    let contain = jobs::contain(
+        me,
+        std::env::var_os("GPUSWEEP_CGROUP_ROOT")
+            .as_deref()
+            .map(std::path::Path::new),
+    );
+    jobs::become_subreaper().map_err(|e| anyhow!(e))?;
+    let sigs = signals();
+    let child = jobs::spawn(&a.command, &contain).map_err(|e| {
+        jobs::release(&contain);
+        anyhow!("cannot start {}: {e}", escape(&a.command[0]))
+    })?;
+    let pid = child.id();
+    eprintln!(
+        "gpusweep run: job {me}: {} (pid {pid}) in {}; GPU {}",
+        escape(&a.command.join(" ")),
+        contain.describe(),
+        if scope.is_empty() {
+            "none known".to_string()
+        } else {
+            fmt_gpus(&scope)
+        }
+    );
+    let status = supervise(pid, a.grace, &sigs);
+    let ended = Instant::now();
+    let d = Deliverer {
+        host: fleet.label(HostId(0)).to_string(),
+        audit: s.fleet.audit.clone(),
+        without_pidfd: s.fleet.kill_without_pidfd,
+    };
+    let (n, how) = end_job(&contain, me, &d, a.grace);
+    let (empty, late) = jobs::await_empty(&contain, me, pid, a.grace + Duration::from_secs(5));
+    let status = status.or(late);
+    if n > 0 {
+        eprintln!("gpusweep run: job {me}: {n} process(es) left after the command ended ({how})");
+    }
+    if empty {
+        jobs::release(&contain);
+    } else {
+        let left = jobs::members(&contain, me);
+        eprintln!(
+            "gpusweep run: job {me}: still running after KILL: {}",
+            left.iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    // The job's GPUs, watched until they read zero.
+    let watch = watch_for(&fleet, &snaps, gpus.as_deref(), None, tolerance)?;
+    let (clean, watch) =
+        rt.block_on(watch_until_clean(&mut fleet, watch, Some(a.timeout), ended))?;
+    rt.shutdown_background();
+    let code = status.unwrap_or(128 + libc::SIGKILL);
+    if clean && empty {
+        eprintln!(
+            "gpusweep run: job {me}: COMMAND {}; GPU {} read zero {} after it ended",
+            status_words(status),
+            if scope.is_empty() {
+                "-".into()
+            } else {
+                fmt_gpus(&scope)
+            },
+            fmt_ms(millis(ended.elapsed()))
+        );
+        return Ok(code);
+    }
+    eprintln!(
+        "gpusweep run: job {me}: COMMAND {}; not clean after {}: {}",
+        status_words(status),
+        fmt_ms(millis(ended.elapsed())),
+        watch.remaining().join("; ")
+    );
+    // A job that leaves its GPUs dirty never reports success.
+    Ok(if code == 0 { 1 } else { code })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn visible_devices_duplicates_are_named() {
+        assert_eq!(
+            super::visible_devices("0, 1,2"),
+            Ok(vec!["0".into(), "1".into(), "2".into()])
+        );
+        assert!(
+            super::visible_devices("0,1,0")
+                .unwrap_err()
+                .contains("GPU 0 twice")
+        );
+        assert_eq!(super::visible_devices(""), Ok(vec![]));
+    }
+}

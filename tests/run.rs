@@ -1,0 +1,431 @@
+//! `gpusweep run` and job attribution against real processes and real cgroups (this machine's cgroup v2
+//! mount, found in /proc/self/mountinfo). Stand-in device files play the GPUs (`--device-glob`), as in cli.rs.
+
+// In tests a panic is the failure message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Env {
+        let e = Env {
+            dir: tempfile::tempdir().expect("tempdir"),
+        };
+        std::fs::write(e.dir.path().join("nvidia0"), b"").expect("stand-in device");
+        e
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_gpusweep"));
+        c.args(args)
+            .env("GPUSWEEP_AUDIT_LOG", self.path("actions.jsonl"))
+            .env("GPUSWEEP_CONFIG", self.path("no-config.toml"))
+            .env_remove("GPUSWEEP_HOSTS")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .stdin(Stdio::null());
+        c
+    }
+    /// `gpusweep run --no-nvml --device-glob <stand-ins> [extra] -- sh -c SCRIPT`.
+    fn run_cmd(&self, extra: &[&str], script: &str) -> Command {
+        let glob = format!("{}/nvidia*", self.dir.path().display());
+        let mut args = vec!["run", "--no-nvml", "--device-glob", &glob, "--grace", "2s"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "sh", "-c", script, "launcher"]);
+        let mut c = self.cmd(&args);
+        c.current_dir(self.dir.path());
+        c
+    }
+    fn snapshot(&self) -> serde_json::Value {
+        let glob = format!("{}/nvidia*", self.dir.path().display());
+        let o = self
+            .cmd(&["snapshot", "--json", "--no-nvml", "--device-glob", &glob])
+            .output()
+            .expect("snapshot");
+        serde_json::from_slice(&o.stdout).expect("json")
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn await_cond(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit(')')
+                .next()
+                .map(|r| r.trim_start().starts_with('Z'))
+        })
+        .is_some_and(|zombie| !zombie)
+}
+
+/// PIDs a launcher wrote to `file`, one a line, once `n` are there.
+fn pids_in(file: &Path, n: usize) -> Vec<u32> {
+    let mut v = Vec::new();
+    await_cond("the launcher's pids", || {
+        v = std::fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        v.len() >= n
+    });
+    v
+}
+
+/// A launcher that double-forks two workers holding the stand-in GPU (one in a session of its own), writes
+/// their pids to `workers`, then does `then`.
+fn launcher(then: &str) -> String {
+    format!(
+        "(sleep 300 <nvidia0 >/dev/null 2>&1 & echo $! >>workers); \
+         (setsid sleep 301 <nvidia0 >/dev/null 2>&1 & echo $! >>workers); {then}"
+    )
+}
+
+fn spawn(mut c: Command) -> Child {
+    c.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run")
+}
+
+#[test]
+fn double_forked_workers_end_with_the_command_and_its_status_passes_through() {
+    let env = Env::new();
+    let o = env.run_cmd(&[], &launcher("exit 3")).output().expect("run");
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{t}");
+    assert!(
+        t.contains("in cgroup") && t.contains("cgroup.kill"),
+        "a cgroup leaf where one can be made: {t}"
+    );
+    assert!(t.contains("2 process(es) left"), "{t}");
+    for w in pids_in(&env.path("workers"), 2) {
+        assert!(!alive(w), "worker {w} outlived its job: {t}");
+    }
+    let log = std::fs::read_to_string(env.path("actions.jsonl")).expect("audit log");
+    assert_eq!(
+        log.lines().filter(|l| l.contains("cgroup.kill")).count(),
+        2,
+        "{log}"
+    );
+}
+
+#[test]
+fn without_a_cgroup_the_subreaper_catches_double_forked_workers() {
+    let env = Env::new();
+    let o = env
+        .run_cmd(&[], &launcher("exit 0"))
+        .env("GPUSWEEP_CGROUP_ROOT", env.path("not-a-cgroup"))
+        .output()
+        .expect("run");
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(
+        t.contains("child subreaper (no cgroup: cannot create"),
+        "{t}"
+    );
+    assert!(t.contains("TERM, KILL after"), "{t}");
+    for w in pids_in(&env.path("workers"), 2) {
+        assert!(!alive(w), "worker {w} outlived its job: {t}");
+    }
+}
+
+#[test]
+fn a_sigkilled_launcher_and_a_forwarded_term_end_the_whole_job() {
+    let env = Env::new();
+    // The launcher is SIGKILLed (not gpusweep): its workers are still ended, and the status is 137.
+    let child = spawn(env.run_cmd(&[], &launcher("echo $$ >>launcher; exec sleep 300")));
+    let l = pids_in(&env.path("launcher"), 1)[0];
+    let workers = pids_in(&env.path("workers"), 2);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(l.cast_signed()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the launcher");
+    let o = child.wait_with_output().expect("run");
+    assert_eq!(o.status.code(), Some(137), "{}", text(&o));
+    for w in workers {
+        assert!(!alive(w), "worker {w} outlived its job");
+    }
+    // TERM to gpusweep goes to the job first; the command's own exit status comes back.
+    let child = spawn(env.run_cmd(
+        &[],
+        "trap 'echo got-term >term; exit 7' TERM; echo $$ >>launcher2; while :; do sleep 0.05; done",
+    ));
+    pids_in(&env.path("launcher2"), 1);
+    let sup = child.id();
+    // The supervisor's command line holds nothing of the command: `pkill -f launcher2` cannot hit it.
+    let cmdline = std::fs::read(format!("/proc/{sup}/cmdline")).expect("cmdline");
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    assert!(cmdline.starts_with("gpusweep run [job "), "{cmdline}");
+    assert!(
+        !cmdline.contains("launcher2") && !cmdline.contains("trap"),
+        "{cmdline}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sup.cast_signed()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("TERM");
+    let o = child.wait_with_output().expect("run");
+    assert_eq!(o.status.code(), Some(7), "{}", text(&o));
+    assert_eq!(
+        std::fs::read_to_string(env.path("term"))
+            .expect("trap ran")
+            .trim(),
+        "got-term"
+    );
+}
+
+#[test]
+fn preflight_refuses_a_held_gpu_and_a_gpu_named_twice() {
+    let env = Env::new();
+    let mut holder = Command::new("sleep")
+        .arg("300")
+        .stdin(std::fs::File::open(env.path("nvidia0")).expect("open"))
+        .spawn()
+        .expect("holder");
+    let hp = holder.id();
+    let glob = format!("{}/nvidia*", env.dir.path().display());
+    await_cond("the holder to be seen", || {
+        env.snapshot()["hosts"][0]["holders"]
+            .as_array()
+            .is_some_and(|h| h.iter().any(|x| x["pid"] == hp))
+    });
+    let o = env
+        .run_cmd(&[], "echo started >started")
+        .output()
+        .expect("run");
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains("refusing to start") && t.contains(&hp.to_string()),
+        "names the holder: {t}"
+    );
+    assert!(!env.path("started").exists(), "the command never ran");
+    let o = env
+        .run_cmd(
+            &["--no-preflight", "--timeout", "1s"],
+            "echo started >started",
+        )
+        .output()
+        .expect("run");
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "ran, but the GPU was not clean after: {}",
+        text(&o)
+    );
+    assert!(env.path("started").exists());
+    holder.kill().expect("kill");
+    holder.wait().expect("wait");
+    let o = env
+        .cmd(&["run", "--no-nvml", "--device-glob", &glob, "--", "true"])
+        .env("CUDA_VISIBLE_DEVICES", "0,1,0")
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("names GPU 0 twice"), "{}", text(&o));
+}
+
+#[test]
+#[allow(clippy::too_many_lines)] // one scenario, start to end
+fn a_job_is_named_by_its_cgroup_and_an_orphaned_one_is_found_and_swept_by_job() {
+    let env = Env::new();
+    // gpusweep run's own job: its worker carries `run:<supervisor>` while the supervisor lives...
+    // (Its output goes nowhere: the workers would hold a pipe open for as long as they live.)
+    let mut c = env.run_cmd(&[], &launcher("exec sleep 300"));
+    let mut child = c
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run");
+    let sup = child.id();
+    let workers = pids_in(&env.path("workers"), 2);
+    let job = format!("run:{sup}");
+    await_cond("the worker's job in the snapshot", || {
+        env.snapshot()["hosts"][0]["processes"]
+            .as_array()
+            .is_some_and(|ps| {
+                ps.iter()
+                    .any(|p| p["pid"] == workers[0] && p["job"]["kind"] == "run")
+            })
+    });
+    let v = env.snapshot();
+    let kinds: Vec<&str> = v["hosts"][0]["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter_map(|f| f["kind"].as_str())
+        .collect();
+    assert!(
+        !kinds.contains(&"orphaned_job"),
+        "its supervisor lives: {kinds:?}"
+    );
+    // ...and once the supervisor is SIGKILLed, the kernel keeps them in the job's cgroup: an orphaned job.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sup.cast_signed()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill");
+    child.wait().expect("reap the supervisor");
+    await_cond("orphaned_job", || {
+        env.snapshot()["hosts"][0]["findings"]
+            .as_array()
+            .is_some_and(|f| {
+                f.iter()
+                    .any(|x| x["kind"] == "orphaned_job" && x["pid"] == workers[0])
+            })
+    });
+    let glob = format!("{}/nvidia*", env.dir.path().display());
+    let o = env
+        .cmd(&[
+            "sweep",
+            "--no-nvml",
+            "--device-glob",
+            &glob,
+            "--job",
+            &job,
+            "--yes",
+            "--grace",
+            "2s",
+        ])
+        .output()
+        .expect("sweep");
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    for w in &workers {
+        assert!(!alive(*w), "{w} survived the job sweep: {t}");
+    }
+    // The leaf the dead supervisor left still holds the launcher (no GPU, so not swept): end it.
+    let mount = std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("mountinfo")
+        .lines()
+        .find(|l| l.contains(" - cgroup2 "))
+        .and_then(|l| l.split_whitespace().nth(4).map(PathBuf::from))
+        .expect("a cgroup v2 mount");
+    let own = std::fs::read_to_string("/proc/self/cgroup").expect("cgroup");
+    let own = own
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .expect("v2 line")
+        .trim_start_matches('/');
+    let leaf = mount.join(own).join(format!("gpusweep-run-{sup}"));
+    std::fs::write(leaf.join("cgroup.kill"), "1").expect("cgroup.kill");
+    await_cond("the leaf to empty", || {
+        std::fs::read_to_string(leaf.join("cgroup.procs")).is_ok_and(|s| s.trim().is_empty())
+    });
+    std::fs::remove_dir(&leaf).expect("rmdir the leaf");
+}
+
+#[test]
+#[allow(clippy::too_many_lines)] // one scenario, start to end
+fn slurm_docker_and_unit_cgroups_name_real_processes() {
+    let env = Env::new();
+    let mount = std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("mountinfo")
+        .lines()
+        .find(|l| l.contains(" - cgroup2 "))
+        .and_then(|l| l.split_whitespace().nth(4).map(PathBuf::from))
+        .expect("a cgroup v2 mount");
+    let own = std::fs::read_to_string("/proc/self/cgroup").expect("cgroup");
+    let own = own
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .expect("v2 line")
+        .trim_start_matches('/')
+        .to_string();
+    let base = mount
+        .join(&own)
+        .join(format!("gpusweep-test-{}", std::process::id()));
+    let cid = "4f1c2b3a5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f70";
+    let cases = [
+        ("slurmstepd.scope/job_777/step_0", "slurm"),
+        (&*format!("docker-{cid}.scope"), "docker"),
+        ("vllm-serve.service", "systemd"),
+    ];
+    let mut kids = Vec::new();
+    for (rel, _) in &cases {
+        let dir = base.join(rel);
+        std::fs::create_dir_all(&dir).expect("a cgroup the test creates (needs root)");
+        let c = Command::new("sleep")
+            .arg("300")
+            .stdin(std::fs::File::open(env.path("nvidia0")).expect("open"))
+            .spawn()
+            .expect("sleep");
+        std::fs::write(dir.join("cgroup.procs"), c.id().to_string()).expect("move into the cgroup");
+        kids.push(c);
+    }
+    let v = env.snapshot();
+    let procs = v["hosts"][0]["processes"]
+        .as_array()
+        .expect("processes")
+        .clone();
+    for (c, (_, kind)) in kids.iter().zip(&cases) {
+        let p = procs
+            .iter()
+            .find(|p| p["pid"] == c.id())
+            .expect("the holder is shown");
+        assert_eq!(p["job"]["kind"], *kind, "{p}");
+    }
+    let slurm = procs
+        .iter()
+        .find(|p| p["pid"] == kids[0].id())
+        .expect("slurm");
+    assert_eq!(slurm["job"]["job"], 777);
+    let glob = format!("{}/nvidia*", env.dir.path().display());
+    let o = env
+        .cmd(&[
+            "kill",
+            "--no-nvml",
+            "--device-glob",
+            &glob,
+            "--job",
+            "slurm:777",
+            "--yes",
+            "--signal",
+            "KILL",
+        ])
+        .output()
+        .expect("kill");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    for (i, mut c) in kids.into_iter().enumerate() {
+        if i > 0 {
+            c.kill().expect("kill");
+        }
+        c.wait().expect("wait");
+    }
+    for (rel, _) in cases.iter().rev() {
+        let mut d = base.join(rel);
+        while d != base {
+            let _ = std::fs::remove_dir(&d);
+            d = d.parent().expect("parent").to_path_buf();
+        }
+    }
+    std::fs::remove_dir(&base).expect("rmdir");
+}
