@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Every gate and every test, on a fresh Debian machine with Rust. Installs the test-only system packages the
-# tests need when they are missing: tmux (the TUI test) and openssh-server/client (the SSH tests, which start
-# their own sshd on loopback). Run as root or with sudo available.
+# tests need when they are missing: tmux (the TUI test), openssh-server/client (the SSH tests, which start
+# their own sshd on loopback) and slurmctld, slurmd, slurm-client and munge (the Slurm test, which starts its
+# own one-node cluster). Run as root (slurmd and the cgroup tests need it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
 { [ -x /usr/sbin/sshd ] || [ -x /usr/bin/sshd ]; } || need+=(openssh-server)
 command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
+# A one-node Slurm on loopback for the prolog/epilog test.
+[ -x /usr/sbin/slurmctld ] || need+=(slurmctld)
+[ -x /usr/sbin/slurmd ] || need+=(slurmd)
+command -v sbatch >/dev/null 2>&1 || need+=(slurm-client)
+[ -x /usr/sbin/munged ] || need+=(munge)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing test packages: ${need[*]}"
   sudo=""

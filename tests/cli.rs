@@ -1620,6 +1620,9 @@ fn help_fits_80_columns_every_flag_is_described_and_completions_and_man_are_gene
         vec!["kill", "--help"],
         vec!["smem", "--help"],
         vec!["shm", "clean", "--help"],
+        vec!["run", "--help"],
+        vec!["epilog", "--help"],
+        vec!["prolog", "--help"],
         vec!["agent", "--help"],
     ] {
         let o = env.cmd(&sub).env("COLUMNS", "80").output().expect("run");

@@ -67,6 +67,7 @@ Findings:
   residual       used memory no live listed process accounts for: sweep it
   orphan         a GPU holder whose launcher died (reparented to PID 1): kill
                  it if its job is over
+  orphaned_job   a GPU holder of a job that is over: `gpusweep sweep --job JOB`
   zombie         state Z, holds nothing: its parent (named) must reap it
   unkillable     a GPU holder in state D: no signal ends it until its I/O
                  returns
@@ -324,6 +325,11 @@ the job first. The supervisor shows as `gpusweep run [job PID ...]`: `pkill -f C
         #[arg(last = true, required = true, value_name = "COMMAND")]
         command: Vec<String>,
     },
+    /// Slurm Prolog=: exit 1, naming the holder (and drain the node), when the job's GPUs are not clean.
+    Prolog(Gate),
+    /// Slurm Epilog=: end the job's leftover processes, wait until its GPUs read zero; else exit 1 with a
+    /// one-line reason and drain the node with it.
+    Epilog(Gate),
     /// /dev/shm leftovers of the GPU stack (nccl-*, torch_*, psm_*, sem.*...).
     Shm {
         #[command(subcommand)]
@@ -342,6 +348,34 @@ the job first. The supervisor shows as `gpusweep run [job PID ...]`: `pkill -f C
         #[arg(long, default_value = "gpu-b")]
         demo_host: String,
     },
+}
+
+/// The job's GPUs and how long to give them; SLURM_JOB_ID names the job.
+#[derive(Debug, Args)]
+pub struct Gate {
+    /// The job's GPUs. Default: SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES, else every GPU of the node.
+    #[arg(long, value_name = "LIST", value_parser = gpu_list_arg)]
+    pub gpus: Option<GpuList>,
+    /// Epilog: time between TERM and KILL for the job's leftovers.
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = duration_arg, allow_hyphen_values = true)]
+    pub grace: Duration,
+    /// Epilog: how long the GPUs may take to read zero.
+    #[arg(long, value_name = "DUR", default_value = "60s", value_parser = duration_arg, allow_hyphen_values = true)]
+    pub timeout: Duration,
+    /// Do not drain the node (scontrol) when not clean; only exit 1.
+    #[arg(long)]
+    pub no_drain: bool,
+}
+
+impl Gate {
+    pub fn args(&self) -> crate::cli::slurm::GateArgs {
+        crate::cli::slurm::GateArgs {
+            gpus: self.gpus.clone().map(|g| g.0),
+            grace: self.grace,
+            timeout: self.timeout,
+            drain: !self.no_drain,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -6,6 +6,7 @@ pub mod common;
 pub mod kill;
 pub mod run;
 pub mod shm;
+pub mod slurm;
 pub mod smem;
 pub mod snapshot;
 pub mod sweep;
@@ -118,6 +119,8 @@ pub fn run(s: &Settings, cmd: Command, explicit_hosts: bool) -> anyhow::Result<i
             Ok(0)
         }
         Command::Run { .. } => anyhow::bail!("run starts through its supervisor"),
+        Command::Prolog(g) => slurm::prolog(s, &g.args()),
+        Command::Epilog(g) => slurm::epilog(s, &g.args()),
         Command::Agent { .. } => anyhow::bail!("the agent is not a cli subcommand"),
     }
 }

@@ -696,6 +696,46 @@ pub fn pidfs_inode(pid: u32) -> Option<u64> {
 /// `PID_FS_MAGIC` from linux/magic.h.
 const PIDFS_MAGIC: rustix::fs::FsWord = 0x5049_4446;
 
+/// Every live process of Slurm job `job` on this host: its cgroup names `job_<id>` (Slurm's cgroup plugins),
+/// or, where Slurm tracks processes without cgroups (proctrack/linuxproc, which loses double-forked ones),
+/// its environment carries `SLURM_JOB_ID=<id>`. Reading other users' environments needs root, as an epilog
+/// has.
+pub fn slurm_job_pids(proc_root: &Path, job: u64) -> Vec<u32> {
+    let want = format!("SLURM_JOB_ID={job}");
+    let mut out = Vec::new();
+    let Ok(dir) = fs::read_dir(proc_root) else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let d = e.path();
+        let zombie = fs::read_to_string(d.join("stat"))
+            .ok()
+            .and_then(|s| parse_stat(&s))
+            .is_none_or(|p| p.state.is_zombie());
+        if zombie {
+            continue;
+        }
+        let by_cgroup = fs::read_to_string(d.join("cgroup")).is_ok_and(|s| {
+            matches!(
+                crate::core::job::from_proc_cgroup(&s).1,
+                Some(crate::core::job::Job::Slurm { job: j, .. }) if j == job
+            )
+        });
+        let by_env = || {
+            fs::read(d.join("environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == want.as_bytes()))
+        };
+        if by_cgroup || by_env() {
+            out.push(pid);
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
