@@ -132,6 +132,9 @@ if wait_line "$W/zombie.out" PARENT 30; then
   read -r _ ZP _ ZC < <(grep PARENT "$W/zombie.out")
   i=0; while [ "$(stat_state "$ZC")" != Z ] && [ $i -lt 300 ]; do sleep 0.2; i=$((i+1)); done
   say "zombie $ZC state $(stat_state "$ZC"), GPU 0 used $(gpu0_used_mib) MiB"
+  # The driver frees an exiting process's memory a moment after it turns Z: wait for that, and say how long.
+  t0=$(date +%s%N); i=0; while [ "$(gpu0_used_mib)" != 0 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+  say "GPU 0 used $(gpu0_used_mib) MiB $(( ($(date +%s%N) - t0) / 1000000 )) ms later"
   "$BIN" snapshot --json >"$W/z.json" 2>>"$LOG"
   check "zombie: $ZC found, the action names its parent $ZP" jcheck "$W/z.json" "any(f['target_pid'] == $ZP for f in K('zombie', $ZC))"
   check "zombie: it holds no memory (GPU 0 clean)" jcheck "$W/z.json" 'h["gpus"][0]["memory"]["used"] == 0'

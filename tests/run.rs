@@ -429,3 +429,38 @@ fn slurm_docker_and_unit_cgroups_name_real_processes() {
     }
     std::fs::remove_dir(&base).expect("rmdir");
 }
+
+#[test]
+fn a_gpu_taken_during_the_job_is_not_called_clean_at_its_end() {
+    let env = Env::new();
+    // The GPU is clean when the job starts; while it runs, a process outside the job opens it. At the end
+    // that process still holds it: the verdict comes from readings taken after the job, never before.
+    let script = "echo $$ >launcher; while [ ! -e go ]; do sleep 0.05; done; exit 0";
+    let child = spawn(env.run_cmd(&["--timeout", "1s"], script));
+    pids_in(&env.path("launcher"), 1);
+    let mut outsider = Command::new("sleep")
+        .arg("300")
+        .stdin(std::fs::File::open(env.path("nvidia0")).expect("open"))
+        .spawn()
+        .expect("outsider");
+    let op = outsider.id();
+    await_cond("the outsider to be seen", || {
+        env.snapshot()["hosts"][0]["holders"]
+            .as_array()
+            .is_some_and(|h| h.iter().any(|x| x["pid"] == op))
+    });
+    std::fs::write(env.path("go"), b"").expect("go");
+    let o = child.wait_with_output().expect("run");
+    outsider.kill().expect("kill");
+    outsider.wait().expect("wait");
+    let t = text(&o);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "never clean while {op} holds the GPU: {t}"
+    );
+    assert!(
+        t.contains("not clean") && t.contains(&op.to_string()),
+        "{t}"
+    );
+}

@@ -57,6 +57,41 @@ pub async fn first_snapshots(fleet: &mut Fleet, timeout: Duration) -> Vec<HostSn
         .collect()
 }
 
+/// One reading of every host taken at or after `since_ms` (Unix ms): what a verdict about a moment may rest
+/// on. A reading already in flight when that moment came is skipped, and a poll is asked for at once.
+pub async fn readings_since(
+    fleet: &mut Fleet,
+    since_ms: u64,
+    timeout: Duration,
+) -> Vec<HostSnapshot> {
+    fleet.broadcast(&HostCmd::PollNow);
+    let n = fleet.len();
+    let mut got: Vec<Option<HostSnapshot>> = vec![None; n];
+    let deadline = tokio::time::Instant::now() + timeout;
+    while got.iter().any(Option::is_none) {
+        let Ok(Some(ev)) = tokio::time::timeout_at(deadline, fleet.recv()).await else {
+            break;
+        };
+        if let HostEvent::Snapshot { host, snap } = ev
+            && host.0 < n
+            && snap.taken_at_ms >= since_ms
+        {
+            got[host.0] = Some(*snap);
+        }
+    }
+    got.into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            s.unwrap_or_else(|| {
+                error_snapshot(
+                    fleet.label(HostId(i)),
+                    &format!("no new reading within {}s", timeout.as_secs()),
+                )
+            })
+        })
+        .collect()
+}
+
 pub fn error_snapshot(host: &str, e: &str) -> HostSnapshot {
     HostSnapshot {
         host: host.to_string(),

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail};
 
-use super::common::{first_snapshots, local_identity, runtime};
+use super::common::{first_snapshots, local_identity, readings_since, runtime};
 use super::wait::{unusable, watch_for, watch_until_clean};
 use crate::act::Deliverer;
 use crate::act::job::{self as jobs, Containment};
@@ -275,6 +275,7 @@ pub fn supervise_job(s: &Settings, a: &RunArgs) -> anyhow::Result<i32> {
     );
     let status = supervise(pid, a.grace, &sigs);
     let ended = Instant::now();
+    let ended_ms = crate::core::model::now_ms();
     let d = Deliverer {
         host: fleet.label(HostId(0)).to_string(),
         audit: s.fleet.audit.clone(),
@@ -298,8 +299,13 @@ pub fn supervise_job(s: &Settings, a: &RunArgs) -> anyhow::Result<i32> {
                 .join(", ")
         );
     }
-    // The job's GPUs, watched until they read zero.
-    let watch = watch_for(&fleet, &snaps, gpus.as_deref(), None, tolerance)?;
+    // The job's GPUs, watched until they read zero, from readings taken after it ended: the preflight's
+    // reading (clean, before the job) says nothing about now.
+    let after = rt.block_on(readings_since(&mut fleet, ended_ms, s.connect_timeout));
+    if let Some(e) = after[0].error.as_deref() {
+        bail!("job {me}: its GPUs could not be read after it ended: {e}");
+    }
+    let watch = watch_for(&fleet, &after, gpus.as_deref(), None, tolerance)?;
     let (clean, watch) =
         rt.block_on(watch_until_clean(&mut fleet, watch, Some(a.timeout), ended))?;
     rt.shutdown_background();
