@@ -464,3 +464,68 @@ fn a_gpu_taken_during_the_job_is_not_called_clean_at_its_end() {
         "{t}"
     );
 }
+
+/// Build the file-driven stand-in NVML (tests/fixtures/standin_nvml.c) into `dir`.
+fn standin_nvml(dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/standin_nvml.c");
+    let lib = dir.join("libnvidia-ml.so.1");
+    let o = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .expect("cc (a C compiler is part of the Rust toolchain's needs)");
+    assert!(o.status.success(), "{}", text(&o));
+    lib
+}
+
+/// Replace the stand-in driver's state at once (a reader never sees half a file).
+fn set_nvml(env: &Env, state: &str) {
+    std::fs::write(env.path("nvml.tmp"), state).expect("state");
+    std::fs::rename(env.path("nvml.tmp"), env.path("nvml")).expect("rename");
+}
+
+#[test]
+fn memory_released_after_the_job_ends_is_seen_at_the_fast_poll_not_the_interval() {
+    let env = Env::new();
+    let lib = standin_nvml(env.dir.path());
+    set_nvml(&env, "0\n");
+    // The job takes 64 MiB of GPU 0 and exits; the "driver" releases it only after the job is gone, as a
+    // real one does ~0.1-1 s after the last holder dies. With a one-hour interval, only the fast poll
+    // after the job's end can see the release before the timeout.
+    let glob = format!("{}/nvidia*", env.dir.path().display());
+    let script = "echo $$ >launcher; echo 64 >nvml.tmp; mv nvml.tmp nvml; exit 0";
+    let mut c = env.cmd(&[
+        "run",
+        "--device-glob",
+        &glob,
+        "--interval",
+        "1h",
+        "--timeout",
+        "15s",
+        "--grace",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    c.current_dir(env.dir.path())
+        .env("GPUSWEEP_NVML_LIBRARY", &lib)
+        .env("STANDIN_NVML_STATE", env.path("nvml"))
+        .env("STANDIN_NVML_LOG", env.path("reads"));
+    let child = spawn(c);
+    let launcher = pids_in(&env.path("launcher"), 1)[0];
+    await_cond("the job to end", || !alive(launcher));
+    // A reading taken after the job ended still shows its 64 MiB; only then does the driver let go.
+    let reads = || std::fs::read_to_string(env.path("reads")).unwrap_or_default();
+    let before = reads().lines().count();
+    await_cond("a reading of the held memory after the job", || {
+        reads().lines().skip(before).any(|l| l == "0 64")
+    });
+    set_nvml(&env, "0\n");
+    let o = child.wait_with_output().expect("run");
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("read zero"), "{t}");
+}

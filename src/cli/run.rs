@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail};
 
-use super::common::{first_snapshots, local_identity, readings_since, runtime};
+use super::common::{FAST_POLL, first_snapshots, local_identity, readings_since, runtime};
 use super::wait::{unusable, watch_for, watch_until_clean};
 use crate::act::Deliverer;
 use crate::act::job::{self as jobs, Containment};
@@ -23,6 +23,7 @@ use crate::core::model::{HostId, HostSnapshot, MIB};
 use crate::core::parse::GpuRef;
 use crate::core::signal::{Sig, SignalRequest};
 use crate::runtime::{Fleet, Settings};
+use crate::source::HostCmd;
 
 pub struct RunArgs {
     pub gpus: Option<Vec<GpuRef>>,
@@ -300,7 +301,9 @@ pub fn supervise_job(s: &Settings, a: &RunArgs) -> anyhow::Result<i32> {
         );
     }
     // The job's GPUs, watched until they read zero, from readings taken after it ended: the preflight's
-    // reading (clean, before the job) says nothing about now.
+    // reading (clean, before the job) says nothing about now. Read at the fast poll: the time to clean is
+    // only as exact as the readings (at the default 1 s interval a release was reported 1.0 s late).
+    fleet.broadcast(&HostCmd::Interval(FAST_POLL));
     let after = rt.block_on(readings_since(&mut fleet, ended_ms, s.connect_timeout));
     if let Some(e) = after[0].error.as_deref() {
         bail!("job {me}: its GPUs could not be read after it ended: {e}");
