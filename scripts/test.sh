@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every gate and every test, on a fresh Debian machine with Rust. Installs the test-only system packages the
 # tests need when they are missing: tmux (the TUI test), openssh-server/client (the SSH tests, which start
-# their own sshd on loopback) and slurmctld, slurmd, slurm-client and munge (the Slurm test, which starts its
-# own one-node cluster). Run as root (slurmd and the cgroup tests need it).
+# their own sshd on loopback), slurmctld, slurmd, slurm-client and munge (the Slurm test, which starts its
+# own one-node cluster), prometheus (the metrics test, which starts its own server) and openssl. Run as root
+# (slurmd and the cgroup tests need it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -14,6 +15,10 @@ command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
 [ -x /usr/sbin/slurmd ] || need+=(slurmd)
 command -v sbatch >/dev/null 2>&1 || need+=(slurm-client)
 [ -x /usr/sbin/munged ] || need+=(munge)
+# A real Prometheus on loopback scraping `gpusweep serve` (tests/prometheus.rs); openssl makes the TLS test's
+# certificates.
+command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing test packages: ${need[*]}"
   sudo=""

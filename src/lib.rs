@@ -3,7 +3,7 @@
 //! Layers, each importing only those to its left (a test in `tests/layers.rs` keeps it so):
 //!
 //! ```text
-//! core  <-  source, analyze, act  <-  runtime  <-  cli, agent, tui  <-  main
+//! core  <-  source, analyze, act  <-  runtime  <-  cli, agent, serve, tui  <-  main
 //! ```
 //!
 //! Data flows one way: sources -> whole snapshots -> the runtime (analysis, once) -> front ends. Actions go out
@@ -15,5 +15,6 @@ pub mod analyze;
 pub mod cli;
 pub mod core;
 pub mod runtime;
+pub mod serve;
 pub mod source;
 pub mod tui;

@@ -18,8 +18,11 @@ fn main() {
         Some(original) => Cli::parse_from(original),
         None => Cli::parse(),
     };
-    // The supervisor forwards INT/TERM/HUP to its job; it must not die of them.
-    if cli.command.is_some() && !matches!(cli.command, Some(Command::Run { .. })) {
+    // The supervisor forwards INT/TERM/HUP to its job; it must not die of them. A serve stops cleanly on
+    // them (its socket file removed).
+    if cli.command.is_some()
+        && !matches!(cli.command, Some(Command::Run { .. } | Command::Serve(_)))
+    {
         gpusweep::act::own::default_sigpipe();
         gpusweep::runtime::exit_on_signals();
     }
@@ -53,6 +56,18 @@ fn run(cli: Cli, supervised: bool) -> anyhow::Result<i32> {
             gpusweep::tui::run(&s)
         }
         Some(Command::Agent { demo_host }) => gpusweep::agent::run(&s, &demo_host),
+        Some(Command::Serve(o)) => gpusweep::serve::run(
+            &s,
+            &gpusweep::serve::ServeArgs {
+                listen: o.listen,
+                no_http: o.no_http,
+                socket: o.socket,
+                no_socket: o.no_socket,
+                token_file: o.token_file,
+                tls_cert: o.tls_cert,
+                tls_key: o.tls_key,
+            },
+        ),
         Some(Command::Run {
             gpus,
             grace,

@@ -550,3 +550,39 @@ fn inside_a_pid_namespace_the_holder_is_named_as_outside() {
     );
     assert!(r.action.contains("on the host"), "{}", r.action);
 }
+
+#[test]
+fn hosts_read_from_prometheus_keep_their_verdicts_and_are_never_called_leaking_on_totals() {
+    let opts = AnalyzeOptions::default();
+    // A serve's verdicts, carried by Prometheus: kept as they are, never judged again from totals.
+    let mut g = gpu(0, 10_240, &[]);
+    g.judged = Some(GpuState::Leak);
+    let mut snap = host(vec![g], vec![], vec![]);
+    snap.source = gpusweep::core::model::SourceKind::Prometheus;
+    snap.findings = vec![Finding {
+        kind: FindingKind::Zombie,
+        severity: gpusweep::core::model::Severity::Warning,
+        host: "h200".into(),
+        gpu: None,
+        pid: None,
+        bytes: None,
+        detail: "2 zombie finding(s)".into(),
+        action: "open it live".into(),
+        target_pid: None,
+    }];
+    let snap = gpusweep::analyze::analyzed(snap, &opts);
+    assert_eq!(kinds(&snap.findings), [(FindingKind::Zombie, None, None)]);
+    assert_eq!(gpu_state(&snap, &snap.gpus[0], &opts), GpuState::Leak);
+    assert_eq!(gpusweep::analyze::gpu_clean(&snap.gpus[0], 0), Some(false));
+    // dcgm-exporter's totals alone: used memory is "in use", never a leak; nothing used is clean.
+    let mut snap = host(vec![gpu(0, 700, &[]), gpu(1, 0, &[])], vec![], vec![]);
+    snap.source = gpusweep::core::model::SourceKind::Prometheus;
+    let snap = gpusweep::analyze::analyzed(snap, &opts);
+    assert!(snap.findings.is_empty());
+    assert_eq!(gpu_state(&snap, &snap.gpus[0], &opts), GpuState::InUse);
+    assert_eq!(gpu_state(&snap, &snap.gpus[1], &opts), GpuState::Clean);
+    // A GPU its serve could not read stays unknown: no verdict.
+    let mut g = gpu(0, 0, &[]);
+    g.judged = Some(GpuState::Error);
+    assert_eq!(gpusweep::analyze::gpu_clean(&g, 0), None);
+}

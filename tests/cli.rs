@@ -35,6 +35,8 @@ impl Env {
         c.args(args)
             .env("GPUSWEEP_AUDIT_LOG", self.audit())
             .env("GPUSWEEP_CONFIG", self.dir.path().join("no-config.toml"))
+            // Never a serve a developer runs: every reading here is taken in-process.
+            .env("GPUSWEEP_SOCKET", self.dir.path().join("no-serve.sock"))
             .env_remove("GPUSWEEP_HOSTS")
             .stdin(Stdio::null());
         c

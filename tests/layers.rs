@@ -1,7 +1,7 @@
 //! The layer rule, checked on the source tree itself:
 //!
 //! ```text
-//! core  <-  source, analyze, act  <-  runtime  <-  cli, agent, tui  <-  main
+//! core  <-  source, analyze, act  <-  runtime  <-  cli, agent, serve, tui  <-  main
 //! ```
 //!
 //! A module may use its own layer and the layers to its left, never one beside it or to its right. Front ends
@@ -21,6 +21,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("runtime", 2),
     ("cli", 3),
     ("agent", 3),
+    ("serve", 3),
     ("tui", 3),
     ("main", 4),
 ];

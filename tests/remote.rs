@@ -16,6 +16,7 @@ use gpusweep::core::signal::{Fate, Sig, SignalRequest, TargetInfo};
 use gpusweep::runtime::{Fleet, FleetOptions, HostEvent};
 use gpusweep::source::demo::DemoClock;
 use gpusweep::source::local::procfs::ProcfsConfig;
+use gpusweep::source::remote::http::HttpOptions;
 use gpusweep::source::remote::ssh::SshOptions;
 use gpusweep::source::{ConnStatus, HostCmd};
 
@@ -39,7 +40,7 @@ fn agent_lines(dir: &Path) -> (String, String) {
     (hello.display().to_string(), snap.display().to_string())
 }
 
-fn fleet(command: &str, interval: Duration, audit: &Path) -> Fleet {
+async fn fleet(command: &str, interval: Duration, audit: &Path) -> Fleet {
     let opts = FleetOptions {
         interval,
         analyze: AnalyzeOptions::default(),
@@ -54,11 +55,13 @@ fn fleet(command: &str, interval: Duration, audit: &Path) -> Fleet {
         },
         demo_clock: DemoClock::real(),
         kill_without_pidfd: false,
+        http: HttpOptions::default(),
+        serve_socket: None,
     };
     let spec = HostSpec::Command {
         command: command.to_string(),
     };
-    Fleet::start(&[spec], &opts).expect("fleet")
+    Fleet::start(&[spec], &opts).await.expect("fleet")
 }
 
 /// PIDs whose command line is exactly `sleep SECS`.
@@ -96,7 +99,7 @@ async fn a_stalled_agent_goes_stale_then_is_dropped_with_its_process_group() {
     let dir = tempfile::tempdir().expect("tmp");
     let (hello, snap) = agent_lines(dir.path());
     let cmd = format!("cat '{hello}' '{snap}'; sleep 86391 & exec sleep 86392");
-    let mut f = fleet(&cmd, Duration::from_millis(100), &dir.path().join("audit"));
+    let mut f = fleet(&cmd, Duration::from_millis(100), &dir.path().join("audit")).await;
     let mut got_reading = false;
     let mut stale = None;
     let down = loop {
@@ -137,7 +140,7 @@ async fn a_flood_of_readings_keeps_only_the_latest() {
         "cat '{hello}'; i=0; while :; do cat '{snap}'; i=$((i+1)); echo $i > '{}'; done",
         count.display()
     );
-    let mut f = fleet(&cmd, Duration::from_secs(1), &dir.path().join("audit"));
+    let mut f = fleet(&cmd, Duration::from_secs(1), &dir.path().join("audit")).await;
     loop {
         if let HostEvent::Snapshot { .. } = next_event(&mut f, Duration::from_secs(20)).await {
             break;
@@ -172,7 +175,7 @@ async fn a_host_that_reads_no_commands_answers_signals_busy() {
     let (hello, snap) = agent_lines(dir.path());
     // Readings keep coming (so the host is not stale), but stdin is never read.
     let cmd = format!("cat '{hello}'; while :; do cat '{snap}'; sleep 0.2; done");
-    let mut f = fleet(&cmd, Duration::from_secs(1), &dir.path().join("audit"));
+    let mut f = fleet(&cmd, Duration::from_secs(1), &dir.path().join("audit")).await;
     loop {
         if let HostEvent::Status {
             status: ConnStatus::Up,

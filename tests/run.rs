@@ -28,6 +28,8 @@ impl Env {
         c.args(args)
             .env("GPUSWEEP_AUDIT_LOG", self.path("actions.jsonl"))
             .env("GPUSWEEP_CONFIG", self.path("no-config.toml"))
+            // Never a serve a developer runs: every reading here is taken in-process.
+            .env("GPUSWEEP_SOCKET", self.path("no-serve.sock"))
             .env_remove("GPUSWEEP_HOSTS")
             .env_remove("CUDA_VISIBLE_DEVICES")
             .stdin(Stdio::null());

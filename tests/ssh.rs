@@ -17,6 +17,7 @@ use gpusweep::runtime::{Fleet, FleetOptions, HostEvent};
 use gpusweep::source::ConnStatus;
 use gpusweep::source::demo::DemoClock;
 use gpusweep::source::local::procfs::ProcfsConfig;
+use gpusweep::source::remote::http::HttpOptions;
 use gpusweep::source::remote::ssh::SshOptions;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpusweep");
@@ -552,13 +553,15 @@ async fn agent_killed_mid_stream_is_reported_and_reconnected() {
         },
         demo_clock: DemoClock::real(),
         kill_without_pidfd: false,
+        http: HttpOptions::default(),
+        serve_socket: None,
     };
     let spec = HostSpec::Ssh {
         user: Some("root".into()),
         host: "127.0.0.1".into(),
         port: Some(s.port),
     };
-    let mut fleet = Fleet::start(&[spec], &opts).expect("fleet");
+    let mut fleet = Fleet::start(&[spec], &opts).await.expect("fleet");
     let mut seen = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let mut snapshots_after_down = 0;

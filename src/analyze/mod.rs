@@ -50,8 +50,11 @@ pub fn analyze(snap: &HostSnapshot, opts: &AnalyzeOptions) -> Vec<Finding> {
     out
 }
 
-/// The snapshot with its findings filled in.
+/// The snapshot with its findings filled in. A host read from Prometheus keeps the findings its own
+/// gpusweep reported: the client has its verdicts, not the processes to judge by.
 pub fn analyzed(mut snap: HostSnapshot, opts: &AnalyzeOptions) -> HostSnapshot {
-    snap.findings = analyze(&snap, opts);
+    if !snap.source.judged_remotely() {
+        snap.findings = analyze(&snap, opts);
+    }
     snap
 }

@@ -6,6 +6,14 @@ use crate::core::model::{FindingKind, Gpu, HostSnapshot};
 
 /// DESIGN's "clean": used at or under the tolerance and nothing listed. `None` when it cannot be told.
 pub fn gpu_clean(g: &Gpu, tolerance: u64) -> Option<bool> {
+    // Judged by the host's own gpusweep (a host read from Prometheus): its verdict, not a guess from totals.
+    if let Some(j) = g.judged {
+        return match j {
+            GpuState::Clean => Some(true),
+            GpuState::InUse | GpuState::Leak => Some(false),
+            GpuState::Unknown | GpuState::Error => None,
+        };
+    }
     if g.error.is_some() && g.memory.used.is_none() {
         return None;
     }
@@ -15,6 +23,9 @@ pub fn gpu_clean(g: &Gpu, tolerance: u64) -> Option<bool> {
 }
 
 pub fn gpu_state(snap: &HostSnapshot, g: &Gpu, opts: &AnalyzeOptions) -> GpuState {
+    if let Some(j) = g.judged {
+        return j;
+    }
     if g.error.is_some() && g.memory.used.is_none() {
         return GpuState::Error;
     }

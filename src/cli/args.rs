@@ -196,6 +196,9 @@ pub struct Global {
         value_name = "DIR"
     )]
     pub shm_dir: Option<PathBuf>,
+    /// snapshot, wait: read this host in-process even when a `gpusweep serve` answers on its socket.
+    #[arg(help_heading = "Global options", long, global = true)]
+    pub no_serve: bool,
     /// Seconds to wait for a host's first reading (1 to 86400). Default 10.
     #[arg(help_heading = "Global options", long, global = true, value_name = "SECS", allow_hyphen_values = true,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
@@ -342,12 +345,59 @@ the job first. The supervisor shows as `gpusweep run [job PID ...]`: `pkill -f C
     },
     /// Print the man page (roff): `gpusweep man > ~/.local/share/man/man1/gpusweep.1`.
     Man,
+    /// The node daemon: Prometheus metrics (dcgm-exporter's names), the JSON API and its event stream over
+    /// HTTP, and a local socket that `snapshot` and `wait` use. Read-only over HTTP.
+    #[command(after_help = SERVE_HELP)]
+    Serve(ServeOpts),
     /// The remote end: JSON snapshots on stdout, one per line; commands on stdin.
     Agent {
         /// Which simulated host to serve with --demo.
         #[arg(long, default_value = "gpu-b")]
         demo_host: String,
     },
+}
+
+const SERVE_HELP: &str = "\
+Endpoints (every one a GET; nothing over HTTP can signal or remove):
+  /metrics          OpenMetrics: DCGM_FI_DEV_FB_USED/FREE/RESERVED (MiB, with
+                    dcgm-exporter's labels) and gpusweep_* (clean, findings,
+                    unexplained bytes, process memory, time to clean)
+  /api/v1/snapshot  the JSON contract of `gpusweep snapshot --json`
+  /api/v1/events    server-sent events: hello, snapshot, unchanged, event,
+                    status; ?interval=DUR polls faster while open (>= 100ms)
+  /healthz          200 ok, or 503 naming the host without a fresh reading
+  /hosts/NAME/...   the same for one host of several (--demo)
+The socket speaks the agent protocol; only root and the serve's own user may
+signal through it. `gpusweep snapshot` and `wait` read a serve of this host
+through it when one answers (--no-serve reads NVML in-process).";
+
+/// `gpusweep serve`'s own flags.
+#[derive(Debug, Args)]
+pub struct ServeOpts {
+    /// HTTP address. Default 127.0.0.1:9401 (loopback only; dcgm-exporter has 9400). [::]:9401 for every
+    /// interface (then set --token-file).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// No HTTP: the local socket only.
+    #[arg(long)]
+    pub no_http: bool,
+    /// The Unix socket. Default $GPUSWEEP_SOCKET, /run/gpusweep.sock for root, else
+    /// $XDG_RUNTIME_DIR/gpusweep.sock.
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// No Unix socket.
+    #[arg(long)]
+    pub no_socket: bool,
+    /// Require `Authorization: Bearer TOKEN` (the file's first line, 16+ characters, mode 600) on every
+    /// HTTP request but /healthz.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Serve HTTPS with this certificate chain (PEM); with --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// The job's GPUs and how long to give them; SLURM_JOB_ID names the job.
@@ -416,6 +466,7 @@ impl Global {
             readonly: self.readonly,
             events: self.events.clone(),
             shm_dir: self.shm_dir.clone(),
+            no_serve: self.no_serve,
         }
     }
 

@@ -17,11 +17,7 @@ pub use crate::runtime::FAST_POLL;
 pub const ANSWER_SLACK: Duration = Duration::from_secs(30);
 
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")
+    crate::runtime::async_runtime().context("starting the async runtime")
 }
 
 /// The first reading of every host, or its error; hosts that say nothing within the timeout get an error.

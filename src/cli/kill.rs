@@ -41,10 +41,17 @@ fn pick_host(s: &Settings, host: Option<&str>) -> anyhow::Result<usize> {
 
 pub fn run(s: &Settings, a: &KillArgs) -> anyhow::Result<i32> {
     let idx = pick_host(s, a.host.as_deref())?;
+    if s.specs[idx].read_only() {
+        bail!(
+            "{}: read-only host (read over HTTP or from Prometheus): no signal can be sent through it; \
+             kill over SSH (--hosts user@node) or through its agent",
+            escape(&s.specs[idx].label())
+        );
+    }
     let local = s.specs[idx] == HostSpec::Local;
     let rt = runtime()?;
     let res = rt.block_on(async {
-        let mut fleet = Fleet::start(&s.specs[idx..=idx], &s.fleet)?;
+        let mut fleet = Fleet::start(&s.specs[idx..=idx], &s.fleet).await?;
         let snap = first_snapshots(&mut fleet, s.connect_timeout)
             .await
             .remove(0);

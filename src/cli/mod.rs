@@ -122,5 +122,6 @@ pub fn run(s: &Settings, cmd: Command, explicit_hosts: bool) -> anyhow::Result<i
         Command::Prolog(g) => slurm::prolog(s, &g.args()),
         Command::Epilog(g) => slurm::epilog(s, &g.args()),
         Command::Agent { .. } => anyhow::bail!("the agent is not a cli subcommand"),
+        Command::Serve(_) => anyhow::bail!("serve is not a cli subcommand"),
     }
 }

@@ -9,6 +9,7 @@ use anyhow::bail;
 use super::common::{confirm, first_snapshots, runtime};
 use crate::analyze::findings::shm::removable;
 use crate::core::format::{escape, fmt_bytes};
+use crate::core::host::HostSpec;
 use crate::core::model::{Feature, HostId};
 use crate::core::removal::{RemovalOutcome, RemovalRequest, all_failed};
 use crate::runtime::{Fleet, HostEvent, Settings};
@@ -32,7 +33,7 @@ pub fn run(s: &Settings, a: &CleanArgs) -> anyhow::Result<i32> {
     }
     let rt = runtime()?;
     let code = rt.block_on(async {
-        let mut fleet = Fleet::start(&s.specs, &s.fleet)?;
+        let mut fleet = Fleet::start(&s.specs, &s.fleet).await?;
         let snaps = first_snapshots(&mut fleet, s.connect_timeout).await;
         let mut unreadable = false;
         let mut reqs: Vec<(HostId, RemovalRequest)> = Vec::new();
@@ -40,6 +41,14 @@ pub fn run(s: &Settings, a: &CleanArgs) -> anyhow::Result<i32> {
             let host = escape(&snap.host);
             if let Some(e) = &snap.error {
                 eprintln!("gpusweep: {host}: {}", escape(e));
+                unreadable = true;
+                continue;
+            }
+            if fleet.spec(HostId(i)).is_some_and(HostSpec::read_only) && !a.dry_run {
+                eprintln!(
+                    "gpusweep: {host}: read-only host (read over HTTP or from Prometheus): nothing is removed on it; \
+                     reach it over SSH or through its agent"
+                );
                 unreadable = true;
                 continue;
             }

@@ -105,7 +105,7 @@ fn start(s: &Settings) -> anyhow::Result<(tokio::runtime::Runtime, Fleet, Vec<Ho
         bail!("prolog and epilog judge this node: --hosts does not apply");
     }
     let rt = runtime()?;
-    let mut fleet = rt.block_on(async { Fleet::start(&s.specs, &s.fleet) })?;
+    let mut fleet = rt.block_on(async { Fleet::start(&s.specs, &s.fleet).await })?;
     let snaps = rt.block_on(first_snapshots(&mut fleet, s.connect_timeout));
     if let Some(e) = unusable(&snaps[0], s.fleet.load_nvml) {
         bail!("{e}");

@@ -14,7 +14,7 @@ pub fn run(s: &Settings, json: bool) -> anyhow::Result<i32> {
     let rt = runtime()?;
     trace("main", "runtime up");
     let snaps = rt.block_on(async {
-        let mut fleet = Fleet::start(&s.specs, &s.fleet)?;
+        let mut fleet = Fleet::start(&s.specs, &s.fleet_via_serve()).await?;
         trace("main", "fleet started");
         anyhow::Ok(first_snapshots(&mut fleet, s.connect_timeout).await)
     })?;
@@ -46,16 +46,16 @@ fn age(snap: &HostSnapshot, started_at: Option<u64>) -> String {
 /// The human table for one host.
 pub fn render_table(snap: &HostSnapshot, opts: &AnalyzeOptions) -> String {
     let mut o = String::new();
+    if let Some(e) = &snap.error {
+        let _ = write!(o, "== {}\n   ERROR: {}\n\n", escape(&snap.host), escape(e));
+        return o;
+    }
     let src = format!("{:?}", snap.source).to_lowercase();
     let _ = write!(o, "== {} ({src}", escape(&snap.host));
     if let Some(d) = &snap.driver_version {
         let _ = write!(o, ", driver {}", escape(d));
     }
     o.push_str(")\n");
-    if let Some(e) = &snap.error {
-        let _ = write!(o, "   ERROR: {}\n\n", escape(e));
-        return o;
-    }
     if let Some(e) = &snap.gpu_error {
         let _ = writeln!(o, "   GPUs: {}", escape(e));
     }

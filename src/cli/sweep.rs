@@ -91,6 +91,18 @@ async fn start(
         if snap.error.is_some() {
             continue;
         }
+        // A host no signal can reach is refused by name, never swept "successfully" with nothing sent.
+        let in_scope = (a.gpus.is_none() && a.job.is_none()) || watch.per_host.contains_key(&id);
+        let read_only = fleet
+            .spec(id)
+            .is_some_and(crate::core::host::HostSpec::read_only);
+        if read_only && in_scope && !a.dry_run {
+            bail!(
+                "{}: read-only host (read over HTTP or from Prometheus): a sweep cannot act on it; sweep it \
+                 over SSH (--hosts user@node) or through its agent",
+                escape(&snap.host)
+            );
+        }
         let chosen = a.gpus.is_some() || a.job.is_some();
         let gpus: Option<&[u32]> = match (chosen, watch.per_host.get(&id)) {
             (false, _) => None,
@@ -156,7 +168,7 @@ pub fn run(s: &Settings, a: &SweepArgs) -> anyhow::Result<i32> {
         .map_or(s.fleet.analyze.tolerance, |t| t.saturating_mul(MIB));
     let rt = runtime()?;
     let res = rt.block_on(async {
-        let mut fleet = Fleet::start(&s.specs, &s.fleet)?;
+        let mut fleet = Fleet::start(&s.specs, &s.fleet).await?;
         let Start {
             plan,
             watch,

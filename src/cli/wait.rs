@@ -212,12 +212,12 @@ pub fn run(s: &Settings, a: &WaitArgs) -> anyhow::Result<i32> {
     let tolerance = a
         .tolerance_mib
         .map_or(s.fleet.analyze.tolerance, |t| t.saturating_mul(MIB));
-    let mut opts = s.fleet.clone();
+    let mut opts = s.fleet_via_serve();
     opts.interval = a.poll.max(Duration::from_millis(20));
     let rt = runtime()?;
     let started = Instant::now();
     let res = rt.block_on(async {
-        let mut fleet = Fleet::start(&s.specs, &opts)?;
+        let mut fleet = Fleet::start(&s.specs, &opts).await?;
         // At least one reading of every host, whatever the timeout: a gate never passes on no reading.
         let snaps = first_snapshots(&mut fleet, s.connect_timeout).await;
         if let Some(e) = snaps.iter().find_map(|h| unusable(h, s.fleet.load_nvml)) {

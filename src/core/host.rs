@@ -17,6 +17,194 @@ pub enum HostSpec {
     },
     /// A local command whose stdio is an agent stream.
     Command { command: String },
+    /// A `gpusweep serve` read over HTTP(S): `http(s)://node:port[/hosts/NAME]`. Read-only.
+    Http { url: String },
+    /// A fleet read from a Prometheus server's HTTP API: `prom:http://prometheus:9090[?SELECTOR]`. When the
+    /// fleet starts it becomes one `PromHost` per host Prometheus knows.
+    Prom {
+        url: String,
+        selector: Option<String>,
+    },
+    /// One host of a `prom:` fleet: its `Hostname` (or `instance`) label, and the server it was read from.
+    PromHost { server: String, name: String },
+    /// A `gpusweep serve` on this host, through its Unix socket: `unix:/run/gpusweep.sock`.
+    Socket { path: String },
+}
+
+/// An `http(s)://host[:port][/path]` address, checked: no user, query or fragment, nothing a shell or a
+/// request line could misread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpUrl {
+    pub tls: bool,
+    /// A name or an address; an IPv6 literal without its brackets.
+    pub host: String,
+    pub port: u16,
+    /// Empty, or starting with '/', without a trailing '/'.
+    pub path: String,
+}
+
+impl HttpUrl {
+    pub fn parse(s: &str) -> Result<HttpUrl, String> {
+        let (tls, rest) = if let Some(r) = s.strip_prefix("https://") {
+            (true, r)
+        } else if let Some(r) = s.strip_prefix("http://") {
+            (false, r)
+        } else {
+            return Err(format!("{s:?}: not an http:// or https:// address"));
+        };
+        if rest.contains(['?', '#', '@'])
+            || rest.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(format!(
+                "{s:?}: only scheme://host[:port][/path] (no user, query or fragment)"
+            ));
+        }
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
+            None => (rest, ""),
+        };
+        let path_ok =
+            |c: char| c.is_ascii_alphanumeric() || matches!(c, '/' | '-' | '_' | '.' | '~' | '%');
+        if !path.chars().all(path_ok) || path.contains("//") {
+            return Err(format!("{s:?}: bad path {path:?}"));
+        }
+        let default_port = if tls { 443 } else { 80 };
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let (h, after) = v6
+                .split_once(']')
+                .ok_or_else(|| format!("{s:?}: '[' without ']'"))?;
+            let port = match after.strip_prefix(':') {
+                Some(p) => p
+                    .parse::<u16>()
+                    .map_err(|_| format!("{s:?}: bad port {p:?}"))?,
+                None if after.is_empty() => default_port,
+                None => return Err(format!("{s:?}: junk after ']'")),
+            };
+            if h.is_empty()
+                || !h
+                    .chars()
+                    .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
+            {
+                return Err(format!("{s:?}: {h:?} is not an IPv6 address"));
+            }
+            (h.to_string(), port)
+        } else {
+            let (h, port) = match authority.rsplit_once(':') {
+                Some((h, p)) => (
+                    h,
+                    p.parse::<u16>()
+                        .map_err(|_| format!("{s:?}: bad port {p:?}"))?,
+                ),
+                None => (authority, default_port),
+            };
+            let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
+            if h.is_empty() || !h.chars().all(ok) || h.starts_with('-') {
+                return Err(format!("{s:?}: {h:?} is not a host name"));
+            }
+            (h.to_string(), port)
+        };
+        Ok(HttpUrl {
+            tls,
+            host,
+            port,
+            path: path.to_string(),
+        })
+    }
+
+    /// `scheme://host:port`, brackets around an IPv6 literal.
+    pub fn origin(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        if self.host.contains(':') {
+            format!("{scheme}://[{}]:{}", self.host, self.port)
+        } else {
+            format!("{scheme}://{}:{}", self.host, self.port)
+        }
+    }
+
+    /// The whole address, normalized (explicit port, no trailing '/').
+    pub fn base(&self) -> String {
+        format!("{}{}", self.origin(), self.path)
+    }
+
+    /// `host:port`, and the host's name under a serve's `/hosts/NAME` when the path names one.
+    pub fn label(&self) -> String {
+        let hp = if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        };
+        match self.path.strip_prefix("/hosts/") {
+            Some(name) if !name.contains('/') => format!("{hp}/{name}"),
+            _ => format!("{hp}{}", self.path),
+        }
+    }
+}
+
+/// A `prom:` spec's selector: PromQL label matchers (`job="gpu",cluster=~"a.*"`, braces optional), checked to
+/// be only that, so it can be added to gpusweep's own queries.
+pub fn parse_selector(s: &str) -> Result<String, String> {
+    let inner = s
+        .trim()
+        .strip_prefix('{')
+        .and_then(|r| r.strip_suffix('}'))
+        .unwrap_or(s.trim())
+        .trim();
+    if inner.is_empty() {
+        return Ok(String::new());
+    }
+    // label op "value" (, label op "value")*
+    let mut rest = inner;
+    let mut out = Vec::new();
+    loop {
+        let name_len = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        let name = &rest[..name_len];
+        if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+            return Err(format!("selector {s:?}: expected a label name at {rest:?}"));
+        }
+        rest = rest[name_len..].trim_start();
+        let op = ["=~", "!~", "!=", "="]
+            .into_iter()
+            .find(|o| rest.starts_with(o))
+            .ok_or_else(|| format!("selector {s:?}: expected =, !=, =~ or !~ after {name}"))?;
+        rest = rest[op.len()..].trim_start();
+        let Some(body) = rest.strip_prefix('"') else {
+            return Err(format!(
+                "selector {s:?}: the value of {name} must be in double quotes"
+            ));
+        };
+        let mut end = None;
+        let mut escaped = false;
+        for (i, c) in body.char_indices() {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => {
+                    end = Some(i);
+                    break;
+                }
+                c if c.is_control() => {
+                    return Err(format!("selector {s:?}: a control character in a value"));
+                }
+                _ => {}
+            }
+        }
+        let end = end.ok_or_else(|| format!("selector {s:?}: unterminated value of {name}"))?;
+        out.push(format!("{name}{op}\"{}\"", &body[..end]));
+        rest = body[end + 1..].trim_start();
+        if rest.is_empty() {
+            break;
+        }
+        rest = rest
+            .strip_prefix(',')
+            .ok_or_else(|| format!("selector {s:?}: expected ',' before {rest:?}"))?
+            .trim_start();
+        if rest.is_empty() {
+            break;
+        }
+    }
+    Ok(out.join(","))
 }
 
 impl HostSpec {
@@ -39,6 +227,15 @@ impl HostSpec {
                 s
             }
             HostSpec::Command { command } => format!("cmd:{command}"),
+            HostSpec::Http { url } => {
+                HttpUrl::parse(url).map_or_else(|_| url.clone(), |u| u.label())
+            }
+            HostSpec::Prom { url, selector } => match selector {
+                Some(sel) => format!("prom:{url}?{sel}"),
+                None => format!("prom:{url}"),
+            },
+            HostSpec::PromHost { name, .. } => name.clone(),
+            HostSpec::Socket { path } => format!("unix:{path}"),
         }
     }
 
@@ -46,8 +243,17 @@ impl HostSpec {
     pub fn as_typed(&self) -> String {
         match self {
             HostSpec::Local => "local".into(),
+            HostSpec::Http { url } => url.clone(),
             other => other.label(),
         }
+    }
+
+    /// Whether no kill, sweep or removal can go through it (HTTP and Prometheus are read-only).
+    pub fn read_only(&self) -> bool {
+        matches!(
+            self,
+            HostSpec::Http { .. } | HostSpec::Prom { .. } | HostSpec::PromHost { .. }
+        )
     }
 
     /// Whether `query` names this host: the spec as typed, or its label.
@@ -223,6 +429,28 @@ pub fn parse_specs(
     };
     for v in values {
         let v = v.trim();
+        // A Prometheus address and its selector are taken whole: the selector's commas are its own.
+        if let Some(rest) = v.strip_prefix("prom:") {
+            let (url, sel) = match rest.split_once('?') {
+                Some((u, s)) => (u, Some(parse_selector(s)?).filter(|s| !s.is_empty())),
+                None => (rest, None),
+            };
+            let url = HttpUrl::parse(url).map_err(|e| format!("prom:{e}"))?.base();
+            push(HostSpec::Prom { url, selector: sel }, &mut out);
+            continue;
+        }
+        if let Some(path) = v.strip_prefix("unix:") {
+            if !path.starts_with('/') {
+                return Err(format!("{v:?}: the socket's path must be absolute"));
+            }
+            push(
+                HostSpec::Socket {
+                    path: path.to_string(),
+                },
+                &mut out,
+            );
+            continue;
+        }
         if let Some(cmd) = v.strip_prefix("cmd:") {
             // A command is taken whole: its commas are its own.
             if cmd.trim().is_empty() {
@@ -246,6 +474,22 @@ pub fn parse_specs(
             }
             if item.starts_with('@') {
                 return Err(format!("no group {name:?} in the config file"));
+            }
+            if item.starts_with("http://") || item.starts_with("https://") {
+                // Ranges expand (http://node[01-16]:9401); an IPv6 literal's brackets are not a range.
+                let v6 = item
+                    .split_once("://")
+                    .is_some_and(|(_, r)| r.starts_with('['));
+                let each = if v6 {
+                    vec![item.clone()]
+                } else {
+                    expand(&item)?
+                };
+                for e in each {
+                    let url = HttpUrl::parse(&e)?.base();
+                    push(HostSpec::Http { url }, &mut out);
+                }
+                continue;
             }
             for e in expand(&item)? {
                 push(parse_one(&e)?, &mut out);
@@ -366,6 +610,66 @@ mod tests {
         let same = unique_labels(&[HostSpec::Local, HostSpec::Local]);
         assert_eq!(same[1], format!("{} #2", same[0]));
         assert!(HostSpec::Local.answers_to("local", &same[0]));
+    }
+
+    #[test]
+    fn http_prom_and_socket_specs() {
+        let v = parse_specs(
+            &[
+                "http://node[1-2]:9401,https://[::1]:9443/hosts/gpu-a".into(),
+                r#"prom:http://prom:9090?{job="gpu",cluster=~"a,b"}"#.into(),
+                "unix:/run/gpusweep.sock".into(),
+            ],
+            &BTreeMap::new(),
+        )
+        .expect("ok");
+        assert_eq!(
+            names(&v),
+            [
+                "node1:9401",
+                "node2:9401",
+                "[::1]:9443/gpu-a",
+                r#"prom:http://prom:9090?job="gpu",cluster=~"a,b""#,
+                "unix:/run/gpusweep.sock"
+            ]
+        );
+        assert_eq!(
+            v[2],
+            HostSpec::Http {
+                url: "https://[::1]:9443/hosts/gpu-a".into()
+            }
+        );
+        assert!(v[0].read_only() && v[3].read_only() && !v[4].read_only());
+        assert_eq!(
+            HttpUrl::parse("http://n:9401/").expect("ok").base(),
+            "http://n:9401"
+        );
+        for bad in [
+            "http://user@n:1",
+            "http://n:1/?x=1",
+            "http://n:1/#f",
+            "http://n;rm:1",
+            "http://n:99999",
+            "ftp://n",
+            "http://n/a b",
+        ] {
+            assert!(HttpUrl::parse(bad).is_err(), "{bad}");
+        }
+        for bad in [
+            "prom:http://p:9090?job=gpu",
+            r#"prom:http://p:9090?job="gpu"}"#,
+            r#"prom:http://p:9090?{job="gpu" or vector(1)}"#,
+            "unix:relative.sock",
+        ] {
+            assert!(
+                parse_specs(&[bad.into()], &BTreeMap::new()).is_err(),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            parse_selector(r#" { a = "x\"y" , b!~"z" } "#).expect("ok"),
+            r#"a="x\"y",b!~"z""#
+        );
     }
 
     #[test]

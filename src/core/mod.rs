@@ -6,6 +6,7 @@ pub mod event;
 pub mod format;
 pub mod host;
 pub mod job;
+pub mod metrics;
 pub mod model;
 pub mod parse;
 pub mod procstat;

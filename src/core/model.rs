@@ -103,6 +103,10 @@ pub enum Feature {
     Shm,
     /// Temperature and power readings.
     Sensors,
+    /// Kills, sweeps and removals: a host read over HTTP (a `serve`) or from Prometheus is read-only.
+    Actions,
+    /// NVML's list of processes and what it charges them (dcgm-exporter's metrics carry none).
+    ProcessList,
 }
 
 impl Feature {
@@ -117,6 +121,14 @@ impl Feature {
             Feature::Holders => "GPU holders (process fds could not be scanned)",
             Feature::Shm => "/dev/shm",
             Feature::Sensors => "temperature/power where nvidia-smi lacks them",
+            Feature::Actions => {
+                "kills, sweeps and removals (read-only: read over HTTP or from Prometheus; reach the host \
+                 over SSH or through its agent to act on it)"
+            }
+            Feature::ProcessList => {
+                "the GPU process list (only dcgm-exporter's memory metrics reach Prometheus for this host): \
+                 a GPU in use cannot be told from a leak"
+            }
         }
     }
 }
@@ -181,6 +193,25 @@ pub enum SourceKind {
     Agent,
     /// Agentless: nvidia-smi CSV and a shell scan of /proc over SSH.
     Smi,
+    /// This host, read from a running `gpusweep serve` through its Unix socket (NVML already warm there).
+    Serve,
+    /// A remote `gpusweep serve`, read over HTTP(S): read-only.
+    Http,
+    /// A Prometheus server's view of the host (a `serve`'s or dcgm-exporter's metrics): summaries, judged by
+    /// the host's own gpusweep where it runs one; read-only.
+    Prometheus,
+}
+
+impl SourceKind {
+    /// Whether the host's findings and GPU states come judged from elsewhere (Prometheus carries a serve's
+    /// verdicts, not the processes to judge by): the client does not analyze them again.
+    pub fn judged_remotely(self) -> bool {
+        self == SourceKind::Prometheus
+    }
+    /// Whether no kill, sweep or removal can be sent through this source.
+    pub fn read_only(self) -> bool {
+        matches!(self, SourceKind::Http | SourceKind::Prometheus)
+    }
 }
 
 /// One host at one instant.
@@ -211,6 +242,10 @@ pub struct HostSnapshot {
     pub missing_features: Vec<Feature>,
     /// Filled by `analyze`; present in JSON output.
     pub findings: Vec<Finding>,
+    /// Where live readings of a host seen through Prometheus can be had: its serve's API
+    /// (`http://node:9401`), or `ssh://node` where only dcgm-exporter's metrics exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_url: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -240,6 +275,10 @@ pub struct Gpu {
     pub processes: Vec<ListedProcess>,
     /// This GPU's own error (GpuLost, Unknown...); other GPUs go on.
     pub error: Option<String>,
+    /// The state the host's own gpusweep gave it, for hosts read from Prometheus (whose processes the
+    /// client cannot see to judge by).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub judged: Option<GpuState>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -437,6 +476,63 @@ pub struct Target {
 }
 
 impl HostSnapshot {
+    /// Whether two readings of a host say the same, whatever their times (and a /dev/shm file's age, which runs
+    /// with the clock). Every field is named, so a new one cannot be forgotten here.
+    pub fn says_the_same(&self, b: &HostSnapshot) -> bool {
+        let a = self;
+        let HostSnapshot {
+            host,
+            error,
+            taken_at_ms: _,
+            source,
+            gpu_error,
+            driver_version,
+            gpus,
+            processes,
+            holders,
+            zombies,
+            shm,
+            unreadable_processes,
+            in_child_pid_namespace,
+            missing_features,
+            findings,
+            live_url,
+        } = a;
+        let shm_same = |x: &Option<ShmInfo>, y: &Option<ShmInfo>| match (x, y) {
+            (Some(x), Some(y)) => {
+                x.total == y.total
+                    && x.used == y.used
+                    && x.free == y.free
+                    && x.shmmax == y.shmmax
+                    && x.shmall == y.shmall
+                    && x.shmmni == y.shmmni
+                    && x.sysv_segments == y.sysv_segments
+                    && x.segments.len() == y.segments.len()
+                    && x.segments.iter().zip(&y.segments).all(|(s, t)| {
+                        (&s.name, s.bytes, &s.users, s.dev, s.ino, s.special)
+                            == (&t.name, t.bytes, &t.users, t.dev, t.ino, t.special)
+                    })
+            }
+            (None, None) => true,
+            _ => false,
+        };
+        *host == b.host
+            && *error == b.error
+            && *source == b.source
+            && *gpu_error == b.gpu_error
+            && *driver_version == b.driver_version
+            && *gpus == b.gpus
+            && *processes == b.processes
+            && *holders == b.holders
+            && *zombies == b.zombies
+            && shm_same(shm, &b.shm)
+            && *unreadable_processes == b.unreadable_processes
+            && *in_child_pid_namespace == b.in_child_pid_namespace
+            && *missing_features == b.missing_features
+            && *findings == b.findings
+            && *live_url == b.live_url
+    }
+
     pub fn proc(&self, pid: u32) -> Option<&Proc> {
         self.processes.iter().find(|p| p.pid == pid)
     }

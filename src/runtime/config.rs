@@ -39,6 +39,10 @@ pub struct Config {
     /// Key bindings: action name -> key ("kill" = "K", "sweep" = "S", ...).
     #[serde(default)]
     pub keys: BTreeMap<String, String>,
+    /// `http(s)://` hosts: a file whose first line is the bearer token their serves want.
+    pub http_token_file: Option<PathBuf>,
+    /// `https://` hosts: a PEM certificate to trust besides the system's (a serve's own CA).
+    pub http_ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]

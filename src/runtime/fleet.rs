@@ -4,6 +4,8 @@
 //! Local and demo hosts run the poll loop on threads of their own (NVML and /proc reads are blocking and
 //! cheap); remote hosts are tokio tasks. Every reading is analyzed here, once, with the operator's options.
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc as smpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,6 +22,8 @@ use crate::core::signal::{Outcome, Protected, all_failed};
 use crate::source::demo::{DemoClock, DemoHost};
 use crate::source::local::LocalSource;
 use crate::source::local::procfs::ProcfsConfig;
+use crate::source::remote::http::{HttpClient, HttpOptions};
+use crate::source::remote::prom::{PromCmd, PromHost, PromServer};
 use crate::source::remote::{RemoteOptions, RemoteTask, ssh::SshOptions};
 use crate::source::{ConnStatus, HostCmd, Sink, Source};
 
@@ -32,6 +36,11 @@ pub enum HostEvent {
     Status {
         host: HostId,
         status: ConnStatus,
+    },
+    /// A new reading that says the same as the host's last snapshot: only its time is new.
+    Fresh {
+        host: HostId,
+        taken_at_ms: u64,
     },
     Outcomes {
         host: HostId,
@@ -56,6 +65,10 @@ pub struct FleetOptions {
     pub kill_without_pidfd: bool,
     pub ssh: SshOptions,
     pub demo_clock: DemoClock,
+    /// `http(s)://` and `prom:` hosts: the token and extra trusted certificate.
+    pub http: HttpOptions,
+    /// Read this host through the serve answering on this socket, where one does (`snapshot`, `wait`).
+    pub serve_socket: Option<std::path::PathBuf>,
 }
 
 /// Commands queued for one host at most; past that a host is busy and further commands are answered at once.
@@ -67,6 +80,7 @@ enum Wire {
     /// The host's slot went from empty to full.
     Reading(HostId),
     Status(HostId, ConnStatus),
+    Fresh(HostId, u64),
     Outcomes(HostId, u64, Vec<Outcome>),
     Removals(HostId, u64, Vec<RemovalOutcome>),
 }
@@ -97,6 +111,9 @@ impl Sink for FleetSink {
     fn status(&self, status: ConnStatus) -> bool {
         self.tx.send(Wire::Status(self.host, status)).is_ok()
     }
+    fn fresh(&self, taken_at_ms: u64) -> bool {
+        self.tx.send(Wire::Fresh(self.host, taken_at_ms)).is_ok()
+    }
     fn outcomes(&self, id: u64, outcomes: Vec<Outcome>) -> bool {
         self.tx
             .send(Wire::Outcomes(self.host, id, outcomes))
@@ -112,6 +129,8 @@ impl Sink for FleetSink {
 enum Handle {
     Thread(smpsc::SyncSender<HostCmd>),
     Task(mpsc::Sender<HostCmd>),
+    /// One host of a `prom:` fleet: its place in that server's poller.
+    Prom(mpsc::Sender<PromCmd>, usize),
 }
 
 pub struct Fleet {
@@ -119,22 +138,114 @@ pub struct Fleet {
     labels: Vec<String>,
     handles: Vec<Handle>,
     slots: Vec<Slot>,
+    sinks: Vec<Arc<dyn Sink>>,
+    /// Per host read from Prometheus: set when it is opened live, so its poller leaves it alone.
+    detached: Vec<Option<Arc<AtomicBool>>>,
+    remote: RemoteOptions,
+    connect_limit: Arc<Semaphore>,
     /// Kept to answer, at once, a signal request that a busy host's queue had no room for.
     tx: mpsc::UnboundedSender<Wire>,
     events: mpsc::UnboundedReceiver<Wire>,
 }
 
+/// The hosts of one Prometheus server, gathered to be polled together, and their command channel.
+type PromGroup = (
+    mpsc::Sender<PromCmd>,
+    mpsc::Receiver<PromCmd>,
+    Vec<PromHost>,
+);
+
+/// Every `prom:` spec replaced by the hosts its server knows now (discovered within the connect timeout).
+/// A server that cannot be asked stays as one host, which then says why it cannot be read.
+async fn expand(specs: &[HostSpec], http: Option<&HttpClient>, timeout: Duration) -> Vec<HostSpec> {
+    let mut out = Vec::new();
+    for spec in specs {
+        let HostSpec::Prom { url, selector } = spec else {
+            out.push(spec.clone());
+            continue;
+        };
+        let server = PromServer {
+            url: url.clone(),
+            selector: selector.clone(),
+        };
+        let found = match http {
+            Some(h) => tokio::time::timeout(timeout, server.discover(h)).await.ok(),
+            None => None,
+        };
+        match found {
+            Some(Ok(names)) if !names.is_empty() => {
+                out.extend(names.into_iter().map(|name| HostSpec::PromHost {
+                    server: spec.as_typed(),
+                    name,
+                }));
+            }
+            _ => out.push(spec.clone()),
+        }
+    }
+    out
+}
+
+/// A `gpusweep serve` of this host that answers on `path`, if one does: then this host is read through it.
+/// Its hello must name this host (a demo serve, or one of another host's socket mounted here, does not).
+fn serve_answers(path: Option<&std::path::Path>, this_host: &str) -> Option<String> {
+    use std::io::{BufRead, Read};
+    let path = path?;
+    let stream = std::os::unix::net::UnixStream::connect(path).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .ok()?;
+    let mut line = Vec::new();
+    std::io::BufReader::new(stream)
+        .take(64 * 1024)
+        .read_until(b'\n', &mut line)
+        .ok()?;
+    match serde_json::from_slice::<crate::core::protocol::AgentMsg>(&line).ok()? {
+        crate::core::protocol::AgentMsg::Hello { host, protocol, .. }
+            if host == this_host && protocol == crate::core::protocol::PROTOCOL =>
+        {
+            Some(path.to_string_lossy().into_owned())
+        }
+        _ => None,
+    }
+}
+
 impl Fleet {
-    /// Start a collector per host. Must be called inside a tokio runtime when any host is remote.
-    pub fn start(
+    /// Start a collector per host. Must be called inside a tokio runtime. `prom:` specs become the hosts
+    /// their server knows (asked now); this host is read through a running serve where the options ask for
+    /// that and one answers.
+    #[allow(clippy::too_many_lines)] // one arm per kind of host
+    pub async fn start(
         specs: &[HostSpec],
         opts: &FleetOptions,
     ) -> Result<Fleet, crate::source::SourceError> {
+        let needs_http = specs
+            .iter()
+            .any(|s| matches!(s, HostSpec::Http { .. } | HostSpec::Prom { .. }));
+        let http = if needs_http {
+            Some(
+                opts.http
+                    .client(opts.ssh.connect_timeout)
+                    .map_err(crate::source::SourceError::Unreadable)?,
+            )
+        } else {
+            None
+        };
+        let specs = expand(specs, http.as_ref(), opts.ssh.connect_timeout).await;
         let (tx, events) = mpsc::unbounded_channel();
-        let labels = unique_labels(specs);
+        let labels = unique_labels(&specs);
         let connect_limit = Arc::new(Semaphore::new(opts.ssh.max_connections.max(1)));
+        let remote = RemoteOptions {
+            interval: opts.interval,
+            ssh: opts.ssh.clone(),
+            benign: opts.procfs.benign.clone(),
+            http: http.clone(),
+        };
         let mut handles = Vec::new();
         let mut slots = Vec::new();
+        let mut sinks = Vec::new();
+        let mut detached = Vec::new();
+        // Hosts of each Prometheus server, gathered to be polled together.
+        let mut proms: BTreeMap<String, PromGroup> = BTreeMap::new();
         for (i, (spec, label)) in specs.iter().zip(&labels).enumerate() {
             let slot: Slot = Arc::default();
             slots.push(slot.clone());
@@ -145,47 +256,129 @@ impl Fleet {
                 slot,
                 tx: tx.clone(),
             });
+            sinks.push(sink.clone());
+            let mut detach = None;
+            let remote_task = |spec: HostSpec, sink: Arc<dyn Sink>| {
+                let (ctx, crx) = mpsc::channel(CMD_QUEUE);
+                let task = RemoteTask {
+                    label: label.clone(),
+                    spec,
+                    opts: remote.clone(),
+                    sink,
+                    connect_limit: connect_limit.clone(),
+                };
+                tokio::spawn(task.run(crx));
+                Handle::Task(ctx)
+            };
             let handle = match spec {
                 HostSpec::Local => {
-                    let src = LocalSource::new(label.clone(), opts.procfs.clone(), opts.load_nvml)?;
-                    let d = Deliverer {
-                        host: label.clone(),
-                        audit: opts.audit.clone(),
-                        without_pidfd: opts.kill_without_pidfd,
-                    };
-                    Handle::Thread(spawn_thread(i, Box::new(src), Some(d), sink, opts.interval))
+                    if let Some(path) = serve_answers(
+                        opts.serve_socket.as_deref(),
+                        &crate::core::host::local_hostname(),
+                    ) {
+                        remote_task(HostSpec::Socket { path }, sink)
+                    } else {
+                        let src =
+                            LocalSource::new(label.clone(), opts.procfs.clone(), opts.load_nvml)?;
+                        let d = Deliverer {
+                            host: label.clone(),
+                            audit: opts.audit.clone(),
+                            without_pidfd: opts.kill_without_pidfd,
+                        };
+                        Handle::Thread(spawn_thread(i, Box::new(src), Some(d), sink, opts.interval))
+                    }
                 }
                 HostSpec::Demo(name) => {
                     let src = DemoHost::new(name, opts.demo_clock.clone());
                     Handle::Thread(spawn_thread(i, Box::new(src), None, sink, opts.interval))
                 }
-                HostSpec::Ssh { .. } | HostSpec::Command { .. } => {
-                    let (ctx, crx) = mpsc::channel(CMD_QUEUE);
-                    let task = RemoteTask {
-                        label: label.clone(),
-                        spec: spec.clone(),
-                        opts: RemoteOptions {
-                            interval: opts.interval,
-                            ssh: opts.ssh.clone(),
-                            benign: opts.procfs.benign.clone(),
-                        },
+                HostSpec::PromHost { server, name } => {
+                    let entry = proms.entry(server.clone()).or_insert_with(|| {
+                        let (t, r) = mpsc::channel(CMD_QUEUE);
+                        (t, r, Vec::new())
+                    });
+                    let flag = Arc::new(AtomicBool::new(false));
+                    detach = Some(flag.clone());
+                    entry.2.push(PromHost {
+                        name: name.clone(),
                         sink,
-                        connect_limit: connect_limit.clone(),
-                    };
-                    tokio::spawn(task.run(crx));
-                    Handle::Task(ctx)
+                        detached: flag,
+                    });
+                    Handle::Prom(entry.0.clone(), entry.2.len() - 1)
                 }
+                HostSpec::Ssh { .. }
+                | HostSpec::Command { .. }
+                | HostSpec::Http { .. }
+                | HostSpec::Socket { .. }
+                | HostSpec::Prom { .. } => remote_task(spec.clone(), sink),
             };
+            detached.push(detach);
             handles.push(handle);
         }
+        for (server, (_, rx, hosts)) in proms {
+            let (Some(http), Some(HostSpec::Prom { url, selector })) = (
+                http.clone(),
+                crate::core::host::parse_specs(&[server], &BTreeMap::new())
+                    .ok()
+                    .and_then(|v| v.into_iter().next()),
+            ) else {
+                continue;
+            };
+            let server = PromServer { url, selector };
+            tokio::spawn(crate::source::remote::prom::run(
+                server,
+                http,
+                hosts,
+                opts.interval,
+                rx,
+            ));
+        }
         Ok(Fleet {
-            specs: specs.to_vec(),
+            specs,
             labels,
             handles,
             slots,
+            sinks,
+            detached,
+            remote,
+            connect_limit,
             tx,
             events,
         })
+    }
+
+    /// Read a host live that was seen through Prometheus: through its serve (`http(s)://...`) or over SSH
+    /// (`ssh://name`), in place of its Prometheus summary. Must be called inside the fleet's runtime.
+    pub fn open_live(&mut self, host: HostId, url: &str) -> Result<HostSpec, String> {
+        let i = host.0;
+        if i >= self.handles.len() {
+            return Err("no such host".into());
+        }
+        let spec = match url.strip_prefix("ssh://") {
+            Some(name) => crate::core::host::parse_one(name)?,
+            None => HostSpec::Http {
+                url: crate::core::host::HttpUrl::parse(url)?.base(),
+            },
+        };
+        // Hosts seen through Prometheus came with an HTTP client: their serves use the same one.
+        if matches!(spec, HostSpec::Http { .. }) && self.remote.http.is_none() {
+            return Err("no HTTP client in this fleet".into());
+        }
+        if let Some(Some(flag)) = self.detached.get(i) {
+            flag.store(true, Ordering::SeqCst);
+        }
+        let (ctx, crx) = mpsc::channel(CMD_QUEUE);
+        let task = RemoteTask {
+            label: self.labels[i].clone(),
+            spec: spec.clone(),
+            opts: self.remote.clone(),
+            sink: self.sinks[i].clone(),
+            connect_limit: self.connect_limit.clone(),
+        };
+        tokio::spawn(task.run(crx));
+        self.handles[i] = Handle::Task(ctx);
+        self.specs[i] = spec.clone();
+        Ok(spec)
     }
 
     /// The next event of any host; `None` once every collector is gone.
@@ -215,6 +408,7 @@ impl Fleet {
                 HostEvent::Snapshot { host, snap }
             }
             Wire::Status(host, status) => HostEvent::Status { host, status },
+            Wire::Fresh(host, taken_at_ms) => HostEvent::Fresh { host, taken_at_ms },
             Wire::Outcomes(host, id, outcomes) => HostEvent::Outcomes { host, id, outcomes },
             Wire::Removals(host, id, outcomes) => HostEvent::Removals { host, id, outcomes },
         })
@@ -233,6 +427,13 @@ impl Fleet {
                 Err(mpsc::error::TrySendError::Full(c) | mpsc::error::TrySendError::Closed(c)) => {
                     Some(c)
                 }
+            },
+            Some(Handle::Prom(t, at)) => match t.try_send((*at, cmd)) {
+                Ok(()) => None,
+                Err(
+                    mpsc::error::TrySendError::Full((_, c))
+                    | mpsc::error::TrySendError::Closed((_, c)),
+                ) => Some(c),
             },
             None => Some(cmd),
         };

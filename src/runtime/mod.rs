@@ -20,6 +20,15 @@ pub fn raise_fd_limit() -> Option<u64> {
     Some(soft)
 }
 
+/// The async runtime every front end runs its fleet on: two workers (readings are parsed there; the front
+/// end's own loop runs on the thread that blocks on it).
+pub fn async_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+}
+
 /// How often hosts are read while something waits for them to become clean (a sweep, a re-watch, `wait`).
 pub const FAST_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 pub use settings::{Overrides, Settings};

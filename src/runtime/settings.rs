@@ -16,7 +16,22 @@ use crate::core::parse::parse_duration;
 use crate::source::DEFAULT_INTERVAL;
 use crate::source::demo::{DEMO_HOSTS, DemoClock};
 use crate::source::local::procfs::ProcfsConfig;
+use crate::source::remote::http::HttpOptions;
 use crate::source::remote::ssh::SshOptions;
+
+/// Where a `gpusweep serve` of this host listens and its clients look: `$GPUSWEEP_SOCKET`, else
+/// `/run/gpusweep.sock` for root, else `$XDG_RUNTIME_DIR/gpusweep.sock`; `None` where none can be named.
+pub fn serve_socket() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("GPUSWEEP_SOCKET").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    if nix::unistd::geteuid().is_root() {
+        return Some(PathBuf::from("/run/gpusweep.sock"));
+    }
+    std::env::var_os("XDG_RUNTIME_DIR")
+        .filter(|d| !d.is_empty())
+        .map(|d| PathBuf::from(d).join("gpusweep.sock"))
+}
 
 /// The fastest poll interval accepted.
 pub const MIN_INTERVAL: Duration = Duration::from_millis(20);
@@ -48,6 +63,8 @@ pub struct Overrides {
     pub events: Option<PathBuf>,
     /// Where the shared-memory files are (default /dev/shm).
     pub shm_dir: Option<PathBuf>,
+    /// Read this host in-process even when a serve answers on its socket.
+    pub no_serve: bool,
 }
 
 #[derive(Debug, Error)]
@@ -79,6 +96,21 @@ pub struct Settings {
     /// --readonly or `readonly = true`: no kill, sweep or removal anywhere.
     pub readonly: bool,
     pub events: Option<PathBuf>,
+    /// Read this host in-process even when a serve answers on its socket (`--no-serve`, or a scan the
+    /// serve does not do: other device globs, another shm directory).
+    pub no_serve: bool,
+}
+
+impl Settings {
+    /// The fleet options of a front end that may read this host through a running serve (`snapshot`,
+    /// `wait`): its socket, unless `--no-serve` or `--no-nvml` (a serve reads NVML) says otherwise.
+    pub fn fleet_via_serve(&self) -> FleetOptions {
+        let mut f = self.fleet.clone();
+        if !self.no_serve && f.load_nvml {
+            f.serve_socket = serve_socket();
+        }
+        f
+    }
 }
 
 fn interval(o: &Overrides, config: &Config) -> Result<Duration, SettingsError> {
@@ -158,6 +190,12 @@ fn ssh_options(o: &Overrides, config: &Config, connect_timeout: Duration) -> Ssh
     }
 }
 
+fn env_path(var: &str) -> Option<PathBuf> {
+    std::env::var_os(var)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
 pub fn resolve(o: &Overrides) -> Result<Settings, SettingsError> {
     let config = config::load(o.config.as_deref(), o.config.is_some())?;
     let interval = interval(o, &config)?;
@@ -194,6 +232,13 @@ pub fn resolve(o: &Overrides) -> Result<Settings, SettingsError> {
         kill_without_pidfd: o.kill_without_pidfd || config.kill_without_pidfd.unwrap_or(false),
         ssh: ssh_options(o, &config, connect_timeout),
         demo_clock: DemoClock::real(),
+        http: HttpOptions {
+            token_file: env_path("GPUSWEEP_HTTP_TOKEN_FILE")
+                .or_else(|| config.http_token_file.clone()),
+            ca_file: env_path("GPUSWEEP_HTTP_CA_FILE").or_else(|| config.http_ca_file.clone()),
+        },
+        // The front ends that may read through a running serve say so (`snapshot`, `wait`).
+        serve_socket: None,
     };
     Ok(Settings {
         specs,
@@ -205,5 +250,6 @@ pub fn resolve(o: &Overrides) -> Result<Settings, SettingsError> {
         local: o.local || o.no_nvml,
         readonly,
         events: o.events.clone(),
+        no_serve: o.no_serve || !o.device_globs.is_empty() || o.shm_dir.is_some(),
     })
 }

@@ -413,6 +413,7 @@ impl DemoHost {
                 0
             };
             gpus.push(Gpu {
+                judged: None,
                 index: i,
                 uuid: Some(format!(
                     "GPU-{:08x}-{:04x}-4e0f-9a31-{:012x}",
@@ -477,6 +478,7 @@ impl DemoHost {
         processes.sort_by_key(|p| p.pid);
         holders.sort_by_key(|h| h.pid);
         HostSnapshot {
+            live_url: None,
             host: self.name.clone(),
             error: None,
             taken_at_ms: self.clock.base_unix_ms() + t,

@@ -100,6 +100,11 @@ pub enum ConnStatus {
 /// listens any more: the source then stops.
 pub trait Sink: Send + Sync {
     fn reading(&self, snap: HostSnapshot) -> bool;
+    /// A reading taken at `taken_at_ms` that says the same as the last one handed over (a serve's
+    /// `unchanged`, a Prometheus poll that moved nothing): the host is fresh, and nothing needs judging again.
+    fn fresh(&self, _taken_at_ms: u64) -> bool {
+        true
+    }
     fn status(&self, status: ConnStatus) -> bool;
     fn outcomes(&self, id: u64, outcomes: Vec<Outcome>) -> bool;
     fn removals(&self, id: u64, outcomes: Vec<RemovalOutcome>) -> bool;

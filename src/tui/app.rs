@@ -17,7 +17,7 @@ use crate::analyze::watch::{Scope, Watch};
 use crate::analyze::{AnalyzeOptions, GpuState, gpu_state};
 use crate::core::event::{Event, EventKind};
 use crate::core::format::{fmt_ms, millis};
-use crate::core::model::{Finding, HostId, HostSnapshot, MIB, Severity};
+use crate::core::model::{Finding, HostId, HostSnapshot, MIB, Severity, SourceKind};
 use crate::core::removal::{RemovalOutcome, RemovalRequest, ShmFile};
 use crate::core::signal::{Outcome, Protected, Sig, SignalRequest, TargetInfo};
 use crate::core::smem::{Dtype, Tile};
@@ -35,6 +35,8 @@ pub const REWATCH_INTERVAL: Duration = crate::runtime::FAST_POLL;
 #[derive(Debug, Clone)]
 pub enum Action {
     Snapshot(HostId, Box<HostSnapshot>),
+    /// A reading at this Unix ms that says the same as the host's last snapshot.
+    Fresh(HostId, u64),
     Status(HostId, ConnStatus),
     Outcomes(HostId, u64, Vec<Outcome>),
     Removals(HostId, u64, Vec<RemovalOutcome>),
@@ -49,6 +51,10 @@ pub enum Action {
     Resize(u16, u16),
     /// Wall-clock time in Unix milliseconds: ages and elapsed times are computed from it.
     Tick(u64),
+    /// The host is now read live from this spec (it was seen through Prometheus), read-only or not.
+    Opened(HostId, String, bool),
+    /// It could not be opened live, for this reason.
+    OpenFailed(HostId, String),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -59,6 +65,8 @@ pub enum Effect {
     Log(Event),
     /// Draw now, not at the next throttled redraw: a watch just completed.
     DrawNow,
+    /// Read this host live from this address (`http(s)://...` or `ssh://name`) instead of Prometheus.
+    OpenLive(HostId, String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -140,6 +148,8 @@ pub struct HostView {
     pub rows: Vec<ProcRow>,
     /// PIDs never offered for signals on this host.
     pub protected: Protected,
+    /// Read over HTTP or from Prometheus: no kill, sweep or removal can reach it.
+    pub read_only: bool,
 }
 
 /// Which panel has the focus and what is selected in each.
@@ -249,6 +259,7 @@ impl App {
                     first_signal_ms: None,
                     rows: Vec::new(),
                     protected: Protected::remote(),
+                    read_only: false,
                 })
                 .collect(),
             sel: Selection::default(),
@@ -366,6 +377,33 @@ impl App {
     fn dispatch(&mut self, action: Action) -> Vec<Effect> {
         match action {
             Action::Snapshot(i, snap) => self.on_snapshot(i, *snap),
+            Action::Opened(i, spec, read_only) => {
+                if let Some(h) = self.hosts.get_mut(i.0) {
+                    h.status = ConnStatus::Connecting;
+                    h.protected = Protected::remote();
+                    h.read_only = read_only;
+                }
+                let label = self.label(i);
+                self.set_status(format!("{label}: now read live from {spec}"), Level::Info);
+                vec![]
+            }
+            Action::OpenFailed(i, why) => {
+                let label = self.label(i);
+                self.set_status(format!("{label}: cannot open it live: {why}"), Level::Bad);
+                vec![]
+            }
+            Action::Fresh(i, taken_at_ms) => {
+                if let Some(h) = self.hosts.get_mut(i.0)
+                    && let Some(snap) = &mut h.snap
+                {
+                    snap.taken_at_ms = snap.taken_at_ms.max(taken_at_ms);
+                    h.last_seen_ms = Some(snap.taken_at_ms);
+                    if matches!(h.status, ConnStatus::Stale { .. }) {
+                        h.status = ConnStatus::Up;
+                    }
+                }
+                vec![]
+            }
             Action::Status(i, st) => {
                 // A re-watch never counts a host it cannot read now as clean.
                 if let Some(rw) = &mut self.rewatch {
@@ -652,6 +690,29 @@ impl App {
             );
             return vec![];
         }
+        if matches!(cmd, Some(Cmd::Kill | Cmd::Sweep | Cmd::RemoveShm))
+            && self.host().is_some_and(|h| h.read_only)
+        {
+            let src = self.snap().map_or(SourceKind::Http, |s| s.source);
+            let how = if src == SourceKind::Prometheus {
+                "Enter on it in the hosts panel opens it live"
+            } else {
+                "reach it over SSH (--hosts user@node) or through its agent to act"
+            };
+            self.set_status(
+                format!(
+                    "{} is read-only (read {}): {how}",
+                    self.label(HostId(self.sel.host)),
+                    if src == SourceKind::Prometheus {
+                        "from Prometheus"
+                    } else {
+                        "over HTTP"
+                    }
+                ),
+                Level::Info,
+            );
+            return vec![];
+        }
         match cmd {
             Some(Cmd::Quit) => self.quit = true,
             Some(Cmd::Up) => self.move_sel(-1),
@@ -666,7 +727,22 @@ impl App {
             Some(Cmd::RemoveShm) => self.open_remove(),
             Some(Cmd::NextPanel) => self.sel.focus = self.sel.focus.step(1),
             Some(Cmd::PrevPanel) => self.sel.focus = self.sel.focus.step(-1),
-            Some(Cmd::Open) if self.sel.focus == Panel::Hosts => self.sel.focus = Panel::Gpus,
+            Some(Cmd::Open) if self.sel.focus == Panel::Hosts => {
+                self.sel.focus = Panel::Gpus;
+                // A host seen through Prometheus opens live: through its serve, or over SSH.
+                let host = HostId(self.sel.host);
+                if let Some(url) = self
+                    .snap()
+                    .filter(|s| s.source == SourceKind::Prometheus)
+                    .and_then(|s| s.live_url.clone())
+                {
+                    self.set_status(
+                        format!("opening {} live: {url}", self.label(host)),
+                        Level::Info,
+                    );
+                    return vec![Effect::OpenLive(host, url)];
+                }
+            }
             Some(Cmd::Back) => {
                 // Esc first ends what runs without end: a re-watch.
                 if self.rewatch.is_some() {

@@ -29,15 +29,16 @@ const FRAME: Duration = Duration::from_millis(16);
 const DATA_FRAME: Duration = Duration::from_millis(250);
 
 /// The app as the binary starts it (also used by tests over the demo cluster).
-pub fn new_app(s: &Settings, labels: Vec<String>) -> anyhow::Result<App> {
+pub fn new_app(s: &Settings, labels: Vec<String>, specs: &[HostSpec]) -> anyhow::Result<App> {
     let keymap = Keymap::with_overrides(&s.config.keys).map_err(|e| anyhow!("config: {e}"))?;
     let color = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let mut app = App::new(labels, s.fleet.interval, keymap, s.fleet.analyze, color);
     app.cfg.demo = s.demo;
     app.cfg.readonly = s.readonly;
     app.cfg.connect_timeout = s.connect_timeout;
-    for (h, spec) in app.hosts.iter_mut().zip(&s.specs) {
+    for (h, spec) in app.hosts.iter_mut().zip(specs) {
         h.protected = protected_for(Some(spec));
+        h.read_only = spec.read_only();
     }
     Ok(app)
 }
@@ -46,6 +47,7 @@ pub fn action_of(ev: HostEvent) -> Action {
     match ev {
         HostEvent::Snapshot { host, snap } => Action::Snapshot(host, snap),
         HostEvent::Status { host, status } => Action::Status(host, status),
+        HostEvent::Fresh { host, taken_at_ms } => Action::Fresh(host, taken_at_ms),
         HostEvent::Outcomes { host, id, outcomes } => Action::Outcomes(host, id, outcomes),
         HostEvent::Removals { host, id, outcomes } => Action::Removals(host, id, outcomes),
     }
@@ -53,12 +55,25 @@ pub fn action_of(ev: HostEvent) -> Action {
 
 /// Carry out the app's effects. Returns whether one asks for a draw now. An event that cannot be written to
 /// the events file ends the TUI with that error: a record with holes would mislead.
-fn apply(fleet: &Fleet, log: &mut Option<EventLog>, effects: Vec<Effect>) -> anyhow::Result<bool> {
+fn apply(
+    fleet: &mut Fleet,
+    app: &mut App,
+    log: &mut Option<EventLog>,
+    effects: Vec<Effect>,
+) -> anyhow::Result<bool> {
     let mut now = false;
-    for e in effects {
+    let mut queue: std::collections::VecDeque<Effect> = effects.into();
+    while let Some(e) = queue.pop_front() {
         match e {
             Effect::Send(h, c) => fleet.send(h, c),
             Effect::Broadcast(c) => fleet.broadcast(&c),
+            Effect::OpenLive(h, url) => {
+                let action = match fleet.open_live(h, &url) {
+                    Ok(spec) => Action::Opened(h, spec.as_typed(), spec.read_only()),
+                    Err(e) => Action::OpenFailed(h, e),
+                };
+                queue.extend(app.update(action));
+            }
             Effect::Log(ev) => {
                 if let Some(l) = log {
                     l.write(&ev).map_err(|e| anyhow!(e))?;
@@ -143,8 +158,9 @@ pub fn run(s: &Settings) -> anyhow::Result<i32> {
         .transpose()
         .map_err(|e| anyhow!(e))?;
     let res = rt.block_on(async {
-        let mut fleet = Fleet::start(&s.specs, &s.fleet)?;
-        let mut app = new_app(s, fleet.labels().to_vec())?;
+        let mut fleet = Fleet::start(&s.specs, &s.fleet).await?;
+        let specs: Vec<HostSpec> = fleet.ids().filter_map(|i| fleet.spec(i).cloned()).collect();
+        let mut app = new_app(s, fleet.labels().to_vec(), &specs)?;
         if let Some(n) = note {
             app.status = Some((n, crate::tui::app::Level::Info));
         }
@@ -177,7 +193,7 @@ async fn event_loop(
         app.update(Action::Resize(sz.width, sz.height));
     }
     let first = app.update(Action::Tick(now_ms()));
-    apply(fleet, log, first)?;
+    apply(fleet, app, log, first)?;
     let mut dirty = true;
     // Only readings changed since the last draw (no key, resize or tick).
     let mut data_only = false;
@@ -243,7 +259,7 @@ async fn event_loop(
             _ = term.recv() => return Ok(128 + libc::SIGTERM),
             _ = hup.recv() => return Ok(128 + libc::SIGHUP),
         }
-        urgent |= apply(fleet, log, effects)?;
+        urgent |= apply(fleet, app, log, effects)?;
         if app.quit {
             return Ok(0);
         }

@@ -193,6 +193,7 @@ pub fn build_snapshot(
         .collect();
     processes.sort_by_key(|p| p.pid);
     HostSnapshot {
+        live_url: None,
         host: host.to_string(),
         error: None,
         taken_at_ms: now_ms(),

@@ -292,6 +292,7 @@ pub fn agentless_snapshot(label: &str, out: &str, benign: &[String]) -> HostSnap
         .collect();
     processes.sort_by_key(|p| p.pid);
     HostSnapshot {
+        live_url: None,
         host: label.to_string(),
         error: None,
         taken_at_ms: now_ms(),

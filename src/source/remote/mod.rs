@@ -4,6 +4,9 @@
 
 pub mod agentless;
 pub mod command;
+pub mod http;
+pub mod prom;
+pub mod socket;
 pub mod ssh;
 pub mod stream;
 
@@ -22,6 +25,8 @@ pub struct RemoteOptions {
     pub ssh: ssh::SshOptions,
     /// Process names that open GPUs without holding memory (for agentless hosts).
     pub benign: Vec<String>,
+    /// The client `http(s)://` hosts and Prometheus servers share, where the fleet has any.
+    pub http: Option<http::HttpClient>,
 }
 
 pub struct RemoteTask {
@@ -55,6 +60,14 @@ impl RemoteTask {
                     command::run(&self, command, &mut cmds, &mut interval).await
                 }
                 HostSpec::Ssh { .. } => ssh::run(&self, &mut cmds, &mut interval).await,
+                HostSpec::Http { url } => http::run(&self, url, &mut cmds, &mut interval).await,
+                HostSpec::Socket { path } => {
+                    socket::run(&self, path, &mut cmds, &mut interval).await
+                }
+                HostSpec::Prom { url, .. } => Err(format!(
+                    "Prometheus {url} could not be asked which hosts it knows when gpusweep started \
+                     (or knows none); its hosts are read from it once it answers at start"
+                )),
                 _ => Err("not a remote host".into()),
             };
             let reason = match ended {

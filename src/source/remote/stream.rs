@@ -277,7 +277,10 @@ async fn converse(
                 match serde_json::from_slice::<AgentMsg>(&line) {
                     Ok(AgentMsg::Snapshot { mut snapshot }) => {
                         trace(&task.label, "snapshot");
-                        snapshot.source = kind;
+                        // A demo stays marked as the demo, whatever carried it.
+                        if snapshot.source != SourceKind::Demo {
+                            snapshot.source = kind;
+                        }
                         last_reading = Instant::now();
                         if stale {
                             stale = false;

@@ -1,0 +1,480 @@
+//! The HTTP endpoints of `gpusweep serve`. Read-only by construction: every route is a GET, none of them
+//! reaches a signal or a removal. With `--token-file` every route but `/healthz` wants
+//! `Authorization: Bearer TOKEN`.
+//!
+//! ```text
+//! /metrics             OpenMetrics text: dcgm-exporter's memory gauges and gpusweep's own
+//! /api/v1/snapshot     the JSON contract of `gpusweep snapshot --json`
+//! /api/v1/events       server-sent events: hello, snapshot (when a reading says something new), unchanged
+//!                      (a reading that says the same; only its time), event (the timeline), status
+//! /healthz             200 when every host has a fresh reading, 503 saying why not
+//! /hosts/NAME/...      the same, for one of several hosts (a demo fleet)
+//! ```
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures::Stream;
+use tokio::sync::broadcast;
+
+use super::hub::{Ask, Reading, Shared};
+use crate::core::format::fmt_ms;
+use crate::core::model::now_ms;
+use crate::core::parse::parse_duration;
+use crate::core::protocol::PROTOCOL;
+use crate::source::ConnStatus;
+
+/// The fastest polling an HTTP client may ask for: a remote reader must not be able to load the node.
+pub const MIN_HTTP_INTERVAL: Duration = Duration::from_millis(100);
+
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Clone)]
+pub struct Web {
+    pub shared: Arc<Shared>,
+    /// The bearer token every request but /healthz must carry.
+    pub token: Option<Arc<str>>,
+}
+
+pub fn router(web: Web) -> Router {
+    let host_routes = Router::new()
+        .route("/metrics", get(host_metrics))
+        .route("/api/v1/snapshot", get(host_snapshot))
+        .route("/api/v1/events", get(host_events))
+        .route("/healthz", get(host_health));
+    Router::new()
+        .route("/metrics", get(all_metrics))
+        .route("/api/v1/snapshot", get(all_snapshot))
+        .route("/api/v1/events", get(all_events))
+        .route("/healthz", get(all_health))
+        .nest("/hosts/{name}", host_routes)
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(web.clone(), auth))
+        .with_state(web)
+}
+
+/// Equal in constant time: how long a comparison takes says nothing of where a guess went wrong.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn auth(State(web): State<Web>, req: Request, next: Next) -> Response {
+    let Some(token) = &web.token else {
+        return next.run(req).await;
+    };
+    let path = req.uri().path();
+    if path == "/healthz" || (path.starts_with("/hosts/") && path.ends_with("/healthz")) {
+        return next.run(req).await;
+    }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    if given.is_some_and(|g| same(g, token.as_bytes())) {
+        return next.run(req).await;
+    }
+    let mut r = (StatusCode::UNAUTHORIZED, "a bearer token is required\n").into_response();
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"gpusweep\""),
+    );
+    r
+}
+
+async fn not_found() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        "gpusweep serve: /metrics, /api/v1/snapshot, /api/v1/events, /healthz, /hosts/NAME/...\n",
+    )
+        .into_response()
+}
+
+fn no_such_host(web: &Web, name: &str) -> Response {
+    let names: Vec<&str> = web.shared.hosts.iter().map(|h| h.label.as_str()).collect();
+    (
+        StatusCode::NOT_FOUND,
+        format!(
+            "no host {name:?} here; this serve has {}\n",
+            names.join(", ")
+        ),
+    )
+        .into_response()
+}
+
+/// The API path each host is served under in a listing of these hosts: the top level for a lone host.
+fn scoped(web: &Web, hosts: &[usize]) -> Vec<(usize, String)> {
+    let alone = web.shared.hosts.len() == 1;
+    hosts
+        .iter()
+        .map(|&i| {
+            let path = if alone {
+                String::new()
+            } else {
+                format!("/hosts/{}", web.shared.hosts[i].label)
+            };
+            (i, path)
+        })
+        .collect()
+}
+
+fn every(web: &Web) -> Vec<usize> {
+    (0..web.shared.hosts.len()).collect()
+}
+
+fn metrics(web: &Web, hosts: &[usize]) -> Response {
+    let text = super::metrics::render(&web.shared, &scoped(web, hosts));
+    ([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response()
+}
+
+async fn all_metrics(State(web): State<Web>) -> Response {
+    metrics(&web, &every(&web))
+}
+
+async fn host_metrics(State(web): State<Web>, Path(name): Path<String>) -> Response {
+    match web.shared.host_index(&name) {
+        Some(i) => metrics(&web, &[i]),
+        None => no_such_host(&web, &name),
+    }
+}
+
+fn latest(web: &Web, i: usize) -> Option<Arc<Reading>> {
+    web.shared.hosts.get(i)?.latest.borrow().clone()
+}
+
+/// `{"hosts": [...]}`, as `gpusweep snapshot --json` prints it; each reading serialized once.
+fn snapshot(web: &Web, hosts: &[usize]) -> Response {
+    let mut body = String::from("{\"hosts\":[");
+    let mut first = true;
+    for &i in hosts {
+        let Some(r) = latest(web, i) else { continue };
+        if !first {
+            body.push(',');
+        }
+        first = false;
+        body.push_str(r.json());
+    }
+    body.push_str("]}\n");
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+async fn all_snapshot(State(web): State<Web>) -> Response {
+    snapshot(&web, &every(&web))
+}
+
+async fn host_snapshot(State(web): State<Web>, Path(name): Path<String>) -> Response {
+    match web.shared.host_index(&name) {
+        Some(i) => snapshot(&web, &[i]),
+        None => no_such_host(&web, &name),
+    }
+}
+
+/// Why a host's reading cannot be trusted now, if it cannot.
+fn unhealthy(web: &Web, i: usize) -> Option<String> {
+    let ch = web.shared.hosts.get(i)?;
+    let status = ch.status.borrow().clone();
+    if let ConnStatus::Down(e) = status {
+        return Some(format!("{}: {e}", ch.label));
+    }
+    let Some(r) = latest(web, i) else {
+        return Some(format!("{}: no reading yet", ch.label));
+    };
+    // Three intervals (at least 5 s) without a new reading: the poll loop is stuck.
+    let limit = web
+        .shared
+        .interval
+        .saturating_mul(3)
+        .max(Duration::from_secs(5));
+    let age = now_ms().saturating_sub(r.snap.taken_at_ms);
+    if u128::from(age) > limit.as_millis() {
+        return Some(format!("{}: last reading {} old", ch.label, fmt_ms(age)));
+    }
+    if let Some(e) = &r.snap.error {
+        return Some(format!("{}: {e}", ch.label));
+    }
+    None
+}
+
+fn health(web: &Web, hosts: &[usize]) -> Response {
+    let bad: Vec<String> = hosts.iter().filter_map(|&i| unhealthy(web, i)).collect();
+    if bad.is_empty() {
+        (StatusCode::OK, "ok\n").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{}\n", bad.join("\n")),
+        )
+            .into_response()
+    }
+}
+
+async fn all_health(State(web): State<Web>) -> Response {
+    health(&web, &every(&web))
+}
+
+async fn host_health(State(web): State<Web>, Path(name): Path<String>) -> Response {
+    match web.shared.host_index(&name) {
+        Some(i) => health(&web, &[i]),
+        None => no_such_host(&web, &name),
+    }
+}
+
+#[derive(Debug, serde::Deserialize)]
+pub struct EventsQuery {
+    /// Poll at least this often while the stream is open (at least 100ms).
+    interval: Option<String>,
+}
+
+async fn all_events(State(web): State<Web>, Query(q): Query<EventsQuery>) -> Response {
+    events(web.clone(), &every(&web), &q)
+}
+
+async fn host_events(
+    State(web): State<Web>,
+    Path(name): Path<String>,
+    Query(q): Query<EventsQuery>,
+) -> Response {
+    match web.shared.host_index(&name) {
+        Some(i) => events(web, &[i], &q),
+        None => no_such_host(&web, &name),
+    }
+}
+
+/// Withdraws a stream's interval requests when the stream ends (the client went away).
+struct Asked {
+    shared: Arc<Shared>,
+    client: u64,
+    hosts: Vec<usize>,
+}
+
+impl Drop for Asked {
+    fn drop(&mut self) {
+        for &host in &self.hosts {
+            let _ = self.shared.ask.try_send(Ask::Interval {
+                host,
+                client: self.client,
+                every: None,
+            });
+        }
+    }
+}
+
+fn events(web: Web, hosts: &[usize], q: &EventsQuery) -> Response {
+    let interval = match q.interval.as_deref().map(parse_duration) {
+        None => None,
+        Some(Ok(d)) => Some(d.max(MIN_HTTP_INTERVAL)),
+        Some(Err(e)) => {
+            return (StatusCode::BAD_REQUEST, format!("interval: {e}\n")).into_response();
+        }
+    };
+    let client = web.shared.client_id();
+    if let Some(d) = interval {
+        for &host in hosts {
+            let _ = web.shared.ask.try_send(Ask::Interval {
+                host,
+                client,
+                every: Some(d),
+            });
+        }
+    }
+    let asked = Asked {
+        shared: web.shared.clone(),
+        client,
+        hosts: hosts.to_vec(),
+    };
+    Sse::new(stream(web.shared, hosts, asked))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response()
+}
+
+fn hello(shared: &Shared, hosts: &[usize]) -> SseEvent {
+    let names: Vec<&str> = hosts
+        .iter()
+        .filter_map(|&i| shared.hosts.get(i).map(|h| h.label.as_str()))
+        .collect();
+    let data = serde_json::json!({
+        "protocol": PROTOCOL,
+        "version": env!("CARGO_PKG_VERSION"),
+        "hosts": names,
+        "interval_ms": u64::try_from(shared.interval.as_millis()).unwrap_or(u64::MAX),
+    });
+    SseEvent::default().event("hello").data(data.to_string())
+}
+
+fn status_event(label: &str, status: &ConnStatus) -> SseEvent {
+    let (word, reason) = match status {
+        ConnStatus::Up => ("up", None),
+        ConnStatus::Connecting => ("connecting", None),
+        ConnStatus::Stale { silent_ms } => (
+            "stale",
+            Some(format!("no reading for {}", fmt_ms(*silent_ms))),
+        ),
+        ConnStatus::Down(e) => ("down", Some(e.clone())),
+    };
+    let data = serde_json::json!({ "host": label, "status": word, "reason": reason });
+    SseEvent::default().event("status").data(data.to_string())
+}
+
+/// What one stream has sent of one host.
+struct Follow {
+    host: usize,
+    content: Option<u64>,
+    status: Option<ConnStatus>,
+}
+
+/// The events of a host's new reading for a stream: the whole snapshot when it says something new to this
+/// stream, else only that it is fresh; and its status when that changed.
+fn reading_events(shared: &Shared, f: &mut Follow, out: &mut Vec<SseEvent>) {
+    let Some(ch) = shared.hosts.get(f.host) else {
+        return;
+    };
+    let status = ch.status.borrow().clone();
+    if f.status.as_ref() != Some(&status) {
+        out.push(status_event(&ch.label, &status));
+        f.status = Some(status);
+    }
+    let Some(r) = ch.latest.borrow().clone() else {
+        return;
+    };
+    if f.content == Some(r.content) {
+        let data = serde_json::json!({ "host": ch.label, "taken_at_ms": r.snap.taken_at_ms });
+        out.push(
+            SseEvent::default()
+                .event("unchanged")
+                .data(data.to_string()),
+        );
+    } else {
+        f.content = Some(r.content);
+        out.push(SseEvent::default().event("snapshot").data(r.json()));
+    }
+}
+
+/// The channels of the one host a stream follows.
+type OneHost = (
+    tokio::sync::watch::Receiver<Option<Arc<Reading>>>,
+    tokio::sync::watch::Receiver<ConnStatus>,
+);
+
+/// A stream's state between events.
+struct StreamState {
+    shared: Arc<Shared>,
+    follows: Vec<Follow>,
+    /// One host: its own channels, so readings of other hosts never wake this stream.
+    single: Option<OneHost>,
+    readings: broadcast::Receiver<usize>,
+    events: broadcast::Receiver<Arc<str>>,
+    queue: std::collections::VecDeque<SseEvent>,
+    _asked: Asked,
+}
+
+fn stream(
+    shared: Arc<Shared>,
+    hosts: &[usize],
+    asked: Asked,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> + use<> {
+    // Receivers that have seen what is there now: the first events below say it.
+    let single = match hosts {
+        [i] => shared.hosts.get(*i).map(|h| {
+            let (mut latest, mut status) = (h.latest.clone(), h.status.clone());
+            latest.borrow_and_update();
+            status.borrow_and_update();
+            (latest, status)
+        }),
+        _ => None,
+    };
+    let events = match hosts {
+        [i] if shared.hosts.get(*i).is_some() => shared.hosts[*i].events.subscribe(),
+        _ => shared.all_events.subscribe(),
+    };
+    let mut queue = std::collections::VecDeque::new();
+    queue.push_back(hello(&shared, hosts));
+    let mut follows: Vec<Follow> = hosts
+        .iter()
+        .map(|&host| Follow {
+            host,
+            content: None,
+            status: None,
+        })
+        .collect();
+    let mut first = Vec::new();
+    for f in &mut follows {
+        reading_events(&shared, f, &mut first);
+    }
+    queue.extend(first);
+    let st = StreamState {
+        readings: shared.readings.subscribe(),
+        shared,
+        follows,
+        single,
+        events,
+        queue,
+        _asked: asked,
+    };
+    futures::stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(e) = st.queue.pop_front() {
+                return Some((Ok(e), st));
+            }
+            let mut out = Vec::new();
+            match &mut st.single {
+                Some((latest, status)) => {
+                    tokio::select! {
+                        r = latest.changed() => {
+                            r.ok()?;
+                            reading_events(&st.shared, &mut st.follows[0], &mut out);
+                        }
+                        r = status.changed() => {
+                            r.ok()?;
+                            reading_events(&st.shared, &mut st.follows[0], &mut out);
+                        }
+                        e = st.events.recv() => push_event(e, &mut out)?,
+                    }
+                }
+                None => {
+                    tokio::select! {
+                        r = st.readings.recv() => match r {
+                            Ok(i) => {
+                                if let Some(f) = st.follows.iter_mut().find(|f| f.host == i) {
+                                    reading_events(&st.shared, f, &mut out);
+                                }
+                            }
+                            // Fell behind: bring every host up to date at once.
+                            Err(broadcast::error::RecvError::Lagged(_)) => {
+                                for f in &mut st.follows {
+                                    reading_events(&st.shared, f, &mut out);
+                                }
+                            }
+                            Err(broadcast::error::RecvError::Closed) => return None,
+                        },
+                        e = st.events.recv() => push_event(e, &mut out)?,
+                    }
+                }
+            }
+            st.queue.extend(out);
+        }
+    })
+}
+
+/// A timeline event for the stream; `None` once the serve is going away.
+fn push_event(
+    e: Result<Arc<str>, broadcast::error::RecvError>,
+    out: &mut Vec<SseEvent>,
+) -> Option<()> {
+    match e {
+        Ok(json) => out.push(SseEvent::default().event("event").data(&*json)),
+        Err(broadcast::error::RecvError::Lagged(n)) => {
+            out.push(
+                SseEvent::default().comment(format!("{n} events skipped: this stream fell behind")),
+            );
+        }
+        Err(broadcast::error::RecvError::Closed) => return None,
+    }
+    Some(())
+}

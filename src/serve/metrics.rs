@@ -1,0 +1,322 @@
+//! `/metrics`: the latest readings in the OpenMetrics text format (prometheus-client), with dcgm-exporter's
+//! memory gauges and labels beside gpusweep's own verdicts. Built fresh at each scrape from the latest
+//! readings, so a GPU or a process that is gone leaves no stale series behind; only the histogram persists.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+use super::hub::{Labels, Reading, Shared};
+use crate::analyze::gpu_clean;
+use crate::core::metrics as m;
+use crate::core::model::{FindingKind, Gpu, HostSnapshot, MIB, Severity};
+
+type Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
+
+const KINDS: [FindingKind; 10] = [
+    FindingKind::Ghost,
+    FindingKind::HiddenHolder,
+    FindingKind::Residual,
+    FindingKind::Orphan,
+    FindingKind::Zombie,
+    FindingKind::ShmLeftover,
+    FindingKind::SmemLimit,
+    FindingKind::NotVisible,
+    FindingKind::Unkillable,
+    FindingKind::OrphanedJob,
+];
+
+const SEVERITIES: [(Severity, &str); 3] = [
+    (Severity::Leak, "leak"),
+    (Severity::Warning, "warning"),
+    (Severity::Info, "info"),
+];
+
+/// dcgm-exporter's labels for one GPU, in its order: gpu, UUID, pci_bus_id, device, modelName, Hostname.
+fn gpu_labels(host: &str, g: &Gpu) -> Labels {
+    vec![
+        (m::L_GPU, g.index.to_string()),
+        (m::L_UUID, g.uuid.clone().unwrap_or_default()),
+        (m::L_PCI_BUS_ID, g.pci_bus_id.clone().unwrap_or_default()),
+        (m::L_DEVICE, format!("nvidia{}", g.minor.unwrap_or(g.index))),
+        (m::L_MODEL, g.name.clone().unwrap_or_default()),
+        (m::L_HOSTNAME, host.to_string()),
+    ]
+}
+
+fn with(mut l: Labels, k: &'static str, v: impl Into<String>) -> Labels {
+    l.push((k, v.into()));
+    l
+}
+
+fn set(f: &Gauges, l: &Labels, v: f64) {
+    f.get_or_create(l).set(v);
+}
+
+#[derive(Default)]
+struct Families {
+    fb_used: Gauges,
+    fb_free: Gauges,
+    fb_reserved: Gauges,
+    clean: Gauges,
+    readable: Gauges,
+    unexplained: Gauges,
+    findings: Gauges,
+    process: Gauges,
+    shm: Gauges,
+    taken: Gauges,
+    info: Gauges,
+    time_to_clean: TimeToCleanView,
+}
+
+impl Families {
+    fn add_host(&mut self, shared: &Shared, i: usize, snap: &HostSnapshot, api_path: &str) {
+        let host = snap.host.as_str();
+        if let Some(t) = shared.time_to_clean.get(i) {
+            for (after, h) in [("signal", &t.after_signal), ("exit", &t.after_exit)] {
+                let l = vec![
+                    (m::L_HOSTNAME, host.to_string()),
+                    ("after", after.to_string()),
+                ];
+                self.time_to_clean.0.push((l, h.clone()));
+            }
+        }
+        let hl: Labels = vec![(m::L_HOSTNAME, host.to_string())];
+        set(&self.taken, &hl, snap.taken_at_ms as f64 / 1000.0);
+        set(
+            &self.info,
+            &vec![
+                (m::L_HOSTNAME, host.to_string()),
+                ("version", env!("CARGO_PKG_VERSION").to_string()),
+                ("scheme", shared.scheme.to_string()),
+                ("api_path", api_path.to_string()),
+            ],
+            1.0,
+        );
+        if snap.error.is_some() {
+            return;
+        }
+        for g in &snap.gpus {
+            let l = gpu_labels(host, g);
+            set(
+                &self.readable,
+                &l,
+                f64::from(u8::from(g.memory.used.is_some())),
+            );
+            if let Some(used) = g.memory.used {
+                set(&self.fb_used, &l, (used / MIB) as f64);
+                if let Some(total) = g.memory.total {
+                    let free = total
+                        .saturating_sub(used)
+                        .saturating_sub(g.memory.reserved.unwrap_or(0));
+                    set(&self.fb_free, &l, (free / MIB) as f64);
+                }
+            }
+            if let Some(r) = g.memory.reserved {
+                set(&self.fb_reserved, &l, (r / MIB) as f64);
+            }
+            if let Some(c) = gpu_clean(g, shared.analyze.tolerance) {
+                set(&self.clean, &l, f64::from(u8::from(c)));
+            }
+        }
+        self.add_unexplained(host, snap);
+        for kind in KINDS {
+            for (sev, word) in SEVERITIES {
+                let n = snap
+                    .findings
+                    .iter()
+                    .filter(|f| f.kind == kind && f.severity == sev)
+                    .count();
+                let l = vec![
+                    (m::L_HOSTNAME, host.to_string()),
+                    ("kind", kind.as_str().to_string()),
+                    ("severity", word.to_string()),
+                ];
+                set(&self.findings, &l, n as f64);
+            }
+        }
+        let shm: u64 = snap
+            .findings
+            .iter()
+            .filter(|f| f.kind == FindingKind::ShmLeftover)
+            .filter_map(|f| f.bytes)
+            .sum();
+        set(&self.shm, &hl, shm as f64);
+        self.add_processes(host, snap);
+    }
+
+    /// Unexplained bytes per GPU, in two parts that add up: what NVML charges to dead PIDs (ghost), and what
+    /// is charged to nobody (residual). NaN where a ghost's charge is unknown (never a made-up 0).
+    fn add_unexplained(&self, host: &str, snap: &HostSnapshot) {
+        let mut ghost: BTreeMap<u32, Option<u64>> = BTreeMap::new();
+        let mut residual: BTreeMap<u32, Option<u64>> = BTreeMap::new();
+        for f in &snap.findings {
+            let Some(gpu) = f.gpu else { continue };
+            let into = match f.kind {
+                FindingKind::Ghost => &mut ghost,
+                FindingKind::Residual => &mut residual,
+                _ => continue,
+            };
+            let e = into.entry(gpu).or_insert(Some(0));
+            *e = match (*e, f.bytes) {
+                (Some(a), Some(b)) => Some(a + b),
+                _ => None,
+            };
+        }
+        for (gpu, bytes) in &mut residual {
+            // A residual counts every byte no live listed process accounts for, the ghosts' charges too.
+            if let (Some(r), Some(Some(g))) = (bytes.as_mut(), ghost.get(gpu)) {
+                *r = r.saturating_sub(*g);
+            }
+        }
+        for (kind, map) in [("ghost", &ghost), ("residual", &residual)] {
+            for (gpu, bytes) in map {
+                let Some(g) = snap.gpu(*gpu) else { continue };
+                let l = with(gpu_labels(host, g), "kind", kind);
+                set(&self.unexplained, &l, bytes.map_or(f64::NAN, |b| b as f64));
+            }
+        }
+    }
+
+    /// The largest `PROCESS_SERIES` charges of a host, the rest summed under pid="other".
+    fn add_processes(&self, host: &str, snap: &HostSnapshot) {
+        let mut all: Vec<(u64, u32, u32)> = snap
+            .gpus
+            .iter()
+            .flat_map(|g| {
+                g.processes
+                    .iter()
+                    .filter_map(move |p| p.used_bytes.map(|b| (b, g.index, p.pid)))
+            })
+            .collect();
+        all.sort_unstable_by(|a, b| b.cmp(a));
+        let mut other: BTreeMap<u32, u64> = BTreeMap::new();
+        for (n, (bytes, gpu, pid)) in all.into_iter().enumerate() {
+            if n >= m::PROCESS_SERIES {
+                *other.entry(gpu).or_default() += bytes;
+                continue;
+            }
+            let job = snap
+                .proc(pid)
+                .and_then(|p| p.job.as_ref())
+                .map(crate::core::job::Job::short)
+                .unwrap_or_default();
+            let l = vec![
+                (m::L_GPU, gpu.to_string()),
+                ("pid", pid.to_string()),
+                ("job", job),
+                (m::L_HOSTNAME, host.to_string()),
+            ];
+            set(&self.process, &l, bytes as f64);
+        }
+        for (gpu, bytes) in other {
+            let l = vec![
+                (m::L_GPU, gpu.to_string()),
+                ("pid", "other".to_string()),
+                ("job", String::new()),
+                (m::L_HOSTNAME, host.to_string()),
+            ];
+            set(&self.process, &l, bytes as f64);
+        }
+    }
+
+    fn register(self) -> Registry {
+        let mut r = Registry::default();
+        r.register(m::FB_USED, "Framebuffer memory used (in MiB)", self.fb_used);
+        r.register(m::FB_FREE, "Framebuffer memory free (in MiB)", self.fb_free);
+        r.register(
+            m::FB_RESERVED,
+            "Framebuffer memory reserved (in MiB)",
+            self.fb_reserved,
+        );
+        r.register(
+            m::GPU_CLEAN,
+            "1 when the GPU is clean: used memory at or under the tolerance and no process listed; absent when it could not be read",
+            self.clean,
+        );
+        r.register(
+            m::GPU_READABLE,
+            "1 when the GPU's memory could be read at the last poll",
+            self.readable,
+        );
+        r.register(
+            m::UNEXPLAINED_BYTES,
+            "GPU memory no live listed process accounts for, by finding kind; NaN where the size is unknown",
+            self.unexplained,
+        );
+        r.register(
+            m::FINDINGS,
+            "Findings now, by kind and severity",
+            self.findings,
+        );
+        r.register(
+            m::PROCESS_BYTES,
+            "GPU memory NVML charges each process (the largest per host; the rest under pid=\"other\")",
+            self.process,
+        );
+        r.register(
+            m::SHM_LEFTOVER_BYTES,
+            "Bytes of /dev/shm files of the GPU stack that no live process has open or mapped",
+            self.shm,
+        );
+        r.register(
+            m::READING_TIMESTAMP,
+            "Unix time of the reading these metrics come from",
+            self.taken,
+        );
+        r.register(
+            m::SERVE_INFO,
+            "1; the serve's version and where its API answers",
+            self.info,
+        );
+        r.register_with_unit(
+            m::TIME_TO_CLEAN.trim_end_matches("_seconds"),
+            "Seconds from the first signal (after=\"signal\") or the last holder's exit (after=\"exit\") to the GPU reading clean",
+            Unit::Seconds,
+            self.time_to_clean,
+        );
+        r
+    }
+}
+
+/// The chosen hosts' time-to-clean histograms, as one family (a serve's per-host paths show only theirs).
+#[derive(Debug, Default)]
+struct TimeToCleanView(Vec<(Labels, Histogram)>);
+
+impl EncodeMetric for TimeToCleanView {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        for (labels, h) in &self.0 {
+            h.encode(encoder.encode_family(labels)?)?;
+        }
+        Ok(())
+    }
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+/// The metrics of these hosts (by index), each reading with the API path it is served under.
+pub fn render(shared: &Shared, hosts: &[(usize, String)]) -> String {
+    let mut fam = Families::default();
+    for (i, api_path) in hosts {
+        let Some(ch) = shared.hosts.get(*i) else {
+            continue;
+        };
+        let latest: Option<std::sync::Arc<Reading>> = ch.latest.borrow().clone();
+        if let Some(r) = latest {
+            fam.add_host(shared, *i, &r.snap, api_path);
+        }
+    }
+    let registry = fam.register();
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut out, &registry);
+    out
+}

@@ -1,0 +1,250 @@
+//! `gpusweep serve`: the node daemon. The same runtime and analysis as the TUI (one fleet of this host, or of
+//! demo hosts, analyzed once per reading) feed a hub that HTTP clients, Prometheus and the local socket read.
+//! NVML stays loaded, so a reading costs its clients a request, not a driver start-up.
+
+pub mod http;
+pub mod hub;
+pub mod metrics;
+pub mod socket;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, anyhow, bail};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls;
+
+use crate::core::host::HostSpec;
+use crate::runtime::{Fleet, Settings};
+
+/// Loopback only, unless `--listen` says otherwise. (dcgm-exporter's port is 9400; both can run.)
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9401";
+
+#[derive(Debug, Clone, Default)]
+pub struct ServeArgs {
+    pub listen: Option<SocketAddr>,
+    pub no_http: bool,
+    /// The Unix socket; `None`: the default place.
+    pub socket: Option<PathBuf>,
+    pub no_socket: bool,
+    pub token_file: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+}
+
+/// The bearer token: the file's first line, trimmed. A file others may read is refused: the token would not
+/// be a secret.
+fn read_token(path: &Path) -> anyhow::Result<Arc<str>> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata(path).with_context(|| format!("--token-file {}", path.display()))?;
+    if md.mode() & 0o077 != 0 {
+        bail!(
+            "--token-file {}: readable by others (mode {:o}); chmod 600 it",
+            path.display(),
+            md.mode() & 0o777
+        );
+    }
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--token-file {}", path.display()))?;
+    let token = text.lines().next().unwrap_or("").trim();
+    if token.len() < 16 {
+        bail!(
+            "--token-file {}: the token is {} characters; use at least 16 (e.g. openssl rand -hex 32)",
+            path.display(),
+            token.len()
+        );
+    }
+    Ok(token.into())
+}
+
+fn tls_acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .with_context(|| format!("--tls-cert {}", cert.display()))?
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("--tls-cert {}", cert.display()))?;
+    if certs.is_empty() {
+        bail!("--tls-cert {}: no certificate in it", cert.display());
+    }
+    let key = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("--tls-key {}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| anyhow!("TLS: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| anyhow!("TLS: {e}"))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Serve HTTPS: each connection's handshake on a task of its own, so a slow client delays only itself.
+async fn serve_tls(listener: TcpListener, acceptor: TlsAcceptor, router: axum::Router) {
+    use hyper_util::rt::TokioIo;
+    use hyper_util::service::TowerToHyperService;
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            continue;
+        };
+        let acceptor = acceptor.clone();
+        let svc = TowerToHyperService::new(router.clone());
+        tokio::spawn(async move {
+            let handshake =
+                tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp));
+            let Ok(Ok(tls)) = handshake.await else {
+                return;
+            };
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tls), svc)
+                .await;
+        });
+    }
+}
+
+#[allow(clippy::too_many_lines)] // checks, then the fleet, the hub and each listener started in order
+pub fn run(s: &Settings, a: &ServeArgs) -> anyhow::Result<i32> {
+    if let Some(other) = s
+        .specs
+        .iter()
+        .find(|h| !matches!(h, HostSpec::Local | HostSpec::Demo(_)))
+    {
+        bail!(
+            "serve reads this host (or demo hosts with --demo); {} is another host: run gpusweep serve there",
+            other.as_typed()
+        );
+    }
+    let token = a.token_file.as_deref().map(read_token).transpose()?;
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(c), Some(k)) => Some(tls_acceptor(c, k)?),
+        (None, None) => None,
+        _ => bail!("--tls-cert and --tls-key go together"),
+    };
+    if a.no_http && (a.no_socket || (s.demo && a.socket.is_none())) {
+        bail!("--no-http and no socket: nothing would be served");
+    }
+    // A demo serve takes no default socket: it must never answer for this host.
+    let socket_path = if a.no_socket || (s.demo && a.socket.is_none()) {
+        None
+    } else {
+        match a.socket.clone().or_else(socket::default_path) {
+            Some(p) => Some(p),
+            None => bail!(
+                "no place for the socket: set XDG_RUNTIME_DIR or GPUSWEEP_SOCKET, pass --socket PATH, or --no-socket"
+            ),
+        }
+    };
+    let listen: SocketAddr = match a.listen {
+        Some(l) => l,
+        None => DEFAULT_LISTEN.parse().context("default listen address")?,
+    };
+    let rt = crate::runtime::async_runtime().context("starting the async runtime")?;
+    let code = rt.block_on(async {
+        let fleet = Fleet::start(&s.specs, &s.fleet).await?;
+        let labels = fleet.labels().to_vec();
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let hub = hub::Hub::new(
+            &labels,
+            s.fleet.interval,
+            s.fleet.analyze,
+            scheme,
+            s.readonly,
+        );
+        let shared = hub.shared();
+        let http = if a.no_http {
+            None
+        } else {
+            Some(
+                TcpListener::bind(listen)
+                    .await
+                    .with_context(|| format!("--listen {listen}"))?,
+            )
+        };
+        let bound = socket_path
+            .as_deref()
+            .map(socket::bind)
+            .transpose()
+            .map_err(|e| anyhow!("--socket: {e}"))?;
+        let mut served = Vec::new();
+        if let Some(l) = &http {
+            let addr = l.local_addr().unwrap_or(listen);
+            served.push(format!(
+                "{scheme}://{addr} (/metrics, /api/v1/snapshot, /api/v1/events, /healthz)"
+            ));
+        }
+        if let Some((file, _)) = &bound {
+            served.push(format!("socket {}", file.0.display()));
+        }
+        eprintln!(
+            "gpusweep serve: {} on {}{}{}",
+            labels.join(", "),
+            served.join(" and "),
+            if token.is_some() {
+                "; bearer token required"
+            } else {
+                ""
+            },
+            if s.demo {
+                "; DEMO: simulated hosts"
+            } else {
+                ""
+            }
+        );
+        let web = http::Web {
+            shared: shared.clone(),
+            token,
+        };
+        let router = http::router(web);
+        let hub_task = tokio::spawn(hub.run(fleet));
+        if let Some(l) = http {
+            match tls {
+                Some(acceptor) => {
+                    tokio::spawn(serve_tls(l, acceptor, router));
+                }
+                None => {
+                    tokio::spawn(async move {
+                        let _ = axum::serve(l, router).await;
+                    });
+                }
+            }
+        }
+        let file = match bound {
+            Some((file, listener)) => {
+                tokio::spawn(socket::accept(listener, shared.clone()));
+                Some(file)
+            }
+            None => None,
+        };
+        let code = until_signal(hub_task).await;
+        drop(file);
+        anyhow::Ok(code)
+    })?;
+    rt.shutdown_background();
+    Ok(code)
+}
+
+/// Run until INT, TERM or HUP (a clean stop: exit 0, the socket file removed) or the hub ends.
+async fn until_signal(hub: tokio::task::JoinHandle<()>) -> i32 {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        let _ = hub.await;
+        return 1;
+    };
+    tokio::select! {
+        _ = int.recv() => 0,
+        _ = term.recv() => 0,
+        _ = hup.recv() => 0,
+        _ = hub => {
+            eprintln!("gpusweep serve: every collector stopped");
+            1
+        }
+    }
+}

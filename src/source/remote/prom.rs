@@ -1,0 +1,740 @@
+//! `prom:` fleets: every host a Prometheus server knows, read through its HTTP API. Where the host runs
+//! `gpusweep serve`, its own verdicts come through (clean, leak, findings by kind); where only dcgm-exporter
+//! runs, its memory per GPU, and "clean" only where nothing is used (the process list is a named blind
+//! spot). One poll is a handful of aggregated queries for the whole fleet, whatever its size; a host whose
+//! reading did not change is only marked fresh. Read-only: kills and removals are refused, saying how to act.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use tokio::sync::mpsc;
+
+use super::http::HttpClient;
+use crate::core::format::{escape, truncate};
+use crate::core::metrics as m;
+use crate::core::model::{
+    Feature, Finding, FindingKind, Gpu, GpuState, HostSnapshot, MIB, Memory, Severity, SourceKind,
+};
+use crate::source::{ConnStatus, HostCmd, Sink};
+
+/// Prometheus data moves at its scrape interval; polling it faster than this buys nothing.
+pub const MIN_PROM_INTERVAL: Duration = Duration::from_secs(1);
+/// Identities (UUID, model, bus, where a serve answers) are read again this often.
+const IDENTITY_EVERY: Duration = Duration::from_secs(60);
+
+/// A Prometheus server and the selector that narrows it to the fleet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromServer {
+    /// `http(s)://host:port[/path]`, normalized.
+    pub url: String,
+    /// PromQL label matchers, checked (`core::host::parse_selector`).
+    pub selector: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Answer {
+    status: String,
+    data: Option<Data>,
+    error: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Data {
+    result: Vec<Sample>,
+}
+
+#[derive(Deserialize)]
+struct Sample {
+    metric: HashMap<String, String>,
+    value: (f64, String),
+}
+
+impl Sample {
+    fn label(&self, k: &str) -> Option<&str> {
+        self.metric.get(k).map(String::as_str)
+    }
+    fn value(&self) -> Option<f64> {
+        self.value.1.parse::<f64>().ok()
+    }
+    /// The host it belongs to: its `Hostname` (dcgm-exporter's and gpusweep's label), else `instance`.
+    fn host(&self) -> Option<&str> {
+        self.label(m::L_HOSTNAME)
+            .filter(|h| !h.is_empty())
+            .or_else(|| self.label("instance"))
+    }
+    fn gpu(&self) -> Option<u32> {
+        self.label(m::L_GPU)?.parse().ok()
+    }
+}
+
+impl PromServer {
+    /// `name{selector}`.
+    fn sel(&self, name: &str) -> String {
+        format!("{name}{{{}}}", self.selector.as_deref().unwrap_or(""))
+    }
+
+    async fn query(&self, http: &HttpClient, q: &str) -> Result<Vec<Sample>, String> {
+        let resp = http
+            .client
+            .get(format!("{}/api/v1/query", self.url))
+            .query(&[("query", q)])
+            .send()
+            .await
+            .map_err(|e| format!("Prometheus {}: {}", self.url, short(&e)))?;
+        let status = resp.status();
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| format!("Prometheus {}: {}", self.url, short(&e)))?;
+        let a: Answer = serde_json::from_slice(&body).map_err(|_| {
+            format!(
+                "Prometheus {}: HTTP {}: {:?}",
+                self.url,
+                status.as_u16(),
+                truncate(&escape(String::from_utf8_lossy(&body).trim()), 80)
+            )
+        })?;
+        if a.status != "success" {
+            return Err(format!(
+                "Prometheus {}: {}",
+                self.url,
+                escape(a.error.as_deref().unwrap_or("query failed"))
+            ));
+        }
+        Ok(a.data.map(|d| d.result).unwrap_or_default())
+    }
+
+    /// The hosts it knows: every `Hostname` (or `instance`) with GPU memory or a serve's readings.
+    pub async fn discover(&self, http: &HttpClient) -> Result<Vec<String>, String> {
+        let q = format!(
+            "max by (Hostname, instance) ({{__name__=~\"{}|{}\"{}}})",
+            m::FB_USED,
+            m::READING_TIMESTAMP,
+            self.selector
+                .as_deref()
+                .map(|s| format!(",{s}"))
+                .unwrap_or_default()
+        );
+        let mut names: Vec<String> = self
+            .query(http, &q)
+            .await?
+            .iter()
+            .filter_map(|s| s.host().map(str::to_string))
+            .collect();
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+}
+
+fn short(e: &reqwest::Error) -> String {
+    use std::error::Error as _;
+    let mut s = e.to_string();
+    if let Some(c) = e.source() {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+    }
+    truncate(&escape(&s), 200)
+}
+
+/// A host of the fleet as the poller feeds it.
+pub struct PromHost {
+    pub name: String,
+    pub sink: Arc<dyn Sink>,
+    /// Set when the operator opened the host live (over HTTP or SSH): the poller leaves it alone.
+    pub detached: Arc<AtomicBool>,
+}
+
+/// One GPU's identity: read once a minute, not at every poll.
+#[derive(Debug, Clone, Default)]
+struct Ident {
+    uuid: Option<String>,
+    model: Option<String>,
+    pci: Option<String>,
+    minor: Option<u32>,
+}
+
+#[derive(Debug, Default)]
+struct Identities {
+    gpus: HashMap<(String, u32), Ident>,
+    /// Per host: its scrape target, and where its serve's API answers (scheme, path) where it runs one.
+    instance: HashMap<String, String>,
+    serve: HashMap<String, (String, String)>,
+    read_at: Option<Instant>,
+}
+
+/// What one poll says of one host.
+#[derive(Debug, Default)]
+struct HostData {
+    gpus: BTreeMap<u32, GpuData>,
+    /// Any gpusweep series: the host's verdicts come from its own serve.
+    gpusweep: bool,
+    taken_s: Option<f64>,
+    /// (kind, severity) -> count, for kinds other than the per-GPU unexplained ones.
+    counts: Vec<(String, String, f64)>,
+}
+
+#[derive(Debug, Default)]
+struct GpuData {
+    used: Option<f64>,
+    free: Option<f64>,
+    reserved: Option<f64>,
+    clean: Option<f64>,
+    unreadable: bool,
+    /// (kind, bytes; NaN when unknown).
+    unexplained: Vec<(String, f64)>,
+}
+
+/// A sample as a whole number; a NaN, an infinity or a negative number is no reading.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked finite and >= 0 first
+fn whole(x: f64) -> Option<u64> {
+    (x.is_finite() && x >= 0.0).then_some(x as u64)
+}
+
+fn mib(v: Option<f64>) -> Option<u64> {
+    v.and_then(whole).map(|x| x.saturating_mul(MIB))
+}
+
+fn kind_of(s: &str) -> Option<FindingKind> {
+    serde_json::from_value(serde_json::Value::String(s.to_string())).ok()
+}
+
+fn severity_of(s: &str) -> Option<Severity> {
+    serde_json::from_value(serde_json::Value::String(s.to_string())).ok()
+}
+
+/// The findings a host's serve counts, by kind (the per-GPU unexplained ones are there already).
+fn count_findings(name: &str, d: &HostData, findings: &mut Vec<Finding>) {
+    for (kind, sev, n) in &d.counts {
+        let (Some(k), Some(s)) = (kind_of(kind), severity_of(sev)) else {
+            continue;
+        };
+        if matches!(
+            k,
+            FindingKind::Ghost | FindingKind::Residual | FindingKind::HiddenHolder
+        ) && findings.iter().any(|f| f.kind == k)
+        {
+            continue;
+        }
+        findings.push(Finding {
+            kind: k,
+            severity: s,
+            host: name.to_string(),
+            gpu: None,
+            pid: None,
+            bytes: None,
+            detail: format!(
+                "{} {} finding(s), as the host's gpusweep serve reports them to Prometheus",
+                whole(*n).unwrap_or(0),
+                k.as_str()
+            ),
+            action: "open the host live (Enter in the TUI, or --hosts its serve) for the details"
+                .into(),
+            target_pid: None,
+        });
+    }
+}
+
+/// The snapshot of one host from what Prometheus holds of it.
+#[allow(clippy::too_many_lines)] // GPUs with their verdicts and per-GPU findings, then the host's fields
+fn snapshot(name: &str, d: &HostData, ids: &Identities, polled_ms: u64) -> HostSnapshot {
+    let mut gpus = Vec::new();
+    let mut findings = Vec::new();
+    for (&index, g) in &d.gpus {
+        let id = ids
+            .gpus
+            .get(&(name.to_string(), index))
+            .cloned()
+            .unwrap_or_default();
+        let used = mib(g.used);
+        let reserved = mib(g.reserved);
+        let total = match (used, mib(g.free)) {
+            (Some(u), Some(f)) => Some(u + f + reserved.unwrap_or(0)),
+            _ => None,
+        };
+        let judged = d.gpusweep.then_some(match g.clean {
+            Some(c) if c >= 1.0 => GpuState::Clean,
+            Some(_) if !g.unexplained.is_empty() => GpuState::Leak,
+            Some(_) => GpuState::InUse,
+            None if g.unreadable => GpuState::Error,
+            None => GpuState::Unknown,
+        });
+        for (kind, bytes) in &g.unexplained {
+            let Some(k) = kind_of(kind) else { continue };
+            let bytes = whole(*bytes);
+            findings.push(Finding {
+                kind: k,
+                severity: Severity::Leak,
+                host: name.to_string(),
+                gpu: Some(index),
+                pid: None,
+                bytes,
+                detail: format!(
+                    "GPU {index}: {} of memory unexplained ({}), as the host's gpusweep serve reports to Prometheus",
+                    crate::core::format::fmt_bytes(bytes),
+                    k.as_str()
+                ),
+                action: "open the host live (Enter in the TUI, or --hosts its serve) to see who holds it"
+                    .into(),
+                target_pid: None,
+            });
+        }
+        gpus.push(Gpu {
+            index,
+            uuid: id.uuid,
+            name: id.model,
+            pci_bus_id: id.pci,
+            minor: id.minor,
+            memory: Memory {
+                used,
+                total,
+                reserved,
+            },
+            error: g
+                .unreadable
+                .then(|| "its serve could not read this GPU".to_string()),
+            judged,
+            ..Default::default()
+        });
+    }
+    count_findings(name, d, &mut findings);
+    findings.sort_by(|a, b| b.severity.cmp(&a.severity).then(a.gpu.cmp(&b.gpu)));
+    let mut missing = vec![Feature::Actions, Feature::Holders, Feature::Shm];
+    if !d.gpusweep {
+        missing.push(Feature::ProcessList);
+    }
+    let live_url = match (ids.serve.get(name), ids.instance.get(name)) {
+        (Some((scheme, path)), Some(inst)) => Some(format!("{scheme}://{inst}{path}")),
+        _ => Some(format!("ssh://{name}")),
+    };
+    HostSnapshot {
+        host: name.to_string(),
+        taken_at_ms: d
+            .taken_s
+            .filter(|t| *t > 0.0)
+            .and_then(|t| whole(t * 1000.0))
+            .unwrap_or(polled_ms),
+        source: SourceKind::Prometheus,
+        gpus,
+        missing_features: missing,
+        findings,
+        live_url,
+        ..Default::default()
+    }
+}
+
+/// The queries of one poll, each aggregated by host (and GPU) so the answer stays small at a thousand hosts.
+struct Queries {
+    used: String,
+    free: String,
+    reserved: String,
+    clean: String,
+    unreadable: String,
+    unexplained: String,
+    findings: String,
+    taken: String,
+    up: String,
+}
+
+impl Queries {
+    fn new(p: &PromServer) -> Queries {
+        let by_gpu = |name: &str| format!("max by (Hostname, instance, gpu) ({})", p.sel(name));
+        Queries {
+            used: by_gpu(m::FB_USED),
+            free: by_gpu(m::FB_FREE),
+            reserved: by_gpu(m::FB_RESERVED),
+            clean: by_gpu(m::GPU_CLEAN),
+            unreadable: format!("{} == 0", by_gpu(m::GPU_READABLE)),
+            unexplained: format!(
+                "max by (Hostname, instance, gpu, kind) ({})",
+                p.sel(m::UNEXPLAINED_BYTES)
+            ),
+            findings: format!(
+                "max by (Hostname, instance, kind, severity) ({}) > 0",
+                p.sel(m::FINDINGS)
+            ),
+            taken: format!(
+                "max by (Hostname, instance) ({} or timestamp({}))",
+                p.sel(m::READING_TIMESTAMP),
+                p.sel(m::FB_USED)
+            ),
+            up: format!("max by (instance) ({})", p.sel("up")),
+        }
+    }
+}
+
+/// Read identities: GPU UUIDs, models, buses; each host's scrape target and serve.
+async fn identities(p: &PromServer, http: &HttpClient) -> Result<Identities, String> {
+    let gpus_q = format!(
+        "max by (Hostname, instance, gpu, UUID, modelName, pci_bus_id, device) ({})",
+        p.sel(m::FB_USED)
+    );
+    let serve_q = format!(
+        "max by (Hostname, instance, scheme, api_path) ({})",
+        p.sel(m::SERVE_INFO)
+    );
+    let (g, s) = tokio::join!(p.query(http, &gpus_q), p.query(http, &serve_q));
+    let mut ids = Identities {
+        read_at: Some(Instant::now()),
+        ..Default::default()
+    };
+    for x in g? {
+        let (Some(host), Some(gpu)) = (x.host(), x.gpu()) else {
+            continue;
+        };
+        if let Some(i) = x.label("instance") {
+            ids.instance.insert(host.to_string(), i.to_string());
+        }
+        let nonempty = |k: &str| x.label(k).filter(|v| !v.is_empty()).map(str::to_string);
+        ids.gpus.insert(
+            (host.to_string(), gpu),
+            Ident {
+                uuid: nonempty(m::L_UUID),
+                model: nonempty(m::L_MODEL),
+                pci: nonempty(m::L_PCI_BUS_ID),
+                minor: x
+                    .label(m::L_DEVICE)
+                    .and_then(|d| d.strip_prefix("nvidia"))
+                    .and_then(|n| n.parse().ok()),
+            },
+        );
+    }
+    for x in s? {
+        let Some(host) = x.host() else { continue };
+        if let Some(i) = x.label("instance") {
+            ids.instance.insert(host.to_string(), i.to_string());
+        }
+        let scheme = match x.label("scheme") {
+            Some("https") => "https",
+            _ => "http",
+        };
+        let path = x.label("api_path").unwrap_or("").to_string();
+        // Only a path of the shape a serve uses: nothing else may end up in the address the client opens.
+        if path.is_empty()
+            || (path.starts_with("/hosts/")
+                && path[7..]
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+        {
+            ids.serve
+                .insert(host.to_string(), (scheme.to_string(), path));
+        }
+    }
+    Ok(ids)
+}
+
+/// One poll: every query, joined into per-host data.
+async fn poll(
+    server: &PromServer,
+    http: &HttpClient,
+    queries: &Queries,
+) -> Result<(BTreeMap<String, HostData>, HashMap<String, f64>), String> {
+    let (used, free, reserved, clean, unreadable, unexplained, findings, taken, up) = tokio::join!(
+        server.query(http, &queries.used),
+        server.query(http, &queries.free),
+        server.query(http, &queries.reserved),
+        server.query(http, &queries.clean),
+        server.query(http, &queries.unreadable),
+        server.query(http, &queries.unexplained),
+        server.query(http, &queries.findings),
+        server.query(http, &queries.taken),
+        server.query(http, &queries.up),
+    );
+    let mut hosts: BTreeMap<String, HostData> = BTreeMap::new();
+    let mut per_gpu =
+        |samples: Vec<Sample>, set: &dyn Fn(&mut GpuData, &Sample), gpusweep: bool| {
+            for sample in samples {
+                let (Some(host), Some(gpu)) = (sample.host(), sample.gpu()) else {
+                    continue;
+                };
+                let data = hosts.entry(host.to_string()).or_default();
+                data.gpusweep |= gpusweep;
+                set(data.gpus.entry(gpu).or_default(), &sample);
+            }
+        };
+    per_gpu(used?, &|g, x| g.used = x.value(), false);
+    per_gpu(free?, &|g, x| g.free = x.value(), false);
+    per_gpu(reserved?, &|g, x| g.reserved = x.value(), false);
+    per_gpu(clean?, &|g, x| g.clean = x.value(), true);
+    per_gpu(unreadable?, &|g, _| g.unreadable = true, true);
+    per_gpu(
+        unexplained?,
+        &|g, x| {
+            if let (Some(k), Some(v)) = (x.label("kind"), x.value()) {
+                g.unexplained.push((k.to_string(), v));
+            }
+        },
+        true,
+    );
+    for sample in findings? {
+        let (Some(host), Some(kind), Some(sev), Some(n)) = (
+            sample.host(),
+            sample.label("kind"),
+            sample.label("severity"),
+            sample.value(),
+        ) else {
+            continue;
+        };
+        let data = hosts.entry(host.to_string()).or_default();
+        data.gpusweep = true;
+        data.counts.push((kind.to_string(), sev.to_string(), n));
+    }
+    for sample in taken? {
+        let Some(host) = sample.host() else { continue };
+        let data = hosts.entry(host.to_string()).or_default();
+        data.taken_s = sample
+            .value()
+            .into_iter()
+            .chain(data.taken_s)
+            .reduce(f64::max);
+    }
+    let up: HashMap<String, f64> = up?
+        .iter()
+        .filter_map(|sample| Some((sample.label("instance")?.to_string(), sample.value()?)))
+        .collect();
+    Ok((hosts, up))
+}
+
+/// The fleet's commands, by the host's place in `hosts`.
+pub type PromCmd = (usize, HostCmd);
+
+/// Poll the server for these hosts until every host's sink stops listening or the fleet goes away.
+#[allow(clippy::too_many_lines)] // the poll loop: commands, identities, queries, per-host readings
+pub async fn run(
+    server: PromServer,
+    http: HttpClient,
+    hosts: Vec<PromHost>,
+    mut interval: Duration,
+    mut cmds: mpsc::Receiver<PromCmd>,
+) {
+    let queries = Queries::new(&server);
+    let mut ids = Identities::default();
+    let mut last: Vec<Option<HostSnapshot>> = hosts.iter().map(|_| None).collect();
+    let mut down: Vec<Option<String>> = hosts.iter().map(|_| None).collect();
+    let mut asked: Vec<Duration> = hosts.iter().map(|_| interval).collect();
+    for h in &hosts {
+        h.sink.status(ConnStatus::Connecting);
+    }
+    let mut next = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep_until(next) => {}
+            asked_now = cmds.recv() => {
+                let Some((at, cmd)) = asked_now else { return };
+                let Some(host) = hosts.get(at) else { continue };
+                match cmd {
+                    refused @ (HostCmd::Signal { .. } | HostCmd::Remove { .. }) => refused.refuse(
+                        host.sink.as_ref(),
+                        "read-only host (read from Prometheus): nothing was done; act on it over SSH \
+                         (--hosts user@node) or through its agent",
+                    ),
+                    HostCmd::Interval(d) => {
+                        asked[at] = d;
+                        interval = asked.iter().copied().min().unwrap_or(d);
+                        next = next.min(tokio::time::Instant::now() + interval.max(MIN_PROM_INTERVAL));
+                    }
+                    HostCmd::PollNow => next = tokio::time::Instant::now(),
+                }
+                continue;
+            }
+        }
+        let started = tokio::time::Instant::now();
+        next = started + interval.max(MIN_PROM_INTERVAL);
+        let stale_ids = ids.read_at.is_none_or(|t| t.elapsed() >= IDENTITY_EVERY);
+        if stale_ids {
+            match identities(&server, &http).await {
+                Ok(i) => ids = i,
+                Err(e) => {
+                    if !say_down(&hosts, &mut down, &e) {
+                        return;
+                    }
+                    continue;
+                }
+            }
+        }
+        let (data, up) = match poll(&server, &http, &queries).await {
+            Ok(x) => x,
+            Err(e) => {
+                if !say_down(&hosts, &mut down, &e) {
+                    return;
+                }
+                continue;
+            }
+        };
+        let now = crate::core::model::now_ms();
+        let mut listening = false;
+        for (i, h) in hosts.iter().enumerate() {
+            if h.detached.load(Ordering::SeqCst) {
+                continue;
+            }
+            let target_down = ids
+                .instance
+                .get(&h.name)
+                .and_then(|inst| up.get(inst).map(|v| (inst, *v)))
+                .filter(|(_, v)| *v < 1.0);
+            let why = match (data.get(&h.name), target_down) {
+                (_, Some((inst, _))) => Some(format!(
+                    "Prometheus cannot scrape it (up == 0 for {})",
+                    escape(inst)
+                )),
+                (None, None) => Some("no series for it in Prometheus now".to_string()),
+                (Some(_), None) => None,
+            };
+            if let Some(why) = why {
+                listening |= if down[i].as_deref() == Some(why.as_str()) {
+                    true
+                } else {
+                    down[i] = Some(why.clone());
+                    h.sink.status(ConnStatus::Down(why))
+                };
+                continue;
+            }
+            let Some(d) = data.get(&h.name) else { continue };
+            let snap = snapshot(&h.name, d, &ids, now);
+            let was_down = down[i].take().is_some();
+            let same = last[i].as_ref().is_some_and(|p| p.says_the_same(&snap));
+            listening |= if same && !was_down {
+                h.sink.fresh(snap.taken_at_ms)
+            } else {
+                let ok =
+                    (!was_down || h.sink.status(ConnStatus::Up)) && h.sink.reading(snap.clone());
+                last[i] = Some(snap);
+                ok
+            };
+        }
+        if !listening && hosts.iter().all(|h| !h.detached.load(Ordering::SeqCst)) {
+            return;
+        }
+    }
+}
+
+/// Tell every host still read from this server that it could not be read. False once nobody listens.
+fn say_down(hosts: &[PromHost], down: &mut [Option<String>], why: &str) -> bool {
+    let mut listening = false;
+    for (i, h) in hosts.iter().enumerate() {
+        if h.detached.load(Ordering::SeqCst) {
+            continue;
+        }
+        if down[i].as_deref() == Some(why) {
+            listening = true;
+            continue;
+        }
+        down[i] = Some(why.to_string());
+        listening |= h.sink.status(ConnStatus::Down(why.to_string()));
+    }
+    listening
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(used: f64, clean: Option<f64>, unexplained: &[(&str, f64)]) -> GpuData {
+        GpuData {
+            used: Some(used),
+            free: Some(1000.0),
+            reserved: Some(24.0),
+            clean,
+            unexplained: unexplained
+                .iter()
+                .map(|(k, b)| ((*k).to_string(), *b))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_serve_host_keeps_its_verdicts_and_a_dcgm_host_names_its_blind_spot() {
+        let mut d = HostData {
+            gpusweep: true,
+            taken_s: Some(1_700_000_000.5),
+            ..Default::default()
+        };
+        d.gpus.insert(0, gpu(0.0, Some(1.0), &[]));
+        d.gpus.insert(1, gpu(500.0, Some(0.0), &[]));
+        d.gpus.insert(
+            2,
+            gpu(
+                10240.0,
+                Some(0.0),
+                &[("ghost", 10.0 * 1024.0 * 1024.0 * 1024.0)],
+            ),
+        );
+        d.gpus.insert(
+            3,
+            GpuData {
+                unreadable: true,
+                ..Default::default()
+            },
+        );
+        d.counts.push(("ghost".into(), "leak".into(), 1.0));
+        d.counts.push(("zombie".into(), "warning".into(), 2.0));
+        let ids = Identities::default();
+        let s = snapshot("node1", &d, &ids, 5);
+        let states: Vec<Option<GpuState>> = s.gpus.iter().map(|g| g.judged).collect();
+        assert_eq!(
+            states,
+            [
+                Some(GpuState::Clean),
+                Some(GpuState::InUse),
+                Some(GpuState::Leak),
+                Some(GpuState::Error)
+            ]
+        );
+        assert_eq!(s.taken_at_ms, 1_700_000_000_500);
+        assert_eq!(s.gpus[0].memory.total, Some(1024 * MIB));
+        assert_eq!(s.gpus[3].memory.used, None, "no reading is not 0");
+        // The ghost comes once, per GPU with its bytes; the zombies as a count.
+        assert_eq!(
+            s.findings
+                .iter()
+                .filter(|f| f.kind == FindingKind::Ghost)
+                .count(),
+            1
+        );
+        assert_eq!(s.findings[0].gpu, Some(2));
+        assert!(
+            s.findings
+                .iter()
+                .any(|f| f.kind == FindingKind::Zombie && f.detail.starts_with("2 zombie"))
+        );
+        assert!(s.missing_features.contains(&Feature::Actions));
+        assert!(!s.missing_features.contains(&Feature::ProcessList));
+        assert_eq!(s.live_url.as_deref(), Some("ssh://node1"));
+
+        let mut dcgm = HostData::default();
+        dcgm.gpus.insert(0, gpu(0.0, None, &[]));
+        dcgm.gpus.insert(1, gpu(700.0, None, &[]));
+        let s = snapshot("node2", &dcgm, &ids, 7);
+        assert!(s.gpus.iter().all(|g| g.judged.is_none()));
+        assert_eq!(s.taken_at_ms, 7);
+        assert!(s.missing_features.contains(&Feature::ProcessList));
+        assert!(
+            s.findings.is_empty(),
+            "no leak is claimed without a process list"
+        );
+        assert_eq!(s.gpus[1].memory.used, Some(700 * MIB));
+    }
+
+    #[test]
+    fn queries_carry_the_selector() {
+        let p = PromServer {
+            url: "http://p:9090".into(),
+            selector: Some(r#"job="gpu""#.into()),
+        };
+        let q = Queries::new(&p);
+        assert_eq!(
+            q.used,
+            r#"max by (Hostname, instance, gpu) (DCGM_FI_DEV_FB_USED{job="gpu"})"#
+        );
+        assert!(q.up.contains(r#"up{job="gpu"}"#));
+        let p = PromServer {
+            url: "http://p:9090".into(),
+            selector: None,
+        };
+        assert!(Queries::new(&p).clean.contains("gpusweep_gpu_clean{}"));
+    }
+}

@@ -1,0 +1,781 @@
+//! `gpusweep serve` end to end: the real binary on loopback, read over HTTP (reqwest), through its Unix
+//! socket, and by gpusweep itself as an `http://` or `unix:` host. The demo hosts and a file-driven stand-in
+//! NVML (tests/fixtures/standin_nvml.c) play the GPUs.
+
+// In tests a panic is the failure message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gpusweep");
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn await_cond(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// A running `gpusweep serve`, stopped (SIGTERM) when dropped.
+struct Serve {
+    child: Child,
+    /// `127.0.0.1:PORT`, when it serves HTTP.
+    addr: Option<String>,
+    /// What it printed when it started.
+    banner: String,
+}
+
+fn gpusweep(dir: &Path) -> Command {
+    let mut c = Command::new(BIN);
+    c.env("GPUSWEEP_CONFIG", dir.join("no-config.toml"))
+        .env("GPUSWEEP_AUDIT_LOG", dir.join("actions.jsonl"))
+        .env("GPUSWEEP_SOCKET", dir.join("default.sock"))
+        .env_remove("GPUSWEEP_HOSTS")
+        .env_remove("GPUSWEEP_HTTP_TOKEN_FILE")
+        .env_remove("GPUSWEEP_HTTP_CA_FILE")
+        .stdin(Stdio::null());
+    c
+}
+
+impl Serve {
+    /// Start `gpusweep serve ARGS` (`--listen 127.0.0.1:0` unless ARGS say) and wait for its banner.
+    fn start(dir: &Path, args: &[&str], env: &[(&str, &Path)]) -> Serve {
+        let mut c = gpusweep(dir);
+        c.arg("serve");
+        if !args.iter().any(|a| *a == "--listen" || *a == "--no-http") {
+            c.args(["--listen", "127.0.0.1:0"]);
+        }
+        c.args(args).stdout(Stdio::null()).stderr(Stdio::piped());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let mut child = c.spawn().expect("serve");
+        let mut err = BufReader::new(child.stderr.take().expect("stderr"));
+        let mut banner = String::new();
+        err.read_line(&mut banner).expect("banner");
+        assert!(
+            banner.starts_with("gpusweep serve:"),
+            "serve said: {banner}"
+        );
+        // Keep draining its stderr so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in err.lines() {});
+        let addr = banner
+            .split("://")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .map(str::to_string);
+        Serve {
+            child,
+            addr,
+            banner,
+        }
+    }
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr.as_deref().expect("http"))
+    }
+    fn stop(&mut self) -> Option<i32> {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).expect("pid"));
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        self.child.wait().ok().and_then(|s| s.code())
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("client")
+}
+
+async fn get(url: &str) -> (u16, String, String) {
+    let r = client().get(url).send().await.expect("GET");
+    let status = r.status().as_u16();
+    let ct = r
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap_or("").to_string())
+        .unwrap_or_default();
+    (status, ct, r.text().await.expect("body"))
+}
+
+/// The value of the one sample of `metric` whose labels include every `want` pair.
+fn sample(metrics: &str, metric: &str, want: &[(&str, &str)]) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{metric}{{")))
+        .find(|l| {
+            want.iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_carry_dcgm_names_and_labels_beside_gpusweeps_verdicts() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let serve = Serve::start(dir.path(), &["--demo", "--hosts", "gpu-b"], &[]);
+    assert!(serve.banner.contains("DEMO"), "{}", serve.banner);
+    let (status, ct, m) = get(&serve.url("/metrics")).await;
+    assert_eq!(status, 200);
+    assert!(ct.starts_with("application/openmetrics-text"), "{ct}");
+    assert!(m.trim_end().ends_with("# EOF"), "{m}");
+    // dcgm-exporter's names and labels, MiB.
+    let line = m
+        .lines()
+        .find(|l| l.starts_with("DCGM_FI_DEV_FB_USED{gpu=\"6\""))
+        .expect("FB_USED of GPU 6");
+    for label in [
+        "UUID=\"GPU-",
+        "pci_bus_id=\"0000",
+        "device=\"nvidia6\"",
+        "modelName=\"NVIDIA H200\"",
+        "Hostname=\"gpu-b\"",
+    ] {
+        assert!(line.contains(label), "{label} in {line}");
+    }
+    let gpu6 = [("gpu", "6"), ("Hostname", "gpu-b")];
+    assert_eq!(sample(&m, "DCGM_FI_DEV_FB_USED", &gpu6), Some(73126.0));
+    assert_eq!(sample(&m, "DCGM_FI_DEV_FB_RESERVED", &gpu6), Some(615.0));
+    let free = sample(&m, "DCGM_FI_DEV_FB_FREE", &gpu6).expect("free");
+    assert!((free - (143_771.0 - 73126.0 - 615.0)).abs() < 2.0, "{free}");
+    // gpusweep's verdicts: GPU 6 held by an orphaned job's worker, GPU 7 a ghost's memory.
+    assert_eq!(sample(&m, "gpusweep_gpu_clean", &[("gpu", "0")]), Some(1.0));
+    assert_eq!(sample(&m, "gpusweep_gpu_clean", &[("gpu", "6")]), Some(0.0));
+    assert_eq!(sample(&m, "gpusweep_gpu_clean", &[("gpu", "7")]), Some(0.0));
+    let ghost = sample(
+        &m,
+        "gpusweep_unexplained_bytes",
+        &[("gpu", "7"), ("kind", "ghost")],
+    )
+    .expect("ghost bytes");
+    assert!(ghost > 10e9, "{ghost}");
+    assert!(
+        sample(&m, "gpusweep_unexplained_bytes", &[("gpu", "6")]).is_none(),
+        "GPU 6's memory is explained"
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "gpusweep_findings",
+            &[("kind", "ghost"), ("severity", "leak")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "gpusweep_findings",
+            &[("kind", "unkillable"), ("severity", "leak")]
+        ),
+        Some(0.0),
+        "a kind with no finding reads 0, not absent"
+    );
+    assert!(
+        sample(
+            &m,
+            "gpusweep_process_gpu_memory_bytes",
+            &[("pid", "7306"), ("gpu", "6"), ("job", "slurm:4711.0")]
+        )
+        .is_some_and(|b| b > 70e9),
+        "{m}"
+    );
+    assert!(
+        sample(&m, "gpusweep_shm_leftover_bytes", &[("Hostname", "gpu-b")])
+            .is_some_and(|b| b > 0.0)
+    );
+    assert!(
+        m.contains("# TYPE gpusweep_time_to_clean_seconds histogram"),
+        "{m}"
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "gpusweep_serve_info",
+            &[("Hostname", "gpu-b"), ("scheme", "http"), ("api_path", "")]
+        ),
+        Some(1.0)
+    );
+    let taken = sample(&m, "gpusweep_reading_timestamp_seconds", &[]).expect("timestamp");
+    assert!(taken > 1.7e9, "{taken}");
+    let (status, _, body) = get(&serve.url("/healthz")).await;
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_and_the_event_stream_serve_the_json_contract_read_only() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let serve = Serve::start(dir.path(), &["--demo", "--hosts", "gpu-b"], &[]);
+    let (status, ct, body) = get(&serve.url("/api/v1/snapshot")).await;
+    assert_eq!(status, 200);
+    assert_eq!(ct, "application/json");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let h = &v["hosts"][0];
+    assert_eq!(h["host"], "gpu-b");
+    assert_eq!(h["source"], "demo");
+    assert!(
+        h["findings"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|f| f["kind"] == "ghost"))
+    );
+    // The stream: hello, the whole snapshot once, then readings that only say they are fresh.
+    let mut r = client()
+        .get(serve.url("/api/v1/events?interval=100ms"))
+        .send()
+        .await
+        .expect("events");
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    let mut got = String::new();
+    let t = Instant::now();
+    while got.matches("event: unchanged").count() < 2 {
+        assert!(t.elapsed() < Duration::from_secs(20), "{got}");
+        let chunk = r.chunk().await.expect("chunk").expect("open");
+        got.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let kinds: Vec<&str> = got
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    assert_eq!(kinds[0], "hello", "{got}");
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "snapshot").count(),
+        1,
+        "{got}"
+    );
+    assert!(got.contains(r#""hosts":["gpu-b"]"#), "{got}");
+    // Read-only: no other method, nothing else.
+    let c = client();
+    for url in ["/metrics", "/api/v1/snapshot", "/api/v1/events"] {
+        let s = c.post(serve.url(url)).send().await.expect("POST").status();
+        assert_eq!(s.as_u16(), 405, "POST {url}");
+        let s = c
+            .delete(serve.url(url))
+            .send()
+            .await
+            .expect("DELETE")
+            .status();
+        assert_eq!(s.as_u16(), 405, "DELETE {url}");
+    }
+    assert_eq!(get(&serve.url("/api/v1/signal")).await.0, 404);
+    assert_eq!(get(&serve.url("/hosts/nope/metrics")).await.0, 404);
+    // gpusweep reads it as an http:// host: the same findings, judged again with its own options.
+    let url = serve.url("");
+    let o = gpusweep(dir.path())
+        .args(["snapshot", "--json", "--hosts", &url])
+        .output()
+        .expect("snapshot");
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+    let h = &v["hosts"][0];
+    assert_eq!(h["error"], serde_json::Value::Null, "{v}");
+    assert_eq!(h["source"], "demo", "a demo stays marked as the demo: {v}");
+    assert!(
+        h["findings"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|f| f["kind"] == "ghost"))
+    );
+    // A kill or a sweep through it is refused, saying how to act instead; nothing is sent.
+    let o = gpusweep(dir.path())
+        .args(["kill", "--hosts", &url, "7391", "--yes"])
+        .output()
+        .expect("kill");
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(t.contains("read-only") && t.contains("SSH"), "{t}");
+    let o = gpusweep(dir.path())
+        .args(["sweep", "--hosts", &url, "--yes", "--grace", "1s"])
+        .output()
+        .expect("sweep");
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(t.contains("read-only") && t.contains("SSH"), "{t}");
+    let (_, _, m) = get(&serve.url("/metrics")).await;
+    assert_eq!(
+        sample(&m, "gpusweep_gpu_clean", &[("gpu", "7")]),
+        Some(0.0),
+        "nothing was killed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_hosts_are_named_one_by_one() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let serve = Serve::start(dir.path(), &["--demo"], &[]);
+    let (_, _, m) = get(&serve.url("/metrics")).await;
+    for h in ["gpu-a", "gpu-b", "gpu-c"] {
+        assert!(
+            sample(
+                &m,
+                "gpusweep_serve_info",
+                &[("Hostname", h), ("api_path", &format!("/hosts/{h}"))]
+            )
+            .is_some(),
+            "{h}: {m}"
+        );
+    }
+    let (_, _, one) = get(&serve.url("/hosts/gpu-c/metrics")).await;
+    assert!(one.contains("Hostname=\"gpu-c\"") && !one.contains("Hostname=\"gpu-a\""));
+    let (_, _, body) = get(&serve.url("/api/v1/snapshot")).await;
+    let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(v["hosts"].as_array().map(Vec::len), Some(3));
+    let o = gpusweep(dir.path())
+        .args([
+            "snapshot",
+            "--hosts",
+            &serve.url(""),
+            "--connect-timeout",
+            "3",
+        ])
+        .output()
+        .expect("snapshot");
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains("serves 3 hosts") && t.contains("/hosts/gpu-a"),
+        "{t}"
+    );
+    let o = gpusweep(dir.path())
+        .args(["snapshot", "--json", "--hosts", &serve.url("/hosts/gpu-c")])
+        .output()
+        .expect("snapshot");
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+    assert_eq!(
+        v["hosts"][0]["gpus"][0]["compute_capability"], "12.0",
+        "{v}"
+    );
+}
+
+fn write_private(path: &Path, content: &str, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, content).expect("write");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_guards_every_route_but_healthz_and_tls_is_served_with_the_given_certificate() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    // A token others may read is no secret: refused.
+    write_private(&d.join("loose"), "0123456789abcdef0123\n", 0o644);
+    let o = gpusweep(d)
+        .args([
+            "serve",
+            "--demo",
+            "--no-socket",
+            "--listen",
+            "127.0.0.1:0",
+            "--token-file",
+        ])
+        .arg(d.join("loose"))
+        .output()
+        .expect("serve");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("chmod 600"), "{}", text(&o));
+    // A CA of the test's own, and a certificate for 127.0.0.1 it signed.
+    let ssl = |args: &[&str]| {
+        let o = Command::new("openssl")
+            .args(args)
+            .current_dir(d)
+            .output()
+            .expect("openssl (Debian's openssl package)");
+        assert!(o.status.success(), "openssl {args:?}: {}", text(&o));
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    ssl(&[
+        &[
+            "req",
+            "-x509",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=gpusweep test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ][..],
+        &ec[..],
+    ]
+    .concat());
+    ssl(&[
+        &[
+            "req",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "key.pem",
+            "-out",
+            "req.csr",
+        ][..],
+        &ec[..],
+    ]
+    .concat());
+    std::fs::write(
+        d.join("ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .expect("ext");
+    ssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "req.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "ext",
+        "-out",
+        "cert.pem",
+    ]);
+    let token = "s3cret-token-0123456789";
+    write_private(&d.join("token"), &format!("{token}\n"), 0o600);
+    let cert = d.join("cert.pem");
+    let key = d.join("key.pem");
+    let token_file = d.join("token");
+    let serve = Serve::start(
+        d,
+        &[
+            "--demo",
+            "--hosts",
+            "gpu-b",
+            "--token-file",
+            token_file.to_str().expect("utf-8"),
+            "--tls-cert",
+            cert.to_str().expect("utf-8"),
+            "--tls-key",
+            key.to_str().expect("utf-8"),
+        ],
+        &[],
+    );
+    assert!(
+        serve.banner.contains("https://") && serve.banner.contains("bearer token"),
+        "{}",
+        serve.banner
+    );
+    let base = format!("https://{}", serve.addr.as_deref().expect("addr"));
+    let ca = d.join("ca.pem");
+    let pem = std::fs::read(&ca).expect("ca");
+    let tls = reqwest::Client::builder()
+        .no_proxy()
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("pem"))
+        .build()
+        .expect("client");
+    let s = tls
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("GET")
+        .status();
+    assert_eq!(s.as_u16(), 401);
+    let s = tls
+        .get(format!("{base}/metrics"))
+        .bearer_auth("wrong-token-0123456789")
+        .send()
+        .await
+        .expect("GET")
+        .status();
+    assert_eq!(s.as_u16(), 401);
+    let r = tls
+        .get(format!("{base}/metrics"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(
+        r.text()
+            .await
+            .expect("body")
+            .contains("DCGM_FI_DEV_FB_USED")
+    );
+    let s = tls
+        .get(format!("{base}/healthz"))
+        .send()
+        .await
+        .expect("GET")
+        .status();
+    assert_eq!(s.as_u16(), 200, "/healthz needs no token");
+    // gpusweep as a client: the token and the CA from its settings.
+    let o = gpusweep(d)
+        .args(["snapshot", "--json", "--hosts", &base])
+        .env("GPUSWEEP_HTTP_TOKEN_FILE", &token_file)
+        .env("GPUSWEEP_HTTP_CA_FILE", &ca)
+        .output()
+        .expect("snapshot");
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+    assert_eq!(v["hosts"][0]["error"], serde_json::Value::Null, "{v}");
+    assert!(
+        v["hosts"][0]["gpus"]
+            .as_array()
+            .is_some_and(|g| g.len() == 8)
+    );
+    // Without the token: the error says where a token goes. Without the CA: the certificate is unknown.
+    let o = gpusweep(d)
+        .args(["snapshot", "--hosts", &base, "--connect-timeout", "3"])
+        .env("GPUSWEEP_HTTP_CA_FILE", &ca)
+        .output()
+        .expect("snapshot");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("HTTP 401") && text(&o).contains("http_token_file"),
+        "{}",
+        text(&o)
+    );
+    let o = gpusweep(d)
+        .args(["snapshot", "--hosts", &base, "--connect-timeout", "3"])
+        .env("GPUSWEEP_HTTP_TOKEN_FILE", &token_file)
+        .output()
+        .expect("snapshot");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).to_lowercase().contains("certificate"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// Build the file-driven stand-in NVML into `dir`.
+fn standin_nvml(dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/standin_nvml.c");
+    let lib = dir.join("libnvidia-ml.so.1");
+    let o = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .expect("cc");
+    assert!(o.status.success(), "{}", text(&o));
+    lib
+}
+
+fn set_nvml(dir: &Path, state: &str) {
+    std::fs::write(dir.join("nvml.tmp"), state).expect("state");
+    std::fs::rename(dir.join("nvml.tmp"), dir.join("nvml")).expect("rename");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_and_wait_read_a_running_serve_through_its_socket() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let lib = standin_nvml(d);
+    std::fs::write(d.join("nvidia0"), b"").expect("stand-in device");
+    // A holder of GPU 0, listed with 512 MiB.
+    let mut holder = Command::new("sleep")
+        .arg("300")
+        .stdin(std::fs::File::open(d.join("nvidia0")).expect("open"))
+        .spawn()
+        .expect("holder");
+    set_nvml(d, &format!("512 {}:512\n", holder.id()));
+    let glob = format!("{}/nvidia*", d.display());
+    let sock = d.join("serve.sock");
+    let env = [
+        ("GPUSWEEP_NVML_LIBRARY", lib.as_path()),
+        ("STANDIN_NVML_STATE", &d.join("nvml")),
+        ("GPUSWEEP_SOCKET", &sock),
+    ];
+    let mut serve = Serve::start(d, &["--device-glob", &glob, "--interval", "1s"], &env);
+    assert!(serve.banner.contains("socket"), "{}", serve.banner);
+    let client = |args: &[&str]| {
+        let mut c = gpusweep(d);
+        c.args(args).env("GPUSWEEP_SOCKET", &sock);
+        c
+    };
+    // Through the socket: the serve's reading, marked so; with --no-serve, this process's own (no driver).
+    let o = client(&["snapshot", "--json"]).output().expect("snapshot");
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+    let h = &v["hosts"][0];
+    assert_eq!(h["source"], "serve", "{v}");
+    assert_eq!(h["gpus"][0]["memory"]["used"], 512 * 1024 * 1024, "{v}");
+    assert!(
+        h["holders"]
+            .as_array()
+            .is_some_and(|x| x.iter().any(|x| x["pid"] == holder.id())),
+        "{v}"
+    );
+    let o = client(&["snapshot", "--json", "--no-serve"])
+        .output()
+        .expect("snapshot");
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+    assert_eq!(v["hosts"][0]["source"], "local", "{v}");
+    // wait through the serve: held, then released when the holder dies and the "driver" lets go.
+    let o = client(&["wait", "--timeout", "1s"]).output().expect("wait");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let w = client(&["wait", "--timeout", "20s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("wait");
+    holder.kill().expect("kill");
+    holder.wait().expect("reap");
+    set_nvml(d, "0\n");
+    let o = w.wait_with_output().expect("wait");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("clean"), "{}", text(&o));
+    // The release fed the time-to-clean histogram, counted from the holder's exit.
+    let (_, _, m) = get(&serve.url("/metrics")).await;
+    assert_eq!(
+        sample(
+            &m,
+            "gpusweep_time_to_clean_seconds_count",
+            &[("after", "exit")]
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(sample(&m, "gpusweep_gpu_clean", &[("gpu", "0")]), Some(1.0));
+    // A second serve is refused the socket a live one answers on.
+    let o = gpusweep(d)
+        .args(["serve", "--no-http", "--socket"])
+        .arg(&sock)
+        .output()
+        .expect("second serve");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("another gpusweep serve answers"),
+        "{}",
+        text(&o)
+    );
+    // A clean stop: exit 0, the socket file gone.
+    assert_eq!(serve.stop(), Some(0));
+    assert!(!sock.exists(), "the socket file was left behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_through_the_socket_cleans_the_demo_and_the_metrics_say_so() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    // A directory every user may enter, for the unprivileged peer below.
+    let shared = d.join("shared");
+    std::fs::create_dir(&shared).expect("dir");
+    std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let sock = shared.join("serve.sock");
+    let sock_s = sock.to_str().expect("utf-8").to_string();
+    let serve = Serve::start(
+        d,
+        &[
+            "--demo",
+            "--hosts",
+            "gpu-b",
+            "--socket",
+            &sock_s,
+            "--interval",
+            "200ms",
+        ],
+        &[],
+    );
+    let unix = format!("unix:{sock_s}");
+    // Someone else may read through the socket, but not act.
+    if nix::unistd::geteuid().is_root() {
+        let o = Command::new("setpriv")
+            .args([
+                "--reuid",
+                "65534",
+                "--regid",
+                "65534",
+                "--clear-groups",
+                BIN,
+                "kill",
+                "--hosts",
+                &unix,
+                "7391",
+                "--yes",
+            ])
+            .env("GPUSWEEP_CONFIG", "/nonexistent/config.toml")
+            .env(
+                "GPUSWEEP_AUDIT_LOG",
+                "/tmp/gpusweep-test-nobody-audit.jsonl",
+            )
+            .stdin(Stdio::null())
+            .output()
+            .expect("setpriv (util-linux)");
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{t}");
+        assert!(t.contains("not allowed") && t.contains("65534"), "{t}");
+    }
+    let (_, _, m) = get(&serve.url("/metrics")).await;
+    assert_eq!(sample(&m, "gpusweep_gpu_clean", &[("gpu", "7")]), Some(0.0));
+    let o = gpusweep(d)
+        .args([
+            "sweep",
+            "--hosts",
+            &unix,
+            "--yes",
+            "--grace",
+            "1s",
+            "--timeout",
+            "20s",
+        ])
+        .output()
+        .expect("sweep");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let url = serve.url("/metrics");
+    let mut m = String::new();
+    let t = Instant::now();
+    loop {
+        m = get(&url).await.2;
+        let all = (0..8)
+            .all(|g| sample(&m, "gpusweep_gpu_clean", &[("gpu", &g.to_string())]) == Some(1.0));
+        if all {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "{m}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The sweep fed the histogram: the GPUs that were dirty were clean some time after the first signal.
+    let count = sample(
+        &m,
+        "gpusweep_time_to_clean_seconds_count",
+        &[("after", "signal")],
+    )
+    .expect("count");
+    assert!(count >= 2.0, "GPUs 6 and 7: {m}");
+    assert_eq!(
+        sample(
+            &m,
+            "gpusweep_findings",
+            &[("kind", "ghost"), ("severity", "leak")]
+        ),
+        Some(0.0)
+    );
+}
