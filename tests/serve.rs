@@ -12,23 +12,12 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpusweep");
 
-fn text(o: &Output) -> String {
+fn text(out: &Output) -> String {
     format!(
         "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     )
-}
-
-fn await_cond(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(25));
-    }
 }
 
 /// A running `gpusweep serve`, stopped (SIGTERM) when dropped.
@@ -61,8 +50,8 @@ impl Serve {
             c.args(["--listen", "127.0.0.1:0"]);
         }
         c.args(args).stdout(Stdio::null()).stderr(Stdio::piped());
-        for (k, v) in env {
-            c.env(k, v);
+        for (k, doc) in env {
+            c.env(k, doc);
         }
         let mut child = c.spawn().expect("serve");
         let mut err = BufReader::new(child.stderr.take().expect("stderr"));
@@ -116,7 +105,7 @@ async fn get(url: &str) -> (u16, String, String) {
     let ct = r
         .headers()
         .get("content-type")
-        .map(|v| v.to_str().unwrap_or("").to_string())
+        .map(|doc| doc.to_str().unwrap_or("").to_string())
         .unwrap_or_default();
     (status, ct, r.text().await.expect("body"))
 }
@@ -128,13 +117,14 @@ fn sample(metrics: &str, metric: &str, want: &[(&str, &str)]) -> Option<f64> {
         .filter(|l| l.starts_with(&format!("{metric}{{")))
         .find(|l| {
             want.iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+                .all(|(k, doc)| l.contains(&format!("{k}=\"{doc}\"")))
         })
         .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+        .and_then(|doc| doc.parse().ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines)] // one scenario, start to end
 async fn metrics_carry_dcgm_names_and_labels_beside_gpusweeps_verdicts() {
     let dir = tempfile::tempdir().expect("tmp");
     let serve = Serve::start(dir.path(), &["--demo", "--hosts", "gpu-b"], &[]);
@@ -226,18 +216,19 @@ async fn metrics_carry_dcgm_names_and_labels_beside_gpusweeps_verdicts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines)] // one scenario, start to end
 async fn the_api_and_the_event_stream_serve_the_json_contract_read_only() {
     let dir = tempfile::tempdir().expect("tmp");
     let serve = Serve::start(dir.path(), &["--demo", "--hosts", "gpu-b"], &[]);
     let (status, ct, body) = get(&serve.url("/api/v1/snapshot")).await;
     assert_eq!(status, 200);
     assert_eq!(ct, "application/json");
-    let v: serde_json::Value = serde_json::from_str(&body).expect("json");
-    let h = &v["hosts"][0];
-    assert_eq!(h["host"], "gpu-b");
-    assert_eq!(h["source"], "demo");
+    let doc: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let host0 = &doc["hosts"][0];
+    assert_eq!(host0["host"], "gpu-b");
+    assert_eq!(host0["source"], "demo");
     assert!(
-        h["findings"]
+        host0["findings"]
             .as_array()
             .is_some_and(|f| f.iter().any(|f| f["kind"] == "ghost"))
     );
@@ -249,9 +240,9 @@ async fn the_api_and_the_event_stream_serve_the_json_contract_read_only() {
         .expect("events");
     assert_eq!(r.headers()["content-type"], "text/event-stream");
     let mut got = String::new();
-    let t = Instant::now();
+    let said = Instant::now();
     while got.matches("event: unchanged").count() < 2 {
-        assert!(t.elapsed() < Duration::from_secs(20), "{got}");
+        assert!(said.elapsed() < Duration::from_secs(20), "{got}");
         let chunk = r.chunk().await.expect("chunk").expect("open");
         got.push_str(&String::from_utf8_lossy(&chunk));
     }
@@ -283,35 +274,38 @@ async fn the_api_and_the_event_stream_serve_the_json_contract_read_only() {
     assert_eq!(get(&serve.url("/hosts/nope/metrics")).await.0, 404);
     // gpusweep reads it as an http:// host: the same findings, judged again with its own options.
     let url = serve.url("");
-    let o = gpusweep(dir.path())
+    let out = gpusweep(dir.path())
         .args(["snapshot", "--json", "--hosts", &url])
         .output()
         .expect("snapshot");
-    let v: serde_json::Value =
-        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
-    let h = &v["hosts"][0];
-    assert_eq!(h["error"], serde_json::Value::Null, "{v}");
-    assert_eq!(h["source"], "demo", "a demo stays marked as the demo: {v}");
+    let doc: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    let host0 = &doc["hosts"][0];
+    assert_eq!(host0["error"], serde_json::Value::Null, "{doc}");
+    assert_eq!(
+        host0["source"], "demo",
+        "a demo stays marked as the demo: {doc}"
+    );
     assert!(
-        h["findings"]
+        host0["findings"]
             .as_array()
             .is_some_and(|f| f.iter().any(|f| f["kind"] == "ghost"))
     );
     // A kill or a sweep through it is refused, saying how to act instead; nothing is sent.
-    let o = gpusweep(dir.path())
+    let out = gpusweep(dir.path())
         .args(["kill", "--hosts", &url, "7391", "--yes"])
         .output()
         .expect("kill");
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(2), "{t}");
-    assert!(t.contains("read-only") && t.contains("SSH"), "{t}");
-    let o = gpusweep(dir.path())
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(said.contains("read-only") && said.contains("SSH"), "{said}");
+    let out = gpusweep(dir.path())
         .args(["sweep", "--hosts", &url, "--yes", "--grace", "1s"])
         .output()
         .expect("sweep");
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(2), "{t}");
-    assert!(t.contains("read-only") && t.contains("SSH"), "{t}");
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(said.contains("read-only") && said.contains("SSH"), "{said}");
     let (_, _, m) = get(&serve.url("/metrics")).await;
     assert_eq!(
         sample(&m, "gpusweep_gpu_clean", &[("gpu", "7")]),
@@ -325,23 +319,26 @@ async fn several_hosts_are_named_one_by_one() {
     let dir = tempfile::tempdir().expect("tmp");
     let serve = Serve::start(dir.path(), &["--demo"], &[]);
     let (_, _, m) = get(&serve.url("/metrics")).await;
-    for h in ["gpu-a", "gpu-b", "gpu-c"] {
+    for host0 in ["gpu-a", "gpu-b", "gpu-c"] {
         assert!(
             sample(
                 &m,
                 "gpusweep_serve_info",
-                &[("Hostname", h), ("api_path", &format!("/hosts/{h}"))]
+                &[
+                    ("Hostname", host0),
+                    ("api_path", &format!("/hosts/{host0}"))
+                ]
             )
             .is_some(),
-            "{h}: {m}"
+            "{host0}: {m}"
         );
     }
     let (_, _, one) = get(&serve.url("/hosts/gpu-c/metrics")).await;
     assert!(one.contains("Hostname=\"gpu-c\"") && !one.contains("Hostname=\"gpu-a\""));
     let (_, _, body) = get(&serve.url("/api/v1/snapshot")).await;
-    let v: serde_json::Value = serde_json::from_str(&body).expect("json");
-    assert_eq!(v["hosts"].as_array().map(Vec::len), Some(3));
-    let o = gpusweep(dir.path())
+    let doc: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(doc["hosts"].as_array().map(Vec::len), Some(3));
+    let out = gpusweep(dir.path())
         .args([
             "snapshot",
             "--hosts",
@@ -351,21 +348,21 @@ async fn several_hosts_are_named_one_by_one() {
         ])
         .output()
         .expect("snapshot");
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(2), "{t}");
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{said}");
     assert!(
-        t.contains("serves 3 hosts") && t.contains("/hosts/gpu-a"),
-        "{t}"
+        said.contains("serves 3 hosts") && said.contains("/hosts/gpu-a"),
+        "{said}"
     );
-    let o = gpusweep(dir.path())
+    let out = gpusweep(dir.path())
         .args(["snapshot", "--json", "--hosts", &serve.url("/hosts/gpu-c")])
         .output()
         .expect("snapshot");
-    let v: serde_json::Value =
-        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+    let doc: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
     assert_eq!(
-        v["hosts"][0]["gpus"][0]["compute_capability"], "12.0",
-        "{v}"
+        doc["hosts"][0]["gpus"][0]["compute_capability"], "12.0",
+        "{doc}"
     );
 }
 
@@ -376,12 +373,13 @@ fn write_private(path: &Path, content: &str, mode: u32) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines)] // one scenario, start to end
 async fn a_token_guards_every_route_but_healthz_and_tls_is_served_with_the_given_certificate() {
     let dir = tempfile::tempdir().expect("tmp");
-    let d = dir.path();
+    let tmp = dir.path();
     // A token others may read is no secret: refused.
-    write_private(&d.join("loose"), "0123456789abcdef0123\n", 0o644);
-    let o = gpusweep(d)
+    write_private(&tmp.join("loose"), "0123456789abcdef0123\n", 0o644);
+    let out = gpusweep(tmp)
         .args([
             "serve",
             "--demo",
@@ -390,19 +388,19 @@ async fn a_token_guards_every_route_but_healthz_and_tls_is_served_with_the_given
             "127.0.0.1:0",
             "--token-file",
         ])
-        .arg(d.join("loose"))
+        .arg(tmp.join("loose"))
         .output()
         .expect("serve");
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("chmod 600"), "{}", text(&o));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("chmod 600"), "{}", text(&out));
     // A CA of the test's own, and a certificate for 127.0.0.1 it signed.
     let ssl = |args: &[&str]| {
-        let o = Command::new("openssl")
+        let out = Command::new("openssl")
             .args(args)
-            .current_dir(d)
+            .current_dir(tmp)
             .output()
             .expect("openssl (Debian's openssl package)");
-        assert!(o.status.success(), "openssl {args:?}: {}", text(&o));
+        assert!(out.status.success(), "openssl {args:?}: {}", text(&out));
     };
     let ec = [
         "-newkey",
@@ -441,7 +439,7 @@ async fn a_token_guards_every_route_but_healthz_and_tls_is_served_with_the_given
     ]
     .concat());
     std::fs::write(
-        d.join("ext"),
+        tmp.join("ext"),
         "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
     )
     .expect("ext");
@@ -463,12 +461,12 @@ async fn a_token_guards_every_route_but_healthz_and_tls_is_served_with_the_given
         "cert.pem",
     ]);
     let token = "s3cret-token-0123456789";
-    write_private(&d.join("token"), &format!("{token}\n"), 0o600);
-    let cert = d.join("cert.pem");
-    let key = d.join("key.pem");
-    let token_file = d.join("token");
+    write_private(&tmp.join("token"), &format!("{token}\n"), 0o600);
+    let cert = tmp.join("cert.pem");
+    let key = tmp.join("key.pem");
+    let token_file = tmp.join("token");
     let serve = Serve::start(
-        d,
+        tmp,
         &[
             "--demo",
             "--hosts",
@@ -488,7 +486,7 @@ async fn a_token_guards_every_route_but_healthz_and_tls_is_served_with_the_given
         serve.banner
     );
     let base = format!("https://{}", serve.addr.as_deref().expect("addr"));
-    let ca = d.join("ca.pem");
+    let ca = tmp.join("ca.pem");
     let pem = std::fs::read(&ca).expect("ca");
     let tls = reqwest::Client::builder()
         .no_proxy()
@@ -531,42 +529,42 @@ async fn a_token_guards_every_route_but_healthz_and_tls_is_served_with_the_given
         .status();
     assert_eq!(s.as_u16(), 200, "/healthz needs no token");
     // gpusweep as a client: the token and the CA from its settings.
-    let o = gpusweep(d)
+    let out = gpusweep(tmp)
         .args(["snapshot", "--json", "--hosts", &base])
         .env("GPUSWEEP_HTTP_TOKEN_FILE", &token_file)
         .env("GPUSWEEP_HTTP_CA_FILE", &ca)
         .output()
         .expect("snapshot");
-    let v: serde_json::Value =
-        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
-    assert_eq!(v["hosts"][0]["error"], serde_json::Value::Null, "{v}");
+    let doc: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    assert_eq!(doc["hosts"][0]["error"], serde_json::Value::Null, "{doc}");
     assert!(
-        v["hosts"][0]["gpus"]
+        doc["hosts"][0]["gpus"]
             .as_array()
             .is_some_and(|g| g.len() == 8)
     );
     // Without the token: the error says where a token goes. Without the CA: the certificate is unknown.
-    let o = gpusweep(d)
+    let out = gpusweep(tmp)
         .args(["snapshot", "--hosts", &base, "--connect-timeout", "3"])
         .env("GPUSWEEP_HTTP_CA_FILE", &ca)
         .output()
         .expect("snapshot");
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(2));
     assert!(
-        text(&o).contains("HTTP 401") && text(&o).contains("http_token_file"),
+        text(&out).contains("HTTP 401") && text(&out).contains("http_token_file"),
         "{}",
-        text(&o)
+        text(&out)
     );
-    let o = gpusweep(d)
+    let out = gpusweep(tmp)
         .args(["snapshot", "--hosts", &base, "--connect-timeout", "3"])
         .env("GPUSWEEP_HTTP_TOKEN_FILE", &token_file)
         .output()
         .expect("snapshot");
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(2));
     assert!(
-        text(&o).to_lowercase().contains("certificate"),
+        text(&out).to_lowercase().contains("certificate"),
         "{}",
-        text(&o)
+        text(&out)
     );
 }
 
@@ -574,13 +572,13 @@ async fn a_token_guards_every_route_but_healthz_and_tls_is_served_with_the_given
 fn standin_nvml(dir: &Path) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/standin_nvml.c");
     let lib = dir.join("libnvidia-ml.so.1");
-    let o = Command::new("cc")
+    let out = Command::new("cc")
         .args(["-shared", "-fPIC", "-o"])
         .arg(&lib)
         .arg(&src)
         .output()
         .expect("cc");
-    assert!(o.status.success(), "{}", text(&o));
+    assert!(out.status.success(), "{}", text(&out));
     lib
 }
 
@@ -592,52 +590,56 @@ fn set_nvml(dir: &Path, state: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshot_and_wait_read_a_running_serve_through_its_socket() {
     let dir = tempfile::tempdir().expect("tmp");
-    let d = dir.path();
-    let lib = standin_nvml(d);
-    std::fs::write(d.join("nvidia0"), b"").expect("stand-in device");
+    let tmp = dir.path();
+    let lib = standin_nvml(tmp);
+    std::fs::write(tmp.join("nvidia0"), b"").expect("stand-in device");
     // A holder of GPU 0, listed with 512 MiB.
     let mut holder = Command::new("sleep")
         .arg("300")
-        .stdin(std::fs::File::open(d.join("nvidia0")).expect("open"))
+        .stdin(std::fs::File::open(tmp.join("nvidia0")).expect("open"))
         .spawn()
         .expect("holder");
-    set_nvml(d, &format!("512 {}:512\n", holder.id()));
-    let glob = format!("{}/nvidia*", d.display());
-    let sock = d.join("serve.sock");
+    set_nvml(tmp, &format!("512 {}:512\n", holder.id()));
+    let glob = format!("{}/nvidia*", tmp.display());
+    let sock = tmp.join("serve.sock");
     let env = [
         ("GPUSWEEP_NVML_LIBRARY", lib.as_path()),
-        ("STANDIN_NVML_STATE", &d.join("nvml")),
+        ("STANDIN_NVML_STATE", &tmp.join("nvml")),
         ("GPUSWEEP_SOCKET", &sock),
     ];
-    let mut serve = Serve::start(d, &["--device-glob", &glob, "--interval", "1s"], &env);
+    let mut serve = Serve::start(tmp, &["--device-glob", &glob, "--interval", "1s"], &env);
     assert!(serve.banner.contains("socket"), "{}", serve.banner);
     let client = |args: &[&str]| {
-        let mut c = gpusweep(d);
+        let mut c = gpusweep(tmp);
         c.args(args).env("GPUSWEEP_SOCKET", &sock);
         c
     };
     // Through the socket: the serve's reading, marked so; with --no-serve, this process's own (no driver).
-    let o = client(&["snapshot", "--json"]).output().expect("snapshot");
-    let v: serde_json::Value =
-        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
-    let h = &v["hosts"][0];
-    assert_eq!(h["source"], "serve", "{v}");
-    assert_eq!(h["gpus"][0]["memory"]["used"], 512 * 1024 * 1024, "{v}");
+    let out = client(&["snapshot", "--json"]).output().expect("snapshot");
+    let doc: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    let host0 = &doc["hosts"][0];
+    assert_eq!(host0["source"], "serve", "{doc}");
+    assert_eq!(
+        host0["gpus"][0]["memory"]["used"],
+        512 * 1024 * 1024,
+        "{doc}"
+    );
     assert!(
-        h["holders"]
+        host0["holders"]
             .as_array()
             .is_some_and(|x| x.iter().any(|x| x["pid"] == holder.id())),
-        "{v}"
+        "{doc}"
     );
-    let o = client(&["snapshot", "--json", "--no-serve"])
+    let out = client(&["snapshot", "--json", "--no-serve"])
         .output()
         .expect("snapshot");
-    let v: serde_json::Value =
-        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
-    assert_eq!(v["hosts"][0]["source"], "local", "{v}");
+    let doc: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    assert_eq!(doc["hosts"][0]["source"], "local", "{doc}");
     // wait through the serve: held, then released when the holder dies and the "driver" lets go.
-    let o = client(&["wait", "--timeout", "1s"]).output().expect("wait");
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = client(&["wait", "--timeout", "1s"]).output().expect("wait");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let w = client(&["wait", "--timeout", "20s"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -645,10 +647,10 @@ async fn snapshot_and_wait_read_a_running_serve_through_its_socket() {
         .expect("wait");
     holder.kill().expect("kill");
     holder.wait().expect("reap");
-    set_nvml(d, "0\n");
-    let o = w.wait_with_output().expect("wait");
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    assert!(text(&o).contains("clean"), "{}", text(&o));
+    set_nvml(tmp, "0\n");
+    let out = w.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("clean"), "{}", text(&out));
     // The release fed the time-to-clean histogram, counted from the holder's exit.
     let (_, _, m) = get(&serve.url("/metrics")).await;
     assert_eq!(
@@ -662,16 +664,16 @@ async fn snapshot_and_wait_read_a_running_serve_through_its_socket() {
     );
     assert_eq!(sample(&m, "gpusweep_gpu_clean", &[("gpu", "0")]), Some(1.0));
     // A second serve is refused the socket a live one answers on.
-    let o = gpusweep(d)
+    let out = gpusweep(tmp)
         .args(["serve", "--no-http", "--socket"])
         .arg(&sock)
         .output()
         .expect("second serve");
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(2));
     assert!(
-        text(&o).contains("another gpusweep serve answers"),
+        text(&out).contains("another gpusweep serve answers"),
         "{}",
-        text(&o)
+        text(&out)
     );
     // A clean stop: exit 0, the socket file gone.
     assert_eq!(serve.stop(), Some(0));
@@ -679,20 +681,21 @@ async fn snapshot_and_wait_read_a_running_serve_through_its_socket() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines)] // one scenario, start to end
 async fn a_sweep_through_the_socket_cleans_the_demo_and_the_metrics_say_so() {
     let dir = tempfile::tempdir().expect("tmp");
-    let d = dir.path();
+    let tmp = dir.path();
     // A directory every user may enter, for the unprivileged peer below.
-    let shared = d.join("shared");
+    let shared = tmp.join("shared");
     std::fs::create_dir(&shared).expect("dir");
     std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .expect("chmod");
-    std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+    std::fs::set_permissions(tmp, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .expect("chmod");
     let sock = shared.join("serve.sock");
     let sock_s = sock.to_str().expect("utf-8").to_string();
     let serve = Serve::start(
-        d,
+        tmp,
         &[
             "--demo",
             "--hosts",
@@ -707,7 +710,7 @@ async fn a_sweep_through_the_socket_cleans_the_demo_and_the_metrics_say_so() {
     let unix = format!("unix:{sock_s}");
     // Someone else may read through the socket, but not act.
     if nix::unistd::geteuid().is_root() {
-        let o = Command::new("setpriv")
+        let out = Command::new("setpriv")
             .args([
                 "--reuid",
                 "65534",
@@ -729,13 +732,16 @@ async fn a_sweep_through_the_socket_cleans_the_demo_and_the_metrics_say_so() {
             .stdin(Stdio::null())
             .output()
             .expect("setpriv (util-linux)");
-        let t = text(&o);
-        assert_eq!(o.status.code(), Some(1), "{t}");
-        assert!(t.contains("not allowed") && t.contains("65534"), "{t}");
+        let said = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{said}");
+        assert!(
+            said.contains("not allowed") && said.contains("65534"),
+            "{said}"
+        );
     }
     let (_, _, m) = get(&serve.url("/metrics")).await;
     assert_eq!(sample(&m, "gpusweep_gpu_clean", &[("gpu", "7")]), Some(0.0));
-    let o = gpusweep(d)
+    let out = gpusweep(tmp)
         .args([
             "sweep",
             "--hosts",
@@ -748,20 +754,19 @@ async fn a_sweep_through_the_socket_cleans_the_demo_and_the_metrics_say_so() {
         ])
         .output()
         .expect("sweep");
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let url = serve.url("/metrics");
-    let mut m = String::new();
-    let t = Instant::now();
-    loop {
-        m = get(&url).await.2;
+    let said = Instant::now();
+    let m = loop {
+        let m = get(&url).await.2;
         let all = (0..8)
             .all(|g| sample(&m, "gpusweep_gpu_clean", &[("gpu", &g.to_string())]) == Some(1.0));
         if all {
-            break;
+            break m;
         }
-        assert!(t.elapsed() < Duration::from_secs(20), "{m}");
+        assert!(said.elapsed() < Duration::from_secs(20), "{m}");
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    };
     // The sweep fed the histogram: the GPUs that were dirty were clean some time after the first signal.
     let count = sample(
         &m,
