@@ -107,10 +107,13 @@ impl PromServer {
         Ok(a.data.map(|d| d.result).unwrap_or_default())
     }
 
-    /// The hosts it knows: every `Hostname` (or `instance`) with GPU memory or a serve's readings.
+    /// The hosts it knows: every `Hostname` (or `instance`) with GPU memory or a serve's readings in the last
+    /// ten minutes, so a node whose exporter just died is still there (and reported as unreadable, not left
+    /// out of a verdict); and every target Prometheus cannot scrape, named by its instance, that no series
+    /// ever named.
     pub async fn discover(&self, http: &HttpClient) -> Result<Vec<String>, String> {
-        let q = format!(
-            "max by (Hostname, instance) ({{__name__=~\"{}|{}\"{}}})",
+        let seen = format!(
+            "max by (Hostname, instance) (last_over_time({{__name__=~\"{}|{}\"{}}}[{LOOKBACK}]))",
             m::FB_USED,
             m::READING_TIMESTAMP,
             self.selector
@@ -118,17 +121,30 @@ impl PromServer {
                 .map(|s| format!(",{s}"))
                 .unwrap_or_default()
         );
-        let mut names: Vec<String> = self
-            .query(http, &q)
-            .await?
+        let down = format!("{} == 0", self.sel("up"));
+        let (seen, down) = tokio::join!(self.query(http, &seen), self.query(http, &down));
+        let seen = seen?;
+        let mut names: Vec<String> = seen
             .iter()
             .filter_map(|s| s.host().map(str::to_string))
             .collect();
+        let known: std::collections::HashSet<&str> =
+            seen.iter().filter_map(|s| s.label("instance")).collect();
+        names.extend(
+            down.unwrap_or_default()
+                .iter()
+                .filter_map(|s| s.label("instance"))
+                .filter(|i| !known.contains(i))
+                .map(str::to_string),
+        );
         names.sort();
         names.dedup();
         Ok(names)
     }
 }
+
+/// How far back a host counts as part of the fleet (Prometheus keeps a dead target's last samples).
+const LOOKBACK: &str = "10m";
 
 fn short(e: &reqwest::Error) -> String {
     use std::error::Error as _;
@@ -369,11 +385,11 @@ impl Queries {
 /// Read identities: GPU UUIDs, models, buses; each host's scrape target and serve.
 async fn identities(p: &PromServer, http: &HttpClient) -> Result<Identities, String> {
     let gpus_q = format!(
-        "max by (Hostname, instance, gpu, UUID, modelName, pci_bus_id, device) ({})",
+        "max by (Hostname, instance, gpu, UUID, modelName, pci_bus_id, device) (last_over_time({}[{LOOKBACK}]))",
         p.sel(m::FB_USED)
     );
     let serve_q = format!(
-        "max by (Hostname, instance, scheme, api_path) ({})",
+        "max by (Hostname, instance, scheme, api_path) (last_over_time({}[{LOOKBACK}]))",
         p.sel(m::SERVE_INFO)
     );
     let (g, s) = tokio::join!(p.query(http, &gpus_q), p.query(http, &serve_q));
@@ -570,11 +586,9 @@ pub async fn run(
             if h.detached.load(Ordering::SeqCst) {
                 continue;
             }
-            let target_down = ids
-                .instance
-                .get(&h.name)
-                .and_then(|inst| up.get(inst).map(|v| (inst, *v)))
-                .filter(|(_, v)| *v < 1.0);
+            // Its scrape target: the instance its series named, or its own name for a target never scraped.
+            let inst = ids.instance.get(&h.name).unwrap_or(&h.name);
+            let target_down = up.get(inst).filter(|v| **v < 1.0).map(|v| (inst, *v));
             let why = match (data.get(&h.name), target_down) {
                 (_, Some((inst, _))) => Some(format!(
                     "Prometheus cannot scrape it (up == 0 for {})",

@@ -1,0 +1,413 @@
+//! A real Prometheus (Debian's `prometheus` package), started by the test on loopback, scraping three
+//! `gpusweep serve --demo` instances and a dcgm-exporter-shaped target; then gpusweep reads the fleet back as
+//! `prom:` hosts. What crosses Prometheus is exactly what dashboards and `prom:` clients see.
+
+// In tests a panic is the failure message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gpusweep");
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A child killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn gpusweep(dir: &Path) -> Command {
+    let mut c = Command::new(BIN);
+    c.env("GPUSWEEP_CONFIG", dir.join("no-config.toml"))
+        .env("GPUSWEEP_AUDIT_LOG", dir.join("actions.jsonl"))
+        .env("GPUSWEEP_SOCKET", dir.join("default.sock"))
+        .env_remove("GPUSWEEP_HOSTS")
+        .stdin(Stdio::null());
+    c
+}
+
+/// `gpusweep serve --demo --hosts HOST` on a port of its own; returns it and its `127.0.0.1:PORT`.
+fn serve(dir: &Path, host: &str, extra: &[&str]) -> (Proc, String) {
+    let mut c = gpusweep(dir);
+    c.args([
+        "serve",
+        "--demo",
+        "--hosts",
+        host,
+        "--listen",
+        "127.0.0.1:0",
+        "--interval",
+        "200ms",
+    ])
+    .args(extra)
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("serve");
+    let mut err = BufReader::new(child.stderr.take().expect("stderr"));
+    let mut banner = String::new();
+    err.read_line(&mut banner).expect("banner");
+    std::thread::spawn(move || for _ in err.lines() {});
+    let addr = banner
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("serve said: {banner}"))
+        .to_string();
+    (Proc(child), addr)
+}
+
+/// A free loopback port (bound, then released for the server that takes it).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port()
+}
+
+/// What dcgm-exporter exposes for two GPUs of a node without gpusweep: GPU 0 idle, GPU 1 in use.
+fn dcgm_exporter_shaped(listener: TcpListener) {
+    const BODY: &str = "\
+# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).
+# TYPE DCGM_FI_DEV_FB_USED gauge
+DCGM_FI_DEV_FB_USED{gpu=\"0\",UUID=\"GPU-d0\",pci_bus_id=\"00000000:07:00.0\",device=\"nvidia0\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"dcgm-node\"} 0
+DCGM_FI_DEV_FB_USED{gpu=\"1\",UUID=\"GPU-d1\",pci_bus_id=\"00000000:0F:00.0\",device=\"nvidia1\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"dcgm-node\"} 1234
+# HELP DCGM_FI_DEV_FB_FREE Framebuffer memory free (in MiB).
+# TYPE DCGM_FI_DEV_FB_FREE gauge
+DCGM_FI_DEV_FB_FREE{gpu=\"0\",UUID=\"GPU-d0\",pci_bus_id=\"00000000:07:00.0\",device=\"nvidia0\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"dcgm-node\"} 81000
+DCGM_FI_DEV_FB_FREE{gpu=\"1\",UUID=\"GPU-d1\",pci_bus_id=\"00000000:0F:00.0\",device=\"nvidia1\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"dcgm-node\"} 79766
+";
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut s = stream;
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{BODY}",
+                BODY.len()
+            );
+        }
+    });
+}
+
+/// Prometheus's HTTP API, called from this synchronous test through reqwest on a runtime of its own.
+struct Http {
+    rt: tokio::runtime::Runtime,
+    client: reqwest::Client,
+}
+
+impl Http {
+    fn new() -> Http {
+        Http {
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime"),
+            client: reqwest::Client::builder()
+                .no_proxy()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .expect("client"),
+        }
+    }
+    /// GET: status and body; `None` when nothing answers.
+    fn get(&self, url: &str, query: &[(&str, &str)]) -> Option<(u16, String)> {
+        self.rt.block_on(async {
+            let r = self.client.get(url).query(query).send().await.ok()?;
+            let status = r.status().as_u16();
+            Some((status, r.text().await.ok()?))
+        })
+    }
+}
+
+/// Prometheus's answer to an instant query: each sample's labels and value.
+fn query(c: &Http, prom: &str, q: &str) -> Vec<(serde_json::Value, f64)> {
+    let Some((200, body)) = c.get(&format!("{prom}/api/v1/query"), &[("query", q)]) else {
+        return vec![];
+    };
+    let doc: serde_json::Value = serde_json::from_str(&body).expect("json");
+    doc["data"]["result"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| {
+            let value = s["value"][1]
+                .as_str()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(f64::NAN);
+            (s["metric"].clone(), value)
+        })
+        .collect()
+}
+
+fn await_query(
+    c: &Http,
+    prom: &str,
+    q: &str,
+    what: &str,
+    ok: impl Fn(&[(serde_json::Value, f64)]) -> bool,
+) -> Vec<(serde_json::Value, f64)> {
+    let t = Instant::now();
+    loop {
+        let r = query(c, prom, q);
+        if ok(&r) {
+            return r;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}: {q} -> {r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn snapshot_json(dir: &Path, spec: &str) -> serde_json::Value {
+    let out = gpusweep(dir)
+        .args(["snapshot", "--json", "--hosts", spec])
+        .output()
+        .expect("snapshot");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)))
+}
+
+#[test]
+#[allow(clippy::too_many_lines)] // one scenario: scrape, read back, sweep, read again, a target lost
+fn prometheus_scrapes_dcgm_names_and_gpusweep_reads_the_fleet_back() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let sock = tmp.join("gpu-b.sock");
+    let (_a, a) = serve(tmp, "gpu-a", &[]);
+    let (_b, b) = serve(tmp, "gpu-b", &["--socket", sock.to_str().expect("utf-8")]);
+    let (mut c_serve, c) = serve(tmp, "gpu-c", &[]);
+    let dcgm = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let dcgm_addr = dcgm.local_addr().expect("addr").to_string();
+    dcgm_exporter_shaped(dcgm);
+    let port = free_port();
+    std::fs::write(
+        tmp.join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\nscrape_configs:\n  - job_name: gpusweep\n    static_configs:\n      - targets: ['{a}', '{b}', '{c}']\n  - job_name: dcgm\n    static_configs:\n      - targets: ['{dcgm_addr}']\n"
+        ),
+    )
+    .expect("config");
+    let _prometheus = Proc(
+        Command::new("prometheus")
+            .arg(format!(
+                "--config.file={}",
+                tmp.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                tmp.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--log.level=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus (Debian's prometheus package)"),
+    );
+    let prom = format!("http://127.0.0.1:{port}");
+    let http = Http::new();
+    // Every target scraped: 3 serves x 8 GPUs, and dcgm-exporter's 2.
+    await_query(
+        &http,
+        &prom,
+        "count(gpusweep_gpu_clean)",
+        "the serves' series",
+        |r| r.first().is_some_and(|(_, v)| *v == 24.0),
+    );
+    await_query(
+        &http,
+        &prom,
+        "count(DCGM_FI_DEV_FB_USED)",
+        "every FB_USED",
+        |r| r.first().is_some_and(|(_, v)| *v == 26.0),
+    );
+    // dcgm-exporter's names and labels, as Prometheus stored them.
+    let r = query(
+        &http,
+        &prom,
+        r#"DCGM_FI_DEV_FB_USED{Hostname="gpu-b",gpu="6"}"#,
+    );
+    assert_eq!(r.len(), 1, "{r:?}");
+    let (labels, value) = &r[0];
+    assert_eq!(*value, 73126.0);
+    for k in [
+        "UUID",
+        "pci_bus_id",
+        "device",
+        "modelName",
+        "Hostname",
+        "gpu",
+    ] {
+        assert!(
+            labels[k].as_str().is_some_and(|v| !v.is_empty()),
+            "{k}: {labels}"
+        );
+    }
+    assert_eq!(labels["device"], "nvidia6");
+    assert_eq!(labels["modelName"], "NVIDIA H200");
+    let r = query(
+        &http,
+        &prom,
+        r#"gpusweep_unexplained_bytes{Hostname="gpu-b"}"#,
+    );
+    assert!(
+        r.iter()
+            .any(|(l, v)| l["kind"] == "ghost" && l["gpu"] == "7" && *v > 10e9),
+        "{r:?}"
+    );
+
+    // gpusweep reads the fleet back: one host per Hostname, each with its own verdicts.
+    let spec = format!("prom:{prom}");
+    let doc = snapshot_json(tmp, &spec);
+    let hosts = doc["hosts"].as_array().expect("hosts");
+    let names: Vec<&str> = hosts.iter().filter_map(|h| h["host"].as_str()).collect();
+    assert_eq!(names, ["dcgm-node", "gpu-a", "gpu-b", "gpu-c"], "{doc}");
+    let host = |n: &str| hosts.iter().find(|h| h["host"] == n).expect("host").clone();
+    let gb = host("gpu-b");
+    assert_eq!(gb["source"], "prometheus");
+    assert_eq!(gb["gpus"][6]["judged"], "in_use", "{gb}");
+    assert_eq!(gb["gpus"][7]["judged"], "leak", "{gb}");
+    assert_eq!(gb["gpus"][0]["judged"], "clean", "{gb}");
+    assert_eq!(
+        gb["gpus"][6]["uuid"]
+            .as_str()
+            .map(|u| u.starts_with("GPU-")),
+        Some(true)
+    );
+    assert_eq!(gb["live_url"], format!("http://{b}"), "{gb}");
+    let kinds: Vec<&str> = gb["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter_map(|f| f["kind"].as_str())
+        .collect();
+    assert!(
+        kinds.contains(&"ghost") && kinds.contains(&"zombie"),
+        "{kinds:?}"
+    );
+    assert!(
+        gb["missing_features"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|f| f == "actions"))
+    );
+    // The node with dcgm-exporter alone: memory, clean or in use, never a leak; its blind spot named.
+    let dn = host("dcgm-node");
+    assert!(dn["gpus"][0]["judged"].is_null(), "{dn}");
+    assert_eq!(dn["gpus"][1]["memory"]["used"], 1234_u64 * 1024 * 1024);
+    assert!(dn["findings"].as_array().is_some_and(Vec::is_empty), "{dn}");
+    assert!(
+        dn["missing_features"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|f| f == "process_list"))
+    );
+    assert_eq!(dn["live_url"], "ssh://dcgm-node");
+    // The table says the same.
+    let out = gpusweep(tmp)
+        .args(["snapshot", "--hosts", &spec])
+        .output()
+        .expect("snapshot");
+    let said = text(&out);
+    assert!(
+        said.contains("== gpu-b (prometheus)") && said.contains("leak") && said.contains("in use"),
+        "{said}"
+    );
+
+    // wait over a selector: gpu-b's GPU 0 is clean, GPU 7 is not; a kill through Prometheus is refused.
+    let only_b = format!("prom:{prom}?{{Hostname=\"gpu-b\"}}");
+    let out = gpusweep(tmp)
+        .args(["wait", "--hosts", &only_b, "--gpus", "0", "--timeout", "5s"])
+        .output()
+        .expect("wait");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = gpusweep(tmp)
+        .args(["wait", "--hosts", &only_b, "--gpus", "7", "--timeout", "2s"])
+        .output()
+        .expect("wait");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let out = gpusweep(tmp)
+        .args(["kill", "--hosts", &only_b, "7391", "--yes"])
+        .output()
+        .expect("kill");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("read-only"), "{}", text(&out));
+
+    // A sweep of gpu-b (through its serve's socket) turns gpusweep_gpu_clean to 1 in Prometheus, and the
+    // prom: view follows.
+    let out = gpusweep(tmp)
+        .args([
+            "sweep",
+            "--hosts",
+            &format!("unix:{}", sock.display()),
+            "--yes",
+            "--grace",
+            "1s",
+            "--timeout",
+            "20s",
+        ])
+        .output()
+        .expect("sweep");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    await_query(
+        &http,
+        &prom,
+        r#"min(gpusweep_gpu_clean{Hostname="gpu-b"})"#,
+        "gpu-b clean in Prometheus",
+        |r| r.first().is_some_and(|(_, v)| *v == 1.0),
+    );
+    let out = gpusweep(tmp)
+        .args(["wait", "--hosts", &only_b, "--timeout", "10s"])
+        .output()
+        .expect("wait");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let r = query(
+        &http,
+        &prom,
+        r#"gpusweep_time_to_clean_seconds_count{Hostname="gpu-b",after="signal"}"#,
+    );
+    assert!(r.first().is_some_and(|(_, v)| *v >= 2.0), "{r:?}");
+
+    // A target Prometheus can no longer scrape is not clean: its host reads "cannot scrape", wait exits 2.
+    let _ = c_serve.0.kill();
+    let _ = c_serve.0.wait();
+    await_query(
+        &http,
+        &prom,
+        &format!(r#"up{{instance="{c}"}}"#),
+        "gpu-c down",
+        |r| r.first().is_some_and(|(_, v)| *v == 0.0),
+    );
+    let out = gpusweep(tmp)
+        .args([
+            "wait",
+            "--hosts",
+            &format!("prom:{prom}?{{job=\"gpusweep\"}}"),
+            "--timeout",
+            "3s",
+        ])
+        .output()
+        .expect("wait");
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("gpu-c") && said.contains("cannot scrape"),
+        "{said}"
+    );
+}
