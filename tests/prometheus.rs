@@ -135,6 +135,11 @@ impl Http {
     }
 }
 
+/// Equal as samples are: Prometheus sends whole numbers as they were written.
+fn is(v: f64, want: f64) -> bool {
+    (v - want).abs() < 1e-9
+}
+
 /// Prometheus's answer to an instant query: each sample's labels and value.
 fn query(c: &Http, prom: &str, q: &str) -> Vec<(serde_json::Value, f64)> {
     let Some((200, body)) = c.get(&format!("{prom}/api/v1/query"), &[("query", q)]) else {
@@ -230,14 +235,14 @@ fn prometheus_scrapes_dcgm_names_and_gpusweep_reads_the_fleet_back() {
         &prom,
         "count(gpusweep_gpu_clean)",
         "the serves' series",
-        |r| r.first().is_some_and(|(_, v)| *v == 24.0),
+        |r| r.first().is_some_and(|(_, v)| is(*v, 24.0)),
     );
     await_query(
         &http,
         &prom,
         "count(DCGM_FI_DEV_FB_USED)",
         "every FB_USED",
-        |r| r.first().is_some_and(|(_, v)| *v == 26.0),
+        |r| r.first().is_some_and(|(_, v)| is(*v, 26.0)),
     );
     // dcgm-exporter's names and labels, as Prometheus stored them.
     let r = query(
@@ -247,7 +252,7 @@ fn prometheus_scrapes_dcgm_names_and_gpusweep_reads_the_fleet_back() {
     );
     assert_eq!(r.len(), 1, "{r:?}");
     let (labels, value) = &r[0];
-    assert_eq!(*value, 73126.0);
+    assert!(is(*value, 73126.0), "{value}");
     for k in [
         "UUID",
         "pci_bus_id",
@@ -370,7 +375,7 @@ fn prometheus_scrapes_dcgm_names_and_gpusweep_reads_the_fleet_back() {
         &prom,
         r#"min(gpusweep_gpu_clean{Hostname="gpu-b"})"#,
         "gpu-b clean in Prometheus",
-        |r| r.first().is_some_and(|(_, v)| *v == 1.0),
+        |r| r.first().is_some_and(|(_, v)| is(*v, 1.0)),
     );
     let out = gpusweep(tmp)
         .args(["wait", "--hosts", &only_b, "--timeout", "10s"])
@@ -392,7 +397,7 @@ fn prometheus_scrapes_dcgm_names_and_gpusweep_reads_the_fleet_back() {
         &prom,
         &format!(r#"up{{instance="{c}"}}"#),
         "gpu-c down",
-        |r| r.first().is_some_and(|(_, v)| *v == 0.0),
+        |r| r.first().is_some_and(|(_, v)| is(*v, 0.0)),
     );
     let out = gpusweep(tmp)
         .args([

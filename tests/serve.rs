@@ -588,6 +588,7 @@ fn set_nvml(dir: &Path, state: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines)] // one scenario, start to end
 async fn snapshot_and_wait_read_a_running_serve_through_its_socket() {
     let dir = tempfile::tempdir().expect("tmp");
     let tmp = dir.path();
