@@ -135,7 +135,7 @@ pub fn run(s: &crate::runtime::Settings, demo_host: &str) -> anyhow::Result<i32>
     use crate::source::demo::{DEMO_HOSTS, DemoHost};
     use crate::source::local::LocalSource;
     if s.demo {
-        if !DEMO_HOSTS.contains(&demo_host) {
+        if !DemoHost::is_demo_name(demo_host) {
             anyhow::bail!(
                 "--demo-host {demo_host:?}: the demo has {}",
                 DEMO_HOSTS.join(", ")

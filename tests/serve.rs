@@ -282,10 +282,7 @@ async fn the_api_and_the_event_stream_serve_the_json_contract_read_only() {
         serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
     let host0 = &doc["hosts"][0];
     assert_eq!(host0["error"], serde_json::Value::Null, "{doc}");
-    assert_eq!(
-        host0["source"], "demo",
-        "a demo stays marked as the demo: {doc}"
-    );
+    assert_eq!(host0["source"], "http", "{doc}");
     assert!(
         host0["findings"]
             .as_array()

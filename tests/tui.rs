@@ -183,10 +183,14 @@ fn screen_sweep_dialog_and_banner() {
     d.at(31_000);
     let eff = d.key(KeyCode::Enter);
     assert!(
-        eff.contains(&Effect::Broadcast(HostCmd::Interval(
-            Duration::from_millis(100)
-        ))),
-        "fast polling: {eff:?}"
+        eff.contains(&Effect::Send(
+            HostId(1),
+            HostCmd::Interval(Duration::from_millis(100))
+        )) && !eff.iter().any(|e| matches!(
+            e,
+            Effect::Send(HostId(0 | 2), HostCmd::Interval(_)) | Effect::Broadcast(_)
+        )),
+        "fast polling of the swept host only: {eff:?}"
     );
     assert_eq!(
         eff.iter()
@@ -207,10 +211,11 @@ fn screen_sweep_dialog_and_banner() {
         Some("✓ gpu-b: all 8 GPUs read zero after 100 ms")
     );
     assert!(
-        eff.contains(&Effect::Broadcast(HostCmd::Interval(Duration::from_secs(
-            1
-        )))),
-        "back to the normal poll"
+        eff.contains(&Effect::Send(
+            HostId(1),
+            HostCmd::Interval(Duration::from_secs(1))
+        )),
+        "back to the normal poll: {eff:?}"
     );
     both("all_zero_banner", &mut d);
 }
@@ -370,24 +375,38 @@ fn reducer_navigation_sort_quit_and_mouse() {
     d.ch('s');
     assert_eq!(d.app.procs.sort.name(), "pid");
     let eff = d.ch('w');
-    assert!(eff.contains(&Effect::Broadcast(HostCmd::PollNow)));
+    for h in 0..3 {
+        assert!(
+            eff.contains(&Effect::Send(HostId(h), HostCmd::PollNow)),
+            "{eff:?}"
+        );
+        assert!(
+            eff.contains(&Effect::Send(
+                HostId(h),
+                HostCmd::Interval(Duration::from_millis(100))
+            )),
+            "{eff:?}"
+        );
+    }
     assert!(d.app.rewatch.is_some());
     // Esc stops an endless re-watch too.
     let eff = d.key(KeyCode::Esc);
     assert!(
         d.app.rewatch.is_none()
-            && eff.contains(&Effect::Broadcast(HostCmd::Interval(Duration::from_secs(
-                1
-            )))),
+            && (0..3).all(|h| eff.contains(&Effect::Send(
+                HostId(h),
+                HostCmd::Interval(Duration::from_secs(1))
+            ))),
         "Esc stops the re-watch: {eff:?}"
     );
     d.ch('w');
     let eff = d.ch('w');
     assert!(
         d.app.rewatch.is_none()
-            && eff.contains(&Effect::Broadcast(HostCmd::Interval(Duration::from_secs(
-                1
-            ))))
+            && (0..3).all(|h| eff.contains(&Effect::Send(
+                HostId(h),
+                HostCmd::Interval(Duration::from_secs(1))
+            )))
     );
     d.app.update(Action::Key(KeyEvent::new(
         KeyCode::Char('c'),
@@ -666,4 +685,32 @@ fn reducer_after_a_sweep_the_zombie_parent_and_d_leave_gpu_b_without_findings() 
     d.poll();
     let s = d.app.snap().expect("reading");
     assert!(s.findings.is_empty(), "{:#?}", s.findings);
+}
+
+#[test]
+fn a_watch_polls_fast_only_as_far_as_a_thousand_hosts_allow() {
+    let d = Demo::new(0);
+    assert_eq!(d.app.fast_interval(3), Duration::from_millis(100));
+    assert_eq!(d.app.fast_interval(256), Duration::from_millis(256));
+    assert_eq!(
+        d.app.fast_interval(1000),
+        Duration::from_secs(1),
+        "never slower than the normal interval, never more than ~1000 readings a second"
+    );
+}
+
+#[test]
+fn a_fresh_reading_moves_the_gauges_and_the_time_only() {
+    let mut d = Demo::new(5);
+    let before = d.app.hosts[1].snap.clone().expect("gpu-b read");
+    let mut gauges = before.gauges();
+    gauges[0].utilization = Some(97);
+    d.app
+        .update(Action::Fresh(HostId(1), before.taken_at_ms + 700, gauges));
+    let after = d.app.hosts[1].snap.clone().expect("still there");
+    assert_eq!(after.gpus[0].utilization, Some(97));
+    assert_eq!(after.taken_at_ms, before.taken_at_ms + 700);
+    assert_eq!(d.app.hosts[1].last_seen_ms, Some(before.taken_at_ms + 700));
+    assert!(after.says_the_same(&before), "only gauges and time moved");
+    assert_eq!(after.findings, before.findings);
 }

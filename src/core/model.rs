@@ -475,9 +475,79 @@ pub struct Target {
     pub start_time: u64,
 }
 
+/// What a GPU's gauges read: they move at every reading of a busy GPU without saying anything new about who
+/// holds its memory. A reading that differs from the last only in these travels as them alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Gauges {
+    pub utilization: Option<u32>,
+    pub temperature_c: Option<u32>,
+    pub power_mw: Option<u32>,
+}
+
+impl Gpu {
+    pub fn gauges(&self) -> Gauges {
+        Gauges {
+            utilization: self.utilization,
+            temperature_c: self.temperature_c,
+            power_mw: self.power_mw,
+        }
+    }
+
+    /// Whether two readings of a GPU say the same, its gauges aside. Every field is named, so a new one
+    /// cannot be forgotten here.
+    pub fn reads_the_same(&self, b: &Gpu) -> bool {
+        let Gpu {
+            index,
+            uuid,
+            name,
+            pci_bus_id,
+            minor,
+            memory,
+            utilization: _,
+            temperature_c: _,
+            power_mw: _,
+            compute_capability,
+            mig_enabled,
+            persistence_mode,
+            processes,
+            error,
+            judged,
+        } = self;
+        *index == b.index
+            && *uuid == b.uuid
+            && *name == b.name
+            && *pci_bus_id == b.pci_bus_id
+            && *minor == b.minor
+            && *memory == b.memory
+            && *compute_capability == b.compute_capability
+            && *mig_enabled == b.mig_enabled
+            && *persistence_mode == b.persistence_mode
+            && *processes == b.processes
+            && *error == b.error
+            && *judged == b.judged
+    }
+}
+
 impl HostSnapshot {
-    /// Whether two readings of a host say the same, whatever their times (and a /dev/shm file's age, which runs
-    /// with the clock). Every field is named, so a new one cannot be forgotten here.
+    /// Each GPU's gauges, in order.
+    pub fn gauges(&self) -> Vec<Gauges> {
+        self.gpus.iter().map(Gpu::gauges).collect()
+    }
+
+    /// A fresh reading that said the same but for its gauges: take its time and its gauges.
+    pub fn refresh(&mut self, taken_at_ms: u64, gauges: &[Gauges]) {
+        self.taken_at_ms = self.taken_at_ms.max(taken_at_ms);
+        if gauges.len() == self.gpus.len() {
+            for (g, v) in self.gpus.iter_mut().zip(gauges) {
+                (g.utilization, g.temperature_c, g.power_mw) =
+                    (v.utilization, v.temperature_c, v.power_mw);
+            }
+        }
+    }
+
+    /// Whether two readings of a host say the same, whatever their times: GPU gauges, a /dev/shm file's age
+    /// and a finding's wording (which may quote an age) aside. Every field is named, so a new one cannot be
+    /// forgotten here.
     pub fn says_the_same(&self, b: &HostSnapshot) -> bool {
         let a = self;
         let HostSnapshot {
@@ -521,7 +591,8 @@ impl HostSnapshot {
             && *source == b.source
             && *gpu_error == b.gpu_error
             && *driver_version == b.driver_version
-            && *gpus == b.gpus
+            && gpus.len() == b.gpus.len()
+            && gpus.iter().zip(&b.gpus).all(|(x, y)| x.reads_the_same(y))
             && *processes == b.processes
             && *holders == b.holders
             && *zombies == b.zombies
@@ -529,7 +600,28 @@ impl HostSnapshot {
             && *unreadable_processes == b.unreadable_processes
             && *in_child_pid_namespace == b.in_child_pid_namespace
             && *missing_features == b.missing_features
-            && *findings == b.findings
+            && findings.len() == b.findings.len()
+            && findings.iter().zip(&b.findings).all(|(x, y)| {
+                (
+                    x.kind,
+                    x.severity,
+                    &x.host,
+                    x.gpu,
+                    x.pid,
+                    x.bytes,
+                    &x.action,
+                    x.target_pid,
+                ) == (
+                    y.kind,
+                    y.severity,
+                    &y.host,
+                    y.gpu,
+                    y.pid,
+                    y.bytes,
+                    &y.action,
+                    y.target_pid,
+                )
+            })
             && *live_url == b.live_url
     }
 
@@ -579,4 +671,65 @@ pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap() -> HostSnapshot {
+        HostSnapshot {
+            host: "h".into(),
+            taken_at_ms: 1,
+            gpus: vec![Gpu {
+                index: 0,
+                memory: Memory {
+                    used: Some(MIB),
+                    total: Some(80 * 1024 * MIB),
+                    reserved: None,
+                },
+                utilization: Some(10),
+                ..Default::default()
+            }],
+            findings: vec![Finding {
+                kind: FindingKind::ShmLeftover,
+                severity: Severity::Warning,
+                host: "h".into(),
+                gpu: None,
+                pid: None,
+                bytes: Some(1),
+                detail: "/dev/shm/nccl-1 (1 MiB, 5s old)".into(),
+                action: "rm".into(),
+                target_pid: None,
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn readings_say_the_same_whatever_their_time_gauges_and_wording() {
+        let a = snap();
+        let mut b = snap();
+        b.taken_at_ms = 2;
+        b.gpus[0].utilization = Some(99);
+        b.findings[0].detail = "/dev/shm/nccl-1 (1 MiB, 6s old)".into();
+        assert!(a.says_the_same(&b));
+        let mut c = snap();
+        c.gpus[0].memory.used = Some(2 * MIB);
+        assert!(!a.says_the_same(&c), "memory is news");
+        let mut c = snap();
+        c.gpus[0].processes.push(ListedProcess {
+            pid: 7,
+            ..Default::default()
+        });
+        assert!(!a.says_the_same(&c), "a listed process is news");
+        let mut c = snap();
+        c.findings[0].bytes = Some(2);
+        assert!(!a.says_the_same(&c), "a finding's facts are news");
+        let mut r = snap();
+        r.refresh(5, &b.gauges());
+        assert_eq!((r.taken_at_ms, r.gpus[0].utilization), (5, Some(99)));
+        r.refresh(3, &[]);
+        assert_eq!(r.taken_at_ms, 5, "time never runs back");
+    }
 }

@@ -16,7 +16,7 @@ use super::poll;
 use crate::act::{AuditLog, Deliverer};
 use crate::analyze::{AnalyzeOptions, analyzed};
 use crate::core::host::{HostSpec, unique_labels};
-use crate::core::model::{HostId, HostSnapshot};
+use crate::core::model::{Gauges, HostId, HostSnapshot};
 use crate::core::removal::RemovalOutcome;
 use crate::core::signal::{Outcome, Protected, all_failed};
 use crate::source::demo::{DemoClock, DemoHost};
@@ -37,10 +37,11 @@ pub enum HostEvent {
         host: HostId,
         status: ConnStatus,
     },
-    /// A new reading that says the same as the host's last snapshot: only its time is new.
+    /// A new reading that says the same as the host's last snapshot: only its time and GPU gauges are new.
     Fresh {
         host: HostId,
         taken_at_ms: u64,
+        gauges: Vec<Gauges>,
     },
     Outcomes {
         host: HostId,
@@ -80,13 +81,37 @@ enum Wire {
     /// The host's slot went from empty to full.
     Reading(HostId),
     Status(HostId, ConnStatus),
-    Fresh(HostId, u64),
     Outcomes(HostId, u64, Vec<Outcome>),
     Removals(HostId, u64, Vec<RemovalOutcome>),
 }
 
-/// The latest unread reading of one host.
-type Slot = Arc<Mutex<Option<Box<HostSnapshot>>>>;
+/// What of a host waits to be read: its latest whole reading, or only the time and gauges of a fresh one
+/// that said the same (a whole reading waiting takes those in place). At most one of each host is ever
+/// queued, however fast it sends.
+#[derive(Default)]
+enum Waiting {
+    #[default]
+    Nothing,
+    Reading(Box<HostSnapshot>),
+    Fresh(u64, Vec<Gauges>),
+}
+
+type Slot = Arc<Mutex<Waiting>>;
+
+impl FleetSink {
+    /// Change what waits in the slot; only an empty slot needs a wake-up (a full one is read once).
+    fn put(&self, change: impl FnOnce(&mut Waiting)) -> bool {
+        let was_empty = match self.slot.lock() {
+            Ok(mut w) => {
+                let empty = matches!(*w, Waiting::Nothing);
+                change(&mut w);
+                empty
+            }
+            Err(_) => return false,
+        };
+        !was_empty || self.tx.send(Wire::Reading(self.host)).is_ok()
+    }
+}
 
 /// The runtime's side of a source: stamps the host's identity and label, analyzes, forwards.
 struct FleetSink {
@@ -101,18 +126,16 @@ impl Sink for FleetSink {
     fn reading(&self, mut snap: HostSnapshot) -> bool {
         snap.host.clone_from(&self.label);
         let snap = Box::new(analyzed(snap, &self.analyze));
-        let was_empty = match self.slot.lock() {
-            Ok(mut slot) => slot.replace(snap).is_none(),
-            Err(_) => return false,
-        };
-        // Only an empty slot needs a wake-up; a full one is replaced and read once.
-        !was_empty || self.tx.send(Wire::Reading(self.host)).is_ok()
+        self.put(|w| *w = Waiting::Reading(snap))
     }
     fn status(&self, status: ConnStatus) -> bool {
         self.tx.send(Wire::Status(self.host, status)).is_ok()
     }
-    fn fresh(&self, taken_at_ms: u64) -> bool {
-        self.tx.send(Wire::Fresh(self.host, taken_at_ms)).is_ok()
+    fn fresh(&self, taken_at_ms: u64, gauges: Vec<Gauges>) -> bool {
+        self.put(|w| match w {
+            Waiting::Reading(snap) => snap.refresh(taken_at_ms, &gauges),
+            other => *other = Waiting::Fresh(taken_at_ms, gauges),
+        })
     }
     fn outcomes(&self, id: u64, outcomes: Vec<Outcome>) -> bool {
         self.tx
@@ -404,11 +427,18 @@ impl Fleet {
     fn event(&self, w: Wire) -> Option<HostEvent> {
         Some(match w {
             Wire::Reading(host) => {
-                let snap = self.slots.get(host.0)?.lock().ok()?.take()?;
-                HostEvent::Snapshot { host, snap }
+                let waiting = std::mem::take(&mut *self.slots.get(host.0)?.lock().ok()?);
+                match waiting {
+                    Waiting::Nothing => return None,
+                    Waiting::Reading(snap) => HostEvent::Snapshot { host, snap },
+                    Waiting::Fresh(taken_at_ms, gauges) => HostEvent::Fresh {
+                        host,
+                        taken_at_ms,
+                        gauges,
+                    },
+                }
             }
             Wire::Status(host, status) => HostEvent::Status { host, status },
-            Wire::Fresh(host, taken_at_ms) => HostEvent::Fresh { host, taken_at_ms },
             Wire::Outcomes(host, id, outcomes) => HostEvent::Outcomes { host, id, outcomes },
             Wire::Removals(host, id, outcomes) => HostEvent::Removals { host, id, outcomes },
         })

@@ -14,7 +14,7 @@ use crate::core::host::{self, HostSpec};
 use crate::core::model::MIB;
 use crate::core::parse::parse_duration;
 use crate::source::DEFAULT_INTERVAL;
-use crate::source::demo::{DEMO_HOSTS, DemoClock};
+use crate::source::demo::{DEMO_HOSTS, DemoClock, DemoHost};
 use crate::source::local::procfs::ProcfsConfig;
 use crate::source::remote::http::HttpOptions;
 use crate::source::remote::ssh::SshOptions;
@@ -135,9 +135,9 @@ fn demo_specs(values: &[String]) -> Result<Vec<HostSpec>, SettingsError> {
     let mut v = Vec::new();
     for item in values.iter().flat_map(|h| h.split(',')) {
         for name in host::expand(item.trim()).map_err(SettingsError::Hosts)? {
-            if !DEMO_HOSTS.contains(&name.as_str()) {
+            if !DemoHost::is_demo_name(&name) {
                 return Err(SettingsError::Hosts(format!(
-                    "--demo has hosts {}; there is no {name:?}",
+                    "--demo has hosts {} (and more of each: gpu-b[0001-1000]); there is no {name:?}",
                     DEMO_HOSTS.join(", ")
                 )));
             }

@@ -344,7 +344,11 @@ fn reading_events(shared: &Shared, f: &mut Follow, out: &mut Vec<SseEvent>) {
         return;
     };
     if f.content == Some(r.content) {
-        let data = serde_json::json!({ "host": ch.label, "taken_at_ms": r.snap.taken_at_ms });
+        let data = serde_json::json!({
+            "host": ch.label,
+            "taken_at_ms": r.snap.taken_at_ms,
+            "gauges": r.snap.gauges(),
+        });
         out.push(
             SseEvent::default()
                 .event("unchanged")

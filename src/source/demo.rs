@@ -181,13 +181,25 @@ fn persistenced() -> SimProc {
 }
 
 impl DemoHost {
-    /// One of the three demo hosts by name ("gpu-a", "gpu-b", "gpu-c"); any other name gets gpu-b's story.
+    /// A demo host by name: "gpu-a...", "gpu-b..." or "gpu-c..." tells its story (`gpu-b0042` is one more host
+    /// just after a pkill, for a demo fleet of any size); any other name gets gpu-b's story.
     pub fn new(name: &str, clock: DemoClock) -> DemoHost {
-        match name {
-            "gpu-a" => Self::warming_up(name, clock),
-            "gpu-c" => Self::blackwell(name, clock),
-            _ => Self::after_pkill(name, clock),
+        if name.starts_with("gpu-a") {
+            Self::warming_up(name, clock)
+        } else if name.starts_with("gpu-c") {
+            Self::blackwell(name, clock)
+        } else {
+            Self::after_pkill(name, clock)
         }
+    }
+
+    /// Whether `name` names a demo host: one of `DEMO_HOSTS`, or one of them followed by more letters and
+    /// digits (`gpu-a7`, `gpu-b0042`: a demo fleet of any size, each host telling its base's story).
+    pub fn is_demo_name(name: &str) -> bool {
+        DEMO_HOSTS.iter().any(|base| {
+            name.strip_prefix(base)
+                .is_some_and(|rest| rest.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'))
+        })
     }
 
     fn base(

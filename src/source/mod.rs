@@ -100,9 +100,10 @@ pub enum ConnStatus {
 /// listens any more: the source then stops.
 pub trait Sink: Send + Sync {
     fn reading(&self, snap: HostSnapshot) -> bool;
-    /// A reading taken at `taken_at_ms` that says the same as the last one handed over (a serve's
-    /// `unchanged`, a Prometheus poll that moved nothing): the host is fresh, and nothing needs judging again.
-    fn fresh(&self, _taken_at_ms: u64) -> bool {
+    /// A reading taken at `taken_at_ms` that says the same as the last one handed over but for its GPU gauges
+    /// (a serve's `unchanged`, a Prometheus poll that moved nothing): the host is fresh, nothing needs judging
+    /// again, and only the gauges are new (empty when none were read).
+    fn fresh(&self, _taken_at_ms: u64, _gauges: Vec<crate::core::model::Gauges>) -> bool {
         true
     }
     fn status(&self, status: ConnStatus) -> bool;

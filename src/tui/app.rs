@@ -35,8 +35,8 @@ pub const REWATCH_INTERVAL: Duration = crate::runtime::FAST_POLL;
 #[derive(Debug, Clone)]
 pub enum Action {
     Snapshot(HostId, Box<HostSnapshot>),
-    /// A reading at this Unix ms that says the same as the host's last snapshot.
-    Fresh(HostId, u64),
+    /// A reading at this Unix ms that says the same as the host's last snapshot, with its GPU gauges.
+    Fresh(HostId, u64, Vec<crate::core::model::Gauges>),
     Status(HostId, ConnStatus),
     Outcomes(HostId, u64, Vec<Outcome>),
     Removals(HostId, u64, Vec<RemovalOutcome>),
@@ -144,8 +144,6 @@ pub struct HostView {
     pub held_since: HashMap<(u32, u64), u64>,
     /// The first signal sent to this host since its GPUs were last all clean: "clean N s after".
     pub first_signal_ms: Option<u64>,
-    /// The process panel's rows, built once per reading (and when the filter, sort or tree change).
-    pub rows: Vec<ProcRow>,
     /// PIDs never offered for signals on this host.
     pub protected: Protected,
     /// Read over HTTP or from Prometheus: no kill, sweep or removal can reach it.
@@ -234,6 +232,11 @@ pub struct App {
     pub started_ms: Option<u64>,
     next_id: u64,
     pending: HashMap<u64, String>,
+    /// The selected host's process rows, built once per reading of it (and when the filter, sort or tree
+    /// change, or another host is selected): with a thousand hosts, only the one shown is worth the work.
+    rows: Vec<ProcRow>,
+    /// The host `rows` were built for.
+    rows_host: Option<usize>,
     /// Events recorded during the current update, handed out as `Effect::Log`.
     unsaved: Vec<Event>,
 }
@@ -257,7 +260,6 @@ impl App {
                     history: HashMap::new(),
                     held_since: HashMap::new(),
                     first_signal_ms: None,
-                    rows: Vec::new(),
                     protected: Protected::remote(),
                     read_only: false,
                 })
@@ -300,6 +302,8 @@ impl App {
             started_ms: None,
             next_id: 1,
             pending: HashMap::new(),
+            rows: Vec::new(),
+            rows_host: None,
             unsaved: Vec::new(),
         }
     }
@@ -369,6 +373,9 @@ impl App {
 
     pub fn update(&mut self, action: Action) -> Vec<Effect> {
         let mut effects = self.dispatch(action);
+        if self.rows_host != Some(self.sel.host) {
+            self.rebuild_rows();
+        }
         effects.extend(self.unsaved.drain(..).map(Effect::Log));
         effects
     }
@@ -392,11 +399,11 @@ impl App {
                 self.set_status(format!("{label}: cannot open it live: {why}"), Level::Bad);
                 vec![]
             }
-            Action::Fresh(i, taken_at_ms) => {
+            Action::Fresh(i, taken_at_ms, gauges) => {
                 if let Some(h) = self.hosts.get_mut(i.0)
                     && let Some(snap) = &mut h.snap
                 {
-                    snap.taken_at_ms = snap.taken_at_ms.max(taken_at_ms);
+                    snap.refresh(taken_at_ms, &gauges);
                     h.last_seen_ms = Some(snap.taken_at_ms);
                     if matches!(h.status, ConnStatus::Stale { .. }) {
                         h.status = ConnStatus::Up;
@@ -544,7 +551,10 @@ impl App {
         }
         h.last_seen_ms = Some(snap.taken_at_ms);
         h.status = ConnStatus::Up;
-        h.rows = build_rows(&snap, &self.procs);
+        if i == self.sel.host {
+            self.rows = build_rows(&snap, &self.procs);
+            self.rows_host = Some(i);
+        }
         h.snap = Some(snap);
         if first || came_back {
             self.record(id, EventKind::HostUp { first });
@@ -587,6 +597,7 @@ impl App {
                     fmt_ms(took)
                 ));
                 let scope = rw.label.clone();
+                let watched: Vec<HostId> = rw.watch.expected.iter().map(|(h, _)| *h).collect();
                 self.rewatch = None;
                 self.record(
                     id,
@@ -595,7 +606,7 @@ impl App {
                         after_ms: took,
                     },
                 );
-                effects.push(Effect::Broadcast(HostCmd::Interval(self.cfg.interval)));
+                effects.extend(Self::poll_every(&watched, self.cfg.interval));
                 effects.push(Effect::DrawNow);
             }
         }
@@ -1136,14 +1147,40 @@ impl App {
             label,
         });
         self.banner = None;
-        effects.push(Effect::Broadcast(HostCmd::Interval(REWATCH_INTERVAL)));
+        effects.extend(self.watch_fast());
         effects
     }
 
+    /// The poll interval of a watch over `n` hosts: 100 ms for a few, slower for many, so that a thousand
+    /// hosts re-watched at once still send at most about a thousand readings a second; never slower than the
+    /// normal interval.
+    pub fn fast_interval(&self, n: usize) -> Duration {
+        let per_host = Duration::from_millis(u64::try_from(n).unwrap_or(u64::MAX));
+        REWATCH_INTERVAL.max(per_host).min(self.cfg.interval)
+    }
+
+    /// Poll these hosts (and only these) every `every`.
+    fn poll_every(hosts: &[HostId], every: Duration) -> Vec<Effect> {
+        hosts
+            .iter()
+            .map(|h| Effect::Send(*h, HostCmd::Interval(every)))
+            .collect()
+    }
+
+    /// The hosts of the running watch, polled fast.
+    fn watch_fast(&self) -> Vec<Effect> {
+        let Some(rw) = &self.rewatch else {
+            return vec![];
+        };
+        let hosts: Vec<HostId> = rw.watch.expected.iter().map(|(h, _)| *h).collect();
+        Self::poll_every(&hosts, self.fast_interval(hosts.len()))
+    }
+
     fn toggle_rewatch(&mut self) -> Vec<Effect> {
-        if self.rewatch.take().is_some() {
+        if let Some(rw) = self.rewatch.take() {
             self.set_status("re-watch stopped", Level::Info);
-            return vec![Effect::Broadcast(HostCmd::Interval(self.cfg.interval))];
+            let hosts: Vec<HostId> = rw.watch.expected.iter().map(|(h, _)| *h).collect();
+            return Self::poll_every(&hosts, self.cfg.interval);
         }
         // The scope in view: every host from the hosts panel, the opened host otherwise.
         let (expected, label) = if self.sel.focus == Panel::Hosts {
@@ -1163,10 +1200,17 @@ impl App {
             label,
         });
         self.banner = None;
-        vec![
-            Effect::Broadcast(HostCmd::Interval(REWATCH_INTERVAL)),
-            Effect::Broadcast(HostCmd::PollNow),
-        ]
+        let mut effects = self.watch_fast();
+        effects.extend(
+            effects
+                .iter()
+                .filter_map(|e| match e {
+                    Effect::Send(h, _) => Some(Effect::Send(*h, HostCmd::PollNow)),
+                    _ => None,
+                })
+                .collect::<Vec<_>>(),
+        );
+        effects
     }
 
     /// Every host, with its label, for a watch of everything.
@@ -1195,18 +1239,20 @@ impl App {
 
     /// The process panel's rows for the selected host (cached: built when its reading arrives).
     pub fn process_rows(&self) -> &[ProcRow] {
-        self.host().map_or(&[], |h| h.rows.as_slice())
+        if self.rows_host == Some(self.sel.host) {
+            &self.rows
+        } else {
+            &[]
+        }
     }
 
-    /// Rebuild the cached rows of every host (the filter, sort or tree changed).
+    /// Rebuild the selected host's rows (the filter, sort or tree changed, or another host was chosen).
     fn rebuild_rows(&mut self) {
-        for h in &mut self.hosts {
-            h.rows = h
-                .snap
-                .as_ref()
-                .map(|s| build_rows(s, &self.procs))
-                .unwrap_or_default();
-        }
+        self.rows = self
+            .snap()
+            .map(|s| build_rows(s, &self.procs))
+            .unwrap_or_default();
+        self.rows_host = Some(self.sel.host);
     }
 
     /// Hosts without a usable reading now: down, or silent past the connect timeout.

@@ -25,8 +25,11 @@ use crate::runtime::{Fleet, HostEvent, Settings};
 
 const FRAME: Duration = Duration::from_millis(16);
 /// Readings alone redraw at most this often (keys redraw within a frame): with many hosts each sending a
-/// reading a second, drawing each one would cost more than everything else.
-const DATA_FRAME: Duration = Duration::from_millis(250);
+/// reading a second, drawing each one would cost more than everything else. It is also the longest a stream
+/// of readings may keep the screen from being drawn.
+const DATA_FRAME: Duration = Duration::from_millis(100);
+/// The longest one batch of queued readings is taken before the loop draws and reads keys again.
+const DRAIN: Duration = Duration::from_millis(20);
 
 /// The app as the binary starts it (also used by tests over the demo cluster).
 pub fn new_app(s: &Settings, labels: Vec<String>, specs: &[HostSpec]) -> anyhow::Result<App> {
@@ -47,7 +50,11 @@ pub fn action_of(ev: HostEvent) -> Action {
     match ev {
         HostEvent::Snapshot { host, snap } => Action::Snapshot(host, snap),
         HostEvent::Status { host, status } => Action::Status(host, status),
-        HostEvent::Fresh { host, taken_at_ms } => Action::Fresh(host, taken_at_ms),
+        HostEvent::Fresh {
+            host,
+            taken_at_ms,
+            gauges,
+        } => Action::Fresh(host, taken_at_ms, gauges),
         HostEvent::Outcomes { host, id, outcomes } => Action::Outcomes(host, id, outcomes),
         HostEvent::Removals { host, id, outcomes } => Action::Removals(host, id, outcomes),
     }
@@ -240,8 +247,10 @@ async fn event_loop(
                 let Some(ev) = ev else { return Ok(0) };
                 stamp(app);
                 effects.extend(app.update(action_of(ev)));
-                // Take everything queued before drawing once.
-                while let Some(ev) = fleet.try_recv() {
+                // Take what is queued before drawing once, but never so long that keys and the screen wait.
+                let until = Instant::now() + DRAIN;
+                while Instant::now() < until {
+                    let Some(ev) = fleet.try_recv() else { break };
                     effects.extend(app.update(action_of(ev)));
                 }
                 data_only = !dirty || data_only;

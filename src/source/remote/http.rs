@@ -137,6 +137,8 @@ struct Hello {
 #[derive(serde::Deserialize)]
 struct Unchanged {
     taken_at_ms: u64,
+    #[serde(default)]
+    gauges: Vec<crate::core::model::Gauges>,
 }
 
 #[derive(serde::Deserialize)]
@@ -232,6 +234,8 @@ async fn stream(
     let mut stale = false;
     // Up is said once, at the first reading (and again after a silence), not at every reading.
     let mut up = false;
+    // The last whole snapshot, kept fresh: sent whole again after a silence.
+    let mut whole: Option<HostSnapshot> = None;
     loop {
         let every = serve_interval.map_or(*interval, |s| s.min(*interval));
         let stale_after = every.saturating_mul(3).max(Duration::from_secs(3));
@@ -295,11 +299,9 @@ async fn stream(
                                 Ok(s) => s,
                                 Err(e) => return Ended::Failed(format!("a snapshot that does not parse ({e}): {:?}", preview(&ev.data))),
                             };
-                            // A demo stays marked as the demo, whatever carried it.
-                            if snap.source != SourceKind::Demo {
-                                snap.source = SourceKind::Http;
-                            }
+                            snap.source = SourceKind::Http;
                             last = Instant::now();
+                            whole = Some(snap.clone());
                             if (stale || !up) && !task.status(ConnStatus::Up) {
                                 return Ended::Stopped;
                             }
@@ -313,11 +315,18 @@ async fn stream(
                                 return Ended::Failed(format!("garbage from the serve: {:?}", preview(&ev.data)));
                             };
                             last = Instant::now();
-                            if stale {
-                                stale = false;
-                                task.status(ConnStatus::Up);
-                            }
-                            if !task.sink.fresh(u.taken_at_ms) {
+                            // After a silence the reading goes on whole: whoever counted the host
+                            // unreadable needs a reading to count it again.
+                            let sent = match whole.as_mut() {
+                                Some(w) if stale || !up => {
+                                    (stale, up) = (false, true);
+                                    task.status(ConnStatus::Up);
+                                    w.refresh(u.taken_at_ms, &u.gauges);
+                                    task.sink.reading(w.clone())
+                                }
+                                _ => task.sink.fresh(u.taken_at_ms, u.gauges),
+                            };
+                            if !sent {
                                 return Ended::Stopped;
                             }
                         }

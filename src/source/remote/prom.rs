@@ -611,7 +611,7 @@ pub async fn run(
             let was_down = down[i].take().is_some();
             let same = last[i].as_ref().is_some_and(|p| p.says_the_same(&snap));
             listening |= if same && !was_down {
-                h.sink.fresh(snap.taken_at_ms)
+                h.sink.fresh(snap.taken_at_ms, Vec::new())
             } else {
                 let ok =
                     (!was_down || h.sink.status(ConnStatus::Up)) && h.sink.reading(snap.clone());

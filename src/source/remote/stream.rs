@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::RemoteTask;
 use crate::core::format::{escape, millis, truncate};
-use crate::core::model::SourceKind;
+use crate::core::model::{HostSnapshot, SourceKind};
 use crate::core::protocol::{AgentCmd, AgentMsg, MAX_LINE_BYTES, PROTOCOL};
 use crate::core::removal::RemovalRequest;
 use crate::core::signal::SignalRequest;
@@ -213,6 +213,8 @@ async fn converse(
     let connect_timeout = task.opts.ssh.connect_timeout;
     let mut last_reading = Instant::now();
     let mut stale = false;
+    // The last reading handed on whole.
+    let mut last: Option<HostSnapshot> = None;
     loop {
         let (stale_after, read_timeout) = silence_limits(*interval, connect_timeout);
         let silence_alarm = last_reading + if stale { read_timeout } else { stale_after };
@@ -266,6 +268,9 @@ async fn converse(
                     ));
                 }
                 stale = true;
+                // After a silence the next reading goes on whole: whoever counted the host unreadable
+                // needs a reading to count it again.
+                last = None;
                 task.status(ConnStatus::Stale { silent_ms: millis(silent) });
             }
             l = lines.recv() => {
@@ -277,16 +282,21 @@ async fn converse(
                 match serde_json::from_slice::<AgentMsg>(&line) {
                     Ok(AgentMsg::Snapshot { mut snapshot }) => {
                         trace(&task.label, "snapshot");
-                        // A demo stays marked as the demo, whatever carried it.
-                        if snapshot.source != SourceKind::Demo {
-                            snapshot.source = kind;
-                        }
+                        snapshot.source = kind;
                         last_reading = Instant::now();
                         if stale {
                             stale = false;
                             task.status(ConnStatus::Up);
                         }
-                        if !task.sink.reading(*snapshot) {
+                        // A reading that says nothing new but its gauges is passed on as only that: it needs
+                        // no judging again, and a thousand quiet hosts cost their reader next to nothing.
+                        let sent = if last.as_ref().is_some_and(|l| l.says_the_same(&snapshot)) {
+                            task.sink.fresh(snapshot.taken_at_ms, snapshot.gauges())
+                        } else {
+                            last = Some((*snapshot).clone());
+                            task.sink.reading(*snapshot)
+                        };
+                        if !sent {
                             return Ok(());
                         }
                     }

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Scale of the fleet client: N demo hosts read three ways, side by side on this machine.
+#   cmd   N `cmd:gpusweep agent --demo --demo-host gpu-bNNNN` hosts (one agent process each)
+#   http  one `gpusweep serve --demo` serving N hosts, read as N http://.../hosts/NAME hosts
+#   prom  the same serve scraped by a real Prometheus (one target per host), read as one prom: spec
+# For each: the first complete `snapshot --json` (every host read), the TUI's first complete view (its
+# --events file holds a host_up for every host), and the TUI's CPU and memory at a 1 s poll over SECS.
+#   scripts/scale-fleet.sh MODE N [SECS]      (needs tmux; prom needs prometheus)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODE=${1:?cmd, http or prom}; N=${2:?hosts}; SECS=${3:-30}
+BIN=${BIN:-$(pwd)/target/release/gpusweep}
+[ -x "$BIN" ] || cargo build --release
+D=$(mktemp -d)
+PIDS=()
+S=gpusweep-scale-$$
+cleanup() { tmux -L "$S" kill-server 2>/dev/null || true; for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$D"; }
+trap cleanup EXIT
+export GPUSWEEP_CONFIG=$D/none.toml GPUSWEEP_SOCKET=$D/none.sock
+# Mostly quiet hosts after a pkill, some warming up, some Blackwell: gpu-b0001.., gpu-a001.., gpu-c001..
+names() {
+  local n=$1 a=$(( $1 / 20 )) c=$(( $1 / 20 ))
+  local b=$(( n - a - c ))
+  for i in $(seq 1 "$b"); do printf 'gpu-b%04d\n' "$i"; done
+  for i in $(seq 1 "$a"); do printf 'gpu-a%03d\n' "$i"; done
+  for i in $(seq 1 "$c"); do printf 'gpu-c%03d\n' "$i"; done
+}
+names "$N" >"$D/names"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+case "$MODE" in
+  cmd)
+    sed "s|^|cmd:$BIN agent --demo --demo-host |" "$D/names" >"$D/hosts"
+    SPEC=(--hostfile "$D/hosts") ;;
+  http|prom)
+    PORT=$(free_port)
+    "$BIN" serve --demo --hosts "$(paste -sd, "$D/names")" --listen "127.0.0.1:$PORT" --interval 1s 2>"$D/serve.err" &
+    PIDS+=($!)
+    for _ in $(seq 1 200); do curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+    if [ "$MODE" = http ]; then
+      sed "s|^|http://127.0.0.1:$PORT/hosts/|" "$D/names" >"$D/hosts"
+      SPEC=(--hostfile "$D/hosts")
+    else
+      PP=$(free_port)
+      { echo "global: {scrape_interval: 5s, scrape_timeout: 4s}"; echo "scrape_configs:"; echo "  - job_name: gpusweep"; echo "    static_configs:"
+        while read -r n; do echo "      - {targets: ['127.0.0.1:$PORT'], labels: {__metrics_path__: /hosts/$n/metrics, node: $n}}"; done <"$D/names"
+        echo "    relabel_configs:"; echo "      - {source_labels: [node], target_label: instance}"; } >"$D/prometheus.yml"
+      prometheus --config.file="$D/prometheus.yml" --storage.tsdb.path="$D/data" --web.listen-address="127.0.0.1:$PP" --log.level=warn >/dev/null 2>&1 &
+      PIDS+=($!)
+      until [ "$(curl -sf "http://127.0.0.1:$PP/api/v1/query" --data-urlencode 'query=count(gpusweep_reading_timestamp_seconds)' | python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else 0)' 2>/dev/null)" = "$N" ]; do sleep 0.5; done
+      SPEC=(--hosts "prom:http://127.0.0.1:$PP")
+    fi ;;
+  *) echo "mode: cmd, http or prom" >&2; exit 2 ;;
+esac
+T0=$(date +%s.%N)
+"$BIN" snapshot --json --connect-timeout 60 "${SPEC[@]}" >"$D/snap.json"
+T1=$(date +%s.%N)
+python3 - "$D/snap.json" "$T0" "$T1" "$N" "$MODE" <<'PY'
+import json, sys
+h = json.load(open(sys.argv[1]))["hosts"]
+ok = sum(1 for x in h if x["error"] is None)
+print(f"{sys.argv[5]} {sys.argv[4]} hosts: snapshot read {ok}/{len(h)} in {float(sys.argv[3]) - float(sys.argv[2]):.2f} s")
+PY
+# The TUI: first complete view (a host_up event for every host), then its cost at a 1 s poll.
+CMD=$(printf '%q ' "$BIN" "${SPEC[@]}" --interval 1s --events "$D/events.jsonl")
+T0=$(date +%s.%N)
+tmux -L "$S" new-session -d -s scale -x 160 -y 48 "exec $CMD"
+until [ -s "$D/events.jsonl" ] && [ "$(grep -c '"event":"host_up"' "$D/events.jsonl")" -ge "$N" ]; do
+  sleep 0.02
+  if awk -v t0="$T0" -v now="$(date +%s.%N)" 'BEGIN { exit !(now - t0 > 120) }'; then echo "TUI: not every host up after 120 s" >&2; break; fi
+done
+T1=$(date +%s.%N)
+PID=$(tmux -L "$S" list-panes -t scale -F '#{pane_pid}')
+awk -v a="$T0" -v b="$T1" -v n="$N" -v m="$MODE" 'BEGIN { printf "%s %d hosts: TUI first complete view in %.2f s\n", m, n, b - a }'
+sleep 3
+C0=$(awk '{print $14+$15}' "/proc/$PID/stat")
+sleep "$SECS"
+C1=$(awk '{print $14+$15}' "/proc/$PID/stat")
+RSS=$(awk '/VmRSS/{print $2}' "/proc/$PID/status")
+awk -v c0="$C0" -v c1="$C1" -v tck="$(getconf CLK_TCK)" -v s="$SECS" -v rss="$RSS" -v n="$N" -v m="$MODE" \
+  'BEGIN { printf "%s %d hosts: TUI at a 1 s poll: %.1f%% of one core over %d s, %.0f MB resident\n", m, n, 100*(c1-c0)/tck/s, s, rss/1024 }'
