@@ -4,6 +4,7 @@
 //! spot). One poll is a handful of aggregated queries for the whole fleet, whatever its size; a host whose
 //! reading did not change is only marked fresh. Read-only: kills and removals are refused, saying how to act.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,26 +36,73 @@ pub struct PromServer {
 }
 
 #[derive(Deserialize)]
-struct Answer {
-    status: String,
-    data: Option<Data>,
+struct Answer<'a> {
+    #[serde(borrow)]
+    status: Cow<'a, str>,
+    #[serde(borrow)]
+    data: Option<Data<'a>>,
     error: Option<String>,
 }
 
 #[derive(Deserialize)]
-struct Data {
-    result: Vec<Sample>,
+struct Data<'a> {
+    #[serde(borrow)]
+    result: Vec<Sample<'a>>,
 }
 
+/// One sample of an instant query, borrowing from the answer: a thousand hosts' answer costs next to no
+/// allocation. Only the labels gpusweep reads are kept; the rest are skipped.
 #[derive(Deserialize)]
-struct Sample {
-    metric: HashMap<String, String>,
-    value: (f64, String),
+struct Sample<'a> {
+    #[serde(borrow)]
+    metric: Labels<'a>,
+    #[serde(borrow)]
+    value: (f64, Cow<'a, str>),
 }
 
-impl Sample {
+#[derive(Deserialize, Default)]
+struct Labels<'a> {
+    #[serde(borrow, rename = "Hostname")]
+    hostname: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    instance: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    gpu: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    severity: Option<Cow<'a, str>>,
+    #[serde(borrow, rename = "UUID")]
+    uuid: Option<Cow<'a, str>>,
+    #[serde(borrow, rename = "modelName")]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pci_bus_id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    device: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    scheme: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    api_path: Option<Cow<'a, str>>,
+}
+
+impl Sample<'_> {
     fn label(&self, k: &str) -> Option<&str> {
-        self.metric.get(k).map(String::as_str)
+        let l = &self.metric;
+        match k {
+            "Hostname" => l.hostname.as_deref(),
+            "instance" => l.instance.as_deref(),
+            "gpu" => l.gpu.as_deref(),
+            "kind" => l.kind.as_deref(),
+            "severity" => l.severity.as_deref(),
+            "UUID" => l.uuid.as_deref(),
+            "modelName" => l.model.as_deref(),
+            "pci_bus_id" => l.pci_bus_id.as_deref(),
+            "device" => l.device.as_deref(),
+            "scheme" => l.scheme.as_deref(),
+            "api_path" => l.api_path.as_deref(),
+            _ => None,
+        }
     }
     fn value(&self) -> Option<f64> {
         self.value.1.parse::<f64>().ok()
@@ -76,7 +124,8 @@ impl PromServer {
         format!("{name}{{{}}}", self.selector.as_deref().unwrap_or(""))
     }
 
-    async fn query(&self, http: &HttpClient, q: &str) -> Result<Vec<Sample>, String> {
+    /// Ask one instant query; the answer's bytes.
+    async fn fetch(&self, http: &HttpClient, q: &str) -> Result<bytes::Bytes, String> {
         let resp = http
             .client
             .get(format!("{}/api/v1/query", self.url))
@@ -84,17 +133,18 @@ impl PromServer {
             .send()
             .await
             .map_err(|e| format!("Prometheus {}: {}", self.url, short(&e)))?;
-        let status = resp.status();
-        let body = resp
-            .bytes()
+        resp.bytes()
             .await
-            .map_err(|e| format!("Prometheus {}: {}", self.url, short(&e)))?;
-        let a: Answer = serde_json::from_slice(&body).map_err(|_| {
+            .map_err(|e| format!("Prometheus {}: {}", self.url, short(&e)))
+    }
+
+    /// The samples of an answer, borrowed from it.
+    fn samples<'a>(&self, body: &'a [u8]) -> Result<Vec<Sample<'a>>, String> {
+        let a: Answer = serde_json::from_slice(body).map_err(|_| {
             format!(
-                "Prometheus {}: HTTP {}: {:?}",
+                "Prometheus {}: not an answer of its API: {:?}",
                 self.url,
-                status.as_u16(),
-                truncate(&escape(String::from_utf8_lossy(&body).trim()), 80)
+                truncate(&escape(String::from_utf8_lossy(body).trim()), 80)
             )
         })?;
         if a.status != "success" {
@@ -122,8 +172,10 @@ impl PromServer {
                 .unwrap_or_default()
         );
         let down = format!("{} == 0", self.sel("up"));
-        let (seen, down) = tokio::join!(self.query(http, &seen), self.query(http, &down));
-        let seen = seen?;
+        let (seen, down) = tokio::join!(self.fetch(http, &seen), self.fetch(http, &down));
+        let (seen, down) = (seen?, down.unwrap_or_default());
+        let seen = self.samples(&seen)?;
+        let down = self.samples(&down).unwrap_or_default();
         let mut names: Vec<String> = seen
             .iter()
             .filter_map(|s| s.host().map(str::to_string))
@@ -131,8 +183,7 @@ impl PromServer {
         let known: std::collections::HashSet<&str> =
             seen.iter().filter_map(|s| s.label("instance")).collect();
         names.extend(
-            down.unwrap_or_default()
-                .iter()
+            down.iter()
                 .filter_map(|s| s.label("instance"))
                 .filter(|i| !known.contains(i))
                 .map(str::to_string),
@@ -171,6 +222,9 @@ struct Ident {
     model: Option<String>,
     pci: Option<String>,
     minor: Option<u32>,
+    /// MiB: free + used (the total but for the reservation), and the reservation. Fixed for a GPU's life.
+    usable_mib: Option<f64>,
+    reserved_mib: Option<f64>,
 }
 
 #[derive(Debug, Default)]
@@ -196,8 +250,6 @@ struct HostData {
 #[derive(Debug, Default)]
 struct GpuData {
     used: Option<f64>,
-    free: Option<f64>,
-    reserved: Option<f64>,
     clean: Option<f64>,
     unreadable: bool,
     /// (kind, bytes; NaN when unknown).
@@ -266,11 +318,8 @@ fn snapshot(name: &str, d: &HostData, ids: &Identities, polled_ms: u64) -> HostS
             .cloned()
             .unwrap_or_default();
         let used = mib(g.used);
-        let reserved = mib(g.reserved);
-        let total = match (used, mib(g.free)) {
-            (Some(u), Some(f)) => Some(u + f + reserved.unwrap_or(0)),
-            _ => None,
-        };
+        let reserved = mib(id.reserved_mib);
+        let total = mib(id.usable_mib).map(|u| u + reserved.unwrap_or(0));
         let judged = d.gpusweep.then_some(match g.clean {
             Some(c) if c >= 1.0 => GpuState::Clean,
             Some(_) if !g.unexplained.is_empty() => GpuState::Leak,
@@ -345,8 +394,6 @@ fn snapshot(name: &str, d: &HostData, ids: &Identities, polled_ms: u64) -> HostS
 /// The queries of one poll, each aggregated by host (and GPU) so the answer stays small at a thousand hosts.
 struct Queries {
     used: String,
-    free: String,
-    reserved: String,
     clean: String,
     unreadable: String,
     unexplained: String,
@@ -357,23 +404,21 @@ struct Queries {
 
 impl Queries {
     fn new(p: &PromServer) -> Queries {
-        let by_gpu = |name: &str| format!("max by (Hostname, instance, gpu) ({})", p.sel(name));
+        let by_gpu = |name: &str| format!("max by (Hostname, gpu) ({})", p.sel(name));
         Queries {
             used: by_gpu(m::FB_USED),
-            free: by_gpu(m::FB_FREE),
-            reserved: by_gpu(m::FB_RESERVED),
             clean: by_gpu(m::GPU_CLEAN),
             unreadable: format!("{} == 0", by_gpu(m::GPU_READABLE)),
             unexplained: format!(
-                "max by (Hostname, instance, gpu, kind) ({})",
+                "max by (Hostname, gpu, kind) ({})",
                 p.sel(m::UNEXPLAINED_BYTES)
             ),
             findings: format!(
-                "max by (Hostname, instance, kind, severity) ({}) > 0",
+                "max by (Hostname, kind, severity) ({}) > 0",
                 p.sel(m::FINDINGS)
             ),
             taken: format!(
-                "max by (Hostname, instance) ({} or timestamp({}))",
+                "max by (Hostname) ({} or timestamp({}))",
                 p.sel(m::READING_TIMESTAMP),
                 p.sel(m::FB_USED)
             ),
@@ -383,6 +428,7 @@ impl Queries {
 }
 
 /// Read identities: GPU UUIDs, models, buses; each host's scrape target and serve.
+#[allow(clippy::too_many_lines)] // four queries asked at once, then their answers folded into one table
 async fn identities(p: &PromServer, http: &HttpClient) -> Result<Identities, String> {
     let gpus_q = format!(
         "max by (Hostname, instance, gpu, UUID, modelName, pci_bus_id, device) (last_over_time({}[{LOOKBACK}]))",
@@ -392,12 +438,30 @@ async fn identities(p: &PromServer, http: &HttpClient) -> Result<Identities, Str
         "max by (Hostname, instance, scheme, api_path) (last_over_time({}[{LOOKBACK}]))",
         p.sel(m::SERVE_INFO)
     );
-    let (g, s) = tokio::join!(p.query(http, &gpus_q), p.query(http, &serve_q));
+    let usable_q = format!(
+        "max by (Hostname, gpu) (last_over_time({}[{LOOKBACK}]) + last_over_time({}[{LOOKBACK}]))",
+        p.sel(m::FB_FREE),
+        p.sel(m::FB_USED)
+    );
+    let reserved_q = format!(
+        "max by (Hostname, gpu) (last_over_time({}[{LOOKBACK}]))",
+        p.sel(m::FB_RESERVED)
+    );
+    let (gpu_body, serve_body, usable_body, reserved_body) = tokio::join!(
+        p.fetch(http, &gpus_q),
+        p.fetch(http, &serve_q),
+        p.fetch(http, &usable_q),
+        p.fetch(http, &reserved_q)
+    );
+    let (gpu_body, serve_body) = (gpu_body?, serve_body?);
+    let (usable_body, reserved_body) = (usable_body?, reserved_body?);
+    let (g, s) = (p.samples(&gpu_body)?, p.samples(&serve_body)?);
+    let (usable, reserved) = (p.samples(&usable_body)?, p.samples(&reserved_body)?);
     let mut ids = Identities {
         read_at: Some(Instant::now()),
         ..Default::default()
     };
-    for x in g? {
+    for x in g {
         let (Some(host), Some(gpu)) = (x.host(), x.gpu()) else {
             continue;
         };
@@ -415,10 +479,24 @@ async fn identities(p: &PromServer, http: &HttpClient) -> Result<Identities, Str
                     .label(m::L_DEVICE)
                     .and_then(|d| d.strip_prefix("nvidia"))
                     .and_then(|n| n.parse().ok()),
+                ..Default::default()
             },
         );
     }
-    for x in s? {
+    for (samples, usable) in [(usable, true), (reserved, false)] {
+        for x in samples {
+            let (Some(host), Some(gpu)) = (x.host(), x.gpu()) else {
+                continue;
+            };
+            let id = ids.gpus.entry((host.to_string(), gpu)).or_default();
+            if usable {
+                id.usable_mib = x.value();
+            } else {
+                id.reserved_mib = x.value();
+            }
+        }
+    }
+    for x in s {
         let Some(host) = x.host() else { continue };
         if let Some(i) = x.label("instance") {
             ids.instance.insert(host.to_string(), i.to_string());
@@ -448,17 +526,25 @@ async fn poll(
     http: &HttpClient,
     queries: &Queries,
 ) -> Result<(BTreeMap<String, HostData>, HashMap<String, f64>), String> {
-    let (used, free, reserved, clean, unreadable, unexplained, findings, taken, up) = tokio::join!(
-        server.query(http, &queries.used),
-        server.query(http, &queries.free),
-        server.query(http, &queries.reserved),
-        server.query(http, &queries.clean),
-        server.query(http, &queries.unreadable),
-        server.query(http, &queries.unexplained),
-        server.query(http, &queries.findings),
-        server.query(http, &queries.taken),
-        server.query(http, &queries.up),
+    let bodies = tokio::join!(
+        server.fetch(http, &queries.used),
+        server.fetch(http, &queries.clean),
+        server.fetch(http, &queries.unreadable),
+        server.fetch(http, &queries.unexplained),
+        server.fetch(http, &queries.findings),
+        server.fetch(http, &queries.taken),
+        server.fetch(http, &queries.up),
     );
+    let (used, clean, unreadable, unexplained, findings, taken, up) = (
+        bodies.0?, bodies.1?, bodies.2?, bodies.3?, bodies.4?, bodies.5?, bodies.6?,
+    );
+    let (used, clean) = (server.samples(&used), server.samples(&clean));
+    let (unreadable, unexplained, findings) = (
+        server.samples(&unreadable),
+        server.samples(&unexplained),
+        server.samples(&findings),
+    );
+    let (taken, up) = (server.samples(&taken), server.samples(&up));
     let mut hosts: BTreeMap<String, HostData> = BTreeMap::new();
     let mut per_gpu =
         |samples: Vec<Sample>, set: &dyn Fn(&mut GpuData, &Sample), gpusweep: bool| {
@@ -466,14 +552,18 @@ async fn poll(
                 let (Some(host), Some(gpu)) = (sample.host(), sample.gpu()) else {
                     continue;
                 };
-                let data = hosts.entry(host.to_string()).or_default();
+                // One allocation per host, not one per sample.
+                if !hosts.contains_key(host) {
+                    hosts.insert(host.to_string(), HostData::default());
+                }
+                let Some(data) = hosts.get_mut(host) else {
+                    continue;
+                };
                 data.gpusweep |= gpusweep;
                 set(data.gpus.entry(gpu).or_default(), &sample);
             }
         };
     per_gpu(used?, &|g, x| g.used = x.value(), false);
-    per_gpu(free?, &|g, x| g.free = x.value(), false);
-    per_gpu(reserved?, &|g, x| g.reserved = x.value(), false);
     per_gpu(clean?, &|g, x| g.clean = x.value(), true);
     per_gpu(unreadable?, &|g, _| g.unreadable = true, true);
     per_gpu(
@@ -649,8 +739,6 @@ mod tests {
     fn gpu(used: f64, clean: Option<f64>, unexplained: &[(&str, f64)]) -> GpuData {
         GpuData {
             used: Some(used),
-            free: Some(1000.0),
-            reserved: Some(24.0),
             clean,
             unexplained: unexplained
                 .iter()
@@ -686,7 +774,15 @@ mod tests {
         );
         d.counts.push(("ghost".into(), "leak".into(), 1.0));
         d.counts.push(("zombie".into(), "warning".into(), 2.0));
-        let ids = Identities::default();
+        let mut ids = Identities::default();
+        ids.gpus.insert(
+            ("node1".into(), 0),
+            Ident {
+                usable_mib: Some(1000.0),
+                reserved_mib: Some(24.0),
+                ..Default::default()
+            },
+        );
         let s = snapshot("node1", &d, &ids, 5);
         let states: Vec<Option<GpuState>> = s.gpus.iter().map(|g| g.judged).collect();
         assert_eq!(
@@ -742,7 +838,7 @@ mod tests {
         let q = Queries::new(&p);
         assert_eq!(
             q.used,
-            r#"max by (Hostname, instance, gpu) (DCGM_FI_DEV_FB_USED{job="gpu"})"#
+            r#"max by (Hostname, gpu) (DCGM_FI_DEV_FB_USED{job="gpu"})"#
         );
         assert!(q.up.contains(r#"up{job="gpu"}"#));
         let p = PromServer {
