@@ -7,6 +7,7 @@
 //! client analyzes them once, with its operator's options.
 
 use std::io::{BufRead, Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -31,33 +32,55 @@ fn emit(out: &Out, msg: &AgentMsg) -> bool {
 }
 
 /// The agent's sink: every reading, error and outcome becomes one line on stdout.
-struct StdoutSink(Out);
+struct StdoutSink {
+    out: Out,
+    /// The client asked for `unchanged` in place of a snapshot that says nothing new but its gauges.
+    compact: Arc<AtomicBool>,
+    /// The last snapshot sent whole.
+    last: Mutex<Option<HostSnapshot>>,
+}
 
 impl Sink for StdoutSink {
     fn reading(&self, snap: HostSnapshot) -> bool {
-        emit(
-            &self.0,
+        let Ok(mut last) = self.last.lock() else {
+            return false;
+        };
+        if self.compact.load(Ordering::Relaxed)
+            && last.as_ref().is_some_and(|l| l.says_the_same(&snap))
+        {
+            return emit(
+                &self.out,
+                &AgentMsg::Unchanged {
+                    taken_at_ms: snap.taken_at_ms,
+                    gauges: snap.gauges(),
+                },
+            );
+        }
+        let ok = emit(
+            &self.out,
             &AgentMsg::Snapshot {
-                snapshot: Box::new(snap),
+                snapshot: Box::new(snap.clone()),
             },
-        )
+        );
+        *last = Some(snap);
+        ok
     }
     fn status(&self, status: ConnStatus) -> bool {
         match status {
-            ConnStatus::Down(message) => emit(&self.0, &AgentMsg::Error { message }),
+            ConnStatus::Down(message) => emit(&self.out, &AgentMsg::Error { message }),
             ConnStatus::Up | ConnStatus::Connecting | ConnStatus::Stale { .. } => true,
         }
     }
     fn outcomes(&self, id: u64, outcomes: Vec<Outcome>) -> bool {
-        emit(&self.0, &AgentMsg::Outcomes { id, outcomes })
+        emit(&self.out, &AgentMsg::Outcomes { id, outcomes })
     }
     fn removals(&self, id: u64, outcomes: Vec<RemovalOutcome>) -> bool {
-        emit(&self.0, &AgentMsg::Removals { id, outcomes })
+        emit(&self.out, &AgentMsg::Removals { id, outcomes })
     }
 }
 
 /// Read commands from stdin until it closes; bad lines are answered with an error message.
-fn read_commands(out: &Out, tx: &mpsc::SyncSender<HostCmd>) {
+fn read_commands(out: &Out, tx: &mpsc::SyncSender<HostCmd>, compact: &AtomicBool) {
     let stdin = std::io::stdin();
     let mut lock = stdin.lock();
     let mut buf = Vec::new();
@@ -87,7 +110,8 @@ fn read_commands(out: &Out, tx: &mpsc::SyncSender<HostCmd>) {
         }
         let cmd = match serde_json::from_str::<AgentCmd>(t) {
             Ok(AgentCmd::Poll) => HostCmd::PollNow,
-            Ok(AgentCmd::Interval { ms }) => {
+            Ok(AgentCmd::Interval { ms, compact: c }) => {
+                compact.store(c, Ordering::Relaxed);
                 HostCmd::Interval(Duration::from_millis(ms).max(MIN_INTERVAL))
             }
             Ok(AgentCmd::Signal { id, request }) => HostCmd::Signal { id, req: request },
@@ -123,8 +147,14 @@ pub fn serve(src: Box<dyn Source>, signals: Option<&Deliverer>, interval: Durati
     // Bounded: a client that floods commands waits on its own pipe; the agent's memory does not grow.
     let (tx, rx) = mpsc::sync_channel::<HostCmd>(crate::runtime::CMD_QUEUE);
     let reader_out = out.clone();
-    std::thread::spawn(move || read_commands(&reader_out, &tx));
-    let sink: Arc<dyn Sink> = Arc::new(StdoutSink(out));
+    let compact = Arc::new(AtomicBool::new(false));
+    let reader_compact = compact.clone();
+    std::thread::spawn(move || read_commands(&reader_out, &tx, &reader_compact));
+    let sink: Arc<dyn Sink> = Arc::new(StdoutSink {
+        out,
+        compact,
+        last: Mutex::new(None),
+    });
     let interval = Duration::from_millis(millis(interval)).max(MIN_INTERVAL);
     poll::run(src, signals, &sink, &rx, interval);
     0

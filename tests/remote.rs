@@ -286,3 +286,51 @@ fn sigterm_exits_143_and_takes_the_command_hosts_along() {
         sleepers("86395").is_empty() && sleepers("86396").is_empty()
     });
 }
+
+/// The first `n` lines a demo agent writes after being sent `cmd`.
+fn agent_says(cmd: &str, n: usize) -> Vec<serde_json::Value> {
+    use std::io::{BufRead, Write};
+    let mut child = Command::new(BIN)
+        .args([
+            "agent",
+            "--demo",
+            "--demo-host",
+            "gpu-b",
+            "--interval",
+            "50ms",
+        ])
+        .env("GPUSWEEP_CONFIG", "/nonexistent/gpusweep.toml")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("agent");
+    let mut stdin = child.stdin.take().expect("stdin");
+    writeln!(stdin, "{cmd}").expect("command");
+    let out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .take(n)
+        .map(|l| serde_json::from_str(&l.expect("line")).expect("json"))
+        .collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    lines
+}
+
+#[test]
+fn an_agent_sends_unchanged_readings_compactly_only_to_a_client_that_asks() {
+    // A client that asks: after the first whole snapshot, a quiet host's readings are time and gauges only.
+    let said = agent_says(r#"{"cmd":"interval","ms":50,"compact":true}"#, 6);
+    let types: Vec<&str> = said.iter().filter_map(|m| m["type"].as_str()).collect();
+    assert_eq!(types[..2], ["hello", "snapshot"], "{types:?}");
+    assert!(types[2..].iter().all(|t| *t == "unchanged"), "{types:?}");
+    assert_eq!(said[3]["gauges"].as_array().map(Vec::len), Some(8));
+    assert!(said[3]["taken_at_ms"].as_u64() > said[1]["snapshot"]["taken_at_ms"].as_u64());
+    // A client of an older version, which never asks: every reading whole, as before.
+    let said = agent_says(r#"{"cmd":"interval","ms":50}"#, 5);
+    assert!(
+        said[1..].iter().all(|m| m["type"] == "snapshot"),
+        "{said:?}"
+    );
+}

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::model::HostSnapshot;
+use super::model::{Gauges, HostSnapshot};
 use super::removal::{RemovalOutcome, RemovalRequest};
 use super::signal::{Outcome, SignalRequest};
 
@@ -29,6 +29,12 @@ pub enum AgentMsg {
     Snapshot {
         snapshot: Box<HostSnapshot>,
     },
+    /// A reading that says the same as the last snapshot sent but for its GPU gauges: only its time and
+    /// gauges. Sent only to a client that asked for it (`interval` with `compact`).
+    Unchanged {
+        taken_at_ms: u64,
+        gauges: Vec<Gauges>,
+    },
     Outcomes {
         id: u64,
         outcomes: Vec<Outcome>,
@@ -46,8 +52,14 @@ pub enum AgentMsg {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
 pub enum AgentCmd {
-    /// Poll every `ms` milliseconds from now on (fast during a re-watch).
-    Interval { ms: u64 },
+    /// Poll every `ms` milliseconds from now on (fast during a re-watch). `compact`: send `unchanged` for a
+    /// reading that says nothing new but its gauges (an agent that does not know the field ignores it and
+    /// sends every snapshot whole, which a client takes just as well).
+    Interval {
+        ms: u64,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        compact: bool,
+    },
     /// Poll now.
     Poll,
     /// Signal these targets (the client's confirmed plan); answered by an `outcomes` message with this id.

@@ -161,7 +161,7 @@ async fn serve_peer(stream: UnixStream, shared: Arc<Shared>) -> std::io::Result<
                         Ok(AgentCmd::Poll) => {
                             let _ = shared.ask.try_send(Ask::PollNow { host: HOST });
                         }
-                        Ok(AgentCmd::Interval { ms }) => {
+                        Ok(AgentCmd::Interval { ms, .. }) => {
                             let floor = if trusted { MIN_INTERVAL } else { MIN_UNPRIVILEGED_INTERVAL };
                             let every = Some(Duration::from_millis(ms).max(floor));
                             let _ = shared.ask.try_send(Ask::Interval { host: HOST, client, every });

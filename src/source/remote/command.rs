@@ -66,15 +66,19 @@ pub async fn run(
         .acquire()
         .await
         .map_err(|e| e.to_string())?;
-    let mut child = tokio::process::Command::new("sh")
-        .arg("-c")
+    let mut c = tokio::process::Command::new("sh");
+    c.arg("-c")
         .arg(command)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
-        .process_group(0)
-        .spawn()
+        .process_group(0);
+    // A spawn copies this process's whole fd table (three pipes per host already started): off the async
+    // workers, so readings of the hosts already up are read meanwhile.
+    let mut child = tokio::task::spawn_blocking(move || c.spawn())
+        .await
+        .map_err(|e| format!("cannot start {command:?}: {e}"))?
         .map_err(|e| format!("cannot start {command:?}: {e}"))?;
     // Its pid is its group's id (process_group(0)).
     let group = child

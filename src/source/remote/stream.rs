@@ -110,7 +110,14 @@ where
         }
         trace(&task.label, "agent said hello");
         task.status(ConnStatus::Up);
-        send_cmd(&mut writer, &AgentCmd::Interval { ms: millis(*interval) }).await?;
+        send_cmd(
+            &mut writer,
+            &AgentCmd::Interval {
+                ms: millis(*interval),
+                compact: true,
+            },
+        )
+        .await?;
         // Commands are written by a loop of their own: an agent that stops reading its stdin blocks the writer,
         // never the readings, the stale check or the answers to signal requests.
         let (wtx, mut wrx) = mpsc::channel::<Outgoing>(WRITE_QUEUE);
@@ -213,8 +220,9 @@ async fn converse(
     let connect_timeout = task.opts.ssh.connect_timeout;
     let mut last_reading = Instant::now();
     let mut stale = false;
-    // The last reading handed on whole.
+    // The last whole reading, kept fresh; after a silence the next reading is handed on whole.
     let mut last: Option<HostSnapshot> = None;
+    let mut resend = false;
     loop {
         let (stale_after, read_timeout) = silence_limits(*interval, connect_timeout);
         let silence_alarm = last_reading + if stale { read_timeout } else { stale_after };
@@ -270,7 +278,7 @@ async fn converse(
                 stale = true;
                 // After a silence the next reading goes on whole: whoever counted the host unreadable
                 // needs a reading to count it again.
-                last = None;
+                resend = true;
                 task.status(ConnStatus::Stale { silent_ms: millis(silent) });
             }
             l = lines.recv() => {
@@ -290,11 +298,33 @@ async fn converse(
                         }
                         // A reading that says nothing new but its gauges is passed on as only that: it needs
                         // no judging again, and a thousand quiet hosts cost their reader next to nothing.
-                        let sent = if last.as_ref().is_some_and(|l| l.says_the_same(&snapshot)) {
+                        let same = !resend && last.as_ref().is_some_and(|l| l.says_the_same(&snapshot));
+                        let sent = if same {
                             task.sink.fresh(snapshot.taken_at_ms, snapshot.gauges())
                         } else {
+                            resend = false;
                             last = Some((*snapshot).clone());
                             task.sink.reading(*snapshot)
+                        };
+                        if !sent {
+                            return Ok(());
+                        }
+                    }
+                    Ok(AgentMsg::Unchanged { taken_at_ms, gauges }) => {
+                        let Some(whole) = last.as_mut() else {
+                            return Err("the agent said a reading was unchanged before sending one".into());
+                        };
+                        last_reading = Instant::now();
+                        if stale {
+                            stale = false;
+                            task.status(ConnStatus::Up);
+                        }
+                        whole.refresh(taken_at_ms, &gauges);
+                        let sent = if resend {
+                            resend = false;
+                            task.sink.reading(whole.clone())
+                        } else {
+                            task.sink.fresh(taken_at_ms, gauges)
                         };
                         if !sent {
                             return Ok(());
@@ -321,7 +351,7 @@ async fn converse(
                     Some(HostCmd::PollNow) => (AgentCmd::Poll, None),
                     Some(HostCmd::Interval(d)) => {
                         *interval = d;
-                        (AgentCmd::Interval { ms: millis(d) }, None)
+                        (AgentCmd::Interval { ms: millis(d), compact: true }, None)
                     }
                     Some(HostCmd::Signal { id, req }) => {
                         (AgentCmd::Signal { id, request: req.clone() }, Some((id, Asked::Signal(req))))
