@@ -1,5 +1,6 @@
 //! One in-process poll (NVML when a driver is present + /proc + holders + /dev/shm) on a host with at least
-//! 500 processes: 500 real `sleep` processes are started for the measurement, each holding a few fds.
+//! 500 processes: 500 real `sleep` processes (`GPUSWEEP_BENCH_PROCS`) are started for the measurement, each
+//! holding a few fds.
 //!
 //! `cargo bench --bench poll` (on a GPU host the NVML part is included; without a driver it is skipped and the
 //! report says so). The incremental poll is what every interval costs; the full fd walk is what the slow
@@ -18,10 +19,17 @@ use gpusweep::source::demo::{DemoClock, DemoHost};
 use gpusweep::source::local::LocalSource;
 use gpusweep::source::local::procfs::ProcfsConfig;
 
-const EXTRA_PROCS: usize = 500;
+/// `sleep` processes started for the measurement; `GPUSWEEP_BENCH_PROCS` asks for another number (5000 for a
+/// busy node).
+fn extra_procs() -> usize {
+    std::env::var("GPUSWEEP_BENCH_PROCS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(500)
+}
 
 fn spawn_load() -> Vec<Child> {
-    (0..EXTRA_PROCS)
+    (0..extra_procs())
         .filter_map(|_| {
             Command::new("sleep")
                 .arg("600")

@@ -146,6 +146,7 @@ pub fn serve(src: Box<dyn Source>, signals: Option<&Deliverer>, interval: Durati
     }
     // Bounded: a client that floods commands waits on its own pipe; the agent's memory does not grow.
     let (tx, rx) = mpsc::sync_channel::<HostCmd>(crate::runtime::CMD_QUEUE);
+    let wake = tx.clone();
     let reader_out = out.clone();
     let compact = Arc::new(AtomicBool::new(false));
     let reader_compact = compact.clone();
@@ -156,7 +157,7 @@ pub fn serve(src: Box<dyn Source>, signals: Option<&Deliverer>, interval: Durati
         last: Mutex::new(None),
     });
     let interval = Duration::from_millis(millis(interval)).max(MIN_INTERVAL);
-    poll::run(src, signals, &sink, &rx, interval);
+    poll::run(src, signals, &sink, &rx, &wake, interval);
     0
 }
 

@@ -782,3 +782,73 @@ async fn a_sweep_through_the_socket_cleans_the_demo_and_the_metrics_say_so() {
         Some(0.0)
     );
 }
+
+/// Read an event stream into `got` until it holds `want` (20 s at most).
+async fn read_until(events: &mut reqwest::Response, got: &mut String, want: &str) {
+    let t = Instant::now();
+    while !got.contains(want) {
+        assert!(t.elapsed() < Duration::from_secs(20), "no {want} in: {got}");
+        let chunk = tokio::time::timeout(Duration::from_secs(20), events.chunk())
+            .await
+            .expect("an event within 20 s")
+            .expect("chunk")
+            .expect("open");
+        got.push_str(&String::from_utf8_lossy(&chunk));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holders_death_is_seen_at_once_and_its_gpu_read_until_released() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let lib = standin_nvml(tmp);
+    std::fs::write(tmp.join("nvidia0"), b"").expect("stand-in device");
+    let mut holder = Command::new("sleep")
+        .arg("300")
+        .stdin(std::fs::File::open(tmp.join("nvidia0")).expect("open"))
+        .spawn()
+        .expect("holder");
+    set_nvml(tmp, &format!("2048 {}:2048\n", holder.id()));
+    let glob = format!("{}/nvidia*", tmp.display());
+    let env = [
+        ("GPUSWEEP_NVML_LIBRARY", lib.as_path()),
+        ("STANDIN_NVML_STATE", &tmp.join("nvml")),
+    ];
+    // Read once an hour: only the holder's pidfd can tell the serve it died.
+    let serve = Serve::start(
+        tmp,
+        &["--no-socket", "--device-glob", &glob, "--interval", "1h"],
+        &env,
+    );
+    // No overall timeout: a stream lasts.
+    let streams = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let mut events = streams
+        .get(serve.url("/api/v1/events"))
+        .send()
+        .await
+        .expect("events");
+    let mut got = String::new();
+    read_until(&mut events, &mut got, "event: snapshot").await;
+    holder.kill().expect("kill");
+    holder.wait().expect("reap");
+    // The death is read at once: NVML still charges the dead PID (the driver has not let go yet).
+    read_until(&mut events, &mut got, r#""event":"finding_appeared""#).await;
+    read_until(&mut events, &mut got, r#""kind":"ghost""#).await;
+    // The driver lets go; the serve, reading the GPU every few ms since the death, says so.
+    set_nvml(tmp, "0\n");
+    read_until(&mut events, &mut got, r#""event":"gpu_clean""#).await;
+    let (_, _, m) = get(&serve.url("/metrics")).await;
+    assert_eq!(
+        sample(
+            &m,
+            "gpusweep_time_to_clean_seconds_count",
+            &[("after", "exit")]
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(sample(&m, "gpusweep_gpu_clean", &[("gpu", "0")]), Some(1.0));
+}

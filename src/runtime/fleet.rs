@@ -553,7 +553,10 @@ fn spawn_thread(
     let (ctx, crx) = smpsc::sync_channel::<HostCmd>(CMD_QUEUE);
     let spawned = std::thread::Builder::new()
         .name(format!("host-{index}"))
-        .spawn(move || poll::run(src, signals.as_ref(), &sink, &crx, interval));
+        .spawn({
+            let wake = ctx.clone();
+            move || poll::run(src, signals.as_ref(), &sink, &crx, &wake, interval)
+        });
     if let Err(e) = spawned {
         eprintln!("gpusweep: cannot start a collector thread: {e}");
     }

@@ -35,16 +35,23 @@ fn removal(
 
 /// Poll `src` until the command channel closes or the sink stops listening. `signals` delivers real signals
 /// on this host; sources that simulate theirs (the demo) answer them themselves.
+#[allow(clippy::too_many_lines)] // the one poll loop: readings, then commands (polls, intervals, signals, removals)
 pub fn run(
     mut src: Box<dyn Source>,
     signals: Option<&Deliverer>,
     sink: &Arc<dyn Sink>,
     cmds: &mpsc::Receiver<HostCmd>,
+    wake: &mpsc::SyncSender<HostCmd>,
     mut interval: Duration,
 ) {
     if !sink.status(ConnStatus::Up) {
         return;
     }
+    // A queued wake-up is enough: one reading serves any number of them.
+    let waker = wake.clone();
+    src.watch(Box::new(move || {
+        let _ = waker.try_send(HostCmd::Wake);
+    }));
     let in_flight = Arc::new(AtomicUsize::new(0));
     // Known once: a kernel does not grow pidfds while running.
     let no_pidfd = signals.and_then(Deliverer::pidfd_missing).is_some();
@@ -63,10 +70,14 @@ pub fn run(
             return;
         }
         let mut next = Instant::now() + interval;
+        if let Some(soon) = src.soon() {
+            next = next.min(Instant::now() + soon);
+        }
         loop {
             let wait = next.saturating_duration_since(Instant::now());
             match cmds.recv_timeout(wait) {
-                Err(mpsc::RecvTimeoutError::Timeout) => break,
+                // The time came, or a watched process ended: read now.
+                Err(mpsc::RecvTimeoutError::Timeout) | Ok(HostCmd::Wake) => break,
                 // Polls asked for in a burst cost one reading per MIN_INTERVAL, not one each.
                 Ok(HostCmd::PollNow) => {
                     let soonest = read_at + MIN_INTERVAL;

@@ -49,6 +49,14 @@ pub trait Source: Send {
     fn fresh_shm(&mut self) -> Option<(std::path::PathBuf, ShmInfo)> {
         None
     }
+    /// Call `wake` when something worth a reading at once happens between polls (a GPU process ended).
+    /// Sources that learn nothing between polls ignore it.
+    fn watch(&mut self, _wake: local::exits::Waker) {}
+    /// How soon after this poll the source wants the next one, when sooner than the interval (a GPU draining
+    /// after its holder died, read every few ms until clean).
+    fn soon(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// What a front end asks of one host.
@@ -65,6 +73,8 @@ pub enum HostCmd {
     },
     Interval(Duration),
     PollNow,
+    /// From a source's own watcher, not a front end: something happened; read now, whatever the last read.
+    Wake,
 }
 
 impl HostCmd {
@@ -78,7 +88,7 @@ impl HostCmd {
             HostCmd::Remove { id, req } => {
                 sink.removals(id, crate::core::removal::all_failed(&req, why));
             }
-            HostCmd::Interval(_) | HostCmd::PollNow => {}
+            HostCmd::Interval(_) | HostCmd::PollNow | HostCmd::Wake => {}
         }
     }
 }

@@ -1,18 +1,19 @@
 //! This host: NVML (when a driver exists), /proc and /dev/shm, joined into one snapshot.
 
+pub mod exits;
 pub mod nvml;
 pub mod procfs;
 pub mod watchdog;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{Source, SourceError};
 use crate::core::model::{Gpu, Holder, HostSnapshot, SourceKind, now_ms};
 use crate::core::trace;
-use procfs::{ProcScanner, ProcTable, ProcfsConfig};
+use procfs::{Depth, ProcScanner, ProcTable, ProcfsConfig};
 
 /// NVML once loaded: its GPUs behind the watchdog.
 struct Nvml {
@@ -29,6 +30,18 @@ pub struct LocalSource {
     loader: Option<Receiver<Result<nvml::NvmlReader, String>>>,
     deadline: Duration,
     scanner: ProcScanner,
+    /// Every process as last read: each poll reads only what may have changed.
+    table: ProcTable,
+    /// When the list of processes was last read.
+    listed_at: Option<Instant>,
+    /// What was unexplained at the last full scan: a change of it asks for another one early.
+    unexplained_at_full: Vec<(u32, Vec<u32>, bool)>,
+    /// The pidfds of the GPU processes, waited on by a thread of their own (set up by `watch`).
+    exits: Option<exits::ExitWatch>,
+    /// The GPU processes of the last reading: PID -> (start time, GPUs).
+    gpu_procs: HashMap<u32, (u64, Vec<u32>)>,
+    /// GPUs whose holder died and whose memory is still being released, read every few ms until it settles.
+    drain: Option<Drain>,
     self_pid: u32,
     in_child_ns: bool,
 }
@@ -56,6 +69,12 @@ impl LocalSource {
             }),
             deadline: watchdog::DEFAULT_DEADLINE,
             scanner: ProcScanner::new(procfs)?,
+            table: ProcTable::default(),
+            listed_at: None,
+            unexplained_at_full: Vec::new(),
+            exits: None,
+            gpu_procs: HashMap::new(),
+            drain: None,
             self_pid: std::process::id(),
             in_child_ns,
         })
@@ -70,10 +89,12 @@ impl Source for LocalSource {
     fn poll(&mut self) -> Result<HostSnapshot, SourceError> {
         trace(&self.host, "poll");
         // While NVML loads, take the first (full) /proc scan; it walks every process, listed ones included.
-        let early = self
-            .loader
-            .is_some()
-            .then(|| self.scanner.scan(false, &HashSet::new()));
+        let early = self.loader.is_some();
+        if early {
+            self.scanner
+                .scan(&mut self.table, Depth::Full, &HashSet::new());
+            self.listed_at = Some(Instant::now());
+        }
         if let Some(rx) = &self.loader {
             trace(&self.host, "first /proc scan done");
             match rx.recv_timeout(self.deadline) {
@@ -110,18 +131,34 @@ impl Source for LocalSource {
             .iter()
             .flat_map(|g| g.processes.iter().map(|p| p.pid))
             .collect();
-        let mut table = match early {
-            Some(t) => t,
-            None => self.scanner.scan(false, &listed),
-        };
-        if !table.full && memory_unexplained(&gpus, &table) {
-            // Memory without a live owner: look at every process now rather than at the next full scan.
-            table = self.scanner.scan(true, &listed);
+        if !early {
+            // Judged by holders alone (no GPU readable), every poll must know every process.
+            let depth = match self.depth() {
+                Depth::Known if gpus.iter().all(|g| g.memory.used.is_none()) => Depth::Listing,
+                d => d,
+            };
+            self.scanner.scan(&mut self.table, depth, &listed);
+            if depth != Depth::Known {
+                self.listed_at = Some(Instant::now());
+            }
+        }
+        // Memory without a live owner, other than at the last full scan: look at every process now rather than
+        // at the next full scan.
+        let unexplained = unexplained(&gpus, &self.table);
+        let gap = self.scanner.config().min_full_scan_gap;
+        if !self.table.full
+            && unexplained != self.unexplained_at_full
+            && self.scanner.last_full().is_none_or(|t| t.elapsed() >= gap)
+        {
+            self.scanner.scan(&mut self.table, Depth::Full, &listed);
+        }
+        if self.table.full {
+            self.unexplained_at_full = unexplained;
         }
         let snap = build_snapshot(
             &self.host,
             &mut self.scanner,
-            table,
+            &mut self.table,
             gpus,
             gpu_error,
             driver_version,
@@ -129,22 +166,145 @@ impl Source for LocalSource {
             self.in_child_ns,
         );
         trace(&self.host, "snapshot built");
+        self.follow_exits(&snap);
         Ok(snap)
     }
 
+    fn watch(&mut self, wake: exits::Waker) {
+        self.exits = exits::ExitWatch::start(wake);
+    }
+
+    fn soon(&self) -> Option<Duration> {
+        self.drain.as_ref().map(|d| {
+            if d.since.elapsed() < DRAIN_FAST_FOR {
+                DRAIN_POLL
+            } else {
+                DRAIN_SLOW
+            }
+        })
+    }
+
     fn fresh_shm(&mut self) -> Option<(std::path::PathBuf, crate::core::model::ShmInfo)> {
-        Some(self.scanner.shm_now())
+        Some(self.scanner.shm_now(&mut self.table))
     }
 }
 
-/// Memory that no live listed process explains: a listed PID that is gone, or used memory with nothing listed.
-fn memory_unexplained(gpus: &[Gpu], table: &ProcTable) -> bool {
-    gpus.iter().any(|g| {
-        g.processes
+/// How often GPUs whose holder died are read while their memory is released (an H200 freed 20 GB 120-260 ms
+/// after the SIGKILL): "clean" is told within a few ms of the driver's release.
+const DRAIN_POLL: Duration = Duration::from_millis(2);
+/// That fast for this long after the last death; then every `DRAIN_SLOW` until `DRAIN_FOR` (a release that
+/// slow is rare, and its ghost may never go: a forked child keeping the context).
+const DRAIN_FAST_FOR: Duration = Duration::from_secs(1);
+const DRAIN_SLOW: Duration = Duration::from_millis(20);
+const DRAIN_FOR: Duration = Duration::from_secs(3);
+
+/// GPUs being released after a holder's death: read fast until they read nothing used and nothing listed, or
+/// until `DRAIN_FOR` after the last death.
+struct Drain {
+    since: Instant,
+    gpus: Vec<u32>,
+}
+
+/// The GPU processes of a reading: non-benign holders and listed PIDs alive in /proc, with their start times
+/// and GPUs.
+fn gpu_processes(snap: &HostSnapshot) -> HashMap<u32, (u64, Vec<u32>)> {
+    let mut out: HashMap<u32, (u64, Vec<u32>)> = HashMap::new();
+    let live = |pid: u32| snap.proc(pid).filter(|p| !p.state.is_zombie());
+    for h in snap.holders.iter().filter(|h| !h.benign) {
+        if let Some(p) = live(h.pid) {
+            out.insert(h.pid, (p.start_time, h.gpus.clone()));
+        }
+    }
+    for g in &snap.gpus {
+        for l in &g.processes {
+            if let Some(p) = live(l.pid) {
+                let e = out.entry(l.pid).or_insert((p.start_time, Vec::new()));
+                if !e.1.contains(&g.index) {
+                    e.1.push(g.index);
+                }
+            }
+        }
+    }
+    out
+}
+
+impl LocalSource {
+    /// After a reading: which GPU processes died since the last one (their GPUs are then read every few ms
+    /// until the memory settles), and which to watch from now on.
+    fn follow_exits(&mut self, snap: &HostSnapshot) {
+        let now = gpu_processes(snap);
+        let died: Vec<(u32, Vec<u32>)> = self
+            .gpu_procs
             .iter()
-            .any(|p| !table.procs.contains_key(&p.pid))
-            || (g.processes.is_empty() && g.memory.used.unwrap_or(0) > 0)
-    })
+            .filter(|(pid, (start, _))| now.get(pid).is_none_or(|(s, _)| s != start))
+            .map(|(pid, (_, gpus))| (*pid, gpus.clone()))
+            .collect();
+        let readable = snap.gpus.iter().any(|g| g.memory.used.is_some());
+        if readable && !died.is_empty() {
+            let d = self.drain.get_or_insert_with(|| Drain {
+                since: Instant::now(),
+                gpus: Vec::new(),
+            });
+            d.since = Instant::now();
+            d.gpus.extend(died.into_iter().flat_map(|(_, gpus)| gpus));
+            d.gpus.sort_unstable();
+            d.gpus.dedup();
+        }
+        if let Some(d) = &self.drain {
+            let released = d.gpus.iter().all(|g| {
+                snap.gpu(*g)
+                    .is_none_or(|g| g.memory.used == Some(0) && g.processes.is_empty())
+            });
+            if released || d.since.elapsed() >= DRAIN_FOR {
+                self.drain = None;
+            }
+        }
+        if let Some(x) = &mut self.exits {
+            let procs: Vec<(u32, u64)> =
+                now.iter().map(|(pid, (start, _))| (*pid, *start)).collect();
+            x.watch(&procs);
+        }
+        self.gpu_procs = now;
+    }
+
+    /// How deep this poll reads /proc: every process's fds on the slow cadence (sooner while memory is
+    /// unexplained), the list of processes every `list_every`, and otherwise only what is known to matter.
+    fn depth(&self) -> Depth {
+        let cfg = self.scanner.config();
+        let every = if self.unexplained_at_full.is_empty() {
+            cfg.full_scan_every
+        } else {
+            cfg.full_scan_unexplained
+        };
+        if self
+            .scanner
+            .last_full()
+            .is_none_or(|t| t.elapsed() >= every)
+        {
+            Depth::Full
+        } else if self.listed_at.is_none_or(|t| t.elapsed() >= cfg.list_every) {
+            Depth::Listing
+        } else {
+            Depth::Known
+        }
+    }
+}
+
+/// What no live listed process explains, per GPU: the listed PIDs that are gone, and whether memory is used
+/// with nothing listed. Empty when everything is explained.
+fn unexplained(gpus: &[Gpu], table: &ProcTable) -> Vec<(u32, Vec<u32>, bool)> {
+    gpus.iter()
+        .filter_map(|g| {
+            let gone: Vec<u32> = g
+                .processes
+                .iter()
+                .map(|p| p.pid)
+                .filter(|pid| !table.procs.contains_key(pid))
+                .collect();
+            let unowned = g.processes.is_empty() && g.memory.used.unwrap_or(0) > 0;
+            (!gone.is_empty() || unowned).then_some((g.index, gone, unowned))
+        })
+        .collect()
 }
 
 /// Join GPU readings and a /proc table into one snapshot holding only the processes worth showing.
@@ -152,7 +312,7 @@ fn memory_unexplained(gpus: &[Gpu], table: &ProcTable) -> bool {
 pub fn build_snapshot(
     host: &str,
     scanner: &mut ProcScanner,
-    mut table: ProcTable,
+    table: &mut ProcTable,
     gpus: Vec<Gpu>,
     gpu_error: Option<String>,
     driver_version: Option<String>,
@@ -165,8 +325,8 @@ pub fn build_snapshot(
         .copied()
         .chain(gpus.iter().flat_map(|g| g.processes.iter().map(|p| p.pid)));
     let (wanted, zombies) = super::shown_pids(&table.procs, seeds);
-    scanner.fill_details(&mut table, &wanted);
-    let shm = scanner.read_shm(&table);
+    scanner.fill_details(table, &wanted);
+    let shm = scanner.read_shm(table);
     let mut holders: Vec<Holder> = table
         .holders
         .iter()

@@ -44,10 +44,17 @@ pub struct ProcfsConfig {
     pub shm_dir: PathBuf,
     pub device_globs: Vec<String>,
     pub benign: Vec<String>,
-    /// How often every process's fds are walked, at most.
+    /// How often every process's fds are walked while all GPU memory is explained. (A process that opens a
+    /// GPU later shows up sooner: NVML lists it once it holds memory, and new processes are read when
+    /// they appear.)
     pub full_scan_every: Duration,
-    /// How soon a full scan may follow another when memory is unexplained.
+    /// How often while some GPU memory is unexplained (a ghost's holder may be any process).
+    pub full_scan_unexplained: Duration,
+    /// How soon a full scan may follow another when what is unexplained changes.
     pub min_full_scan_gap: Duration,
+    /// How often the list of processes is read (new ones found, gone ones dropped). Between listings a
+    /// poll reads only GPU holders, NVML's listed PIDs and zombies.
+    pub list_every: Duration,
 }
 
 impl Default for ProcfsConfig {
@@ -63,8 +70,10 @@ impl Default for ProcfsConfig {
                 .iter()
                 .map(std::string::ToString::to_string)
                 .collect(),
-            full_scan_every: Duration::from_secs(5),
+            full_scan_every: Duration::from_secs(30),
+            full_scan_unexplained: Duration::from_secs(5),
             min_full_scan_gap: Duration::from_millis(500),
+            list_every: Duration::from_secs(1),
         }
     }
 }
@@ -80,30 +89,48 @@ struct FdInfo {
     vanished: bool,
 }
 
-#[derive(Debug, Clone)]
+/// What is kept of a process between scans, beside its `Proc` in the table.
+#[derive(Debug, Clone, Default)]
 struct Cached {
     start_time: u64,
-    fds: FdInfo,
-    cmdline: Option<String>,
+    /// Its last fd walk; `None` if it was never walked (a kernel thread, or not yet).
+    fds: Option<FdInfo>,
     /// (NSpid's innermost PID, pidfs inode): fixed for the life of a process, so read once.
     identity: Option<(Option<u32>, Option<u64>)>,
-    /// The process as last read; reused between full scans for processes nobody needs fresh.
-    proc_: Proc,
 }
 
-/// The raw result of one /proc scan.
+/// How much of /proc one scan reads. Reading every process's fds is what costs (200 ms for 5,000 processes);
+/// listing /proc costs a few ms; what is known to matter, microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Depth {
+    /// Only what is known to matter: GPU holders, NVML's listed PIDs and zombies (their stat and fds).
+    Known,
+    /// Also the list of processes: new ones are read and walked, gone ones dropped.
+    Listing,
+    /// Every process's stat and fds.
+    Full,
+}
+
+/// Every process as last read, kept from scan to scan: a poll only reads what may have changed.
 #[derive(Debug, Clone, Default)]
 pub struct ProcTable {
-    /// Every process, keyed by pid (cmdline filled only for those asked for through `fill_details`).
+    /// Every process, keyed by pid (cmdline, user, cgroup filled only for those asked for through
+    /// `fill_details`).
     pub procs: HashMap<u32, Proc>,
     /// pid -> (device files, fd count) for every process with a matching device fd open.
     pub holders: HashMap<u32, (Vec<String>, u32)>,
     /// PIDs whose fd table could not be read.
     pub unreadable: HashSet<u32>,
-    /// Whether every process's fds were walked in this scan.
+    /// Whether the last scan walked every process's fds.
     pub full: bool,
-    /// /dev/shm paths that each live process has open as an fd.
-    pub shm_open: HashMap<String, Vec<u32>>,
+}
+
+impl ProcTable {
+    fn forget(&mut self, pid: u32) {
+        self.procs.remove(&pid);
+        self.holders.remove(&pid);
+        self.unreadable.remove(&pid);
+    }
 }
 
 pub struct ProcScanner {
@@ -163,141 +190,177 @@ impl ProcScanner {
         &self.cfg
     }
 
+    /// When every process's fds were last walked.
+    pub fn last_full(&self) -> Option<Instant> {
+        self.last_full
+    }
+
     /// A scan that walks every process's fds now, whatever the cadence, and the /dev/shm state it shows
     /// (maps included): what a removal is checked against.
-    pub fn shm_now(&mut self) -> (PathBuf, ShmInfo) {
-        self.last_full = None;
-        let table = self.scan(false, &HashSet::new());
-        let info = self.read_shm(&table);
+    pub fn shm_now(&mut self, table: &mut ProcTable) -> (PathBuf, ShmInfo) {
+        self.scan(table, Depth::Full, &HashSet::new());
+        let info = self.read_shm(table);
         (self.cfg.shm_dir.clone(), info)
     }
 
-    /// Scan /proc. `unexplained` asks for a full fd walk sooner (some GPU memory has no live owner);
-    /// `always` names processes whose fds are walked this time whatever the cadence (NVML's listed PIDs).
-    #[allow(clippy::too_many_lines)] // three passes over /proc (which, walk, assemble) that share their buffers
-    pub fn scan(&mut self, unexplained: bool, always: &HashSet<u32>) -> ProcTable {
-        let now = Instant::now();
-        let full = match self.last_full {
-            None => true,
-            Some(t) => {
-                let since = now.duration_since(t);
-                since >= self.cfg.full_scan_every
-                    || (unexplained && since >= self.cfg.min_full_scan_gap)
-            }
-        };
-        if full {
-            self.last_full = Some(now);
+    /// Bring `table` up to date, as deep as `depth` says. `always` names processes read and walked this
+    /// time whatever the depth (NVML's listed PIDs).
+    pub fn scan(&mut self, table: &mut ProcTable, depth: Depth, always: &HashSet<u32>) {
+        table.full = depth == Depth::Full;
+        if depth == Depth::Full {
+            self.last_full = Some(Instant::now());
         }
-        let mut table = ProcTable {
-            full,
-            ..Default::default()
+        let Some(to_read) = self.choose(table, depth, always) else {
+            return;
         };
-        let Ok(dir) = fs::read_dir(&self.cfg.proc_root) else {
-            return table;
-        };
-        let mut seen = HashSet::new();
-        // Pass 1: which processes exist and which need their fds walked.
-        let mut live: Vec<Proc> = Vec::new();
-        let mut to_walk: Vec<u32> = Vec::new();
-        for entry in dir.flatten() {
-            let name = entry.file_name();
-            let Some(pid) = name.to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        // Their stat: which still exist, as which process, in which state; then whose fds to walk.
+        let mut walk: Vec<u32> = Vec::new();
+        for pid in to_read {
+            let Some(mut p) = self.read_stat(pid) else {
+                table.forget(pid);
+                self.cache.remove(&pid);
                 continue;
             };
-            // Between full scans only processes that matter now are re-read: new ones, holders, NVML's
-            // listed PIDs. The rest keep their last reading (a kill re-checks the start time anyway).
-            let reuse = !full
-                && !always.contains(&pid)
-                && self
-                    .cache
-                    .get(&pid)
-                    .is_some_and(|c| c.fds.devices.is_empty() && c.fds.readable);
-            let fresh = if reuse {
-                self.cache.get(&pid).map(|c| c.proc_.clone())
+            let same = self
+                .cache
+                .get(&pid)
+                .is_some_and(|c| c.start_time == p.start_time);
+            if same {
+                // The same process: what was read of it once stays (its command line, user, identity).
+                if let Some(old) = table.procs.get(&pid) {
+                    keep_details(&mut p, old);
+                }
             } else {
-                self.read_stat(pid)
-            };
-            let Some(p) = fresh else {
-                continue;
-            };
-            seen.insert(pid);
+                // A new process, or the PID was reused: nothing of the old one applies.
+                table.forget(pid);
+                self.cache.insert(
+                    pid,
+                    Cached {
+                        start_time: p.start_time,
+                        ..Default::default()
+                    },
+                );
+            }
             if p.state.is_zombie() {
-                // A zombie has no fds and no memory: nothing more to read. Not cached, so re-read each poll.
-                self.cache.remove(&pid);
-                table.procs.insert(pid, p);
-                continue;
+                // A zombie has no fds and no memory.
+                table.holders.remove(&pid);
+                table.unreadable.remove(&pid);
+                if let Some(c) = self.cache.get_mut(&pid) {
+                    c.fds = None;
+                }
+            } else if !p.kernel_thread
+                && (depth == Depth::Full
+                    || !same
+                    || table.holders.contains_key(&pid)
+                    || table.unreadable.contains(&pid)
+                    || always.contains(&pid))
+            {
+                walk.push(pid);
             }
-            // Kernel threads have no fds.
-            let kthread = p.kernel_thread;
-            let cached = self
-                .cache
-                .get(&pid)
-                .filter(|c| c.start_time == p.start_time);
-            let rescan = !kthread
-                && match cached {
-                    None => true,
-                    Some(c) => {
-                        full || !c.fds.devices.is_empty()
-                            || !c.fds.readable
-                            || always.contains(&pid)
-                    }
-                };
-            if rescan {
-                to_walk.push(pid);
-            }
-            live.push(p);
+            table.procs.insert(pid, p);
         }
-        // Pass 2: walk fds, on several threads when there are many (a full scan of a busy node).
-        let walked = self.walk_all(&to_walk);
-        // Pass 3: assemble the table and the cache.
-        for mut p in live {
-            let pid = p.pid;
-            let cached = self
-                .cache
-                .get(&pid)
-                .filter(|c| c.start_time == p.start_time);
-            let cmdline = cached.and_then(|c| c.cmdline.clone());
-            let identity = cached.and_then(|c| c.identity);
-            let fds = match walked.get(&pid) {
-                Some(f) => f.clone(),
-                None if p.kernel_thread => FdInfo {
-                    readable: true,
-                    ..Default::default()
-                },
-                None => cached.map(|c| c.fds.clone()).unwrap_or_default(),
-            };
+        // Their fds, on several threads when there are many (a full scan of a busy node).
+        for (pid, fds) in self.walk_all(&walk) {
             if fds.vanished {
+                table.forget(pid);
                 self.cache.remove(&pid);
                 continue;
             }
-            if !fds.readable {
+            if fds.readable {
+                table.unreadable.remove(&pid);
+            } else {
                 table.unreadable.insert(pid);
             }
-            if !fds.devices.is_empty() {
+            if fds.devices.is_empty() {
+                table.holders.remove(&pid);
+            } else {
                 table
                     .holders
                     .insert(pid, (fds.devices.clone(), fds.device_fds));
             }
-            for s in &fds.shm_open {
-                table.shm_open.entry(s.clone()).or_default().push(pid);
+            if let Some(c) = self.cache.get_mut(&pid) {
+                c.fds = Some(fds);
             }
-            if let Some(c) = &cmdline {
-                p.cmdline.clone_from(c);
-            }
-            self.cache.insert(
-                pid,
-                Cached {
-                    start_time: p.start_time,
-                    fds,
-                    cmdline,
-                    identity,
-                    proc_: p.clone(),
-                },
-            );
-            table.procs.insert(pid, p);
         }
-        self.cache.retain(|pid, _| seen.contains(pid));
-        table
+    }
+
+    /// Which processes this scan reads: those known to matter, or (listing /proc, dropping the gone) also the
+    /// new ones, or all. `None` when /proc cannot be listed.
+    fn choose(
+        &mut self,
+        table: &mut ProcTable,
+        depth: Depth,
+        always: &HashSet<u32>,
+    ) -> Option<Vec<u32>> {
+        Some(match depth {
+            Depth::Known => {
+                let mut v: Vec<u32> = table
+                    .holders
+                    .keys()
+                    .chain(always)
+                    .chain(table.unreadable.iter())
+                    .copied()
+                    .chain(
+                        table
+                            .procs
+                            .values()
+                            .filter(|p| p.state.is_zombie())
+                            .map(|p| p.pid),
+                    )
+                    .collect();
+                v.sort_unstable();
+                v.dedup();
+                v
+            }
+            Depth::Listing | Depth::Full => {
+                let Ok(dir) = fs::read_dir(&self.cfg.proc_root) else {
+                    return None;
+                };
+                let mut present: HashSet<u32> = HashSet::with_capacity(table.procs.len() + 64);
+                let mut v = Vec::new();
+                for entry in dir.flatten() {
+                    let Some(pid) = entry
+                        .file_name()
+                        .to_str()
+                        .and_then(|s| s.parse::<u32>().ok())
+                    else {
+                        continue;
+                    };
+                    present.insert(pid);
+                    // Between full scans a process read before and holding nothing stays as it was: a kill
+                    // re-checks its start time anyway.
+                    let known = table.procs.get(&pid);
+                    let reread = depth == Depth::Full
+                        || known.is_none_or(|p| p.state.is_zombie())
+                        || table.holders.contains_key(&pid)
+                        || table.unreadable.contains(&pid)
+                        || always.contains(&pid);
+                    if reread {
+                        v.push(pid);
+                    }
+                }
+                table.procs.retain(|p, _| present.contains(p));
+                table.holders.retain(|p, _| present.contains(p));
+                table.unreadable.retain(|p| present.contains(p));
+                self.cache.retain(|p, _| present.contains(p));
+                v
+            }
+        })
+    }
+
+    /// /dev/shm paths that each live process has open as an fd, from the last walk of each.
+    fn shm_open(&self, table: &ProcTable) -> HashMap<String, Vec<u32>> {
+        let mut out: HashMap<String, Vec<u32>> = HashMap::new();
+        for (pid, c) in &self.cache {
+            let Some(fds) = &c.fds else { continue };
+            if fds.shm_open.is_empty() || !table.procs.contains_key(pid) {
+                continue;
+            }
+            for s in &fds.shm_open {
+                out.entry(s.clone()).or_default().push(*pid);
+            }
+        }
+        out
     }
 
     /// Read cmdline and user for the processes that will be shown (cached per pid and start time).
@@ -307,11 +370,7 @@ impl ProcScanner {
                 continue;
             };
             if p.cmdline.is_empty() && !p.state.is_zombie() {
-                let c = read_cmdline(&self.cfg.proc_root.join(pid.to_string()).join("cmdline"));
-                if let Some(entry) = self.cache.get_mut(&pid) {
-                    entry.cmdline = Some(c.clone());
-                }
-                p.cmdline = c;
+                p.cmdline = read_cmdline(&self.cfg.proc_root.join(pid.to_string()).join("cmdline"));
             }
             if p.uid.is_none() {
                 p.uid = fs::metadata(self.cfg.proc_root.join(pid.to_string()))
@@ -516,6 +575,11 @@ impl ProcScanner {
         if table.full && !names.is_empty() {
             self.shm_mapped = self.read_shm_maps(table);
         }
+        let shm_open = if names.is_empty() {
+            HashMap::new()
+        } else {
+            self.shm_open(table)
+        };
         for seg in &mut info.segments {
             let path = self
                 .cfg
@@ -523,7 +587,7 @@ impl ProcScanner {
                 .join(&seg.name)
                 .to_string_lossy()
                 .into_owned();
-            let mut users: Vec<u32> = table.shm_open.get(&path).cloned().unwrap_or_default();
+            let mut users: Vec<u32> = shm_open.get(&path).cloned().unwrap_or_default();
             if let Some(m) = self.shm_mapped.get(&path) {
                 users.extend(m.iter().copied().filter(|p| table.procs.contains_key(p)));
             }
@@ -576,6 +640,19 @@ impl ProcScanner {
         }
         out
     }
+}
+
+/// What was read of a process once and holds for its life (or is re-read for the shown ones anyway), carried
+/// to a fresh reading of its stat.
+fn keep_details(new: &mut Proc, old: &Proc) {
+    new.cmdline.clone_from(&old.cmdline);
+    new.uid = old.uid;
+    new.user.clone_from(&old.user);
+    new.cgroup.clone_from(&old.cgroup);
+    new.job.clone_from(&old.job);
+    new.ns_pid = old.ns_pid;
+    new.pidfs_ino = old.pidfs_ino;
+    new.fds_unreadable = old.fds_unreadable;
 }
 
 /// A process that runs a program named in `benign`. `exe` is `/proc/PID/exe` when it could be read: its
@@ -813,7 +890,8 @@ mod tests {
             ..Default::default()
         };
         let mut s = ProcScanner::new(cfg).expect("scanner");
-        let t = s.scan(true, &HashSet::new());
+        let mut t = ProcTable::default();
+        s.scan(&mut t, Depth::Full, &HashSet::new());
         assert!(
             !t.procs.contains_key(&4242),
             "an exited process is not listed"
@@ -839,15 +917,18 @@ mod tests {
             ..Default::default()
         };
         let mut s = ProcScanner::new(cfg).expect("scanner");
-        let t = s.scan(false, &HashSet::new());
+        let mut t = ProcTable::default();
+        s.scan(&mut t, Depth::Full, &HashSet::new());
         let me = std::process::id();
         let (devs, n) = t.holders.get(&me).expect("we hold the stand-in device");
         assert_eq!(devs, &vec![dev.to_string_lossy().into_owned()]);
         assert!(*n >= 1);
         assert!(t.full);
-        // The next scan reuses the cache but still rescans holders.
-        let t2 = s.scan(false, &HashSet::new());
-        assert!(!t2.full);
-        assert!(t2.holders.contains_key(&me));
+        // The next scans read less, but still read holders.
+        for depth in [Depth::Listing, Depth::Known] {
+            s.scan(&mut t, depth, &HashSet::new());
+            assert!(!t.full);
+            assert!(t.holders.contains_key(&me), "{depth:?}");
+        }
     }
 }

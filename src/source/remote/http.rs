@@ -352,7 +352,7 @@ async fn stream(
                     }
                 }
                 // The serve reads at its own pace; a host gone quiet is asked again by reconnecting.
-                Some(HostCmd::PollNow) => {
+                Some(HostCmd::PollNow | HostCmd::Wake) => {
                     if stale {
                         return Ended::Interval;
                     }

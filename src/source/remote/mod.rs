@@ -99,7 +99,7 @@ impl RemoteTask {
                 () = &mut sleep => return true,
                 c = cmds.recv() => match c {
                     None => return false,
-                    Some(HostCmd::PollNow) => return true,
+                    Some(HostCmd::PollNow | HostCmd::Wake) => return true,
                     Some(HostCmd::Interval(d)) => *interval = d,
                     Some(c @ (HostCmd::Signal { .. } | HostCmd::Remove { .. })) => {
                         c.refuse(self.sink.as_ref(), "host is down");

@@ -642,7 +642,7 @@ pub async fn run(
                         interval = asked.iter().copied().min().unwrap_or(d);
                         next = next.min(tokio::time::Instant::now() + interval.max(MIN_PROM_INTERVAL));
                     }
-                    HostCmd::PollNow => next = tokio::time::Instant::now(),
+                    HostCmd::PollNow | HostCmd::Wake => next = tokio::time::Instant::now(),
                 }
                 continue;
             }

@@ -348,7 +348,7 @@ async fn converse(
             c = cmds.recv() => {
                 let (cmd, signal) = match c {
                     None => return Ok(()),
-                    Some(HostCmd::PollNow) => (AgentCmd::Poll, None),
+                    Some(HostCmd::PollNow | HostCmd::Wake) => (AgentCmd::Poll, None),
                     Some(HostCmd::Interval(d)) => {
                         *interval = d;
                         (AgentCmd::Interval { ms: millis(d), compact: true }, None)
@@ -414,7 +414,7 @@ async fn await_hello(
             l = lines.recv() => return Ok(l),
             c = cmds.recv() => match c {
                 None => return Err("stopped".into()),
-                Some(HostCmd::PollNow) => return Err("no hello from the agent yet: reconnecting as asked".into()),
+                Some(HostCmd::PollNow | HostCmd::Wake) => return Err("no hello from the agent yet: reconnecting as asked".into()),
                 Some(HostCmd::Interval(d)) => *interval = d,
                 Some(c @ (HostCmd::Signal { .. } | HostCmd::Remove { .. })) => {
                     c.refuse(task.sink.as_ref(), "not connected yet: the agent has not said hello");

@@ -241,7 +241,7 @@ async fn run_agentless(
                 () = &mut sleep => break,
                 c = cmds.recv() => match c {
                     None => return Ok(()),
-                    Some(HostCmd::PollNow) => break,
+                    Some(HostCmd::PollNow | HostCmd::Wake) => break,
                     Some(HostCmd::Interval(d)) => { *interval = d; break; }
                     Some(c @ (HostCmd::Signal { .. } | HostCmd::Remove { .. })) => {
                         c.refuse(task.sink.as_ref(), "agentless host: signals and removals need gpusweep there (install it or use --deploy)");
