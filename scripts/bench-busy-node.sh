@@ -2,7 +2,9 @@
 # CPU of `gpusweep wait` and `gpusweep serve` at a 100 ms poll on a node with N processes (default 5000
 # sleepers), one of them holding a GPU, with a GPU that stays in use so neither ever finishes. Without an
 # NVIDIA driver the file-driven stand-in NVML (tests/fixtures/standin_nvml.c) plays it; on a GPU host set
-# REAL_GPU=1 and hold a GPU yourself.   scripts/bench-busy-node.sh [N] [SECS]
+# REAL_GPU=1 and hold a GPU yourself. CHURN=1 also starts a short-lived process every second (a node where
+# processes come and go; without it, /proc is listed only when a PID was handed out).
+#   scripts/bench-busy-node.sh [N] [SECS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-5000}; SECS=${2:-20}
@@ -23,6 +25,7 @@ if [ -z "${REAL_GPU:-}" ]; then
   EXTRA=(--device-glob "$D/nvidia*")
 fi
 for _ in $(seq 1 "$N"); do sleep 100000 & done
+if [ -n "${CHURN:-}" ]; then (while :; do /bin/true; sleep 1; done) & PIDS+=($!); fi
 sleep 1
 echo "processes on this host: $(ls /proc | grep -c '^[0-9]')"
 cpu() { # PID SECS -> percent of one core

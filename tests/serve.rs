@@ -68,11 +68,33 @@ impl Serve {
             .nth(1)
             .and_then(|r| r.split_whitespace().next())
             .map(str::to_string);
-        Serve {
+        let serve = Serve {
             child,
             addr,
             banner,
+        };
+        // Listening comes first, the first reading a moment later: wait for it (/healthz says so).
+        if let Some(addr) = serve
+            .addr
+            .as_deref()
+            .filter(|_| serve.banner.contains("http://"))
+        {
+            let t = Instant::now();
+            while !std::net::TcpStream::connect(addr).is_ok_and(|mut s| {
+                use std::io::{Read, Write};
+                let _ = write!(s, "GET /healthz HTTP/1.0\r\n\r\n");
+                let mut r = String::new();
+                let _ = s.read_to_string(&mut r);
+                r.starts_with("HTTP/1.0 200") || r.starts_with("HTTP/1.1 200")
+            }) {
+                assert!(
+                    t.elapsed() < Duration::from_secs(20),
+                    "serve never got a reading"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
+        serve
     }
     fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr.as_deref().expect("http"))

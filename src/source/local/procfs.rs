@@ -17,6 +17,10 @@ use crate::core::model::{Proc, ProcState, ShmInfo, ShmSegment, SysvSegment};
 use crate::core::procstat::{parse_cmdline, parse_stat};
 use crate::source::SourceError;
 
+/// At most this many PIDs handed out since the last listing are read one by one; past that (or when the PIDs
+/// wrapped around), /proc is listed whole.
+const MAX_PROBED: u32 = 2048;
+
 /// Default device files that make a process a holder.
 pub const DEFAULT_DEVICE_GLOBS: &[&str] = &["/dev/nvidia*"];
 
@@ -135,6 +139,11 @@ impl ProcTable {
 
 pub struct ProcScanner {
     cfg: ProcfsConfig,
+    /// /proc, open: each process's files are opened relative to it.
+    proc_fd: Option<std::os::fd::OwnedFd>,
+    /// The last PID the kernel handed out (`/proc/loadavg`) when /proc was last listed: while it has not moved,
+    /// no process was created and a listing would find nothing new.
+    listed_last_pid: Option<u32>,
     patterns: Vec<glob::Pattern>,
     cache: HashMap<u32, Cached>,
     last_full: Option<Instant>,
@@ -171,7 +180,17 @@ impl ProcScanner {
                     .find_map(|l| l.strip_prefix("btime "))
                     .and_then(|v| v.trim().parse().ok())
             });
+        let proc_fd = rustix::fs::open(
+            &cfg.proc_root,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .ok();
         Ok(ProcScanner {
+            proc_fd,
+            listed_last_pid: None,
             cfg,
             patterns,
             cache: HashMap::new(),
@@ -188,6 +207,28 @@ impl ProcScanner {
 
     pub fn config(&self) -> &ProcfsConfig {
         &self.cfg
+    }
+
+    /// Whether `pid` is a live process (a thread's ID has a /proc entry too, but names no process of its own).
+    fn is_process(&self, pid: u32) -> bool {
+        fs::read_to_string(self.cfg.proc_root.join(pid.to_string()).join("status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Tgid:"))
+                    .and_then(|t| t.trim().parse::<u32>().ok())
+            })
+            == Some(pid)
+    }
+
+    /// The last PID the kernel handed out, from `/proc/loadavg` (its fifth field).
+    fn last_pid(&self) -> Option<u32> {
+        fs::read_to_string(self.cfg.proc_root.join("loadavg"))
+            .ok()?
+            .split_whitespace()
+            .nth(4)?
+            .parse()
+            .ok()
     }
 
     /// When every process's fds were last walked.
@@ -313,15 +354,32 @@ impl ProcScanner {
                 v
             }
             Depth::Listing | Depth::Full => {
-                let Ok(dir) = fs::read_dir(&self.cfg.proc_root) else {
-                    return None;
-                };
+                let last_pid = self.last_pid();
+                if depth == Depth::Listing
+                    && let (Some(now), Some(then)) = (last_pid, self.listed_last_pid)
+                    && now >= then
+                    && now - then <= MAX_PROBED
+                {
+                    // PIDs are handed out in order: the processes created since the last listing are among
+                    // those after the last PID then. Reading those few costs less than listing thousands.
+                    let mut v = self.choose(table, Depth::Known, always)?;
+                    v.extend((then + 1..=now).filter(|&pid| self.is_process(pid)));
+                    v.sort_unstable();
+                    v.dedup();
+                    self.listed_last_pid = last_pid;
+                    return Some(v);
+                }
+                let mut dir = self
+                    .proc_fd
+                    .as_ref()
+                    .and_then(|fd| rustix::fs::Dir::read_from(fd).ok())?;
+                self.listed_last_pid = last_pid;
                 let mut present: HashSet<u32> = HashSet::with_capacity(table.procs.len() + 64);
                 let mut v = Vec::new();
-                for entry in dir.flatten() {
-                    let Some(pid) = entry
-                        .file_name()
-                        .to_str()
+                while let Some(entry) = dir.read() {
+                    let Ok(entry) = entry else { break };
+                    let Some(pid) = std::str::from_utf8(entry.file_name().to_bytes())
+                        .ok()
                         .and_then(|s| s.parse::<u32>().ok())
                     else {
                         continue;
@@ -497,36 +555,56 @@ impl ProcScanner {
         })
     }
 
+    /// Walk one process's fds: each link read relative to its fd directory (no path walked per fd), nothing
+    /// allocated for the sockets, pipes and anon inodes that are most of them.
     fn read_fds(&self, pid: u32) -> FdInfo {
-        let fd_dir = self.cfg.proc_root.join(pid.to_string()).join("fd");
+        use rustix::fs::{Dir, Mode, OFlags, openat, readlinkat_raw};
+        use std::os::unix::ffi::OsStrExt;
         let mut info = FdInfo::default();
-        let dir = match fs::read_dir(&fd_dir) {
+        let Some(proc_fd) = &self.proc_fd else {
+            return info;
+        };
+        let opened = openat(
+            proc_fd,
+            format!("{pid}/fd"),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        );
+        let dir = match opened.and_then(Dir::new) {
             Ok(dir) => dir,
             Err(e) => {
                 // Only a permission error is something we could not see; a missing directory is an exit.
-                info.vanished = e.kind() == std::io::ErrorKind::NotFound
-                    || e.raw_os_error() == Some(libc::ESRCH);
+                info.vanished = e == rustix::io::Errno::NOENT || e == rustix::io::Errno::SRCH;
                 return info;
             }
         };
         info.readable = true;
-        let shm = self.cfg.shm_dir.as_os_str().as_encoded_bytes();
-        for entry in dir.flatten() {
-            let Ok(target) = fs::read_link(entry.path()) else {
+        let shm = self.cfg.shm_dir.as_os_str().as_bytes();
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+        let mut dir = dir;
+        while let Some(entry) = dir.read() {
+            let Ok(entry) = entry else { break };
+            let name = entry.file_name();
+            if name.to_bytes().first() == Some(&b'.') {
+                continue;
+            }
+            let Ok(dfd) = dir.fd() else { break };
+            let Ok((target, _)) = readlinkat_raw(dfd, name, &mut buf) else {
                 continue;
             };
-            let bytes = target.as_os_str().as_encoded_bytes();
+            let bytes: &[u8] = target;
             // Sockets, pipes and anon inodes are most fds; skip them before any matching.
             if !bytes.starts_with(b"/") {
                 continue;
             }
+            let path = Path::new(std::ffi::OsStr::from_bytes(bytes));
             if bytes.starts_with(shm) {
-                info.shm_open.push(target.to_string_lossy().into_owned());
+                info.shm_open.push(path.to_string_lossy().into_owned());
                 continue;
             }
-            if self.patterns.iter().any(|p| p.matches_path(&target)) {
+            if self.patterns.iter().any(|p| p.matches_path(path)) {
                 info.device_fds += 1;
-                let t = target.to_string_lossy().into_owned();
+                let t = path.to_string_lossy().into_owned();
                 if !info.devices.contains(&t) {
                     info.devices.push(t);
                 }
@@ -904,6 +982,54 @@ mod tests {
             t.unreadable.contains(&4343),
             "an fd table we could not read is a blind spot"
         );
+    }
+
+    #[test]
+    fn between_listings_new_processes_are_found_by_the_pids_handed_out_and_threads_are_not_processes()
+     {
+        let root = tempfile::tempdir().expect("tempdir");
+        let task = |pid: u32, tgid: u32| {
+            let d = root.path().join(pid.to_string());
+            std::fs::create_dir(&d).expect("mkdir");
+            let stat = format!(
+                "{pid} (sleep) S 1 {pid} {pid} 0 -1 4194560 1 0 0 0 5 3 0 0 20 0 1 0 {pid} 100 5\n"
+            );
+            std::fs::write(d.join("stat"), stat).expect("stat");
+            std::fs::write(d.join("status"), format!("Tgid:\t{tgid}\n")).expect("status");
+            std::fs::create_dir(d.join("fd")).expect("fd");
+        };
+        let loadavg = |last: u32| {
+            std::fs::write(
+                root.path().join("loadavg"),
+                format!("0.00 0.00 0.00 1/5 {last}\n"),
+            )
+            .expect("loadavg");
+        };
+        task(100, 100);
+        loadavg(100);
+        let cfg = ProcfsConfig {
+            proc_root: root.path().to_path_buf(),
+            ..Default::default()
+        };
+        let mut s = ProcScanner::new(cfg).expect("scanner");
+        let mut t = ProcTable::default();
+        s.scan(&mut t, Depth::Full, &HashSet::new());
+        assert_eq!(t.procs.len(), 1);
+        // A process (101) and a thread of it (102) were created: only the process is one.
+        task(101, 101);
+        task(102, 101);
+        loadavg(102);
+        s.scan(&mut t, Depth::Listing, &HashSet::new());
+        let mut pids: Vec<u32> = t.procs.keys().copied().collect();
+        pids.sort_unstable();
+        assert_eq!(pids, [100, 101]);
+        // Nothing handed out since: a listing reads nothing new (a process that appeared anyway, which cannot
+        // happen on a real kernel, is not seen until the next full scan).
+        task(103, 103);
+        s.scan(&mut t, Depth::Listing, &HashSet::new());
+        assert!(!t.procs.contains_key(&103));
+        s.scan(&mut t, Depth::Full, &HashSet::new());
+        assert!(t.procs.contains_key(&103));
     }
 
     #[test]
