@@ -334,3 +334,34 @@ fn an_agent_sends_unchanged_readings_compactly_only_to_a_client_that_asks() {
         "{said:?}"
     );
 }
+
+#[test]
+fn a_snapshot_table_prints_each_host_as_it_answers_while_one_hangs() {
+    use std::io::{BufRead, BufReader};
+    let agent = format!("cmd:'{BIN}' agent --demo --demo-host gpu-b");
+    let mut child = Command::new(BIN)
+        .args(["snapshot", "--connect-timeout", "60"])
+        .args(["--hosts", "cmd:sleep 1000", "--hosts", &agent])
+        .env("GPUSWEEP_CONFIG", "/nonexistent/gpusweep.toml")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("snapshot");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    // The agent's table comes out while the hung host is still waited for (60 s).
+    let header = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.starts_with("== cmd:") && l.contains("agent"))
+        .expect("the answering host's table");
+    assert!(header.contains("(agent"), "{header}");
+    assert!(
+        child.try_wait().expect("status").is_none(),
+        "printed before the hung host's deadline"
+    );
+    // TERM, not KILL: gpusweep ends the `cmd:` hosts' process groups on its way out.
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("TERM");
+    assert_eq!(child.wait().expect("wait").code(), Some(143));
+}

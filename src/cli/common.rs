@@ -22,6 +22,16 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 /// The first reading of every host, or its error; hosts that say nothing within the timeout get an error.
 pub async fn first_snapshots(fleet: &mut Fleet, timeout: Duration) -> Vec<HostSnapshot> {
+    first_snapshots_each(fleet, timeout, |_| {}).await
+}
+
+/// `first_snapshots`, handing each host's reading (or error) to `each` as it arrives: a table can print the
+/// hosts that answered while one that hangs is still waited for.
+pub async fn first_snapshots_each(
+    fleet: &mut Fleet,
+    timeout: Duration,
+    mut each: impl FnMut(&HostSnapshot),
+) -> Vec<HostSnapshot> {
     let n = fleet.len();
     let mut got: Vec<Option<HostSnapshot>> = vec![None; n];
     let deadline = tokio::time::Instant::now() + timeout;
@@ -29,25 +39,31 @@ pub async fn first_snapshots(fleet: &mut Fleet, timeout: Duration) -> Vec<HostSn
         let Ok(Some(ev)) = tokio::time::timeout_at(deadline, fleet.recv()).await else {
             break;
         };
-        match ev {
-            HostEvent::Snapshot { host, snap } if host.0 < n => got[host.0] = Some(*snap),
+        let (i, snap) = match ev {
+            HostEvent::Snapshot { host, snap } if host.0 < n => (host.0, *snap),
             HostEvent::Status {
                 host,
                 status: ConnStatus::Down(e),
             } if host.0 < n && got[host.0].is_none() => {
-                got[host.0] = Some(error_snapshot(fleet.label(host), &e));
+                (host.0, error_snapshot(fleet.label(host), &e))
             }
-            _ => {}
+            _ => continue,
+        };
+        if got[i].is_none() {
+            each(&snap);
         }
+        got[i] = Some(snap);
     }
     got.into_iter()
         .enumerate()
         .map(|(i, s)| {
             s.unwrap_or_else(|| {
-                error_snapshot(
+                let e = error_snapshot(
                     fleet.label(HostId(i)),
                     &format!("no reading within {}s", timeout.as_secs()),
-                )
+                );
+                each(&e);
+                e
             })
         })
         .collect()

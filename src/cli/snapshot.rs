@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::io::Write;
 
-use super::common::{first_snapshots, runtime};
+use super::common::{first_snapshots_each, runtime};
 use crate::analyze::{AnalyzeOptions, gpu_state};
 use crate::core::format::{escape, fmt_bytes, fmt_gpus, fmt_opt, fmt_secs, truncate};
 use crate::core::model::{Gpu, HostSnapshot, Severity};
@@ -13,21 +13,33 @@ use crate::runtime::{Fleet, Settings};
 pub fn run(s: &Settings, json: bool) -> anyhow::Result<i32> {
     let rt = runtime()?;
     trace("main", "runtime up");
+    // A table is printed host by host as each answers (one that hangs holds back only itself, until its
+    // deadline); the JSON document once every host answered or timed out.
+    let mut printed: std::io::Result<()> = Ok(());
     let snaps = rt.block_on(async {
         let mut fleet = Fleet::start(&s.specs, &s.fleet_via_serve()).await?;
         trace("main", "fleet started");
-        anyhow::Ok(first_snapshots(&mut fleet, s.connect_timeout).await)
+        let each = |snap: &HostSnapshot| {
+            if !json && printed.is_ok() {
+                printed = write!(
+                    std::io::stdout().lock(),
+                    "{}",
+                    render_table(snap, &s.fleet.analyze)
+                );
+            }
+        };
+        anyhow::Ok(first_snapshots_each(&mut fleet, s.connect_timeout, each).await)
     })?;
     rt.shutdown_background();
     trace("main", "readings in");
-    let mut out = std::io::stdout().lock();
+    printed?;
     if json {
         let doc = serde_json::json!({ "hosts": snaps });
-        writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
-    } else {
-        for snap in &snaps {
-            write!(out, "{}", render_table(snap, &s.fleet.analyze))?;
-        }
+        writeln!(
+            std::io::stdout().lock(),
+            "{}",
+            serde_json::to_string_pretty(&doc)?
+        )?;
     }
     Ok(if snaps.iter().all(|h| h.error.is_some()) {
         2
