@@ -714,3 +714,45 @@ fn a_fresh_reading_moves_the_gauges_and_the_time_only() {
     assert!(after.says_the_same(&before), "only gauges and time moved");
     assert_eq!(after.findings, before.findings);
 }
+
+#[test]
+fn a_host_seen_through_prometheus_opens_live_and_refuses_kills_by_name() {
+    let mut d = Demo::new(5);
+    // gpu-b as Prometheus showed it: judged there, read-only here, with where its serve answers.
+    let mut snap = d.app.hosts[1].snap.clone().expect("gpu-b read");
+    snap.source = gpusweep::core::model::SourceKind::Prometheus;
+    snap.live_url = Some("http://gpu-b:9401".into());
+    d.app.hosts[1].read_only = true;
+    d.app.update(Action::Snapshot(HostId(1), Box::new(snap)));
+    d.app.sel.focus = Panel::Hosts;
+    d.app.sel.host = 1;
+    for k in ['K', 'S', 'D'] {
+        let eff = d.ch(k);
+        assert!(
+            eff.iter().all(|e| matches!(e, Effect::Log(_))),
+            "{k}: {eff:?}"
+        );
+        assert!(d.app.dialog.is_none(), "{k}: no dialog on a read-only host");
+        let (msg, _) = d.app.status.clone().expect("a reason");
+        assert!(
+            msg.contains("read-only") && msg.contains("Enter"),
+            "{k}: {msg}"
+        );
+    }
+    let eff = d.key(KeyCode::Enter);
+    assert!(
+        eff.contains(&Effect::OpenLive(HostId(1), "http://gpu-b:9401".into())),
+        "{eff:?}"
+    );
+    d.app
+        .update(Action::Opened(HostId(1), "http://gpu-b:9401".into(), true));
+    assert!(matches!(d.app.hosts[1].status, ConnStatus::Connecting));
+    // A host read live from its agent is not read-only: Enter only opens it.
+    d.app.sel.focus = Panel::Hosts;
+    d.app.sel.host = 0;
+    let eff = d.key(KeyCode::Enter);
+    assert!(
+        !eff.iter().any(|e| matches!(e, Effect::OpenLive(..))),
+        "{eff:?}"
+    );
+}
