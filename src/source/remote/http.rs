@@ -51,6 +51,7 @@ impl HttpOptions {
             .no_proxy()
             .user_agent(concat!("gpusweep/", env!("CARGO_PKG_VERSION")));
         if let Some(ca) = &self.ca_file {
+            let ca = &super::ssh::expand_tilde(ca);
             let pem =
                 std::fs::read(ca).map_err(|e| format!("http_ca_file {}: {e}", ca.display()))?;
             let cert = reqwest::Certificate::from_pem(&pem)
@@ -59,6 +60,7 @@ impl HttpOptions {
         }
         let token = match &self.token_file {
             Some(p) => {
+                let p = &super::ssh::expand_tilde(p);
                 let t = std::fs::read_to_string(p)
                     .map_err(|e| format!("http_token_file {}: {e}", p.display()))?;
                 Some(Arc::from(t.lines().next().unwrap_or("").trim()))
