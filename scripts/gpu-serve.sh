@@ -21,8 +21,9 @@ trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; rm -f "$GPUSWEEP_SO
 say "environment"
 { uname -r; nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader; "$BIN" --version; echo "processes: $(ls /proc | grep -c '^[0-9]')"; } 2>&1 | tee -a "$L"
 
-say "1. one snapshot traced (where its time goes)"
-GPUSWEEP_TRACE=1 "$BIN" snapshot --json --no-serve 2>&1 >/dev/null | tee -a "$L"
+say "1. snapshots traced (where their time goes), and what each NVML call costs cold and warm"
+for _ in 1 2 3; do GPUSWEEP_TRACE=1 "$BIN" snapshot --json --no-serve 2>&1 >/dev/null | tee -a "$L"; done
+for _ in 1 2 3; do python3 scripts/gpu/nvml_cold.py 2>&1 | tee -a "$L"; done
 
 bench() { # N: gpusweep snapshot --json vs nvidia-smi, interleaved, medians
 python3 - "$BIN" "$1" <<'PY' 2>&1 | tee -a "$L"

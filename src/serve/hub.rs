@@ -155,13 +155,14 @@ fn died_on(prev: &HostSnapshot, next: &HostSnapshot) -> Vec<u32> {
             .flat_map(|g| g.processes.iter().map(|p| p.pid)),
     );
     for pid in pids {
-        let Some(before) = prev.proc(pid) else {
+        let Some(before) = prev.proc(pid).filter(|p| !p.state.is_zombie()) else {
             continue;
         };
-        if next
-            .proc(pid)
-            .is_some_and(|p| p.start_time == before.start_time)
-        {
+        // Dead is dead when it is a zombie too: its parent may reap it only after the driver let go.
+        let alive = |p: &crate::core::model::Proc| {
+            p.start_time == before.start_time && !p.state.is_zombie()
+        };
+        if next.proc(pid).is_some_and(alive) {
             continue;
         }
         out.extend(prev.listed_gpus(pid));
@@ -385,5 +386,54 @@ impl Hub {
                 fleet.send(HostId(host), HostCmd::Remove { id, req });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::model::{Gpu, Holder, ListedProcess, Proc, ProcState};
+
+    fn reading(state: Option<ProcState>) -> HostSnapshot {
+        HostSnapshot {
+            gpus: vec![Gpu {
+                index: 3,
+                processes: vec![ListedProcess {
+                    pid: 42,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            holders: vec![Holder {
+                pid: 42,
+                gpus: vec![3],
+                ..Default::default()
+            }],
+            processes: state
+                .map(|st| Proc {
+                    pid: 42,
+                    start_time: 7,
+                    state: st,
+                    ..Default::default()
+                })
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_holder_dies_when_it_turns_zombie_not_when_its_parent_reaps_it() {
+        let alive = reading(Some(ProcState::Sleeping));
+        let zombie = reading(Some(ProcState::Zombie));
+        let gone = reading(None);
+        assert_eq!(died_on(&alive, &alive), Vec::<u32>::new());
+        assert_eq!(died_on(&alive, &zombie), vec![3]);
+        assert_eq!(died_on(&alive, &gone), vec![3]);
+        assert_eq!(
+            died_on(&zombie, &gone),
+            Vec::<u32>::new(),
+            "it died once, not twice"
+        );
     }
 }

@@ -13,9 +13,26 @@ use nvml_wrapper::error::NvmlError;
 
 use super::watchdog::GpuReader;
 use crate::core::model::{Gpu, ListedProcess, Memory, ProcessKind};
+use crate::core::trace;
+
+/// What identifies a GPU and how it is set up: read with the first reading and again every `IDENT_EVERY`
+/// (MIG and persistence modes can change; the rest cannot), not at every poll: seven driver calls a poll saved.
+type Ident = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<u32>,
+    Option<String>,
+    Option<bool>,
+    Option<bool>,
+);
+
+const IDENT_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
 pub struct NvmlReader {
     nvml: Nvml,
+    /// Per GPU index: its identity and when it was read.
+    idents: std::sync::Mutex<std::collections::HashMap<u32, (std::time::Instant, Ident)>>,
     /// Read once when NVML is loaded: GPUs do not come and go while it runs.
     pub count: u32,
     pub driver_version: Option<String>,
@@ -49,6 +66,7 @@ impl NvmlReader {
         for lib in libs {
             match Nvml::builder().lib_path(lib).init() {
                 Ok(nvml) => {
+                    trace("nvml", "initialized");
                     let count = nvml
                         .device_count()
                         .map_err(|e| format!("NVML device count: {e}"))?;
@@ -57,9 +75,11 @@ impl NvmlReader {
                     for i in 0..count {
                         let _ = nvml.device_by_index(i);
                     }
+                    trace("nvml", "device handles taken");
                     let driver_version = nvml.sys_driver_version().ok();
                     return Ok(NvmlReader {
                         nvml,
+                        idents: std::sync::Mutex::default(),
                         count,
                         driver_version,
                     });
@@ -68,6 +88,36 @@ impl NvmlReader {
             }
         }
         Err(last.map_or_else(|| "NVML unavailable".into(), |e| describe_init_error(&e)))
+    }
+}
+
+impl NvmlReader {
+    /// A GPU's identity and modes: from the cache while fresh, else read (seven driver calls).
+    fn identity(&self, index: u32, dev: &nvml_wrapper::Device) -> Ident {
+        let cached = self.idents.lock().ok().and_then(|m| {
+            m.get(&index)
+                .filter(|(at, _)| at.elapsed() < IDENT_EVERY)
+                .cloned()
+        });
+        if let Some((_, id)) = cached {
+            return id;
+        }
+        let id: Ident = (
+            dev.uuid().ok(),
+            dev.name().ok(),
+            dev.pci_info().ok().map(|p| p.bus_id),
+            dev.minor_number().ok(),
+            dev.cuda_compute_capability()
+                .ok()
+                .map(|c| format!("{}.{}", c.major, c.minor)),
+            dev.mig_mode().ok().map(|m| m.current == 1),
+            dev.is_in_persistent_mode().ok(),
+        );
+        trace("nvml", "identity read");
+        if let Ok(mut m) = self.idents.lock() {
+            m.insert(index, (std::time::Instant::now(), id.clone()));
+        }
+        id
     }
 }
 
@@ -90,28 +140,20 @@ impl GpuReader for NvmlReader {
         // Three groups of fields; on a cold reading they go in parallel (see `warm`).
         let usage = || {
             let mem = dev.memory_info();
+            trace("nvml", "memory read");
             let procs = read_processes(dev);
-            (
-                mem,
-                procs,
-                dev.utilization_rates().ok().map(|u| u.gpu),
-                dev.temperature(TemperatureSensor::Gpu).ok(),
-            )
+            trace("nvml", "processes read");
+            let util = dev.utilization_rates().ok().map(|u| u.gpu);
+            let temp = dev.temperature(TemperatureSensor::Gpu).ok();
+            trace("nvml", "utilization and temperature read");
+            (mem, procs, util, temp)
         };
-        let power = || dev.power_usage().ok();
-        let ident = || {
-            (
-                dev.uuid().ok(),
-                dev.name().ok(),
-                dev.pci_info().ok().map(|p| p.bus_id),
-                dev.minor_number().ok(),
-                dev.cuda_compute_capability()
-                    .ok()
-                    .map(|c| format!("{}.{}", c.major, c.minor)),
-                dev.mig_mode().ok().map(|m| m.current == 1),
-                dev.is_in_persistent_mode().ok(),
-            )
+        let power = || {
+            let p = dev.power_usage().ok();
+            trace("nvml", "power read");
+            p
         };
+        let ident = || self.identity(index, dev);
         let ((mem, procs, util, temp), power_mw, id) = if cold {
             std::thread::scope(|s| {
                 let p = s.spawn(power);

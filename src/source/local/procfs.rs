@@ -289,14 +289,24 @@ impl ProcScanner {
                 if let Some(c) = self.cache.get_mut(&pid) {
                     c.fds = None;
                 }
-            } else if !p.kernel_thread
-                && (depth == Depth::Full
-                    || !same
-                    || table.holders.contains_key(&pid)
-                    || table.unreadable.contains(&pid)
-                    || always.contains(&pid))
-            {
-                walk.push(pid);
+            } else if !p.kernel_thread {
+                // A GPU process has hundreds of fds: between listings only its stat is read (it lives, in
+                // which state, under which parent); its fds are walked again at each listing.
+                let never_walked = self.cache.get(&pid).is_none_or(|c| c.fds.is_none());
+                let walk_it = match depth {
+                    Depth::Full => true,
+                    Depth::Listing => {
+                        !same
+                            || never_walked
+                            || table.holders.contains_key(&pid)
+                            || table.unreadable.contains(&pid)
+                            || always.contains(&pid)
+                    }
+                    Depth::Known => !same || never_walked,
+                };
+                if walk_it {
+                    walk.push(pid);
+                }
             }
             table.procs.insert(pid, p);
         }
