@@ -49,7 +49,7 @@ fn bench(c: &mut Criterion) {
             .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
             .count()
     });
-    let mut src = match LocalSource::new("bench".into(), ProcfsConfig::default(), true) {
+    let mut src = match LocalSource::new("bench".into(), ProcfsConfig::default(), true, true) {
         Ok(s) => s,
         Err(e) => panic!("local source: {e}"),
     };
@@ -70,7 +70,7 @@ fn bench(c: &mut Criterion) {
         full_scan_every: Duration::ZERO,
         ..ProcfsConfig::default()
     };
-    let mut full = match LocalSource::new("bench".into(), full_cfg, true) {
+    let mut full = match LocalSource::new("bench".into(), full_cfg, true, true) {
         Ok(s) => s,
         Err(e) => panic!("local source: {e}"),
     };

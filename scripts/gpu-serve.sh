@@ -25,31 +25,34 @@ say "1. snapshots traced (where their time goes), and what each NVML call costs 
 for _ in 1 2 3; do GPUSWEEP_TRACE=1 "$BIN" snapshot --json --no-serve 2>&1 >/dev/null | tee -a "$L"; done
 for _ in 1 2 3; do python3 scripts/gpu/nvml_cold.py 2>&1 | tee -a "$L"; done
 
-bench() { # N: gpusweep snapshot --json vs nvidia-smi, interleaved, medians
-python3 - "$BIN" "$1" <<'PY' 2>&1 | tee -a "$L"
-import statistics, subprocess, sys, time
-b, n = sys.argv[1], int(sys.argv[2])
-runs = {"gpusweep snapshot --json": [b, "snapshot", "--json"], "nvidia-smi --query-gpu=memory.used": ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader"]}
+bench() { # N CMD...: whole processes, interleaved, medians; each CMD one string; ratios against the first nvidia-smi
+python3 - "$BIN" "$@" <<'PY' 2>&1 | tee -a "$L"
+import shlex, statistics, subprocess, sys, time
+b, n, cmds = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+runs = {c: [b if w == "gpusweep" else w for w in shlex.split(c)] for c in cmds}
 xs = {k: [] for k in runs}
 for _ in range(n):
     for k, cmd in runs.items():
         a = time.perf_counter(); subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); xs[k].append((time.perf_counter() - a) * 1000)
 m = {k: statistics.median(v) for k, v in xs.items()}
+base = next(k for k in cmds if k.startswith("nvidia-smi"))
 for k, v in xs.items():
-    print("%-38s median %6.2f ms  min %6.2f  max %6.2f  (%d runs, interleaved)" % (k, m[k], min(v), max(v), n))
-g, s = m["gpusweep snapshot --json"], m["nvidia-smi --query-gpu=memory.used"]
-print("RATIO gpusweep/nvidia-smi = %.2f" % (g / s))
+    print("%-92s median %6.2f ms  min %6.2f  max %6.2f  = %.2fx the first nvidia-smi" % (k, m[k], min(v), max(v), m[k] / m[base]))
+print("(%d runs each, interleaved)" % n)
 PY
 }
-say "2. whole processes without a serve"
-bench 40
+SMI_MEM="nvidia-smi --query-gpu=memory.used --format=csv,noheader"
+SMI_GAUGES="nvidia-smi --query-gpu=memory.used,utilization.gpu,temperature.gpu,power.draw --format=csv,noheader"
+say "2. whole processes without a serve: the verdict alone (--no-gauges) against nvidia-smi reading memory, the full reading against nvidia-smi reading the same gauges"
+bench 40 "$SMI_MEM" "gpusweep snapshot --json --no-serve --no-gauges" "gpusweep wait --timeout 0s --no-serve" "gpusweep snapshot --json --no-serve" "$SMI_GAUGES"
+for _ in 1 2; do GPUSWEEP_TRACE=1 "$BIN" snapshot --json --no-serve --no-gauges 2>&1 >/dev/null | tee -a "$L"; done
 say "3. the same with a serve running (snapshot reads it through its socket)"
 "$BIN" serve --no-http --interval 1s 2>>"$L" & PIDS+=($!)
 for _ in $(seq 1 100); do [ -S "$GPUSWEEP_SOCKET" ] && break; sleep 0.05; done
 sleep 0.5
 "$BIN" snapshot --json | python3 -c 'import json,sys; print("source:", json.load(sys.stdin)["hosts"][0]["source"])' | tee -a "$L"
 GPUSWEEP_TRACE=1 "$BIN" snapshot --json 2>&1 >/dev/null | tee -a "$L"
-bench 40
+bench 40 "$SMI_MEM" "gpusweep snapshot --json" "gpusweep wait --timeout 0s"
 kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null
 
 say "4. a holder's death to the serve's gpu_clean event, against NVML polled every 1 ms"

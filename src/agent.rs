@@ -176,7 +176,12 @@ pub fn run(s: &crate::runtime::Settings, demo_host: &str) -> anyhow::Result<i32>
         return Ok(serve(Box::new(src), None, s.fleet.interval));
     }
     let host = crate::core::host::local_hostname();
-    let src = LocalSource::new(host.clone(), s.fleet.procfs.clone(), s.fleet.load_nvml)?;
+    let src = LocalSource::new(
+        host.clone(),
+        s.fleet.procfs.clone(),
+        s.fleet.load_nvml,
+        true,
+    )?;
     let d = Deliverer {
         host,
         audit: s.fleet.audit.clone(),

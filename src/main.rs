@@ -14,10 +14,18 @@ fn main() {
             .and_then(|spec| serde_json::from_slice::<Vec<String>>(&spec).ok()),
         _ => None,
     };
-    let cli = match &supervisor {
-        Some(original) => Cli::parse_from(original),
-        None => Cli::parse(),
+    let cli = if let Some(original) = &supervisor {
+        Cli::try_parse_from(original)
+    } else {
+        // A plain reading of this host starts loading NVML while clap parses.
+        gpusweep::cli::early::load_nvml_before_parsing(&argv);
+        Cli::try_parse()
     };
+    let cli = cli.unwrap_or_else(|e| {
+        // Usage errors, --help and --version end here; an NVML load started above finishes first.
+        gpusweep::runtime::shutdown();
+        e.exit()
+    });
     // The supervisor forwards INT/TERM/HUP to its job; it must not die of them. A serve stops cleanly on
     // them (its socket file removed).
     if cli.command.is_some()

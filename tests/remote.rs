@@ -46,6 +46,7 @@ async fn fleet(command: &str, interval: Duration, audit: &Path) -> Fleet {
         analyze: AnalyzeOptions::default(),
         procfs: ProcfsConfig::default(),
         load_nvml: false,
+        gauges: true,
         audit: AuditLog {
             path: Some(audit.to_path_buf()),
         },

@@ -540,6 +540,7 @@ async fn agent_killed_mid_stream_is_reported_and_reconnected() {
         analyze: AnalyzeOptions::default(),
         procfs: ProcfsConfig::default(),
         load_nvml: false,
+        gauges: true,
         audit: AuditLog {
             path: Some(s.path("audit.jsonl")),
         },

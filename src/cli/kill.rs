@@ -51,7 +51,8 @@ pub fn run(s: &Settings, a: &KillArgs) -> anyhow::Result<i32> {
     let local = s.specs[idx] == HostSpec::Local;
     let rt = runtime()?;
     let res = rt.block_on(async {
-        let mut fleet = Fleet::start(&s.specs[idx..=idx], &s.fleet).await?;
+        let mut fleet =
+            Fleet::start(&s.specs[idx..=idx], &s.fleet.clone().without_gauges()).await?;
         let snap = first_snapshots(&mut fleet, s.connect_timeout)
             .await
             .remove(0);

@@ -3,6 +3,7 @@
 
 pub mod args;
 pub mod common;
+pub mod early;
 pub mod kill;
 pub mod run;
 pub mod shm;
@@ -20,7 +21,7 @@ use crate::runtime::Settings;
 #[allow(clippy::too_many_lines)] // one arm per subcommand, each only unpacking its arguments
 pub fn run(s: &Settings, cmd: Command, explicit_hosts: bool) -> anyhow::Result<i32> {
     match cmd {
-        Command::Snapshot { json } => snapshot::run(s, json),
+        Command::Snapshot { json, no_gauges } => snapshot::run(s, json, !no_gauges),
         Command::Wait {
             gpus,
             tolerance,

@@ -235,7 +235,8 @@ pub fn supervise_job(s: &Settings, a: &RunArgs) -> anyhow::Result<i32> {
     let me = std::process::id();
     let tolerance = s.fleet.analyze.tolerance;
     let rt = runtime()?;
-    let mut fleet = rt.block_on(async { Fleet::start(&s.specs, &s.fleet).await })?;
+    let mut fleet =
+        rt.block_on(async { Fleet::start(&s.specs, &s.fleet.clone().without_gauges()).await })?;
     let snaps = rt.block_on(first_snapshots(&mut fleet, s.connect_timeout));
     let snap = &snaps[0];
     if let Some(e) = unusable(snap, s.fleet.load_nvml) {

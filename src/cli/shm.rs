@@ -33,7 +33,7 @@ pub fn run(s: &Settings, a: &CleanArgs) -> anyhow::Result<i32> {
     }
     let rt = runtime()?;
     let code = rt.block_on(async {
-        let mut fleet = Fleet::start(&s.specs, &s.fleet).await?;
+        let mut fleet = Fleet::start(&s.specs, &s.fleet.clone().without_gauges()).await?;
         let snaps = first_snapshots(&mut fleet, s.connect_timeout).await;
         let mut unreadable = false;
         let mut reqs: Vec<(HostId, RemovalRequest)> = Vec::new();

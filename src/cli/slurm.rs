@@ -105,7 +105,8 @@ fn start(s: &Settings) -> anyhow::Result<(tokio::runtime::Runtime, Fleet, Vec<Ho
         bail!("prolog and epilog judge this node: --hosts does not apply");
     }
     let rt = runtime()?;
-    let mut fleet = rt.block_on(async { Fleet::start(&s.specs, &s.fleet).await })?;
+    let mut fleet =
+        rt.block_on(async { Fleet::start(&s.specs, &s.fleet.clone().without_gauges()).await })?;
     let snaps = rt.block_on(first_snapshots(&mut fleet, s.connect_timeout));
     if let Some(e) = unusable(&snaps[0], s.fleet.load_nvml) {
         bail!("{e}");

@@ -40,7 +40,7 @@ fn capabilities(
     } else {
         let rt = runtime()?;
         let snaps = rt.block_on(async {
-            let mut fleet = Fleet::start(&s.specs, &s.fleet).await?;
+            let mut fleet = Fleet::start(&s.specs, &s.fleet.clone().without_gauges()).await?;
             anyhow::Ok(first_snapshots(&mut fleet, s.connect_timeout).await)
         })?;
         rt.shutdown_background();

@@ -10,14 +10,17 @@ use crate::core::model::{Gpu, HostSnapshot, Severity};
 use crate::core::trace;
 use crate::runtime::{Fleet, Settings};
 
-pub fn run(s: &Settings, json: bool) -> anyhow::Result<i32> {
+pub fn run(s: &Settings, json: bool, gauges: bool) -> anyhow::Result<i32> {
+    let mut opts = s.fleet_via_serve();
+    opts.gauges = gauges;
+    crate::runtime::load_local_early(&s.specs, &opts);
     let rt = runtime()?;
     trace("main", "runtime up");
     // A table is printed host by host as each answers (one that hangs holds back only itself, until its
     // deadline); the JSON document once every host answered or timed out.
     let mut printed: std::io::Result<()> = Ok(());
     let snaps = rt.block_on(async {
-        let mut fleet = Fleet::start(&s.specs, &s.fleet_via_serve()).await?;
+        let mut fleet = Fleet::start(&s.specs, &opts).await?;
         trace("main", "fleet started");
         let each = |snap: &HostSnapshot| {
             if !json && printed.is_ok() {

@@ -168,7 +168,7 @@ pub fn run(s: &Settings, a: &SweepArgs) -> anyhow::Result<i32> {
         .map_or(s.fleet.analyze.tolerance, |t| t.saturating_mul(MIB));
     let rt = runtime()?;
     let res = rt.block_on(async {
-        let mut fleet = Fleet::start(&s.specs, &s.fleet).await?;
+        let mut fleet = Fleet::start(&s.specs, &s.fleet.clone().without_gauges()).await?;
         let Start {
             plan,
             watch,

@@ -212,8 +212,9 @@ pub fn run(s: &Settings, a: &WaitArgs) -> anyhow::Result<i32> {
     let tolerance = a
         .tolerance_mib
         .map_or(s.fleet.analyze.tolerance, |t| t.saturating_mul(MIB));
-    let mut opts = s.fleet_via_serve();
+    let mut opts = s.fleet_via_serve().without_gauges();
     opts.interval = a.poll.max(Duration::from_millis(20));
+    crate::runtime::load_local_early(&s.specs, &opts);
     let rt = runtime()?;
     let started = Instant::now();
     let res = rt.block_on(async {

@@ -107,6 +107,9 @@ pub enum Feature {
     Actions,
     /// NVML's list of processes and what it charges them (dcgm-exporter's metrics carry none).
     ProcessList,
+    /// Utilization, temperature and power: left unread by a reading that only needs the verdict (their first
+    /// reading in a process costs the driver ~5 ms per GPU).
+    Gauges,
 }
 
 impl Feature {
@@ -129,6 +132,7 @@ impl Feature {
                 "the GPU process list (only dcgm-exporter's memory metrics reach Prometheus for this host): \
                  a GPU in use cannot be told from a leak"
             }
+            Feature::Gauges => "utilization, temperature and power (not read: --no-gauges)",
         }
     }
 }

@@ -9,6 +9,6 @@ pub fn trace(host: &str, what: &str) {
     static ON: OnceLock<bool> = OnceLock::new();
     if *ON.get_or_init(|| std::env::var_os("GPUSWEEP_TRACE").is_some()) {
         let t = START.get_or_init(Instant::now).elapsed();
-        eprintln!("[{:>8.3}s] {host}: {what}", t.as_secs_f64());
+        eprintln!("[{:>9.3} ms] {host}: {what}", t.as_secs_f64() * 1e3);
     }
 }

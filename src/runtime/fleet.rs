@@ -61,6 +61,8 @@ pub struct FleetOptions {
     pub analyze: AnalyzeOptions,
     pub procfs: ProcfsConfig,
     pub load_nvml: bool,
+    /// Read utilization, temperature and power of this host's GPUs (readers of the verdict alone skip them).
+    pub gauges: bool,
     pub audit: AuditLog,
     /// Signal with kill(2) after a start-time check where this host has no pidfd (opt-in).
     pub kill_without_pidfd: bool,
@@ -70,6 +72,16 @@ pub struct FleetOptions {
     pub http: HttpOptions,
     /// Read this host through the serve answering on this socket, where one does (`snapshot`, `wait`).
     pub serve_socket: Option<std::path::PathBuf>,
+}
+
+impl FleetOptions {
+    /// For a front end that needs only the verdict (memory, processes, holders): local GPUs are read without
+    /// utilization, temperature and power, whose first reading costs a fresh process ~5 ms per GPU.
+    #[must_use]
+    pub fn without_gauges(mut self) -> Self {
+        self.gauges = false;
+        self
+    }
 }
 
 /// Commands queued for one host at most; past that a host is busy and further commands are answered at once.
@@ -210,6 +222,25 @@ async fn expand(specs: &[HostSpec], http: Option<&HttpClient>, timeout: Duration
 
 /// A `gpusweep serve` of this host that answers on `path`, if one does: then this host is read through it.
 /// Its hello must name this host (a demo serve, or one of another host's socket mounted here, does not).
+/// For a one-shot reader, before its async runtime and fleet exist: start loading NVML now if this host
+/// will be read from it (this host among the specs, NVML allowed, no serve socket to read it through).
+pub fn load_local_early(specs: &[HostSpec], opts: &FleetOptions) {
+    let local = specs.iter().any(|s| matches!(s, HostSpec::Local));
+    let serve_may_answer = opts
+        .serve_socket
+        .as_deref()
+        .is_some_and(std::path::Path::exists);
+    if local && opts.load_nvml && !serve_may_answer {
+        start_local_nvml(opts.gauges);
+    }
+}
+
+/// Start loading this host's NVML now, for the local source to take when it starts (see `load_local_early`).
+/// Left unused, it is let finish before exit (`runtime::shutdown`).
+pub fn start_local_nvml(gauges: bool) {
+    crate::source::local::early::start(gauges);
+}
+
 fn serve_answers(path: Option<&std::path::Path>, this_host: &str) -> Option<String> {
     use std::io::{BufRead, Read};
     let path = path?;
@@ -301,8 +332,12 @@ impl Fleet {
                     ) {
                         remote_task(HostSpec::Socket { path }, sink)
                     } else {
-                        let src =
-                            LocalSource::new(label.clone(), opts.procfs.clone(), opts.load_nvml)?;
+                        let src = LocalSource::new(
+                            label.clone(),
+                            opts.procfs.clone(),
+                            opts.load_nvml,
+                            opts.gauges,
+                        )?;
                         let d = Deliverer {
                             host: label.clone(),
                             audit: opts.audit.clone(),

@@ -7,7 +7,7 @@ pub mod fleet;
 pub mod poll;
 pub mod settings;
 
-pub use fleet::{CMD_QUEUE, Fleet, FleetOptions, HostEvent};
+pub use fleet::{CMD_QUEUE, Fleet, FleetOptions, HostEvent, load_local_early, start_local_nvml};
 
 /// Raise the soft limit on open files to the hard limit: a sweep holds a pidfd per target during its grace
 /// period, and a node may have thousands of targets. Returns the soft limit now in force.
@@ -71,7 +71,9 @@ pub fn exit_on_signals() {
     }
 }
 
-/// What must not outlive gpusweep: the process groups of `cmd:` hosts.
+/// What must not outlive gpusweep: the process groups of `cmd:` hosts; an NVML load started early and never
+/// used is let finish first.
 pub fn shutdown() {
     crate::source::remote::command::kill_all();
+    crate::source::local::early::settle(std::time::Duration::from_secs(2));
 }

@@ -1,5 +1,6 @@
 //! This host: NVML (when a driver exists), /proc and /dev/shm, joined into one snapshot.
 
+pub mod early;
 pub mod exits;
 pub mod nvml;
 pub mod procfs;
@@ -7,7 +8,7 @@ pub mod watchdog;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 use super::{Source, SourceError};
@@ -27,7 +28,7 @@ pub struct LocalSource {
     nvml: Result<Nvml, String>,
     /// NVML is loaded on a thread of its own (about 10 ms on a real H200) while the first /proc scan runs.
     /// A load that does not finish within the deadline (a wedged driver) is waited for again at each poll.
-    loader: Option<Receiver<Result<nvml::NvmlReader, String>>>,
+    loader: Option<early::Loading>,
     deadline: Duration,
     scanner: ProcScanner,
     /// Every process as last read: each poll reads only what may have changed.
@@ -44,11 +45,19 @@ pub struct LocalSource {
     drain: Option<Drain>,
     self_pid: u32,
     in_child_ns: bool,
+    /// Utilization, temperature and power are read (not by readers that only want the verdict).
+    gauges: bool,
 }
 
 impl LocalSource {
-    /// `load_nvml: false` never touches the driver (tests, and hosts where only holders matter).
-    pub fn new(host: String, procfs: ProcfsConfig, load_nvml: bool) -> Result<Self, SourceError> {
+    /// `load_nvml: false` never touches the driver (tests, and hosts where only holders matter);
+    /// `gauges: false` reads only what the verdict needs (memory, processes, identity).
+    pub fn new(
+        host: String,
+        procfs: ProcfsConfig,
+        load_nvml: bool,
+        gauges: bool,
+    ) -> Result<Self, SourceError> {
         let in_child_ns = procfs::in_child_pid_namespace(&procfs.proc_root);
         Ok(LocalSource {
             host,
@@ -57,16 +66,7 @@ impl LocalSource {
             } else {
                 "NVML disabled (--no-nvml)".into()
             }),
-            loader: load_nvml.then(|| {
-                let (tx, rx) = std::sync::mpsc::sync_channel(1);
-                // A thread that cannot start drops `tx`: the first poll then says the loader failed.
-                let _ = std::thread::Builder::new()
-                    .name("nvml-load".into())
-                    .spawn(move || {
-                        let _ = tx.send(nvml::NvmlReader::open());
-                    });
-                rx
-            }),
+            loader: load_nvml.then(|| early::take(gauges).unwrap_or_else(|| early::spawn(gauges))),
             deadline: watchdog::DEFAULT_DEADLINE,
             scanner: ProcScanner::new(procfs)?,
             table: ProcTable::default(),
@@ -77,6 +77,7 @@ impl LocalSource {
             drain: None,
             self_pid: std::process::id(),
             in_child_ns,
+            gauges,
         })
     }
 }
@@ -95,33 +96,7 @@ impl Source for LocalSource {
                 .scan(&mut self.table, Depth::Full, &HashSet::new());
             self.listed_at = Some(Instant::now());
         }
-        if let Some(rx) = &self.loader {
-            trace(&self.host, "first /proc scan done");
-            match rx.recv_timeout(self.deadline) {
-                Ok(loaded) => {
-                    self.nvml = loaded.map(|r| Nvml {
-                        driver_version: r.driver_version.clone(),
-                        gpus: {
-                            let count = r.count;
-                            let reader: Arc<dyn watchdog::GpuReader> = Arc::new(r);
-                            watchdog::Guarded::new(&reader, count, self.deadline)
-                        },
-                    });
-                    self.loader = None;
-                }
-                Err(RecvTimeoutError::Timeout) => {
-                    self.nvml = Err(format!(
-                        "driver not answering: NVML did not finish loading within {} s",
-                        self.deadline.as_secs()
-                    ));
-                }
-                Err(RecvTimeoutError::Disconnected) => {
-                    self.nvml = Err("NVML loader failed".into());
-                    self.loader = None;
-                }
-            }
-            trace(&self.host, "NVML loaded");
-        }
+        self.finish_loading();
         let (gpus, gpu_error, driver_version) = match &mut self.nvml {
             Ok(n) => (n.gpus.read(), None, n.driver_version.clone()),
             Err(e) => (Vec::new(), Some(e.clone()), None),
@@ -155,7 +130,8 @@ impl Source for LocalSource {
         if self.table.full {
             self.unexplained_at_full = unexplained;
         }
-        let snap = build_snapshot(
+        let gauges_unread = !self.gauges && self.nvml.is_ok();
+        let mut snap = build_snapshot(
             &self.host,
             &mut self.scanner,
             &mut self.table,
@@ -165,6 +141,10 @@ impl Source for LocalSource {
             self.self_pid,
             self.in_child_ns,
         );
+        if gauges_unread {
+            snap.missing_features
+                .push(crate::core::model::Feature::Gauges);
+        }
         trace(&self.host, "snapshot built");
         self.follow_exits(&snap);
         Ok(snap)
@@ -229,6 +209,37 @@ fn gpu_processes(snap: &HostSnapshot) -> HashMap<u32, (u64, Vec<u32>)> {
 }
 
 impl LocalSource {
+    /// While NVML loads: wait for it up to the deadline (again at the next poll if a wedged driver holds it).
+    fn finish_loading(&mut self) {
+        if let Some(rx) = &self.loader {
+            trace(&self.host, "first /proc scan done");
+            match rx.recv_timeout(self.deadline) {
+                Ok(loaded) => {
+                    self.nvml = loaded.map(|r| Nvml {
+                        driver_version: r.driver_version.clone(),
+                        gpus: {
+                            let count = r.count;
+                            let reader: Arc<dyn watchdog::GpuReader> = Arc::new(r);
+                            watchdog::Guarded::new(&reader, count, self.deadline)
+                        },
+                    });
+                    self.loader = None;
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    self.nvml = Err(format!(
+                        "driver not answering: NVML did not finish loading within {} s",
+                        self.deadline.as_secs()
+                    ));
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.nvml = Err("NVML loader failed".into());
+                    self.loader = None;
+                }
+            }
+            trace(&self.host, "NVML loaded");
+        }
+    }
+
     /// After a reading: which GPU processes died since the last one (their GPUs are then read every few ms
     /// until the memory settles), and which to watch from now on.
     fn follow_exits(&mut self, snap: &HostSnapshot) {
@@ -326,7 +337,9 @@ pub fn build_snapshot(
         .chain(gpus.iter().flat_map(|g| g.processes.iter().map(|p| p.pid)));
     let (wanted, zombies) = super::shown_pids(&table.procs, seeds);
     scanner.fill_details(table, &wanted);
+    trace(host, "details of shown processes read");
     let shm = scanner.read_shm(table);
+    trace(host, "shm read");
     let mut holders: Vec<Holder> = table
         .holders
         .iter()

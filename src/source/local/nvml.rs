@@ -35,6 +35,8 @@ pub struct NvmlReader {
     idents: std::sync::Mutex<std::collections::HashMap<u32, (std::time::Instant, Ident)>>,
     /// Read once when NVML is loaded: GPUs do not come and go while it runs.
     pub count: u32,
+    /// Whether utilization, temperature and power are read (not when only the verdict is wanted).
+    gauges: bool,
     pub driver_version: Option<String>,
 }
 
@@ -53,7 +55,7 @@ pub fn describe_init_error(e: &NvmlError) -> String {
 impl NvmlReader {
     /// Load `libnvidia-ml.so.1` (the name the driver installs; the unversioned name needs the -dev package),
     /// or the library `GPUSWEEP_NVML_LIBRARY` names (a driver installed off the loader's path).
-    pub fn open() -> Result<Self, String> {
+    pub fn open(gauges: bool) -> Result<Self, String> {
         let mut last = None;
         let chosen = std::env::var_os("GPUSWEEP_NVML_LIBRARY");
         let libs: Vec<&OsStr> = match &chosen {
@@ -81,6 +83,7 @@ impl NvmlReader {
                         nvml,
                         idents: std::sync::Mutex::default(),
                         count,
+                        gauges,
                         driver_version,
                     });
                 }
@@ -122,9 +125,10 @@ impl NvmlReader {
 }
 
 impl GpuReader for NvmlReader {
-    /// One GPU; on its cold first reading the slow driver round trips run in parallel
-    /// (a device handle ~7 ms, power ~4 ms on a real H200).
-    fn read_one(&self, index: u32, cold: bool) -> Gpu {
+    /// One GPU, its fields one after another: on a cold first reading the driver serializes its slow first
+    /// calls, so calls from parallel threads only wait on each other (an H200: 7.3 ms in four threads against
+    /// 6.1 ms in one; see `scripts/gpu/nvml_order.py`).
+    fn read_one(&self, index: u32) -> Gpu {
         let mut gpu = Gpu {
             index,
             ..Default::default()
@@ -136,33 +140,21 @@ impl GpuReader for NvmlReader {
                 return gpu;
             }
         };
-        let dev = &dev;
-        // Three groups of fields; on a cold reading they go in parallel (see `warm`).
-        let usage = || {
-            let mem = dev.memory_info();
-            trace("nvml", "memory read");
-            let procs = read_processes(dev);
-            trace("nvml", "processes read");
-            let util = dev.utilization_rates().ok().map(|u| u.gpu);
-            let temp = dev.temperature(TemperatureSensor::Gpu).ok();
-            trace("nvml", "utilization and temperature read");
-            (mem, procs, util, temp)
-        };
-        let power = || {
-            let p = dev.power_usage().ok();
-            trace("nvml", "power read");
-            p
-        };
-        let ident = || self.identity(index, dev);
-        let ((mem, procs, util, temp), power_mw, id) = if cold {
-            std::thread::scope(|s| {
-                let p = s.spawn(power);
-                let i = s.spawn(ident);
-                let u = usage();
-                (u, p.join().ok().flatten(), i.join().unwrap_or_default())
-            })
+        let mem = dev.memory_info();
+        trace("nvml", "memory read");
+        let procs = read_processes(&dev);
+        trace("nvml", "processes read");
+        let id = self.identity(index, &dev);
+        let (util, temp, power_mw) = if self.gauges {
+            let g = (
+                dev.utilization_rates().ok().map(|u| u.gpu),
+                dev.temperature(TemperatureSensor::Gpu).ok(),
+                dev.power_usage().ok(),
+            );
+            trace("nvml", "utilization, temperature and power read");
+            g
         } else {
-            (usage(), power(), ident())
+            (None, None, None)
         };
         match mem {
             Ok(m) => {

@@ -16,8 +16,8 @@ pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(5);
 
 /// What reads one GPU: NVML in the product.
 pub trait GpuReader: Send + Sync + 'static {
-    /// Read GPU `index`; `cold` on the first reading of that GPU.
-    fn read_one(&self, index: u32, cold: bool) -> Gpu;
+    /// Read GPU `index`.
+    fn read_one(&self, index: u32) -> Gpu;
 }
 
 struct Worker {
@@ -45,12 +45,10 @@ impl Guarded {
                 std::thread::Builder::new()
                     .name(format!("nvml-gpu{index}"))
                     .spawn(move || {
-                        let mut cold = true;
                         while questions.recv().is_ok() {
-                            if tell.send(reader.read_one(index, cold)).is_err() {
+                            if tell.send(reader.read_one(index)).is_err() {
                                 break;
                             }
-                            cold = false;
                         }
                     })
                     .ok()
@@ -155,7 +153,7 @@ mod tests {
     }
 
     impl GpuReader for OneWedged {
-        fn read_one(&self, index: u32, _cold: bool) -> Gpu {
+        fn read_one(&self, index: u32) -> Gpu {
             if index == 1 {
                 let _ = self.release.lock().map(|r| r.recv());
             }
