@@ -24,6 +24,7 @@ say "environment"
 say "1. snapshots traced (where their time goes), and what each NVML call costs cold and warm"
 for _ in 1 2 3; do GPUSWEEP_TRACE=1 "$BIN" snapshot --json --no-serve 2>&1 >/dev/null | tee -a "$L"; done
 for _ in 1 2 3; do python3 scripts/gpu/nvml_cold.py 2>&1 | tee -a "$L"; done
+for _ in 1 2; do for m in plain util-first parallel fields; do python3 scripts/gpu/nvml_order.py $m 2>&1 | tee -a "$L"; done; done
 
 bench() { # N CMD...: whole processes, interleaved, medians; each CMD one string; ratios against the first nvidia-smi
 python3 - "$BIN" "$@" <<'PY' 2>&1 | tee -a "$L"

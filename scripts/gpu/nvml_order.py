@@ -1,6 +1,7 @@
 """Whether a cold NVML reading can be made cheaper: init flags, call order, calls in parallel threads, one
 batched field-values call. One fresh process per mode:
-  python3 nvml_order.py MODE     MODE: plain | noattach | util-first | parallel | fields"""
+  python3 nvml_order.py MODE     MODE: plain | noattach | util-first | parallel | fields
+(noattach: NVML_INIT_FLAG_NO_ATTACH; on the H200 the handle then fails with InvalidArgument)"""
 import sys, threading, time
 t = time.perf_counter
 import pynvml as n
