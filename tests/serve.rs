@@ -279,6 +279,18 @@ async fn the_api_and_the_event_stream_serve_the_json_contract_read_only() {
         "{got}"
     );
     assert!(got.contains(r#""hosts":["gpu-b"]"#), "{got}");
+    // gpu-b's GPUs idle: their gauges came with the snapshot, and an `unchanged` does not repeat them.
+    let unchanged: Vec<serde_json::Value> = got
+        .split("event: unchanged\n")
+        .skip(1)
+        .filter_map(|e| e.lines().next()?.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).expect("unchanged json"))
+        .collect();
+    assert!(unchanged.len() >= 2, "{got}");
+    for u in &unchanged {
+        assert!(u["taken_at_ms"].as_u64().is_some(), "{u}");
+        assert!(u.get("gauges").is_none(), "gauges repeated: {u}");
+    }
     // Read-only: no other method, nothing else.
     let c = client();
     for url in ["/metrics", "/api/v1/snapshot", "/api/v1/events"] {
@@ -383,6 +395,56 @@ async fn several_hosts_are_named_one_by_one() {
         doc["hosts"][0]["gpus"][0]["compute_capability"], "12.0",
         "{doc}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unchanged_reading_carries_the_gauges_only_when_they_moved() {
+    let dir = tempfile::tempdir().expect("tmp");
+    // A quiet demo host whose busy GPU's utilization runs in a wave: its readings say nothing new but that.
+    let serve = Serve::start(dir.path(), &["--demo", "--hosts", "gpu-b0001"], &[]);
+    let mut r = client()
+        .get(serve.url("/api/v1/events?interval=100ms"))
+        .send()
+        .await
+        .expect("events");
+    let mut got = String::new();
+    let said = Instant::now();
+    while got.matches("event: unchanged").count() < 6 {
+        assert!(said.elapsed() < Duration::from_secs(20), "{got}");
+        let chunk = r.chunk().await.expect("chunk").expect("open");
+        got.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let mut last: Option<serde_json::Value> = None;
+    let mut moved = 0;
+    for ev in got.split("\n\n") {
+        let kind = ev.lines().find_map(|l| l.strip_prefix("event: "));
+        let Some(data) = ev.lines().find_map(|l| l.strip_prefix("data: ")) else {
+            continue;
+        };
+        let v: serde_json::Value = serde_json::from_str(data).expect("json");
+        match kind {
+            Some("snapshot") => {
+                let g: Vec<serde_json::Value> = v["gpus"]
+                    .as_array()
+                    .expect("gpus")
+                    .iter()
+                    .map(|g| {
+                        serde_json::json!({"utilization": g["utilization"], "temperature_c": g["temperature_c"], "power_mw": g["power_mw"]})
+                    })
+                    .collect();
+                last = Some(serde_json::Value::Array(g));
+            }
+            Some("unchanged") => {
+                if let Some(g) = v.get("gauges") {
+                    assert_ne!(Some(g), last.as_ref(), "gauges repeated unchanged: {got}");
+                    last = Some(g.clone());
+                    moved += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(moved > 0, "the wave's gauges never came: {got}");
 }
 
 fn write_private(path: &Path, content: &str, mode: u32) {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseButton, MouseEvent, MouseEventKind};
 use gpusweep::analyze::{AnalyzeOptions, analyzed};
-use gpusweep::core::model::HostId;
+use gpusweep::core::model::{GpuState, HostId};
 use gpusweep::core::signal::{Fate, Outcome, Protected, Sig};
 use gpusweep::source::demo::{DEMO_HOSTS, DemoClock, DemoHost};
 use gpusweep::source::{ConnStatus, HostCmd};
@@ -713,6 +713,77 @@ fn a_fresh_reading_moves_the_gauges_and_the_time_only() {
     assert_eq!(d.app.hosts[1].last_seen_ms, Some(before.taken_at_ms + 700));
     assert!(after.says_the_same(&before), "only gauges and time moved");
     assert_eq!(after.findings, before.findings);
+}
+
+#[test]
+fn the_header_counts_every_gpu_of_the_latest_readings() {
+    let mut d = Demo::new(5);
+    let recount = |app: &App| {
+        let mut c = (0, 0, 0, 0);
+        for s in app.hosts.iter().filter_map(|h| h.snap.as_ref()) {
+            for g in &s.gpus {
+                match gpusweep::analyze::state::gpu_state(s, g, &app.cfg.analyze) {
+                    GpuState::Clean => c.0 += 1,
+                    GpuState::InUse => c.1 += 1,
+                    GpuState::Leak => c.2 += 1,
+                    GpuState::Unknown | GpuState::Error => c.3 += 1,
+                }
+            }
+        }
+        c
+    };
+    let before = d.app.counts();
+    assert_eq!(before, recount(&d.app));
+    assert!(before.2 > 0, "the demo has leaks: {before:?}");
+    // gpu-b swept clean: its leaking GPUs leave the count with its new reading.
+    let mut b = d.app.hosts[1].snap.clone().expect("gpu-b read");
+    for g in &mut b.gpus {
+        g.memory.used = Some(0);
+        g.judged = None;
+    }
+    b.findings.clear();
+    b.processes.clear();
+    d.app.update(Action::Snapshot(HostId(1), Box::new(b)));
+    assert_eq!(d.app.counts(), recount(&d.app));
+    assert_ne!(d.app.counts(), before);
+}
+
+#[test]
+fn only_what_is_on_screen_asks_for_a_frame() {
+    let mut d = Demo::new(5);
+    d.app.sel.host = 0;
+    let b = d.app.hosts[1].snap.clone().expect("gpu-b read");
+    let a = d.app.hosts[0].snap.clone().expect("first host read");
+    let at = d.app.changes();
+    d.app.update(Action::Tick(b.taken_at_ms + 1_000));
+    d.app
+        .update(Action::Fresh(HostId(1), b.taken_at_ms + 700, b.gauges()));
+    assert_eq!(
+        d.app.changes(),
+        at,
+        "a fresh reading of a host not shown, and the clock: nothing to draw"
+    );
+    d.app
+        .update(Action::Fresh(HostId(0), a.taken_at_ms + 700, a.gauges()));
+    assert_ne!(
+        d.app.changes(),
+        at,
+        "the shown host's processes age with its reading"
+    );
+    let at = d.app.changes();
+    d.app.update(Action::Status(
+        HostId(1),
+        ConnStatus::Stale { silent_ms: 5_000 },
+    ));
+    assert_ne!(d.app.changes(), at, "a host gone stale");
+    let at = d.app.changes();
+    d.app
+        .update(Action::Fresh(HostId(1), b.taken_at_ms + 9_000, b.gauges()));
+    assert_ne!(d.app.changes(), at, "a stale host fresh again");
+    assert_eq!(d.app.hosts[1].status, ConnStatus::Up);
+    let at = d.app.changes();
+    d.app.update(Action::Snapshot(HostId(1), Box::new(b)));
+    assert_ne!(d.app.changes(), at, "a whole reading");
 }
 
 #[test]

@@ -146,7 +146,14 @@ impl Sink for FleetSink {
     fn fresh(&self, taken_at_ms: u64, gauges: Vec<Gauges>) -> bool {
         self.put(|w| match w {
             Waiting::Reading(snap) => snap.refresh(taken_at_ms, &gauges),
-            other => *other = Waiting::Fresh(taken_at_ms, gauges),
+            // No gauges said: those waiting still hold.
+            Waiting::Fresh(t, waiting) => {
+                *t = taken_at_ms;
+                if !gauges.is_empty() {
+                    *waiting = gauges;
+                }
+            }
+            Waiting::Nothing => *w = Waiting::Fresh(taken_at_ms, gauges),
         })
     }
     fn outcomes(&self, id: u64, outcomes: Vec<Outcome>) -> bool {
@@ -596,4 +603,53 @@ fn spawn_thread(
         eprintln!("gpusweep: cannot start a collector thread: {e}");
     }
     ctx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sink() -> (FleetSink, mpsc::UnboundedReceiver<Wire>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let s = FleetSink {
+            host: HostId(0),
+            label: "h".into(),
+            analyze: AnalyzeOptions::default(),
+            slot: Arc::default(),
+            tx,
+        };
+        (s, rx)
+    }
+
+    fn hot(util: u32) -> Vec<Gauges> {
+        vec![Gauges {
+            utilization: Some(util),
+            temperature_c: Some(60),
+            power_mw: Some(300_000),
+        }]
+    }
+
+    #[test]
+    fn a_fresh_reading_without_gauges_keeps_those_waiting() {
+        let (s, mut rx) = sink();
+        assert!(s.fresh(1, hot(90)));
+        assert!(
+            s.fresh(2, Vec::new()),
+            "an unchanged that left its gauges out"
+        );
+        assert!(s.fresh(3, Vec::new()));
+        assert!(
+            matches!(rx.try_recv(), Ok(Wire::Reading(HostId(0)))),
+            "one wake-up"
+        );
+        assert!(rx.try_recv().is_err(), "a full slot wakes nobody again");
+        let waiting = std::mem::take(&mut *s.slot.lock().expect("slot"));
+        assert!(
+            matches!(&waiting, Waiting::Fresh(3, g) if *g == hot(90)),
+            "the latest time with the gauges last said"
+        );
+        assert!(s.fresh(4, hot(10)));
+        let waiting = std::mem::take(&mut *s.slot.lock().expect("slot"));
+        assert!(matches!(&waiting, Waiting::Fresh(4, g) if *g == hot(10)));
+    }
 }

@@ -327,6 +327,9 @@ struct Follow {
     host: usize,
     content: Option<u64>,
     status: Option<ConnStatus>,
+    /// The gauges it last sent: an `unchanged` carries them only when they moved (a thousand idle GPUs'
+    /// gauges would otherwise be most of what a fleet's streams carry).
+    gauges: Vec<crate::core::model::Gauges>,
 }
 
 /// The events of a host's new reading for a stream: the whole snapshot when it says something new to this
@@ -343,12 +346,19 @@ fn reading_events(shared: &Shared, f: &mut Follow, out: &mut Vec<SseEvent>) {
     let Some(r) = ch.latest.borrow().clone() else {
         return;
     };
+    let gauges = r.snap.gauges();
     if f.content == Some(r.content) {
-        let data = serde_json::json!({
-            "host": ch.label,
-            "taken_at_ms": r.snap.taken_at_ms,
-            "gauges": r.snap.gauges(),
-        });
+        let data = if gauges == f.gauges {
+            serde_json::json!({ "host": ch.label, "taken_at_ms": r.snap.taken_at_ms })
+        } else {
+            let data = serde_json::json!({
+                "host": ch.label,
+                "taken_at_ms": r.snap.taken_at_ms,
+                "gauges": gauges,
+            });
+            f.gauges = gauges;
+            data
+        };
         out.push(
             SseEvent::default()
                 .event("unchanged")
@@ -356,6 +366,7 @@ fn reading_events(shared: &Shared, f: &mut Follow, out: &mut Vec<SseEvent>) {
         );
     } else {
         f.content = Some(r.content);
+        f.gauges = gauges;
         out.push(SseEvent::default().event("snapshot").data(r.json()));
     }
 }
@@ -405,6 +416,7 @@ fn stream(
             host,
             content: None,
             status: None,
+            gauges: Vec::new(),
         })
         .collect();
     let mut first = Vec::new();

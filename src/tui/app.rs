@@ -148,6 +148,9 @@ pub struct HostView {
     pub protected: Protected,
     /// Read over HTTP or from Prometheus: no kill, sweep or removal can reach it.
     pub read_only: bool,
+    /// Its GPUs by state in `snap` (clean, in use, leaking, unknown): counted once per reading, not at every
+    /// frame for every GPU of a thousand hosts.
+    states: (usize, usize, usize, usize),
 }
 
 /// Which panel has the focus and what is selected in each.
@@ -239,6 +242,24 @@ pub struct App {
     rows_host: Option<usize>,
     /// Events recorded during the current update, handed out as `Effect::Log`.
     unsaved: Vec<Event>,
+    /// Moves with every update that may change what is drawn. A fresh reading of a host not on screen
+    /// (most of a thousand hosts' readings) and the clock do not move it: the loop draws the clock at its
+    /// own tick, and nothing else to draw means no frame.
+    changes: u64,
+}
+
+/// A reading's GPUs by state: (clean, in use, leaking, unknown).
+fn count_states(s: &HostSnapshot, opts: &AnalyzeOptions) -> (usize, usize, usize, usize) {
+    let mut c = (0, 0, 0, 0);
+    for g in &s.gpus {
+        match gpu_state(s, g, opts) {
+            GpuState::Clean => c.0 += 1,
+            GpuState::InUse => c.1 += 1,
+            GpuState::Leak => c.2 += 1,
+            GpuState::Unknown | GpuState::Error => c.3 += 1,
+        }
+    }
+    c
 }
 
 impl App {
@@ -262,6 +283,7 @@ impl App {
                     first_signal_ms: None,
                     protected: Protected::remote(),
                     read_only: false,
+                    states: (0, 0, 0, 0),
                 })
                 .collect(),
             sel: Selection::default(),
@@ -305,6 +327,7 @@ impl App {
             rows: Vec::new(),
             rows_host: None,
             unsaved: Vec::new(),
+            changes: 0,
         }
     }
 
@@ -318,19 +341,10 @@ impl App {
 
     /// (clean, in use, leaking, unknown) over every GPU of every host.
     pub fn counts(&self) -> (usize, usize, usize, usize) {
-        let mut c = (0, 0, 0, 0);
-        for h in &self.hosts {
-            let Some(s) = &h.snap else { continue };
-            for g in &s.gpus {
-                match gpu_state(s, g, &self.cfg.analyze) {
-                    GpuState::Clean => c.0 += 1,
-                    GpuState::InUse => c.1 += 1,
-                    GpuState::Leak => c.2 += 1,
-                    GpuState::Unknown | GpuState::Error => c.3 += 1,
-                }
-            }
-        }
-        c
+        self.hosts.iter().fold((0, 0, 0, 0), |c, h| {
+            let s = h.states;
+            (c.0 + s.0, c.1 + s.1, c.2 + s.2, c.3 + s.3)
+        })
     }
 
     fn set_status(&mut self, msg: impl Into<String>, level: Level) {
@@ -372,12 +386,35 @@ impl App {
     }
 
     pub fn update(&mut self, action: Action) -> Vec<Effect> {
+        let unseen = match &action {
+            Action::Tick(_) => true,
+            Action::Fresh(i, ..) => !self.fresh_shows(*i),
+            _ => false,
+        };
+        if !unseen {
+            self.changes = self.changes.wrapping_add(1);
+        }
         let mut effects = self.dispatch(action);
         if self.rows_host != Some(self.sel.host) {
             self.rebuild_rows();
         }
         effects.extend(self.unsaved.drain(..).map(Effect::Log));
         effects
+    }
+
+    /// The count of updates that may have changed what is drawn (see `changes`).
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    /// Whether a fresh reading of host `i` changes the screen: the host shown (its processes' ages run
+    /// from its reading's time, its GPUs show the gauges), or a stale one now fresh. Other hosts show
+    /// neither gauges nor reading times.
+    fn fresh_shows(&self, i: HostId) -> bool {
+        self.hosts.get(i.0).is_some_and(|h| {
+            h.snap.is_some()
+                && (i.0 == self.sel.host || matches!(h.status, ConnStatus::Stale { .. }))
+        })
     }
 
     #[allow(clippy::too_many_lines)] // one arm per action
@@ -555,6 +592,7 @@ impl App {
             self.rows = build_rows(&snap, &self.procs);
             self.rows_host = Some(i);
         }
+        h.states = count_states(&snap, &self.cfg.analyze);
         h.snap = Some(snap);
         if first || came_back {
             self.record(id, EventKind::HostUp { first });

@@ -187,6 +187,23 @@ pub fn run(s: &Settings) -> anyhow::Result<i32> {
     res
 }
 
+/// An instant `d` ago (or now, on a clock too young for it).
+fn ago(d: Duration) -> Instant {
+    Instant::now().checked_sub(d).unwrap_or_else(Instant::now)
+}
+
+/// One event and what else is queued, taken before drawing once, but never so long that keys and the screen
+/// wait.
+fn take_batch(fleet: &mut Fleet, app: &mut App, first: HostEvent) -> Vec<Effect> {
+    let mut effects = app.update(action_of(first));
+    let until = Instant::now() + DRAIN;
+    while Instant::now() < until {
+        let Some(ev) = fleet.try_recv() else { break };
+        effects.extend(app.update(action_of(ev)));
+    }
+    effects
+}
+
 async fn event_loop(
     terminal: &mut ratatui::DefaultTerminal,
     fleet: &mut Fleet,
@@ -204,12 +221,11 @@ async fn event_loop(
     let mut dirty = true;
     // Only readings changed since the last draw (no key, resize or tick).
     let mut data_only = false;
-    let mut last_draw = Instant::now()
-        .checked_sub(FRAME)
-        .unwrap_or_else(Instant::now);
+    let mut last_draw = ago(FRAME);
     // A completed watch is drawn at once, whatever the throttle.
     let mut urgent = false;
     let mut next_tick = Instant::now();
+    let mut last_take = ago(DATA_FRAME);
     loop {
         let gap = if data_only && app.rewatch.is_none() && !urgent {
             DATA_FRAME
@@ -223,12 +239,21 @@ async fn event_loop(
             urgent = false;
             last_draw = Instant::now();
         }
-        let frame_wait = if dirty {
-            gap.saturating_sub(last_draw.elapsed())
-        } else {
-            Duration::from_secs(3600)
-        };
         let tick_wait = next_tick.saturating_duration_since(Instant::now());
+        // Readings are taken in batches, one per DATA_FRAME at most: in between they wait in their hosts'
+        // slots, where a newer one replaces an older one with no wake-up, so a thousand hosts cost the loop
+        // ten wake-ups a second, not a thousand. A watch takes them as they come (its times need that).
+        let hold_until =
+            Some(last_take + DATA_FRAME).filter(|t| app.rewatch.is_none() && *t > Instant::now());
+        let hold = hold_until.is_some();
+        // Up to the next frame to draw, or the end of the hold.
+        let frame_wait = [dirty.then(|| last_draw + gap), hold_until]
+            .into_iter()
+            .flatten()
+            .min()
+            .map_or(Duration::from_secs(3600), |t| {
+                t.saturating_duration_since(Instant::now())
+            });
         let mut effects = Vec::new();
         // Every event is handled at the time it arrives: elapsed times (re-watch) need that precision.
         let stamp = |app: &mut App| {
@@ -243,18 +268,17 @@ async fn event_loop(
                 Some(Err(e)) => return Err(anyhow!("terminal: {e}")),
                 None => return Ok(0),
             },
-            ev = fleet.recv() => {
+            ev = fleet.recv(), if !hold => {
                 let Some(ev) = ev else { return Ok(0) };
                 stamp(app);
-                effects.extend(app.update(action_of(ev)));
-                // Take what is queued before drawing once, but never so long that keys and the screen wait.
-                let until = Instant::now() + DRAIN;
-                while Instant::now() < until {
-                    let Some(ev) = fleet.try_recv() else { break };
-                    effects.extend(app.update(action_of(ev)));
+                let before = app.changes();
+                effects = take_batch(fleet, app, ev);
+                last_take = Instant::now();
+                // Fresh readings of hosts not on screen change nothing drawn: no frame for them.
+                if app.changes() != before {
+                    data_only = !dirty || data_only;
+                    dirty = true;
                 }
-                data_only = !dirty || data_only;
-                dirty = true;
             },
             () = tokio::time::sleep(tick_wait) => {
                 effects = app.update(Action::Tick(now_ms()));

@@ -79,51 +79,72 @@ struct SseEvent {
     data: String,
 }
 
-/// Server-sent events out of a byte stream, each at most `MAX_LINE_BYTES`.
+/// Server-sent events out of a byte stream, each at most `MAX_LINE_BYTES`. Lines are read where they
+/// arrive; only a line split across chunks is copied, and its buffer is let go once the line is whole (a
+/// thousand hosts' streams would otherwise each keep a buffer the size of their largest chunk).
 #[derive(Default)]
 struct SseParser {
-    buf: Vec<u8>,
+    /// The start of a line whose end has not arrived.
+    partial: Vec<u8>,
     cur: SseEvent,
 }
 
 impl SseParser {
     /// Feed bytes; complete events come out.
     fn feed(&mut self, bytes: &[u8], out: &mut Vec<SseEvent>) -> Result<(), String> {
-        self.buf.extend_from_slice(bytes);
-        let mut start = 0;
-        while let Some(n) = self.buf[start..].iter().position(|&b| b == b'\n') {
-            let line = &self.buf[start..start + n];
-            let line = line.strip_suffix(b"\r").unwrap_or(line);
-            let line = String::from_utf8_lossy(line);
-            start += n + 1;
-            if line.is_empty() {
-                if !self.cur.data.is_empty() || !self.cur.event.is_empty() {
-                    out.push(std::mem::take(&mut self.cur));
-                }
-                continue;
-            }
-            if line.starts_with(':') {
-                continue;
-            }
-            let (field, value) = line.split_once(':').unwrap_or((&line, ""));
-            let value = value.strip_prefix(' ').unwrap_or(value);
-            match field {
-                "event" => value.clone_into(&mut self.cur.event),
-                "data" => {
-                    if !self.cur.data.is_empty() {
-                        self.cur.data.push('\n');
-                    }
-                    self.cur.data.push_str(value);
-                }
-                _ => {}
-            }
-            if self.cur.data.len() > MAX_LINE_BYTES {
-                return Err(format!("an event longer than {MAX_LINE_BYTES} bytes"));
-            }
+        let mut rest = bytes;
+        if !self.partial.is_empty() {
+            let Some(n) = rest.iter().position(|&b| b == b'\n') else {
+                self.partial.extend_from_slice(rest);
+                return self.bounded();
+            };
+            self.partial.extend_from_slice(&rest[..n]);
+            rest = &rest[n + 1..];
+            let line = std::mem::take(&mut self.partial);
+            self.line(&line, out)?;
         }
-        self.buf.drain(..start);
-        if self.buf.len() > MAX_LINE_BYTES {
+        while let Some(n) = rest.iter().position(|&b| b == b'\n') {
+            self.line(&rest[..n], out)?;
+            rest = &rest[n + 1..];
+        }
+        self.partial.extend_from_slice(rest);
+        self.bounded()
+    }
+
+    fn bounded(&self) -> Result<(), String> {
+        if self.partial.len() > MAX_LINE_BYTES {
             return Err(format!("a line longer than {MAX_LINE_BYTES} bytes"));
+        }
+        Ok(())
+    }
+
+    /// One line, without its `\n`.
+    fn line(&mut self, line: &[u8], out: &mut Vec<SseEvent>) -> Result<(), String> {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let line = String::from_utf8_lossy(line);
+        if line.is_empty() {
+            if !self.cur.data.is_empty() || !self.cur.event.is_empty() {
+                out.push(std::mem::take(&mut self.cur));
+            }
+            return Ok(());
+        }
+        if line.starts_with(':') {
+            return Ok(());
+        }
+        let (field, value) = line.split_once(':').unwrap_or((&line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        match field {
+            "event" => value.clone_into(&mut self.cur.event),
+            "data" => {
+                if !self.cur.data.is_empty() {
+                    self.cur.data.push('\n');
+                }
+                self.cur.data.push_str(value);
+            }
+            _ => {}
+        }
+        if self.cur.data.len() > MAX_LINE_BYTES {
+            return Err(format!("an event longer than {MAX_LINE_BYTES} bytes"));
         }
         Ok(())
     }
@@ -317,13 +338,16 @@ async fn stream(
                                 return Ended::Failed(format!("garbage from the serve: {:?}", preview(&ev.data)));
                             };
                             last = Instant::now();
+                            // The gauges come only when they moved: the whole reading kept takes them.
+                            if let Some(w) = whole.as_mut() {
+                                w.refresh(u.taken_at_ms, &u.gauges);
+                            }
                             // After a silence the reading goes on whole: whoever counted the host
                             // unreadable needs a reading to count it again.
-                            let sent = match whole.as_mut() {
+                            let sent = match whole.as_ref() {
                                 Some(w) if stale || !up => {
                                     (stale, up) = (false, true);
                                     task.status(ConnStatus::Up);
-                                    w.refresh(u.taken_at_ms, &u.gauges);
                                     task.sink.reading(w.clone())
                                 }
                                 _ => task.sink.fresh(u.taken_at_ms, u.gauges),
@@ -420,6 +444,23 @@ mod tests {
                 }
             ]
         );
+    }
+
+    #[test]
+    fn a_line_split_byte_by_byte_is_read_and_its_buffer_let_go() {
+        let mut p = SseParser::default();
+        let mut out = Vec::new();
+        for b in b"event: unchanged\ndata: {\"taken_at_ms\":5}\n\n" {
+            p.feed(&[*b], &mut out).expect("ok");
+        }
+        assert_eq!(
+            out,
+            vec![SseEvent {
+                event: "unchanged".into(),
+                data: "{\"taken_at_ms\":5}".into()
+            }]
+        );
+        assert_eq!(p.partial.capacity(), 0, "nothing kept between events");
     }
 
     #[test]

@@ -50,62 +50,68 @@ struct Data<'a> {
     result: Vec<Sample<'a>>,
 }
 
+/// A string of an answer, borrowed from it unless it holds an escape. (`#[serde(borrow)]` does not reach
+/// through an `Option` or a tuple: a bare `Option<Cow<str>>` would allocate every label of every sample.)
+#[derive(Deserialize, Debug)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
 /// One sample of an instant query, borrowing from the answer: a thousand hosts' answer costs next to no
-/// allocation. Only the labels gpusweep reads are kept; the rest are skipped.
+/// allocation. Only the labels gpusweep reads are kept; the rest are skipped, and so is the sample's time.
 #[derive(Deserialize)]
 struct Sample<'a> {
     #[serde(borrow)]
     metric: Labels<'a>,
     #[serde(borrow)]
-    value: (f64, Cow<'a, str>),
+    value: (serde::de::IgnoredAny, Text<'a>),
 }
 
 #[derive(Deserialize, Default)]
 struct Labels<'a> {
     #[serde(borrow, rename = "Hostname")]
-    hostname: Option<Cow<'a, str>>,
+    hostname: Option<Text<'a>>,
     #[serde(borrow)]
-    instance: Option<Cow<'a, str>>,
+    instance: Option<Text<'a>>,
     #[serde(borrow)]
-    gpu: Option<Cow<'a, str>>,
+    gpu: Option<Text<'a>>,
     #[serde(borrow)]
-    kind: Option<Cow<'a, str>>,
+    kind: Option<Text<'a>>,
     #[serde(borrow)]
-    severity: Option<Cow<'a, str>>,
+    severity: Option<Text<'a>>,
     #[serde(borrow, rename = "UUID")]
-    uuid: Option<Cow<'a, str>>,
+    uuid: Option<Text<'a>>,
     #[serde(borrow, rename = "modelName")]
-    model: Option<Cow<'a, str>>,
+    model: Option<Text<'a>>,
     #[serde(borrow)]
-    pci_bus_id: Option<Cow<'a, str>>,
+    pci_bus_id: Option<Text<'a>>,
     #[serde(borrow)]
-    device: Option<Cow<'a, str>>,
+    device: Option<Text<'a>>,
     #[serde(borrow)]
-    scheme: Option<Cow<'a, str>>,
+    scheme: Option<Text<'a>>,
     #[serde(borrow)]
-    api_path: Option<Cow<'a, str>>,
+    api_path: Option<Text<'a>>,
 }
 
 impl Sample<'_> {
     fn label(&self, k: &str) -> Option<&str> {
         let l = &self.metric;
-        match k {
-            "Hostname" => l.hostname.as_deref(),
-            "instance" => l.instance.as_deref(),
-            "gpu" => l.gpu.as_deref(),
-            "kind" => l.kind.as_deref(),
-            "severity" => l.severity.as_deref(),
-            "UUID" => l.uuid.as_deref(),
-            "modelName" => l.model.as_deref(),
-            "pci_bus_id" => l.pci_bus_id.as_deref(),
-            "device" => l.device.as_deref(),
-            "scheme" => l.scheme.as_deref(),
-            "api_path" => l.api_path.as_deref(),
-            _ => None,
-        }
+        let text = match k {
+            "Hostname" => &l.hostname,
+            "instance" => &l.instance,
+            "gpu" => &l.gpu,
+            "kind" => &l.kind,
+            "severity" => &l.severity,
+            "UUID" => &l.uuid,
+            "modelName" => &l.model,
+            "pci_bus_id" => &l.pci_bus_id,
+            "device" => &l.device,
+            "scheme" => &l.scheme,
+            "api_path" => &l.api_path,
+            _ => return None,
+        };
+        text.as_ref().map(|t| &*t.0)
     }
     fn value(&self) -> Option<f64> {
-        self.value.1.parse::<f64>().ok()
+        self.value.1.0.parse::<f64>().ok()
     }
     /// The host it belongs to: its `Hostname` (dcgm-exporter's and gpusweep's label), else `instance`.
     fn host(&self) -> Option<&str> {
@@ -237,7 +243,7 @@ struct Identities {
 }
 
 /// What one poll says of one host.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, PartialEq)]
 struct HostData {
     gpus: BTreeMap<u32, GpuData>,
     /// Any gpusweep series: the host's verdicts come from its own serve.
@@ -247,7 +253,7 @@ struct HostData {
     counts: Vec<(String, String, f64)>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, PartialEq)]
 struct GpuData {
     used: Option<f64>,
     clean: Option<f64>,
@@ -377,11 +383,7 @@ fn snapshot(name: &str, d: &HostData, ids: &Identities, polled_ms: u64) -> HostS
     };
     HostSnapshot {
         host: name.to_string(),
-        taken_at_ms: d
-            .taken_s
-            .filter(|t| *t > 0.0)
-            .and_then(|t| whole(t * 1000.0))
-            .unwrap_or(polled_ms),
+        taken_at_ms: d.taken_at_ms(polled_ms),
         source: SourceKind::Prometheus,
         gpus,
         missing_features: missing,
@@ -520,12 +522,57 @@ async fn identities(p: &PromServer, http: &HttpClient) -> Result<Identities, Str
     Ok(ids)
 }
 
-/// One poll: every query, joined into per-host data.
+impl HostData {
+    /// Whether two polls say the same of the host but for when it was read. (A NaN, an unknown size, never
+    /// equals itself: such a host's reading is built again, which costs time, not truth.)
+    fn same_but_time(&self, b: &HostData) -> bool {
+        self.gpus == b.gpus && self.gpusweep == b.gpusweep && self.counts == b.counts
+    }
+
+    /// When the host's serve took its reading, else when it was polled.
+    fn taken_at_ms(&self, polled_ms: u64) -> u64 {
+        self.taken_s
+            .filter(|t| *t > 0.0)
+            .and_then(|t| whole(t * 1000.0))
+            .unwrap_or(polled_ms)
+    }
+}
+
+/// The fleet's names, each to its place in a poll's table: looked up once per sample, so a thousand hosts'
+/// answers cost no string allocation and no tree walk.
+struct Names<'a> {
+    place: HashMap<&'a str, usize>,
+}
+
+impl<'a> Names<'a> {
+    fn new(hosts: &'a [PromHost]) -> Names<'a> {
+        let mut place = HashMap::with_capacity(hosts.len());
+        for h in hosts {
+            let next = place.len();
+            place.entry(h.name.as_str()).or_insert(next);
+        }
+        Names { place }
+    }
+    fn of(&self, name: &str) -> Option<usize> {
+        self.place.get(name).copied()
+    }
+    fn len(&self) -> usize {
+        self.place.len()
+    }
+}
+
+/// What one poll read: each host's data by its place in `Names` (None: no series for it), and `up` by
+/// scrape target.
+type Polled = (Vec<Option<HostData>>, HashMap<String, f64>);
+
+/// One poll: every query, joined into per-host data, by each name's place in `names` (hosts Prometheus
+/// knows but the fleet does not are left out).
 async fn poll(
     server: &PromServer,
     http: &HttpClient,
     queries: &Queries,
-) -> Result<(BTreeMap<String, HostData>, HashMap<String, f64>), String> {
+    names: &Names<'_>,
+) -> Result<Polled, String> {
     let bodies = tokio::join!(
         server.fetch(http, &queries.used),
         server.fetch(http, &queries.clean),
@@ -535,67 +582,94 @@ async fn poll(
         server.fetch(http, &queries.taken),
         server.fetch(http, &queries.up),
     );
-    let (used, clean, unreadable, unexplained, findings, taken, up) = (
+    let answers = [
         bodies.0?, bodies.1?, bodies.2?, bodies.3?, bodies.4?, bodies.5?, bodies.6?,
-    );
-    let (used, clean) = (server.samples(&used), server.samples(&clean));
+    ];
+    table(server, names, &answers)
+}
+
+/// The answers of one poll (in the order of `Queries`' fields), joined into per-host data.
+fn table(
+    server: &PromServer,
+    names: &Names<'_>,
+    answers: &[bytes::Bytes; 7],
+) -> Result<Polled, String> {
+    let [used, clean, unreadable, unexplained, findings, taken, up] = answers;
+    let (used, clean) = (server.samples(used), server.samples(clean));
     let (unreadable, unexplained, findings) = (
-        server.samples(&unreadable),
-        server.samples(&unexplained),
-        server.samples(&findings),
+        server.samples(unreadable),
+        server.samples(unexplained),
+        server.samples(findings),
     );
-    let (taken, up) = (server.samples(&taken), server.samples(&up));
-    let mut hosts: BTreeMap<String, HostData> = BTreeMap::new();
-    let mut per_gpu =
-        |samples: Vec<Sample>, set: &dyn Fn(&mut GpuData, &Sample), gpusweep: bool| {
-            for sample in samples {
-                let (Some(host), Some(gpu)) = (sample.host(), sample.gpu()) else {
-                    continue;
-                };
-                // One allocation per host, not one per sample.
-                if !hosts.contains_key(host) {
-                    hosts.insert(host.to_string(), HostData::default());
+    let (taken, up) = (server.samples(taken), server.samples(up));
+    let mut hosts: Vec<Option<HostData>> =
+        std::iter::repeat_with(|| None).take(names.len()).collect();
+    // The host's data in this poll's table, begun at its first sample.
+    fn of<'t>(
+        table: &'t mut [Option<HostData>],
+        names: &Names<'_>,
+        sample: &Sample,
+    ) -> Option<&'t mut HostData> {
+        let at = names.of(sample.host()?)?;
+        Some(table.get_mut(at)?.get_or_insert_with(HostData::default))
+    }
+    for (samples, set, gpusweep) in [
+        (
+            used?,
+            (|g, x| g.used = x.value()) as fn(&mut GpuData, &Sample),
+            false,
+        ),
+        (clean?, |g, x| g.clean = x.value(), true),
+        (unreadable?, |g, _| g.unreadable = true, true),
+        (
+            unexplained?,
+            |g, x| {
+                if let (Some(k), Some(v)) = (x.label("kind"), x.value()) {
+                    g.unexplained.push((k.to_string(), v));
                 }
-                let Some(data) = hosts.get_mut(host) else {
-                    continue;
-                };
-                data.gpusweep |= gpusweep;
-                set(data.gpus.entry(gpu).or_default(), &sample);
-            }
-        };
-    per_gpu(used?, &|g, x| g.used = x.value(), false);
-    per_gpu(clean?, &|g, x| g.clean = x.value(), true);
-    per_gpu(unreadable?, &|g, _| g.unreadable = true, true);
-    per_gpu(
-        unexplained?,
-        &|g, x| {
-            if let (Some(k), Some(v)) = (x.label("kind"), x.value()) {
-                g.unexplained.push((k.to_string(), v));
-            }
-        },
-        true,
-    );
+            },
+            true,
+        ),
+    ] {
+        for sample in samples {
+            let Some(gpu) = sample.gpu() else { continue };
+            let Some(data) = of(&mut hosts, names, &sample) else {
+                continue;
+            };
+            data.gpusweep |= gpusweep;
+            set(data.gpus.entry(gpu).or_default(), &sample);
+        }
+    }
     for sample in findings? {
-        let (Some(host), Some(kind), Some(sev), Some(n)) = (
-            sample.host(),
+        let (Some(kind), Some(sev), Some(n)) = (
             sample.label("kind"),
             sample.label("severity"),
             sample.value(),
         ) else {
             continue;
         };
-        let data = hosts.entry(host.to_string()).or_default();
+        let Some(data) = of(&mut hosts, names, &sample) else {
+            continue;
+        };
         data.gpusweep = true;
         data.counts.push((kind.to_string(), sev.to_string(), n));
     }
     for sample in taken? {
-        let Some(host) = sample.host() else { continue };
-        let data = hosts.entry(host.to_string()).or_default();
+        let Some(data) = of(&mut hosts, names, &sample) else {
+            continue;
+        };
         data.taken_s = sample
             .value()
             .into_iter()
             .chain(data.taken_s)
             .reduce(f64::max);
+    }
+    // Prometheus may answer in any order: sorted, two polls that say the same compare equal.
+    for data in hosts.iter_mut().flatten() {
+        data.counts.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        for g in data.gpus.values_mut() {
+            g.unexplained.sort_by(|a, b| a.0.cmp(&b.0));
+        }
     }
     let up: HashMap<String, f64> = up?
         .iter()
@@ -618,7 +692,10 @@ pub async fn run(
 ) {
     let queries = Queries::new(&server);
     let mut ids = Identities::default();
+    let names = Names::new(&hosts);
     let mut last: Vec<Option<HostSnapshot>> = hosts.iter().map(|_| None).collect();
+    // What each host's last snapshot was built from (cleared when identities are read again).
+    let mut said: Vec<Option<HostData>> = hosts.iter().map(|_| None).collect();
     let mut down: Vec<Option<String>> = hosts.iter().map(|_| None).collect();
     let mut asked: Vec<Duration> = hosts.iter().map(|_| interval).collect();
     for h in &hosts {
@@ -652,7 +729,10 @@ pub async fn run(
         let stale_ids = ids.read_at.is_none_or(|t| t.elapsed() >= IDENTITY_EVERY);
         if stale_ids {
             match identities(&server, &http).await {
-                Ok(i) => ids = i,
+                Ok(i) => {
+                    ids = i;
+                    said.fill(None);
+                }
                 Err(e) => {
                     if !say_down(&hosts, &mut down, &e) {
                         return;
@@ -661,7 +741,7 @@ pub async fn run(
                 }
             }
         }
-        let (data, up) = match poll(&server, &http, &queries).await {
+        let (data, up) = match poll(&server, &http, &queries, &names).await {
             Ok(x) => x,
             Err(e) => {
                 if !say_down(&hosts, &mut down, &e) {
@@ -679,7 +759,11 @@ pub async fn run(
             // Its scrape target: the instance its series named, or its own name for a target never scraped.
             let inst = ids.instance.get(&h.name).unwrap_or(&h.name);
             let target_down = up.get(inst).filter(|v| **v < 1.0).map(|v| (inst, *v));
-            let why = match (data.get(&h.name), target_down) {
+            let d = names
+                .of(&h.name)
+                .and_then(|at| data.get(at))
+                .and_then(Option::as_ref);
+            let why = match (d, target_down) {
                 (_, Some((inst, _))) => Some(format!(
                     "Prometheus cannot scrape it (up == 0 for {})",
                     escape(inst)
@@ -696,9 +780,16 @@ pub async fn run(
                 };
                 continue;
             }
-            let Some(d) = data.get(&h.name) else { continue };
-            let snap = snapshot(&h.name, d, &ids, now);
+            let Some(d) = d else { continue };
             let was_down = down[i].take().is_some();
+            // Most polls of most hosts say what the last one said: then only its time is news, and no
+            // snapshot is built to find that out.
+            if !was_down && said[i].as_ref().is_some_and(|p| p.same_but_time(d)) {
+                listening |= h.sink.fresh(d.taken_at_ms(now), Vec::new());
+                continue;
+            }
+            said[i] = Some(d.clone());
+            let snap = snapshot(&h.name, d, &ids, now);
             let same = last[i].as_ref().is_some_and(|p| p.says_the_same(&snap));
             listening |= if same && !was_down {
                 h.sink.fresh(snap.taken_at_ms, Vec::new())
@@ -827,6 +918,90 @@ mod tests {
             "no leak is claimed without a process list"
         );
         assert_eq!(s.gpus[1].memory.used, Some(700 * MIB));
+    }
+
+    #[test]
+    fn samples_borrow_their_labels_and_still_read_escaped_ones() {
+        let p = PromServer {
+            url: "http://p:9090".into(),
+            selector: None,
+        };
+        let body = br#"{"status":"success","data":{"resultType":"vector","result":[
+            {"metric":{"Hostname":"gpu-b0001","gpu":"3","job":"x"},"value":[1733338338.123,"512"]},
+            {"metric":{"Hostname":"odd\"host","gpu":"0"},"value":[1733338338.5,"NaN"]}]}}"#;
+        let s = p.samples(body).expect("an answer");
+        assert!(matches!(
+            s[0].metric.hostname.as_ref().map(|t| &t.0),
+            Some(Cow::Borrowed("gpu-b0001"))
+        ));
+        assert!(matches!(s[0].value.1.0, Cow::Borrowed("512")));
+        assert_eq!(
+            (s[0].host(), s[0].gpu(), s[0].value()),
+            (Some("gpu-b0001"), Some(3), Some(512.0))
+        );
+        assert_eq!(s[1].host(), Some("odd\"host"));
+        assert!(s[1].value().is_some_and(f64::is_nan));
+        let failed = br#"{"status":"error","errorType":"bad_data","error":"parse error"}"#;
+        assert!(p.samples(failed).is_err_and(|e| e.contains("parse error")));
+    }
+
+    #[test]
+    fn a_host_polled_again_is_the_same_but_for_its_time() {
+        let mut a = HostData {
+            taken_s: Some(10.0),
+            ..Default::default()
+        };
+        a.gpus.insert(0, gpu(5.0, Some(0.0), &[("ghost", 1.0)]));
+        let mut b = a.clone();
+        b.taken_s = Some(15.0);
+        assert!(a.same_but_time(&b));
+        assert_eq!(b.taken_at_ms(1), 15_000);
+        b.gpus.insert(1, gpu(0.0, Some(1.0), &[]));
+        assert!(!a.same_but_time(&b), "a GPU more");
+        let mut c = a.clone();
+        c.gpus
+            .insert(0, gpu(5.0, Some(0.0), &[("ghost", f64::NAN)]));
+        assert!(
+            !c.same_but_time(&c.clone()),
+            "an unknown size is never taken as unchanged"
+        );
+        assert_eq!(
+            HostData::default().taken_at_ms(7),
+            7,
+            "no serve time: when it was polled"
+        );
+    }
+
+    struct Deaf;
+    impl Sink for Deaf {
+        fn reading(&self, _: HostSnapshot) -> bool {
+            false
+        }
+        fn status(&self, _: ConnStatus) -> bool {
+            false
+        }
+        fn outcomes(&self, _: u64, _: Vec<crate::core::signal::Outcome>) -> bool {
+            false
+        }
+        fn removals(&self, _: u64, _: Vec<crate::core::removal::RemovalOutcome>) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn names_keep_the_first_place_of_a_name() {
+        let host = |n: &str| PromHost {
+            name: n.into(),
+            sink: Arc::new(Deaf),
+            detached: Arc::default(),
+        };
+        let hosts = [host("a"), host("b"), host("a")];
+        let names = Names::new(&hosts);
+        assert_eq!(
+            (names.of("a"), names.of("b"), names.of("c")),
+            (Some(0), Some(1), None)
+        );
+        assert_eq!(names.len(), 2);
     }
 
     #[test]
