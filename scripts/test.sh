@@ -19,6 +19,8 @@ command -v sbatch >/dev/null 2>&1 || need+=(slurm-client)
 # certificates.
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+# Debian's python3 (not a per-user one): tests run it as an unprivileged user to play a local attacker.
+[ -x /usr/bin/python3 ] || need+=(python3)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing test packages: ${need[*]}"
   sudo=""

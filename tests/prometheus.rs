@@ -416,3 +416,143 @@ fn prometheus_scrapes_dcgm_names_and_gpusweep_reads_the_fleet_back() {
         "{said}"
     );
 }
+
+/// A scrape target that serves `body` as its metrics, whatever it is asked.
+fn static_target(body: String) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut s = stream;
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    addr
+}
+
+/// Start Prometheus scraping `jobs` (name, targets) every second; its base URL.
+fn prometheus(tmp: &Path, jobs: &[(&str, Vec<String>)]) -> (Proc, String) {
+    let port = free_port();
+    let mut cfg =
+        String::from("global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\nscrape_configs:\n");
+    for (name, targets) in jobs {
+        let t: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
+        cfg.push_str(&format!(
+            "  - job_name: {name}\n    static_configs:\n      - targets: [{}]\n",
+            t.join(", ")
+        ));
+    }
+    std::fs::write(tmp.join("prometheus.yml"), cfg).expect("config");
+    let p = Proc(
+        Command::new("prometheus")
+            .arg(format!(
+                "--config.file={}",
+                tmp.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                tmp.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--log.level=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus (Debian's prometheus package)"),
+    );
+    (p, format!("http://127.0.0.1:{port}"))
+}
+
+#[test]
+#[allow(clippy::too_many_lines)] // one scenario: an honest serve, a spoofer beside it, a liar alone
+fn a_scrape_target_speaks_only_for_itself_and_a_clean_that_contradicts_its_bytes_is_not_clean() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    // gpu-b's own serve: 71 GiB held on GPU 6, a 10 GiB ghost on GPU 7.
+    let (_b, b) = serve(tmp, "gpu-b", &[]);
+    // Another target in the same Prometheus says gpu-b's GPUs are clean.
+    let mut spoof = String::from("# TYPE gpusweep_gpu_clean gauge\n");
+    for g in 0..8 {
+        spoof.push_str(&format!(
+            "gpusweep_gpu_clean{{gpu=\"{g}\",Hostname=\"gpu-b\"}} 1\n"
+        ));
+    }
+    let spoofer = static_target(spoof);
+    // A lone target whose "clean" contradicts the memory it reports in use.
+    let liar = static_target(
+        "# TYPE DCGM_FI_DEV_FB_USED gauge\n\
+         DCGM_FI_DEV_FB_USED{gpu=\"0\",UUID=\"GPU-l0\",Hostname=\"liar\"} 70000\n\
+         # TYPE gpusweep_gpu_clean gauge\n\
+         gpusweep_gpu_clean{gpu=\"0\",UUID=\"GPU-l0\",Hostname=\"liar\"} 1\n"
+            .to_string(),
+    );
+    let (_prometheus, prom) = prometheus(
+        tmp,
+        &[
+            ("gpusweep", vec![b.clone()]),
+            ("other", vec![spoofer.clone(), liar.clone()]),
+        ],
+    );
+    let http = Http::new();
+    await_query(
+        &http,
+        &prom,
+        r#"count(gpusweep_gpu_clean{Hostname="gpu-b"})"#,
+        "both voices for gpu-b",
+        |r| r.first().is_some_and(|(_, v)| is(*v, 16.0)),
+    );
+    await_query(
+        &http,
+        &prom,
+        r#"DCGM_FI_DEV_FB_USED{Hostname="liar"}"#,
+        "the liar's bytes",
+        |r| !r.is_empty(),
+    );
+    // Two voices for one host: a conflict, named with both targets, never clean: wait exits 2, not 0.
+    let only_b = format!("prom:{prom}?{{Hostname=\"gpu-b\"}}");
+    let out = gpusweep(tmp)
+        .args(["wait", "--hosts", &only_b, "--timeout", "3s"])
+        .output()
+        .expect("wait");
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains(&b) && said.contains(&spoofer) && said.contains("gpu-b"),
+        "both targets named: {said}"
+    );
+    let doc = snapshot_json(tmp, &only_b);
+    let gb = &doc["hosts"][0];
+    assert_eq!(gb["host"], "gpu-b", "{doc}");
+    assert!(
+        gb["error"].as_str().is_some_and(|e| e.contains("job=")),
+        "the conflict says how to narrow it: {doc}"
+    );
+    // Narrowed to the serve's own job, gpu-b reads as its serve says: GPU 7 leaking, never clean.
+    let narrowed = format!("prom:{prom}?{{job=\"gpusweep\"}}");
+    let doc = snapshot_json(tmp, &narrowed);
+    let gb = &doc["hosts"][0];
+    assert_eq!(gb["error"], serde_json::Value::Null, "{doc}");
+    assert_eq!(gb["gpus"][7]["judged"], "leak", "{doc}");
+    let out = gpusweep(tmp)
+        .args(["wait", "--hosts", &narrowed, "--timeout", "2s"])
+        .output()
+        .expect("wait");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    // The liar: 70000 MiB used is not clean, whatever it says.
+    let only_liar = format!("prom:{prom}?{{Hostname=\"liar\"}}");
+    let doc = snapshot_json(tmp, &only_liar);
+    let l = &doc["hosts"][0];
+    assert_eq!(l["host"], "liar", "{doc}");
+    assert_ne!(l["gpus"][0]["judged"], "clean", "{doc}");
+    let out = gpusweep(tmp)
+        .args(["wait", "--hosts", &only_liar, "--timeout", "2s"])
+        .output()
+        .expect("wait");
+    assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+}

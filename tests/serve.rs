@@ -936,3 +936,115 @@ async fn a_holders_death_is_seen_at_once_and_its_gpu_read_until_released() {
     );
     assert_eq!(sample(&m, "gpusweep_gpu_clean", &[("gpu", "0")]), Some(1.0));
 }
+
+/// A process's resident memory in KiB and its open descriptors, from /proc.
+fn rss_and_fds(pid: u32) -> (u64, usize) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS");
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fds")
+        .count();
+    (rss, fds)
+}
+
+/// An unprivileged local user (nobody) against a root serve's socket: connections that each send a
+/// 15 MB `signal` line and never read, and many that send nothing at all.
+const SOCKET_FLOOD: &str = r#"
+import socket, sys
+path, big, idle = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+targets = ",".join('{"pid":%d,"start_time":1}' % (100000 + i) for i in range(500000))
+line = ('{"cmd":"signal","id":1,"request":{"signal":"TERM","grace_ms":null,"targets":[' + targets + ']}}\n').encode()
+held = []
+for _ in range(big):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    held.append(s)
+    try:
+        s.sendall(line)
+    except OSError:
+        pass
+for _ in range(idle):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(path)
+        held.append(s)
+    except OSError:
+        pass
+print("ready", flush=True)
+sys.stdin.read()
+"#;
+
+#[test]
+fn a_local_user_cannot_make_the_serve_hold_memory_or_connections() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test plays an unprivileged user with setpriv: run the suite as root (scripts/test.sh does)"
+    );
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let shared = tmp.join("shared");
+    std::fs::create_dir(&shared).expect("dir");
+    for d in [tmp, shared.as_path()] {
+        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+    }
+    let sock = shared.join("serve.sock");
+    let sock_s = sock.to_str().expect("utf-8").to_string();
+    let serve = Serve::start(
+        tmp,
+        &["--demo", "--hosts", "gpu-b", "--socket", &sock_s],
+        &[],
+    );
+    let pid = serve.child.id();
+    let (rss0, fds0) = rss_and_fds(pid);
+    let mut peer = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .args(["/usr/bin/python3", "-c", SOCKET_FLOOD, &sock_s, "8", "40"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("setpriv (util-linux) and python3");
+    let mut ready = String::new();
+    BufReader::new(peer.stdout.take().expect("stdout"))
+        .read_line(&mut ready)
+        .expect("peer");
+    assert_eq!(ready.trim(), "ready", "the peer could not run");
+    // The serve lets go of what the peer sent and of the connections past its share; meanwhile its memory
+    // never grows by more than a few MB.
+    let t = Instant::now();
+    let mut worst = 0;
+    loop {
+        let (rss, fds) = rss_and_fds(pid);
+        worst = worst.max(rss.saturating_sub(rss0));
+        assert!(
+            worst < 64 * 1024,
+            "the serve holds {} MB more for an unprivileged peer",
+            worst / 1024
+        );
+        if fds <= fds0 + 32 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the serve still holds {} connections of one unprivileged peer ({} MB more)",
+            fds - fds0,
+            worst / 1024
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Root still reads through the socket while the peer holds its share.
+    let out = gpusweep(tmp)
+        .args(["snapshot", "--json", "--hosts", &format!("unix:{sock_s}")])
+        .output()
+        .expect("snapshot");
+    let doc: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    assert_eq!(doc["hosts"][0]["error"], serde_json::Value::Null, "{doc}");
+    drop(peer.stdin.take());
+    let _ = peer.wait();
+}

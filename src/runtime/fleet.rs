@@ -395,6 +395,7 @@ impl Fleet {
                 http,
                 hosts,
                 opts.interval,
+                opts.analyze.tolerance,
                 rx,
             ));
         }

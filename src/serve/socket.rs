@@ -21,6 +21,92 @@ use crate::source::remote::stream::read_line_bounded;
 
 /// The fastest polling a peer other than root or the serve's user may ask for.
 const MIN_UNPRIVILEGED_INTERVAL: Duration = Duration::from_millis(100);
+/// The longest command line a peer other than root or the serve's user may send: it may only poll and set
+/// its interval (anything else is refused), which takes a few dozen bytes. A longer line ends the
+/// connection, so nobody can make the serve hold what they send.
+const MAX_UNPRIVILEGED_LINE: usize = 4096;
+/// Connections one unprivileged user may hold open at once; past that a new one is told so and closed.
+const MAX_CONNECTIONS_PER_USER: usize = 32;
+/// Connections of every unprivileged user together.
+const MAX_UNPRIVILEGED_CONNECTIONS: usize = 512;
+/// A peer that reads nothing for this long (its socket buffer full) is let go: what it does not read
+/// would otherwise wait in the serve's memory.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Open connections of unprivileged peers, by uid.
+#[derive(Default)]
+struct Peers {
+    by_uid: std::sync::Mutex<std::collections::HashMap<u32, usize>>,
+}
+
+/// One unprivileged peer's place among the open connections, given back when it goes.
+struct Seat {
+    peers: Arc<Peers>,
+    uid: u32,
+}
+
+impl Peers {
+    /// A seat for a connection of `uid`, unless that user, or all of them together, hold their share.
+    fn take(self: &Arc<Self>, uid: u32) -> Result<Seat, String> {
+        let Ok(mut m) = self.by_uid.lock() else {
+            return Err("the serve is stopping".into());
+        };
+        let total: usize = m.values().sum();
+        let mine = m.entry(uid).or_insert(0);
+        if *mine >= MAX_CONNECTIONS_PER_USER {
+            return Err(format!(
+                "too many connections: uid {uid} has {MAX_CONNECTIONS_PER_USER} open"
+            ));
+        }
+        if total >= MAX_UNPRIVILEGED_CONNECTIONS {
+            return Err("too many connections from unprivileged users".into());
+        }
+        *mine += 1;
+        Ok(Seat {
+            peers: self.clone(),
+            uid,
+        })
+    }
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.peers.by_uid.lock()
+            && let Some(n) = m.get_mut(&self.uid)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(&self.uid);
+            }
+        }
+    }
+}
+
+/// Who is on the other end, told by SO_PEERCRED (never by anything the peer says).
+#[derive(Debug, Clone, Copy)]
+struct Peer {
+    uid: Option<u32>,
+    /// Root or the serve's own user: may signal and remove, send long commands, poll at 20 ms.
+    trusted: bool,
+}
+
+impl Peer {
+    fn of(stream: &UnixStream) -> Peer {
+        let uid = stream.peer_cred().map(|c| c.uid()).ok();
+        let me = nix::unistd::geteuid().as_raw();
+        Peer {
+            uid,
+            trusted: uid.is_some_and(|u| u == 0 || u == me),
+        }
+    }
+    fn max_line(self) -> usize {
+        if self.trusted {
+            MAX_LINE_BYTES
+        } else {
+            MAX_UNPRIVILEGED_LINE
+        }
+    }
+}
 
 /// Where `serve` listens and clients look by default: `$GPUSWEEP_SOCKET`, else `/run/gpusweep.sock` for root,
 /// else `$XDG_RUNTIME_DIR/gpusweep.sock`. `None` where none can be named.
@@ -65,24 +151,48 @@ pub fn bind(path: &Path) -> Result<(SocketFile, UnixListener), String> {
     Ok((file, listener))
 }
 
-/// Accept connections until the serve ends. The socket serves the serve's first host.
+/// Accept connections until the serve ends. The socket serves the serve's first host. Unprivileged users
+/// get a bounded share of connections; root and the serve's own user are not counted.
 pub async fn accept(listener: UnixListener, shared: Arc<Shared>) {
+    let peers = Arc::new(Peers::default());
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
+        let peer = Peer::of(&stream);
+        let seat = if peer.trusted {
+            None
+        } else {
+            match peers.take(peer.uid.unwrap_or(u32::MAX)) {
+                Ok(seat) => Some(seat),
+                Err(why) => {
+                    // Said without waiting on the peer: a full socket buffer costs nothing here.
+                    let _ = stream.try_write(
+                        format!("{}\n", msg(&AgentMsg::Error { message: why })).as_bytes(),
+                    );
+                    continue;
+                }
+            }
+        };
         let shared = shared.clone();
         tokio::spawn(async move {
-            let _ = serve_peer(stream, shared).await;
+            let _ = serve_peer(stream, peer, shared).await;
+            drop(seat);
         });
     }
 }
 
+/// One line to the peer; one that does not read it within `WRITE_TIMEOUT` is given up.
 async fn write(w: &mut (impl AsyncWriteExt + Unpin), line: &str) -> std::io::Result<()> {
-    w.write_all(line.as_bytes()).await?;
-    w.write_all(b"\n").await?;
-    w.flush().await
+    let all = async {
+        w.write_all(line.as_bytes()).await?;
+        w.write_all(b"\n").await?;
+        w.flush().await
+    };
+    tokio::time::timeout(WRITE_TIMEOUT, all)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "the peer reads nothing"))?
 }
 
 fn msg(m: &AgentMsg) -> String {
@@ -90,11 +200,10 @@ fn msg(m: &AgentMsg) -> String {
 }
 
 #[allow(clippy::too_many_lines)] // one peer's life: hello, readings, commands and their answers
-async fn serve_peer(stream: UnixStream, shared: Arc<Shared>) -> std::io::Result<()> {
+async fn serve_peer(stream: UnixStream, peer: Peer, shared: Arc<Shared>) -> std::io::Result<()> {
     const HOST: usize = 0;
-    let uid = stream.peer_cred().map(|c| c.uid()).ok();
-    let me = nix::unistd::geteuid().as_raw();
-    let trusted = uid.is_some_and(|u| u == 0 || u == me);
+    let Peer { uid, trusted } = peer;
+    let max_line = peer.max_line();
     let Some(ch) = shared.hosts.get(HOST) else {
         return Ok(());
     };
@@ -118,7 +227,7 @@ async fn serve_peer(stream: UnixStream, shared: Arc<Shared>) -> std::io::Result<
     let (ltx, mut lines) = mpsc::channel::<std::io::Result<Option<Vec<u8>>>>(4);
     let reader = tokio::spawn(async move {
         loop {
-            let got = read_line_bounded(&mut reader_half, MAX_LINE_BYTES).await;
+            let got = read_line_bounded(&mut reader_half, max_line).await;
             let end = !matches!(got, Ok(Some(_)));
             if ltx.send(got).await.is_err() || end {
                 return;
@@ -150,8 +259,14 @@ async fn serve_peer(stream: UnixStream, shared: Arc<Shared>) -> std::io::Result<
                     }
                 }
                 got = lines.recv() => {
-                    let Some(Ok(Some(line))) = got else {
-                        return Ok(());
+                    let line = match got {
+                        Some(Ok(Some(line))) => line,
+                        Some(Err(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
+                            let m = AgentMsg::Error { message: format!("{e}: closing the connection") };
+                            write(&mut w, &msg(&m)).await?;
+                            return Ok(());
+                        }
+                        _ => return Ok(()),
                     };
                     let text = String::from_utf8_lossy(&line);
                     if text.trim().is_empty() {
@@ -168,6 +283,11 @@ async fn serve_peer(stream: UnixStream, shared: Arc<Shared>) -> std::io::Result<
                         }
                         Ok(AgentCmd::Signal { id, request }) => {
                             let refused = refusal(&shared, trusted, uid);
+                            if let Some(why) = &refused {
+                                let outcomes = all_failed(&request, why);
+                                write(&mut w, &msg(&AgentMsg::Outcomes { id, outcomes })).await?;
+                                continue;
+                            }
                             let (tx, rx) = oneshot::channel();
                             let asked = refused.is_none()
                                 && shared
@@ -188,6 +308,11 @@ async fn serve_peer(stream: UnixStream, shared: Arc<Shared>) -> std::io::Result<
                         }
                         Ok(AgentCmd::Remove { id, request }) => {
                             let refused = refusal(&shared, trusted, uid);
+                            if let Some(why) = &refused {
+                                let outcomes = crate::core::removal::all_failed(&request, why);
+                                write(&mut w, &msg(&AgentMsg::Removals { id, outcomes })).await?;
+                                continue;
+                            }
                             let (tx, rx) = oneshot::channel();
                             let asked = refused.is_none()
                                 && shared

@@ -72,6 +72,8 @@ struct Labels<'a> {
     #[serde(borrow)]
     instance: Option<Text<'a>>,
     #[serde(borrow)]
+    job: Option<Text<'a>>,
+    #[serde(borrow)]
     gpu: Option<Text<'a>>,
     #[serde(borrow)]
     kind: Option<Text<'a>>,
@@ -97,6 +99,7 @@ impl Sample<'_> {
         let text = match k {
             "Hostname" => &l.hostname,
             "instance" => &l.instance,
+            "job" => &l.job,
             "gpu" => &l.gpu,
             "kind" => &l.kind,
             "severity" => &l.severity,
@@ -122,6 +125,48 @@ impl Sample<'_> {
     fn gpu(&self) -> Option<u32> {
         self.label(m::L_GPU)?.parse().ok()
     }
+    /// The scrape target that sent it, as Prometheus itself labels it (`job`, `instance`): not something the
+    /// target can choose.
+    fn target(&self) -> Target {
+        Target {
+            job: self.label("job").unwrap_or("").to_string(),
+            instance: self.label("instance").unwrap_or("").to_string(),
+        }
+    }
+}
+
+/// A scrape target: Prometheus's own `job` and `instance` labels. A host is judged only from the series of
+/// one target; two targets speaking for one host are a conflict.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Target {
+    pub job: String,
+    pub instance: String,
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "job={:?} instance={:?}",
+            escape(&self.job),
+            escape(&self.instance)
+        )
+    }
+}
+
+/// Why a host's series cannot be trusted: more than one scrape target reports it.
+fn conflict(name: &str, targets: &std::collections::BTreeSet<Target>) -> Option<String> {
+    if targets.len() < 2 {
+        return None;
+    }
+    let list: Vec<String> = targets.iter().map(ToString::to_string).collect();
+    Some(format!(
+        "{} scrape targets report host {:?} ({}): its verdict cannot be trusted; narrow the fleet to one of \
+         them, e.g. prom:URL?{{job=\"...\"}}",
+        targets.len(),
+        escape(name),
+        list.join("; ")
+    ))
 }
 
 impl PromServer {
@@ -251,6 +296,8 @@ struct HostData {
     taken_s: Option<f64>,
     /// (kind, severity) -> count, for kinds other than the per-GPU unexplained ones.
     counts: Vec<(String, String, f64)>,
+    /// Every scrape target that sent a series naming this host: more than one is a conflict.
+    targets: std::collections::BTreeSet<Target>,
 }
 
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -314,7 +361,13 @@ fn count_findings(name: &str, d: &HostData, findings: &mut Vec<Finding>) {
 
 /// The snapshot of one host from what Prometheus holds of it.
 #[allow(clippy::too_many_lines)] // GPUs with their verdicts and per-GPU findings, then the host's fields
-fn snapshot(name: &str, d: &HostData, ids: &Identities, polled_ms: u64) -> HostSnapshot {
+fn snapshot(
+    name: &str,
+    d: &HostData,
+    ids: &Identities,
+    polled_ms: u64,
+    tolerance: u64,
+) -> HostSnapshot {
     let mut gpus = Vec::new();
     let mut findings = Vec::new();
     for (&index, g) in &d.gpus {
@@ -327,7 +380,12 @@ fn snapshot(name: &str, d: &HostData, ids: &Identities, polled_ms: u64) -> HostS
         let reserved = mib(id.reserved_mib);
         let total = mib(id.usable_mib).map(|u| u + reserved.unwrap_or(0));
         let judged = d.gpusweep.then_some(match g.clean {
-            Some(c) if c >= 1.0 => GpuState::Clean,
+            // A "clean" is believed only when the bytes the host reports say so too.
+            Some(c) if c >= 1.0 => match used {
+                Some(u) if u <= tolerance => GpuState::Clean,
+                Some(_) => GpuState::InUse,
+                None => GpuState::Unknown,
+            },
             Some(_) if !g.unexplained.is_empty() => GpuState::Leak,
             Some(_) => GpuState::InUse,
             None if g.unreadable => GpuState::Error,
@@ -406,21 +464,22 @@ struct Queries {
 
 impl Queries {
     fn new(p: &PromServer) -> Queries {
-        let by_gpu = |name: &str| format!("max by (Hostname, gpu) ({})", p.sel(name));
+        let by_gpu =
+            |name: &str| format!("max by (Hostname, job, instance, gpu) ({})", p.sel(name));
         Queries {
             used: by_gpu(m::FB_USED),
             clean: by_gpu(m::GPU_CLEAN),
             unreadable: format!("{} == 0", by_gpu(m::GPU_READABLE)),
             unexplained: format!(
-                "max by (Hostname, gpu, kind) ({})",
+                "max by (Hostname, job, instance, gpu, kind) ({})",
                 p.sel(m::UNEXPLAINED_BYTES)
             ),
             findings: format!(
-                "max by (Hostname, kind, severity) ({}) > 0",
+                "max by (Hostname, job, instance, kind, severity) ({}) > 0",
                 p.sel(m::FINDINGS)
             ),
             taken: format!(
-                "max by (Hostname) ({} or timestamp({}))",
+                "max by (Hostname, job, instance) ({} or timestamp({}))",
                 p.sel(m::READING_TIMESTAMP),
                 p.sel(m::FB_USED)
             ),
@@ -526,7 +585,10 @@ impl HostData {
     /// Whether two polls say the same of the host but for when it was read. (A NaN, an unknown size, never
     /// equals itself: such a host's reading is built again, which costs time, not truth.)
     fn same_but_time(&self, b: &HostData) -> bool {
-        self.gpus == b.gpus && self.gpusweep == b.gpusweep && self.counts == b.counts
+        self.gpus == b.gpus
+            && self.gpusweep == b.gpusweep
+            && self.counts == b.counts
+            && self.targets == b.targets
     }
 
     /// When the host's serve took its reading, else when it was polled.
@@ -588,6 +650,18 @@ async fn poll(
     table(server, names, &answers)
 }
 
+/// The host's data in this poll's table, begun at its first sample; the sample's scrape target is noted.
+fn of<'t>(
+    table: &'t mut [Option<HostData>],
+    names: &Names<'_>,
+    sample: &Sample,
+) -> Option<&'t mut HostData> {
+    let at = names.of(sample.host()?)?;
+    let data = table.get_mut(at)?.get_or_insert_with(HostData::default);
+    data.targets.insert(sample.target());
+    Some(data)
+}
+
 /// The answers of one poll (in the order of `Queries`' fields), joined into per-host data.
 fn table(
     server: &PromServer,
@@ -604,15 +678,6 @@ fn table(
     let (taken, up) = (server.samples(taken), server.samples(up));
     let mut hosts: Vec<Option<HostData>> =
         std::iter::repeat_with(|| None).take(names.len()).collect();
-    // The host's data in this poll's table, begun at its first sample.
-    fn of<'t>(
-        table: &'t mut [Option<HostData>],
-        names: &Names<'_>,
-        sample: &Sample,
-    ) -> Option<&'t mut HostData> {
-        let at = names.of(sample.host()?)?;
-        Some(table.get_mut(at)?.get_or_insert_with(HostData::default))
-    }
     for (samples, set, gpusweep) in [
         (
             used?,
@@ -688,6 +753,7 @@ pub async fn run(
     http: HttpClient,
     hosts: Vec<PromHost>,
     mut interval: Duration,
+    tolerance: u64,
     mut cmds: mpsc::Receiver<PromCmd>,
 ) {
     let queries = Queries::new(&server);
@@ -769,7 +835,7 @@ pub async fn run(
                     escape(inst)
                 )),
                 (None, None) => Some("no series for it in Prometheus now".to_string()),
-                (Some(_), None) => None,
+                (Some(d), None) => conflict(&h.name, &d.targets),
             };
             if let Some(why) = why {
                 listening |= if down[i].as_deref() == Some(why.as_str()) {
@@ -789,7 +855,7 @@ pub async fn run(
                 continue;
             }
             said[i] = Some(d.clone());
-            let snap = snapshot(&h.name, d, &ids, now);
+            let snap = snapshot(&h.name, d, &ids, now, tolerance);
             let same = last[i].as_ref().is_some_and(|p| p.says_the_same(&snap));
             listening |= if same && !was_down {
                 h.sink.fresh(snap.taken_at_ms, Vec::new())
@@ -874,7 +940,7 @@ mod tests {
                 ..Default::default()
             },
         );
-        let s = snapshot("node1", &d, &ids, 5);
+        let s = snapshot("node1", &d, &ids, 5, 0);
         let states: Vec<Option<GpuState>> = s.gpus.iter().map(|g| g.judged).collect();
         assert_eq!(
             states,
@@ -909,7 +975,7 @@ mod tests {
         let mut dcgm = HostData::default();
         dcgm.gpus.insert(0, gpu(0.0, None, &[]));
         dcgm.gpus.insert(1, gpu(700.0, None, &[]));
-        let s = snapshot("node2", &dcgm, &ids, 7);
+        let s = snapshot("node2", &dcgm, &ids, 7, 0);
         assert!(s.gpus.iter().all(|g| g.judged.is_none()));
         assert_eq!(s.taken_at_ms, 7);
         assert!(s.missing_features.contains(&Feature::ProcessList));
@@ -918,6 +984,52 @@ mod tests {
             "no leak is claimed without a process list"
         );
         assert_eq!(s.gpus[1].memory.used, Some(700 * MIB));
+    }
+
+    #[test]
+    fn a_clean_that_contradicts_its_bytes_is_not_clean_and_two_targets_are_a_conflict() {
+        let mut d = HostData {
+            gpusweep: true,
+            ..Default::default()
+        };
+        d.gpus.insert(0, gpu(70000.0, Some(1.0), &[]));
+        d.gpus.insert(
+            1,
+            GpuData {
+                clean: Some(1.0),
+                ..Default::default()
+            },
+        );
+        d.gpus.insert(2, gpu(3.0, Some(1.0), &[]));
+        let s = snapshot("liar", &d, &Identities::default(), 1, 0);
+        let states: Vec<Option<GpuState>> = s.gpus.iter().map(|g| g.judged).collect();
+        assert_eq!(
+            states,
+            [
+                Some(GpuState::InUse),
+                Some(GpuState::Unknown),
+                Some(GpuState::InUse)
+            ],
+            "clean only where its bytes say so"
+        );
+        let s = snapshot("liar", &d, &Identities::default(), 1, 4 * MIB);
+        assert_eq!(s.gpus[2].judged, Some(GpuState::Clean), "within tolerance");
+        let one: std::collections::BTreeSet<Target> = [Target {
+            job: "gpusweep".into(),
+            instance: "10.0.0.2:9401".into(),
+        }]
+        .into();
+        assert_eq!(conflict("gpu-b", &one), None);
+        let mut two = one.clone();
+        two.insert(Target {
+            job: "other".into(),
+            instance: "10.0.0.66:9400".into(),
+        });
+        let why = conflict("gpu-b", &two).expect("a conflict");
+        assert!(
+            why.contains("10.0.0.2:9401") && why.contains("10.0.0.66:9400") && why.contains("job="),
+            "{why}"
+        );
     }
 
     #[test]
@@ -1013,7 +1125,7 @@ mod tests {
         let q = Queries::new(&p);
         assert_eq!(
             q.used,
-            r#"max by (Hostname, gpu) (DCGM_FI_DEV_FB_USED{job="gpu"})"#
+            r#"max by (Hostname, job, instance, gpu) (DCGM_FI_DEV_FB_USED{job="gpu"})"#
         );
         assert!(q.up.contains(r#"up{job="gpu"}"#));
         let p = PromServer {
