@@ -1048,3 +1048,163 @@ fn a_local_user_cannot_make_the_serve_hold_memory_or_connections() {
     drop(peer.stdin.take());
     let _ = peer.wait();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_to_clean_counts_from_the_signal_that_freed_the_gpu() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let sock = tmp.join("serve.sock");
+    let sock_s = sock.to_str().expect("utf-8").to_string();
+    let serve = Serve::start(
+        tmp,
+        &["--demo", "--hosts", "gpu-b", "--socket", &sock_s, "--interval", "200ms"],
+        &[],
+    );
+    let unix = format!("unix:{sock_s}");
+    // The zombie's parent holds no GPU: killing it frees nothing.
+    let out = gpusweep(tmp)
+        .args(["kill", "--hosts", &unix, "7340", "--yes"])
+        .output()
+        .expect("kill");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // The scenario's gap between that kill and the sweep (not a synchronisation: the time it measures).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let out = gpusweep(tmp)
+        .args(["sweep", "--hosts", &unix, "--yes", "--grace", "1s", "--timeout", "20s"])
+        .output()
+        .expect("sweep");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let url = serve.url("/metrics");
+    let t = Instant::now();
+    let m = loop {
+        let m = get(&url).await.2;
+        let count = sample(
+            &m,
+            "gpusweep_time_to_clean_seconds_count",
+            &[("after", "signal")],
+        );
+        if count.is_some_and(|c| c >= 2.0) {
+            break m;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "{m}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let count = sample(&m, "gpusweep_time_to_clean_seconds_count", &[("after", "signal")]);
+    let within_1s = sample(
+        &m,
+        "gpusweep_time_to_clean_seconds_bucket",
+        &[("after", "signal"), ("le", "1.0")],
+    );
+    assert_eq!(
+        within_1s, count,
+        "every GPU clean within 1 s of the sweep, not counted from the unrelated kill: {m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines)] // one scenario, start to end
+async fn a_sweep_of_this_host_goes_through_its_serve_and_its_stream_tells_it() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let lib = standin_nvml(tmp);
+    std::fs::write(tmp.join("nvidia0"), b"").expect("stand-in device");
+    let mut holder = Command::new("sleep")
+        .arg("300")
+        .stdin(std::fs::File::open(tmp.join("nvidia0")).expect("open"))
+        .spawn()
+        .expect("holder");
+    set_nvml(tmp, &format!("512 {}:512\n", holder.id()));
+    let glob = format!("{}/nvidia*", tmp.display());
+    let sock = tmp.join("serve.sock");
+    let env = [
+        ("GPUSWEEP_NVML_LIBRARY", lib.as_path()),
+        ("STANDIN_NVML_STATE", &tmp.join("nvml")),
+        ("GPUSWEEP_SOCKET", &sock),
+    ];
+    let serve = Serve::start(tmp, &["--device-glob", &glob, "--interval", "1s"], &env);
+    let streams = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let mut events = streams
+        .get(serve.url("/api/v1/events"))
+        .send()
+        .await
+        .expect("events");
+    let mut got = String::new();
+    read_until(&mut events, &mut got, "event: snapshot").await;
+    // `gpusweep sweep` of this host, as an operator types it: no --hosts.
+    let mut sweep = gpusweep(tmp)
+        .args(["sweep", "--yes", "--grace", "1s", "--timeout", "20s"])
+        .env("GPUSWEEP_SOCKET", &sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sweep");
+    // The holder ends (the "driver" then lets go), unless the sweep gave up first.
+    let t = Instant::now();
+    while holder.try_wait().expect("holder").is_none() {
+        if sweep.try_wait().expect("sweep").is_some() {
+            let out = sweep.wait_with_output().expect("sweep");
+            let _ = holder.kill();
+            panic!("the sweep ended, the holder did not: {}", text(&out));
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "the holder was never ended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    set_nvml(tmp, "0\n");
+    let out = sweep.wait_with_output().expect("sweep");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    for want in [
+        r#""event":"signal_sent""#,
+        r#""event":"signal_fate""#,
+        r#""event":"all_clean""#,
+    ] {
+        read_until(&mut events, &mut got, want).await;
+    }
+    let (_, _, m) = get(&serve.url("/metrics")).await;
+    assert_eq!(
+        sample(
+            &m,
+            "gpusweep_time_to_clean_seconds_count",
+            &[("after", "signal")]
+        ),
+        Some(1.0),
+        "{m}"
+    );
+}
+
+#[test]
+fn a_host_that_cannot_be_read_keeps_its_source_and_a_demo_read_over_http_says_simulated() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    // Nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let out = gpusweep(tmp)
+        .args([
+            "snapshot",
+            "--json",
+            "--connect-timeout",
+            "2",
+            "--hosts",
+            &format!("http://127.0.0.1:{port}"),
+        ])
+        .output()
+        .expect("snapshot");
+    let doc: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    assert!(doc["hosts"][0]["error"].is_string(), "{doc}");
+    assert_eq!(doc["hosts"][0]["source"], "http", "{doc}");
+    let serve = Serve::start(tmp, &["--demo", "--hosts", "gpu-b"], &[]);
+    let out = gpusweep(tmp)
+        .args(["snapshot", "--json", "--hosts", &serve.url("")])
+        .output()
+        .expect("snapshot");
+    let doc: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    assert_eq!(doc["hosts"][0]["source"], "http", "{doc}");
+    assert_eq!(doc["hosts"][0]["simulated"], true, "{doc}");
+}

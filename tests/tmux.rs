@@ -230,3 +230,64 @@ fn wait_progress_is_one_line_redrawn_in_place_at_80_columns() {
     assert!(before[0].starts_with("waiting "), "{screen}");
     assert!(screen.contains("EXITED 1"), "{screen}");
 }
+
+/// `gpusweep serve --demo --hosts gpu-b` on a port of its own, killed when dropped; and its address.
+struct DemoServe(std::process::Child, String);
+
+impl DemoServe {
+    fn start(dir: &std::path::Path) -> DemoServe {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpusweep"))
+            .args(["serve", "--demo", "--hosts", "gpu-b", "--listen", "127.0.0.1:0"])
+            .env("GPUSWEEP_CONFIG", dir.join("none.toml"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("serve");
+        let mut err = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+        let mut banner = String::new();
+        err.read_line(&mut banner).expect("banner");
+        std::thread::spawn(move || for _ in err.lines() {});
+        let addr = banner
+            .split("http://")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("serve said: {banner}"))
+            .to_string();
+        DemoServe(child, addr)
+    }
+}
+
+impl Drop for DemoServe {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_demo_read_through_a_serve_is_marked_demo_in_the_header_and_dialogs() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let serve = DemoServe::start(dir.path());
+    let bin = env!("CARGO_BIN_EXE_gpusweep");
+    let cmd = format!(
+        "GPUSWEEP_CONFIG={0}/none.toml {bin} --hosts http://{1}; echo EXITED $?; sleep 30",
+        dir.path().display(),
+        serve.1
+    );
+    let t = Tmux::start("demo-http", 120, 40, &cmd);
+    let s = t.await_text(&format!("{} [·", serve.1));
+    let header = s.lines().next().unwrap_or_default();
+    assert!(header.contains("gpusweep DEMO"), "{s}");
+    // The findings panel of gpu-b, and a finding opened whole.
+    t.keys(&["Enter"]);
+    t.await_text("▶ GPUs");
+    t.keys(&["Tab", "Tab"]);
+    t.await_text("▶ Findings");
+    t.keys(&["Enter"]);
+    let s = t.await_text("DEMO: simulated");
+    assert!(s.lines().next().unwrap_or_default().contains("gpusweep DEMO"), "{s}");
+    t.keys(&["Escape", "q"]);
+    t.await_text("EXITED 0");
+}

@@ -827,3 +827,69 @@ fn a_host_seen_through_prometheus_opens_live_and_refuses_kills_by_name() {
         "{eff:?}"
     );
 }
+
+#[test]
+fn reducer_time_to_clean_counts_from_the_signal_that_freed_the_gpu_not_an_earlier_unrelated_one() {
+    let mut d = gpu_b();
+    // Kill the zombie's parent: it holds no GPU, so it frees nothing.
+    d.app.sel.focus = Panel::Processes;
+    d.app.sel.proc = d
+        .app
+        .process_rows()
+        .iter()
+        .position(|r| r.pid == 7350)
+        .expect("zombie row");
+    d.ch('K');
+    let eff = d.key(KeyCode::Enter);
+    d.run_effects(&eff);
+    d.at(30_500);
+    d.poll();
+    // 25 s later, sweep gpu-b: its GPUs read clean 100 ms after the sweep's own signal.
+    d.at(55_000);
+    d.poll();
+    d.app.sel.focus = Panel::Gpus;
+    d.ch('S');
+    d.key(KeyCode::Tab);
+    let eff = d.key(KeyCode::Enter);
+    d.run_effects(&eff);
+    let mut logged = Vec::new();
+    for t in [55_050, 55_100, 55_200] {
+        d.at(t);
+        logged.extend(d.poll());
+    }
+    let cleaned: Vec<(u32, Option<u64>)> = d
+        .app
+        .timeline
+        .iter()
+        .filter_map(|e| match &e.what {
+            gpusweep::core::event::EventKind::GpuClean { gpu, after_ms, .. } => {
+                Some((*gpu, *after_ms))
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(
+        cleaned.iter().any(|(g, _)| *g == 6) && cleaned.iter().any(|(g, _)| *g == 7),
+        "{cleaned:?}"
+    );
+    for (gpu, after) in &cleaned {
+        assert!(
+            after.is_some_and(|ms| ms <= 1_000),
+            "GPU {gpu} clean {after:?} ms after the first signal: counted from the unrelated kill"
+        );
+    }
+    // The events file says the same.
+    let logged_clean: Vec<String> = logged
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Log(ev) => Some(serde_json::to_string(ev).expect("json")),
+            _ => None,
+        })
+        .filter(|j| j.contains("\"gpu_clean\""))
+        .collect();
+    assert!(!logged_clean.is_empty(), "{logged:?}");
+    for j in &logged_clean {
+        let v: serde_json::Value = serde_json::from_str(j).expect("json");
+        assert!(v["after_ms"].as_u64().is_some_and(|ms| ms <= 1_000), "{j}");
+    }
+}
