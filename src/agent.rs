@@ -13,11 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::act::Deliverer;
+use crate::core::action::ActionAnswer;
 use crate::core::format::millis;
 use crate::core::model::HostSnapshot;
-use crate::core::protocol::{AgentCmd, AgentMsg, MAX_LINE_BYTES, MIN_INTERVAL, PROTOCOL};
-use crate::core::removal::RemovalOutcome;
-use crate::core::signal::Outcome;
+use crate::core::protocol::{AgentCmd, AgentMsg, Command, MAX_LINE_BYTES, MIN_INTERVAL, PROTOCOL};
 use crate::runtime::poll;
 use crate::source::{ConnStatus, HostCmd, Sink, Source};
 
@@ -71,11 +70,8 @@ impl Sink for StdoutSink {
             ConnStatus::Up | ConnStatus::Connecting | ConnStatus::Stale { .. } => true,
         }
     }
-    fn outcomes(&self, id: u64, outcomes: Vec<Outcome>) -> bool {
-        emit(&self.out, &AgentMsg::Outcomes { id, outcomes })
-    }
-    fn removals(&self, id: u64, outcomes: Vec<RemovalOutcome>) -> bool {
-        emit(&self.out, &AgentMsg::Removals { id, outcomes })
+    fn answer(&self, id: u64, answer: ActionAnswer) -> bool {
+        emit(&self.out, &AgentMsg::answer(id, answer))
     }
 }
 
@@ -108,14 +104,13 @@ fn read_commands(out: &Out, tx: &mpsc::SyncSender<HostCmd>, compact: &AtomicBool
         if t.is_empty() {
             continue;
         }
-        let cmd = match serde_json::from_str::<AgentCmd>(t) {
-            Ok(AgentCmd::Poll) => HostCmd::PollNow,
-            Ok(AgentCmd::Interval { ms, compact: c }) => {
+        let cmd = match serde_json::from_str::<AgentCmd>(t).map(Command::from) {
+            Ok(Command::Poll) => HostCmd::PollNow,
+            Ok(Command::Interval { ms, compact: c }) => {
                 compact.store(c, Ordering::Relaxed);
                 HostCmd::Interval(Duration::from_millis(ms).max(MIN_INTERVAL))
             }
-            Ok(AgentCmd::Signal { id, request }) => HostCmd::Signal { id, req: request },
-            Ok(AgentCmd::Remove { id, request }) => HostCmd::Remove { id, req: request },
+            Ok(Command::Act { id, req }) => HostCmd::Act { id, req },
             Err(e) => {
                 emit(
                     out,

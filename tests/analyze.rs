@@ -569,6 +569,7 @@ fn hosts_read_from_prometheus_keep_their_verdicts_and_are_never_called_leaking_o
         detail: "2 zombie finding(s)".into(),
         action: "open it live".into(),
         target_pid: None,
+        file: None,
     }];
     let snap = gpusweep::analyze::analyzed(snap, &opts);
     assert_eq!(kinds(&snap.findings), [(FindingKind::Zombie, None, None)]);

@@ -279,6 +279,7 @@ fn reused_pid_is_refused_through_the_library() {
         }],
         signal: Sig::Kill,
         grace_ms: None,
+        purpose: None,
     };
     let out = deliver("local", &stale, &audit, false);
     assert!(
@@ -305,6 +306,7 @@ fn reused_pid_is_refused_through_the_library() {
         }],
         signal: Sig::Term,
         grace_ms: Some(5000),
+        purpose: None,
     };
     let out = deliver("local", &ok, &audit, false);
     // Our own child stays a zombie until we wait, but the pidfd reports its exit.
@@ -340,6 +342,7 @@ fn an_unwritable_audit_log_means_no_signal() {
         }],
         signal: Sig::Kill,
         grace_ms: None,
+        purpose: None,
     };
     let out = deliver("local", &req, &audit, false);
     assert!(
@@ -614,6 +617,7 @@ fn deliver_escalates_term_to_kill_on_a_process_that_ignores_term() {
         }],
         signal: Sig::Term,
         grace_ms: Some(300),
+        purpose: None,
     };
     let out = deliver("local", &req, &audit, false);
     assert!(
@@ -1195,6 +1199,7 @@ fn a_pid_reused_within_one_tick_is_told_apart_by_its_pidfs_inode() {
         }],
         signal: Sig::Term,
         grace_ms: Some(5000),
+        purpose: None,
     };
     // Same PID, same start tick, another pidfs inode: another process.
     let out = deliver("local", &target(Some(1)), &audit, false);

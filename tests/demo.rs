@@ -58,7 +58,12 @@ fn sweeping_gpu_b_drains_100ms_after_the_kill() {
     let pids: Vec<u32> = p.items.iter().map(|i| i.pid).collect();
     assert!(pids.contains(&7306) && pids.contains(&7391), "{pids:?}");
     assert!(!pids.contains(&812), "nvidia-persistenced is benign");
-    let out = h.signal(&p.request(HostId(0), Sig::Term, Some(10_000)));
+    let out = h.signal(&p.request(
+        HostId(0),
+        Sig::Term,
+        Some(10_000),
+        gpusweep::core::action::Purpose::Sweep,
+    ));
     assert!(
         out.iter().all(|o| matches!(o.fate, Fate::Exited { .. })),
         "{out:?}"
@@ -94,6 +99,7 @@ fn demo_refuses_pid_1_and_reused_pids() {
         ],
         signal: Sig::Kill,
         grace_ms: None,
+        purpose: None,
     };
     let out = h.signal(&req);
     assert!(matches!(&out[0].fate, Fate::Refused { reason } if reason.contains("PID 1")));

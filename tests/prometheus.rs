@@ -539,6 +539,7 @@ fn a_scrape_target_speaks_only_for_itself_and_a_clean_that_contradicts_its_bytes
     let gb = &doc["hosts"][0];
     assert_eq!(gb["error"], serde_json::Value::Null, "{doc}");
     assert_eq!(gb["gpus"][7]["judged"], "leak", "{doc}");
+    assert_eq!(gb["gpus"][7]["state"], "leak", "{doc}");
     let out = gpusweep(tmp)
         .args(["wait", "--hosts", &narrowed, "--timeout", "2s"])
         .output()
@@ -549,7 +550,11 @@ fn a_scrape_target_speaks_only_for_itself_and_a_clean_that_contradicts_its_bytes
     let doc = snapshot_json(tmp, &only_liar);
     let l = &doc["hosts"][0];
     assert_eq!(l["host"], "liar", "{doc}");
-    assert_ne!(l["gpus"][0]["judged"], "clean", "{doc}");
+    assert_eq!(l["gpus"][0]["judged"], "clean", "what it said: {doc}");
+    assert_eq!(
+        l["gpus"][0]["state"], "in_use",
+        "what gpusweep judged: {doc}"
+    );
     let out = gpusweep(tmp)
         .args(["wait", "--hosts", &only_liar, "--timeout", "2s"])
         .output()

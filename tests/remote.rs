@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use gpusweep::act::AuditLog;
 use gpusweep::analyze::AnalyzeOptions;
+use gpusweep::core::action::{ActionAnswer, ActionRequest};
 use gpusweep::core::host::HostSpec;
 use gpusweep::core::signal::{Fate, Sig, SignalRequest, TargetInfo};
 use gpusweep::runtime::{Fleet, FleetOptions, HostEvent};
@@ -58,6 +59,7 @@ async fn fleet(command: &str, interval: Duration, audit: &Path) -> Fleet {
         kill_without_pidfd: false,
         http: HttpOptions::default(),
         serve_socket: None,
+        acts: false,
     };
     let spec = HostSpec::Command {
         command: command.to_string(),
@@ -105,7 +107,7 @@ async fn a_stalled_agent_goes_stale_then_is_dropped_with_its_process_group() {
     let mut stale = None;
     let down = loop {
         match next_event(&mut f, Duration::from_secs(20)).await {
-            HostEvent::Snapshot { .. } => got_reading = true,
+            HostEvent::Reading { .. } => got_reading = true,
             HostEvent::Status {
                 status: ConnStatus::Stale { silent_ms },
                 ..
@@ -143,7 +145,7 @@ async fn a_flood_of_readings_keeps_only_the_latest() {
     );
     let mut f = fleet(&cmd, Duration::from_secs(1), &dir.path().join("audit")).await;
     loop {
-        if let HostEvent::Snapshot { .. } = next_event(&mut f, Duration::from_secs(20)).await {
+        if let HostEvent::Reading { .. } = next_event(&mut f, Duration::from_secs(20)).await {
             break;
         }
     }
@@ -158,7 +160,7 @@ async fn a_flood_of_readings_keeps_only_the_latest() {
     await_cond("300 more readings", 60, || sent() >= from + 300);
     let mut waiting = 0;
     while let Some(ev) = f.try_recv() {
-        if let HostEvent::Snapshot { .. } = ev {
+        if let HostEvent::Reading { .. } = ev {
             waiting += 1;
         }
     }
@@ -203,11 +205,15 @@ async fn a_host_that_reads_no_commands_answers_signals_busy() {
         }],
         signal: Sig::Term,
         grace_ms: None,
+        purpose: None,
     };
-    f.send(host, HostCmd::Signal { id: 7, req });
+    let req = ActionRequest::Signal(req);
+    f.send(host, HostCmd::Act { id: 7, req });
     let outcomes = loop {
-        if let HostEvent::Outcomes {
-            id: 7, outcomes, ..
+        if let HostEvent::Answer {
+            id: 7,
+            answer: ActionAnswer::Signal(outcomes),
+            ..
         } = next_event(&mut f, Duration::from_secs(10)).await
         {
             break outcomes;

@@ -1057,7 +1057,15 @@ async fn time_to_clean_counts_from_the_signal_that_freed_the_gpu() {
     let sock_s = sock.to_str().expect("utf-8").to_string();
     let serve = Serve::start(
         tmp,
-        &["--demo", "--hosts", "gpu-b", "--socket", &sock_s, "--interval", "200ms"],
+        &[
+            "--demo",
+            "--hosts",
+            "gpu-b",
+            "--socket",
+            &sock_s,
+            "--interval",
+            "200ms",
+        ],
         &[],
     );
     let unix = format!("unix:{sock_s}");
@@ -1070,7 +1078,16 @@ async fn time_to_clean_counts_from_the_signal_that_freed_the_gpu() {
     // The scenario's gap between that kill and the sweep (not a synchronisation: the time it measures).
     tokio::time::sleep(Duration::from_secs(2)).await;
     let out = gpusweep(tmp)
-        .args(["sweep", "--hosts", &unix, "--yes", "--grace", "1s", "--timeout", "20s"])
+        .args([
+            "sweep",
+            "--hosts",
+            &unix,
+            "--yes",
+            "--grace",
+            "1s",
+            "--timeout",
+            "20s",
+        ])
         .output()
         .expect("sweep");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -1089,7 +1106,11 @@ async fn time_to_clean_counts_from_the_signal_that_freed_the_gpu() {
         assert!(t.elapsed() < Duration::from_secs(20), "{m}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let count = sample(&m, "gpusweep_time_to_clean_seconds_count", &[("after", "signal")]);
+    let count = sample(
+        &m,
+        "gpusweep_time_to_clean_seconds_count",
+        &[("after", "signal")],
+    );
     let within_1s = sample(
         &m,
         "gpusweep_time_to_clean_seconds_bucket",
@@ -1149,7 +1170,10 @@ async fn a_sweep_of_this_host_goes_through_its_serve_and_its_stream_tells_it() {
             let _ = holder.kill();
             panic!("the sweep ended, the holder did not: {}", text(&out));
         }
-        assert!(t.elapsed() < Duration::from_secs(20), "the holder was never ended");
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the holder was never ended"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     set_nvml(tmp, "0\n");

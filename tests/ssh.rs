@@ -556,6 +556,7 @@ async fn agent_killed_mid_stream_is_reported_and_reconnected() {
         kill_without_pidfd: false,
         http: HttpOptions::default(),
         serve_socket: None,
+        acts: false,
     };
     let spec = HostSpec::Ssh {
         user: Some("root".into()),
@@ -573,8 +574,8 @@ async fn agent_killed_mid_stream_is_reported_and_reconnected() {
             .expect("events in time")
             .expect("event");
         match ev {
-            HostEvent::Snapshot { .. } if down.is_some() => snapshots_after_down += 1,
-            HostEvent::Snapshot { .. } => seen.push("snapshot"),
+            HostEvent::Reading { .. } if down.is_some() => snapshots_after_down += 1,
+            HostEvent::Reading { .. } => seen.push("snapshot"),
             HostEvent::Status {
                 status: ConnStatus::Down(e),
                 ..

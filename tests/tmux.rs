@@ -238,7 +238,14 @@ impl DemoServe {
     fn start(dir: &std::path::Path) -> DemoServe {
         use std::io::BufRead;
         let mut child = Command::new(env!("CARGO_BIN_EXE_gpusweep"))
-            .args(["serve", "--demo", "--hosts", "gpu-b", "--listen", "127.0.0.1:0"])
+            .args([
+                "serve",
+                "--demo",
+                "--hosts",
+                "gpu-b",
+                "--listen",
+                "127.0.0.1:0",
+            ])
             .env("GPUSWEEP_CONFIG", dir.join("none.toml"))
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
@@ -287,7 +294,16 @@ fn a_demo_read_through_a_serve_is_marked_demo_in_the_header_and_dialogs() {
     t.await_text("▶ Findings");
     t.keys(&["Enter"]);
     let s = t.await_text("DEMO: simulated");
-    assert!(s.lines().next().unwrap_or_default().contains("gpusweep DEMO"), "{s}");
-    t.keys(&["Escape", "q"]);
+    assert!(
+        s.lines()
+            .next()
+            .unwrap_or_default()
+            .contains("gpusweep DEMO"),
+        "{s}"
+    );
+    // A key right after Esc would read as Alt+key: q waits for the dialog to close.
+    t.keys(&["Escape"]);
+    t.await_gone("DEMO: simulated");
+    t.keys(&["q"]);
     t.await_text("EXITED 0");
 }

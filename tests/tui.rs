@@ -9,9 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseButton, MouseEvent, MouseEventKind};
-use gpusweep::analyze::{AnalyzeOptions, analyzed};
+use gpusweep::analyze::AnalyzeOptions;
+use gpusweep::core::action::{ActionAnswer, ActionRequest};
 use gpusweep::core::model::{GpuState, HostId};
 use gpusweep::core::signal::{Fate, Outcome, Protected, Sig};
+use gpusweep::runtime::ledger::{Judgement, Ledger};
 use gpusweep::source::demo::{DEMO_HOSTS, DemoClock, DemoHost};
 use gpusweep::source::{ConnStatus, HostCmd};
 use gpusweep::tui::app::{Action, App, Dialog, Effect, Panel, SweepScope};
@@ -26,6 +28,8 @@ const BASE_MS: u64 = 1_764_669_600_000;
 struct Demo {
     app: App,
     hosts: Vec<DemoHost>,
+    /// Each host's ledger, as the fleet keeps them: readings are judged there, actions recorded.
+    ledgers: Vec<Ledger>,
     t: Arc<AtomicU64>,
 }
 
@@ -36,6 +40,10 @@ impl Demo {
         let hosts: Vec<DemoHost> = DEMO_HOSTS
             .iter()
             .map(|h| DemoHost::new(h, clock.clone()))
+            .collect();
+        let ledgers = DEMO_HOSTS
+            .iter()
+            .map(|h| Ledger::new(h, AnalyzeOptions::default()))
             .collect();
         let app = App::new(
             DEMO_HOSTS
@@ -50,22 +58,48 @@ impl Demo {
         let mut app = app;
         // As `new_app` starts it on the demo cluster.
         app.cfg.demo = true;
-        let mut d = Demo { app, hosts, t };
+        let mut d = Demo {
+            app,
+            hosts,
+            ledgers,
+            t,
+        };
         for s in 0..=secs {
             d.at(s * 1000);
             d.poll();
         }
         d
     }
+    fn now(&self) -> u64 {
+        BASE_MS + self.t.load(Ordering::SeqCst)
+    }
     fn at(&mut self, ms: u64) {
         self.t.store(ms, Ordering::SeqCst);
         self.app.update(Action::Tick(BASE_MS + ms));
     }
+    /// A reading of host `i`, through its ledger to the app, as the fleet hands it on.
+    fn feed(&mut self, i: usize, snap: gpusweep::core::model::HostSnapshot) -> Vec<Effect> {
+        let (j, events) = self.ledgers[i].reading(snap);
+        let mut eff = Vec::new();
+        if !events.is_empty() {
+            eff.extend(self.app.update(Action::Events(HostId(i), events)));
+        }
+        eff.extend(match j {
+            Judgement::New(judged) => self.app.update(Action::Reading(HostId(i), judged)),
+            Judgement::Same {
+                taken_at_ms,
+                gauges,
+            } => self
+                .app
+                .update(Action::Fresh(HostId(i), taken_at_ms, gauges)),
+        });
+        eff
+    }
     fn poll(&mut self) -> Vec<Effect> {
         let mut eff = Vec::new();
         for i in 0..self.hosts.len() {
-            let s = analyzed(self.hosts[i].snapshot(), &AnalyzeOptions::default());
-            eff.extend(self.app.update(Action::Snapshot(HostId(i), Box::new(s))));
+            let s = self.hosts[i].snapshot();
+            eff.extend(self.feed(i, s));
         }
         eff
     }
@@ -76,12 +110,32 @@ impl Demo {
     fn ch(&mut self, c: char) -> Vec<Effect> {
         self.key(KeyCode::Char(c))
     }
-    /// Carry out the effects a host would: signals act on the simulation.
+    /// An action through the host's ledger, as `Fleet::send` records it.
+    fn send(&mut self, h: HostId, req: &ActionRequest) {
+        let now = self.now();
+        let events = self.ledgers[h.0].sent(req, now);
+        if !events.is_empty() {
+            self.app.update(Action::Events(h, events));
+        }
+    }
+    /// An answer through the host's ledger, as the fleet's sink hands it on.
+    fn answer(&mut self, h: HostId, id: u64, answer: ActionAnswer) -> Vec<Effect> {
+        let now = self.now();
+        let events = self.ledgers[h.0].answered(&answer, now);
+        let mut eff = Vec::new();
+        if !events.is_empty() {
+            eff.extend(self.app.update(Action::Events(h, events)));
+        }
+        eff.extend(self.app.update(Action::Answer(h, id, answer)));
+        eff
+    }
+    /// Carry out the effects a host would: actions act on the simulation.
     fn run_effects(&mut self, eff: &[Effect]) {
         for e in eff {
-            if let Effect::Send(h, HostCmd::Signal { id, req }) = e {
-                let out = self.hosts[h.0].signal(req);
-                self.app.update(Action::Outcomes(*h, *id, out));
+            if let Effect::Send(h, HostCmd::Act { id, req }) = e {
+                self.send(*h, req);
+                let out = self.hosts[h.0].act(req);
+                self.answer(*h, *id, out);
             }
         }
     }
@@ -194,7 +248,7 @@ fn screen_sweep_dialog_and_banner() {
     );
     assert_eq!(
         eff.iter()
-            .filter(|e| matches!(e, Effect::Send(HostId(1), HostCmd::Signal { .. })))
+            .filter(|e| matches!(e, Effect::Send(HostId(1), HostCmd::Act { .. })))
             .count(),
         1
     );
@@ -323,7 +377,15 @@ fn reducer_kill_sends_the_confirmed_target_and_reports() {
     d.key(KeyCode::Tab); // KILL now
     let eff = d.key(KeyCode::Enter);
     match &sent(&eff)[..] {
-        [Effect::Send(HostId(1), HostCmd::Signal { req, .. })] => {
+        [
+            Effect::Send(
+                HostId(1),
+                HostCmd::Act {
+                    req: ActionRequest::Signal(req),
+                    ..
+                },
+            ),
+        ] => {
             assert_eq!(req.signal, Sig::Kill);
             assert_eq!(req.grace_ms, None);
             assert_eq!(req.targets[0].pid, 7306);
@@ -331,18 +393,18 @@ fn reducer_kill_sends_the_confirmed_target_and_reports() {
         }
         other => panic!("{other:?}"),
     }
-    d.app.update(Action::Outcomes(
+    d.answer(
         HostId(1),
         1,
-        vec![Outcome {
+        ActionAnswer::Signal(vec![Outcome {
             pid: 7306,
             start_time: 0,
             cmdline: "x".into(),
             fate: Fate::Refused {
                 reason: "PID reused".into(),
             },
-        }],
-    ));
+        }]),
+    );
     let (msg, _) = d.app.status.clone().expect("status");
     assert!(msg.contains("refused: PID reused"), "{msg}");
 }
@@ -535,11 +597,12 @@ fn screen_shm_confirmation_then_no_leftovers() {
     }
     both("shm_confirmation", &mut d);
     let eff = d.key(KeyCode::Enter);
-    let Some(Effect::Send(h, HostCmd::Remove { id, req })) = sent(&eff).into_iter().next() else {
+    let Some(Effect::Send(h, HostCmd::Act { id, req })) = sent(&eff).into_iter().next() else {
         panic!("{eff:?}")
     };
-    let out = d.hosts[h.0].remove(&req);
-    d.app.update(Action::Removals(h, id, out));
+    assert!(matches!(req, ActionRequest::Remove(_)), "{req:?}");
+    let out = d.hosts[h.0].act(&req);
+    d.answer(h, id, out);
     d.poll();
     let s = d.app.snap().expect("reading");
     assert!(
@@ -630,10 +693,12 @@ fn reducer_a_silent_host_is_reported_after_the_connect_timeout() {
     let s = render(&app);
     assert!(s.contains("no reading within 10s; still trying"), "{s}");
     assert!(s.contains("1 ✗"), "the header counts it: {s}");
-    app.update(Action::Status(
-        HostId(0),
-        ConnStatus::Down("no hello from the agent within 10s".into()),
-    ));
+    // As the fleet hands it on: the ledger's event, then the status.
+    let down = ConnStatus::Down("no hello from the agent within 10s".into());
+    let mut ledger = Ledger::new("quiet", AnalyzeOptions::default());
+    let events = ledger.status(&down, BASE_MS + 10_000);
+    app.update(Action::Events(HostId(0), events));
+    app.update(Action::Status(HostId(0), down));
     let s = render(&app);
     assert!(s.contains("retrying"), "{s}");
     assert!(
@@ -666,11 +731,12 @@ fn reducer_after_a_sweep_the_zombie_parent_and_d_leave_gpu_b_without_findings() 
     let (mut d, _) = swept_gpu_b();
     d.ch('D');
     let eff = d.key(KeyCode::Enter);
-    let Some(Effect::Send(h, HostCmd::Remove { id, req })) = sent(&eff).into_iter().next() else {
+    let Some(Effect::Send(h, HostCmd::Act { id, req })) = sent(&eff).into_iter().next() else {
         panic!("{eff:?}")
     };
-    let out = d.hosts[h.0].remove(&req);
-    d.app.update(Action::Removals(h, id, out));
+    assert!(matches!(req, ActionRequest::Remove(_)), "{req:?}");
+    let out = d.hosts[h.0].act(&req);
+    d.answer(h, id, out);
     d.app.sel.focus = Panel::Processes;
     d.app.sel.proc = d
         .app
@@ -743,7 +809,7 @@ fn the_header_counts_every_gpu_of_the_latest_readings() {
     }
     b.findings.clear();
     b.processes.clear();
-    d.app.update(Action::Snapshot(HostId(1), Box::new(b)));
+    d.feed(1, b);
     assert_eq!(d.app.counts(), recount(&d.app));
     assert_ne!(d.app.counts(), before);
 }
@@ -782,7 +848,9 @@ fn only_what_is_on_screen_asks_for_a_frame() {
     assert_ne!(d.app.changes(), at, "a stale host fresh again");
     assert_eq!(d.app.hosts[1].status, ConnStatus::Up);
     let at = d.app.changes();
-    d.app.update(Action::Snapshot(HostId(1), Box::new(b)));
+    let mut b = b;
+    b.gpus[0].memory.used = Some(1);
+    d.feed(1, b);
     assert_ne!(d.app.changes(), at, "a whole reading");
 }
 
@@ -794,7 +862,7 @@ fn a_host_seen_through_prometheus_opens_live_and_refuses_kills_by_name() {
     snap.source = gpusweep::core::model::SourceKind::Prometheus;
     snap.live_url = Some("http://gpu-b:9401".into());
     d.app.hosts[1].read_only = true;
-    d.app.update(Action::Snapshot(HostId(1), Box::new(snap)));
+    d.feed(1, snap);
     d.app.sel.focus = Panel::Hosts;
     d.app.sel.host = 1;
     for k in ['K', 'S', 'D'] {

@@ -6,9 +6,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{AnalyzeOptions, GpuState, gpu_state};
+use super::GpuState;
 use crate::core::event::EventKind;
-use crate::core::model::{Finding, FindingKind, HostSnapshot};
+use crate::core::model::{Finding, HostSnapshot, Subject};
 
 /// A GPU process as one reading shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,24 +53,10 @@ fn gpu_procs(s: &HostSnapshot) -> BTreeMap<u32, (Option<u64>, GpuProc)> {
         .collect()
 }
 
-type FindingKey = (FindingKind, Option<u32>, Option<u32>, Option<u32>, String);
-
-fn key(f: &Finding) -> FindingKey {
-    let file = if f.kind == FindingKind::ShmLeftover {
-        f.action.clone()
-    } else {
-        String::new()
-    };
-    (f.kind, f.gpu, f.pid, f.target_pid, file)
-}
-
-/// The events between `prev` (None: this is the host's first reading) and `next`. On a first reading only
-/// the findings are events: every process there was already running.
-pub fn between(
-    prev: Option<&HostSnapshot>,
-    next: &HostSnapshot,
-    opts: &AnalyzeOptions,
-) -> Vec<EventKind> {
+/// The events between `prev` (None: this is the host's first reading) and `next`, both judged (each GPU's
+/// state filled in). On a first reading only the findings are events: every process there was already
+/// running. A GPU turning clean is `GpuClean` without times: the ledger, which keeps the clocks, adds them.
+pub fn between(prev: Option<&HostSnapshot>, next: &HostSnapshot) -> Vec<EventKind> {
     let mut out = Vec::new();
     let empty = HostSnapshot::default();
     let first = prev.is_none();
@@ -101,9 +87,9 @@ pub fn between(
             });
         }
     }
-    let was: BTreeSet<FindingKey> = prev.findings.iter().map(key).collect();
-    let is: BTreeSet<FindingKey> = next.findings.iter().map(key).collect();
-    for f in prev.findings.iter().filter(|f| !is.contains(&key(f))) {
+    let was: BTreeSet<Subject> = prev.findings.iter().map(Finding::subject).collect();
+    let is: BTreeSet<Subject> = next.findings.iter().map(Finding::subject).collect();
+    for f in prev.findings.iter().filter(|f| !is.contains(&f.subject())) {
         out.push(EventKind::FindingCleared {
             kind: f.kind,
             gpu: f.gpu,
@@ -111,7 +97,7 @@ pub fn between(
             detail: f.detail.clone(),
         });
     }
-    for f in next.findings.iter().filter(|f| !was.contains(&key(f))) {
+    for f in next.findings.iter().filter(|f| !was.contains(&f.subject())) {
         out.push(EventKind::FindingAppeared {
             kind: f.kind,
             severity: f.severity,
@@ -122,14 +108,15 @@ pub fn between(
     }
     if !first {
         for g in &next.gpus {
-            let now_clean = gpu_state(next, g, opts) == GpuState::Clean;
+            let now_clean = g.state == Some(GpuState::Clean);
             let was_clean = prev
                 .gpu(g.index)
-                .is_some_and(|p| gpu_state(prev, p, opts) == GpuState::Clean);
+                .is_some_and(|p| p.state == Some(GpuState::Clean));
             if now_clean && !was_clean && prev.gpu(g.index).is_some() {
                 out.push(EventKind::GpuClean {
                     gpu: g.index,
                     after_ms: None,
+                    after_exit_ms: None,
                 });
             }
         }
@@ -137,11 +124,72 @@ pub fn between(
     out
 }
 
+/// The GPUs of processes that held or were listed on them in `prev` and died by `next`: left /proc, became
+/// another process, or turned zombie (dead is dead when it is a zombie too: its parent may reap it only
+/// after the driver let go).
+pub fn released_by_deaths(prev: &HostSnapshot, next: &HostSnapshot) -> Vec<u32> {
+    let mut out = Vec::new();
+    let pids = prev.holders.iter().map(|h| h.pid).chain(
+        prev.gpus
+            .iter()
+            .flat_map(|g| g.processes.iter().map(|p| p.pid)),
+    );
+    for pid in pids {
+        let Some(before) = prev.proc(pid).filter(|p| !p.state.is_zombie()) else {
+            continue;
+        };
+        let alive = |p: &crate::core::model::Proc| {
+            p.start_time == before.start_time && !p.state.is_zombie()
+        };
+        if next.proc(pid).is_some_and(alive) {
+            continue;
+        }
+        out.extend(prev.listed_gpus(pid));
+        if let Some(h) = prev.holder(pid) {
+            out.extend(&h.gpus);
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// The GPUs a signal to these PIDs may free: those each holds or is listed on, and those of its
+/// descendants (a launcher's workers end with it), as the reading shows them.
+pub fn gpus_of_targets(snap: &HostSnapshot, pids: &[u32]) -> Vec<u32> {
+    let mut chosen: BTreeSet<u32> = pids.iter().copied().collect();
+    // Descendants: a few passes over the parent links reach every generation a reading holds.
+    for _ in 0..64 {
+        let before = chosen.len();
+        for p in &snap.processes {
+            if chosen.contains(&p.ppid) {
+                chosen.insert(p.pid);
+            }
+        }
+        if chosen.len() == before {
+            break;
+        }
+    }
+    let mut out: Vec<u32> = chosen
+        .iter()
+        .flat_map(|&pid| {
+            let mut g = snap.listed_gpus(pid);
+            if let Some(h) = snap.holder(pid) {
+                g.extend(&h.gpus);
+            }
+            g
+        })
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analyze::analyzed;
-    use crate::core::model::{Gpu, Holder, ListedProcess, Memory, Proc};
+    use crate::analyze::{AnalyzeOptions, analyzed, state::judge_gpus};
+    use crate::core::model::{FindingKind, Gpu, Holder, ListedProcess, Memory, Proc};
 
     fn reading(holding: bool) -> HostSnapshot {
         let mut g = Gpu {
@@ -179,13 +227,18 @@ mod tests {
             });
         }
         s.gpus.push(g);
-        analyzed(s, &AnalyzeOptions::default())
+        judged(s)
+    }
+
+    fn judged(s: HostSnapshot) -> HostSnapshot {
+        let mut s = analyzed(s, &AnalyzeOptions::default());
+        judge_gpus(&mut s, &AnalyzeOptions::default());
+        s
     }
 
     #[test]
     fn a_holder_exiting_is_one_exit_and_the_gpu_turning_clean() {
-        let o = AnalyzeOptions::default();
-        let ev = between(Some(&reading(true)), &reading(false), &o);
+        let ev = between(Some(&reading(true)), &reading(false));
         assert!(
             ev.iter().any(|e| matches!(e, EventKind::ProcessExited { pid: 42, gpu_bytes: Some(b), gpus, .. } if *b == 10 << 30 && gpus == &[0])),
             "{ev:?}"
@@ -193,11 +246,12 @@ mod tests {
         assert!(
             ev.contains(&EventKind::GpuClean {
                 gpu: 0,
-                after_ms: None
+                after_ms: None,
+                after_exit_ms: None
             }),
             "{ev:?}"
         );
-        let back = between(Some(&reading(false)), &reading(true), &o);
+        let back = between(Some(&reading(false)), &reading(true));
         assert!(
             matches!(&back[0], EventKind::ProcessAppeared { pid: 42, .. }),
             "{back:?}"
@@ -207,17 +261,19 @@ mod tests {
                 .all(|e| !matches!(e, EventKind::ProcessExited { .. })),
             "{back:?}"
         );
-        assert!(between(Some(&reading(true)), &reading(true), &o).is_empty());
+        assert!(between(Some(&reading(true)), &reading(true)).is_empty());
     }
 
     #[test]
     fn a_first_reading_reports_findings_only_and_a_reused_pid_is_a_new_process() {
-        let o = AnalyzeOptions::default();
         let mut ghost = reading(true);
         ghost.processes.clear();
         ghost.holders.clear();
-        let ghost = analyzed(ghost, &o);
-        let ev = between(None, &ghost, &o);
+        for g in &mut ghost.gpus {
+            g.state = None;
+        }
+        let ghost = judged(ghost);
+        let ev = between(None, &ghost);
         assert!(
             ev.iter()
                 .all(|e| matches!(e, EventKind::FindingAppeared { .. })),
@@ -235,7 +291,7 @@ mod tests {
         );
         let mut reused = reading(true);
         reused.processes[0].start_time = 99;
-        let ev = between(Some(&reading(true)), &reused, &o);
+        let ev = between(Some(&reading(true)), &reused);
         assert_eq!(
             ev.iter()
                 .filter(|e| matches!(
@@ -246,5 +302,65 @@ mod tests {
             2,
             "{ev:?}"
         );
+    }
+
+    fn with_state(state: Option<crate::core::model::ProcState>) -> HostSnapshot {
+        use crate::core::model::{Gpu, Holder, ListedProcess, Proc};
+        HostSnapshot {
+            gpus: vec![Gpu {
+                index: 3,
+                processes: vec![ListedProcess {
+                    pid: 42,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            holders: vec![Holder {
+                pid: 42,
+                gpus: vec![3],
+                ..Default::default()
+            }],
+            processes: state
+                .map(|st| Proc {
+                    pid: 42,
+                    ppid: 41,
+                    start_time: 7,
+                    state: st,
+                    ..Default::default()
+                })
+                .into_iter()
+                .chain([Proc {
+                    pid: 41,
+                    ppid: 1,
+                    ..Default::default()
+                }])
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_holder_dies_when_it_turns_zombie_not_when_its_parent_reaps_it() {
+        use crate::core::model::ProcState;
+        let alive = with_state(Some(ProcState::Sleeping));
+        let zombie = with_state(Some(ProcState::Zombie));
+        let gone = with_state(None);
+        assert_eq!(released_by_deaths(&alive, &alive), Vec::<u32>::new());
+        assert_eq!(released_by_deaths(&alive, &zombie), vec![3]);
+        assert_eq!(released_by_deaths(&alive, &gone), vec![3]);
+        assert_eq!(
+            released_by_deaths(&zombie, &gone),
+            Vec::<u32>::new(),
+            "it died once, not twice"
+        );
+    }
+
+    #[test]
+    fn a_signal_may_free_the_gpus_of_its_targets_and_their_descendants_only() {
+        use crate::core::model::ProcState;
+        let s = with_state(Some(ProcState::Sleeping));
+        assert_eq!(gpus_of_targets(&s, &[42]), vec![3]);
+        assert_eq!(gpus_of_targets(&s, &[41]), vec![3], "the launcher's worker");
+        assert_eq!(gpus_of_targets(&s, &[9]), Vec::<u32>::new(), "unrelated");
     }
 }

@@ -50,11 +50,13 @@ pub fn analyze(snap: &HostSnapshot, opts: &AnalyzeOptions) -> Vec<Finding> {
     out
 }
 
-/// The snapshot with its findings filled in. A host read from Prometheus keeps the findings its own
-/// gpusweep reported: the client has its verdicts, not the processes to judge by.
+/// The snapshot judged: its findings, then each GPU's state. A host read from Prometheus keeps the findings
+/// its own gpusweep reported: the client has its verdicts, not the processes to judge by. The runtime's
+/// ledger calls this once per reading that says something new.
 pub fn analyzed(mut snap: HostSnapshot, opts: &AnalyzeOptions) -> HostSnapshot {
     if !snap.source.judged_remotely() {
         snap.findings = analyze(&snap, opts);
     }
+    state::judge_gpus(&mut snap, opts);
     snap
 }

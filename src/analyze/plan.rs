@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::core::action::Purpose;
 use crate::core::format::fmt_bytes;
 use crate::core::model::{FindingKind, HostId, HostSnapshot, MIB};
 use crate::core::signal::{Protected, Sig, SignalRequest, TargetInfo};
@@ -38,7 +39,13 @@ impl Plan {
         self.items.iter().filter_map(|i| i.bytes).sum()
     }
     /// The signal request for one host's share of the plan.
-    pub fn request(&self, host: HostId, signal: Sig, grace_ms: Option<u64>) -> SignalRequest {
+    pub fn request(
+        &self,
+        host: HostId,
+        signal: Sig,
+        grace_ms: Option<u64>,
+        purpose: Purpose,
+    ) -> SignalRequest {
         SignalRequest {
             targets: self
                 .items
@@ -53,6 +60,7 @@ impl Plan {
                 .collect(),
             signal,
             grace_ms,
+            purpose: Some(purpose),
         }
     }
     /// The hosts the plan signals, in order, without repeats.

@@ -1,50 +1,108 @@
-//! How a GPU reads: clean, in use, leaking, or unknown. How each is shown belongs to `core::format`.
+//! How a GPU reads: clean, in use, leaking, or unknown. The runtime's ledger calls `gpu_state` once per GPU
+//! of each reading and stores it in the reading (`Gpu.state`); everything else reads that. How each state is
+//! shown belongs to `core::format`.
 
 use super::AnalyzeOptions;
 pub use crate::core::model::GpuState;
 use crate::core::model::{FindingKind, Gpu, HostSnapshot};
 
-/// DESIGN's "clean": used at or under the tolerance and nothing listed. `None` when it cannot be told.
+/// DESIGN's "clean": used at or under the tolerance and nothing listed. `None` when it cannot be told. A GPU
+/// judged by the host's own gpusweep (read from Prometheus, without its process list) is clean only when
+/// that gpusweep says so and the memory it reports agrees.
 pub fn gpu_clean(g: &Gpu, tolerance: u64) -> Option<bool> {
-    // Judged by the host's own gpusweep (a host read from Prometheus): its verdict, not a guess from totals.
-    if let Some(j) = g.judged {
-        return match j {
-            GpuState::Clean => Some(true),
-            GpuState::InUse | GpuState::Leak => Some(false),
-            GpuState::Unknown | GpuState::Error => None,
-        };
-    }
     if g.error.is_some() && g.memory.used.is_none() {
         return None;
+    }
+    if let Some(said) = g.judged {
+        return match (said, g.memory.used) {
+            (GpuState::Clean, Some(u)) => Some(u <= tolerance),
+            (GpuState::Clean | GpuState::Unknown | GpuState::Error, _) => None,
+            (GpuState::InUse | GpuState::Leak, _) => Some(false),
+        };
     }
     g.memory
         .used
         .map(|u| u <= tolerance && g.processes.is_empty())
 }
 
+/// A GPU's state in its reading: the ledger's one judgement. A GPU already judged (the reading went
+/// through a ledger) keeps its state.
 pub fn gpu_state(snap: &HostSnapshot, g: &Gpu, opts: &AnalyzeOptions) -> GpuState {
-    if let Some(j) = g.judged {
-        return j;
+    if let Some(s) = g.state {
+        return s;
     }
     if g.error.is_some() && g.memory.used.is_none() {
         return GpuState::Error;
     }
     match gpu_clean(g, opts.tolerance) {
+        None if g.judged == Some(GpuState::Error) => GpuState::Error,
         None => GpuState::Unknown,
         Some(true) => GpuState::Clean,
         Some(false) => {
-            let leaking = snap.findings.iter().any(|f| {
-                f.gpu == Some(g.index)
-                    && matches!(
-                        f.kind,
-                        FindingKind::Ghost | FindingKind::Residual | FindingKind::HiddenHolder
-                    )
-            });
+            let leaking = g.judged == Some(GpuState::Leak)
+                || snap.findings.iter().any(|f| {
+                    f.gpu == Some(g.index)
+                        && matches!(
+                            f.kind,
+                            FindingKind::Ghost | FindingKind::Residual | FindingKind::HiddenHolder
+                        )
+                });
             if leaking {
                 GpuState::Leak
             } else {
                 GpuState::InUse
             }
         }
+    }
+}
+
+/// Fill in every GPU's state (after the findings); a state some other reader gave it is judged again.
+pub fn judge_gpus(snap: &mut HostSnapshot, opts: &AnalyzeOptions) {
+    for g in &mut snap.gpus {
+        g.state = None;
+    }
+    let states: Vec<GpuState> = snap.gpus.iter().map(|g| gpu_state(snap, g, opts)).collect();
+    for (g, s) in snap.gpus.iter_mut().zip(states) {
+        g.state = Some(s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::model::{MIB, Memory};
+
+    fn said(claim: GpuState, used: Option<u64>) -> Gpu {
+        Gpu {
+            memory: Memory {
+                used,
+                ..Default::default()
+            },
+            judged: Some(claim),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_remote_clean_is_believed_only_as_far_as_its_bytes_agree() {
+        let o = AnalyzeOptions::default();
+        let s = HostSnapshot::default();
+        let st = |g: &Gpu| gpu_state(&s, g, &o);
+        assert_eq!(st(&said(GpuState::Clean, Some(0))), GpuState::Clean);
+        assert_eq!(
+            st(&said(GpuState::Clean, Some(70_000 * MIB))),
+            GpuState::InUse
+        );
+        assert_eq!(st(&said(GpuState::Clean, None)), GpuState::Unknown);
+        assert_eq!(st(&said(GpuState::Leak, Some(0))), GpuState::Leak);
+        assert_eq!(st(&said(GpuState::Error, None)), GpuState::Error);
+        let tolerant = AnalyzeOptions {
+            tolerance: 4 * MIB,
+            ..o
+        };
+        assert_eq!(
+            gpu_state(&s, &said(GpuState::Clean, Some(3 * MIB)), &tolerant),
+            GpuState::Clean
+        );
     }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::gpu_clean;
+use super::{GpuState, gpu_clean};
 use crate::core::format::{fmt_bytes, fmt_gpu_ranges};
 use crate::core::model::{HostId, HostSnapshot};
 use crate::core::parse::GpuRef;
@@ -65,7 +65,14 @@ pub fn verdict(snap: &HostSnapshot, scope: &Scope, tolerance: u64) -> Verdict {
     let mut unread = Vec::new();
     if readable {
         for g in gpus {
-            match gpu_clean(g, tolerance) {
+            // The ledger's verdict where the reading has one; a reading not judged yet is judged here.
+            let clean = match g.state {
+                Some(GpuState::Clean) => Some(true),
+                Some(GpuState::InUse | GpuState::Leak) => Some(false),
+                Some(GpuState::Unknown | GpuState::Error) => None,
+                None => gpu_clean(g, tolerance),
+            };
+            match clean {
                 Some(true) => {}
                 Some(false) => why.push(dirty_gpu_line(snap, g)),
                 None => unread.push(format!(

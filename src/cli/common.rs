@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
-use crate::core::model::{HostId, HostSnapshot, now_ms};
+use crate::core::action::{ActionAnswer, ActionRequest};
+use crate::core::model::{HostId, HostSnapshot};
 use crate::core::procstat::{parse_cmdline, parse_stat};
 use crate::core::signal::{Outcome, SignalRequest, TargetInfo, all_failed};
 use crate::runtime::{Fleet, HostEvent};
@@ -40,13 +41,11 @@ pub async fn first_snapshots_each(
             break;
         };
         let (i, snap) = match ev {
-            HostEvent::Snapshot { host, snap } if host.0 < n => (host.0, *snap),
+            HostEvent::Reading { host, judged } if host.0 < n => (host.0, judged.snap),
             HostEvent::Status {
                 host,
                 status: ConnStatus::Down(e),
-            } if host.0 < n && got[host.0].is_none() => {
-                (host.0, error_snapshot(fleet.label(host), &e))
-            }
+            } if host.0 < n && got[host.0].is_none() => (host.0, fleet.unreadable(host, &e)),
             _ => continue,
         };
         if got[i].is_none() {
@@ -58,10 +57,8 @@ pub async fn first_snapshots_each(
         .enumerate()
         .map(|(i, s)| {
             s.unwrap_or_else(|| {
-                let e = error_snapshot(
-                    fleet.label(HostId(i)),
-                    &format!("no reading within {}s", timeout.as_secs()),
-                );
+                let why = format!("no reading within {}s", timeout.as_secs());
+                let e = fleet.unreadable(HostId(i), &why);
                 each(&e);
                 e
             })
@@ -84,33 +81,30 @@ pub async fn readings_since(
         let Ok(Some(ev)) = tokio::time::timeout_at(deadline, fleet.recv()).await else {
             break;
         };
-        if let HostEvent::Snapshot { host, snap } = ev
-            && host.0 < n
-            && snap.taken_at_ms >= since_ms
-        {
-            got[host.0] = Some(*snap);
+        match ev {
+            HostEvent::Reading { host, judged }
+                if host.0 < n && judged.snap.taken_at_ms >= since_ms =>
+            {
+                got[host.0] = Some(judged.snap);
+            }
+            // A reading that said the same: the last one judged, as of its time.
+            HostEvent::Fresh {
+                host, taken_at_ms, ..
+            } if host.0 < n && taken_at_ms >= since_ms => {
+                got[host.0] = fleet.latest(host).map(|j| j.snap);
+            }
+            _ => {}
         }
     }
     got.into_iter()
         .enumerate()
         .map(|(i, s)| {
             s.unwrap_or_else(|| {
-                error_snapshot(
-                    fleet.label(HostId(i)),
-                    &format!("no new reading within {}s", timeout.as_secs()),
-                )
+                let why = format!("no new reading within {}s", timeout.as_secs());
+                fleet.unreadable(HostId(i), &why)
             })
         })
         .collect()
-}
-
-pub fn error_snapshot(host: &str, e: &str) -> HostSnapshot {
-    HostSnapshot {
-        host: host.to_string(),
-        error: Some(e.to_string()),
-        taken_at_ms: now_ms(),
-        ..Default::default()
-    }
 }
 
 pub fn confirm(question: &str, yes: bool) -> anyhow::Result<bool> {
@@ -137,21 +131,18 @@ pub async fn deliver_all(
     for (i, (host, req)) in reqs.iter().enumerate() {
         let id = i as u64 + 1;
         waiting.insert(id, i);
-        fleet.send(
-            *host,
-            HostCmd::Signal {
-                id,
-                req: req.clone(),
-            },
-        );
+        let req = ActionRequest::Signal(req.clone());
+        fleet.send(*host, HostCmd::Act { id, req });
     }
     let mut out = Vec::new();
     let deadline = tokio::time::Instant::now() + limit;
     while !waiting.is_empty() {
         match tokio::time::timeout_at(deadline, fleet.recv()).await {
-            Ok(Some(HostEvent::Outcomes { host, id, outcomes }))
-                if waiting.get(&id).is_some_and(|&i| reqs[i].0 == host) =>
-            {
+            Ok(Some(HostEvent::Answer {
+                host,
+                id,
+                answer: ActionAnswer::Signal(outcomes),
+            })) if waiting.get(&id).is_some_and(|&i| reqs[i].0 == host) => {
                 waiting.remove(&id);
                 let label = fleet.label(host).to_string();
                 out.extend(outcomes.into_iter().map(|o| (label.clone(), o)));

@@ -7,6 +7,7 @@ use anyhow::{anyhow, bail};
 use super::common::{
     ANSWER_SLACK, confirm, deliver_all, first_snapshots, local_identity, print_outcomes, runtime,
 };
+use crate::core::action::Purpose;
 use crate::core::format::{escape, millis, truncate};
 use crate::core::host::HostSpec;
 use crate::core::model::HostId;
@@ -51,8 +52,8 @@ pub fn run(s: &Settings, a: &KillArgs) -> anyhow::Result<i32> {
     let local = s.specs[idx] == HostSpec::Local;
     let rt = runtime()?;
     let res = rt.block_on(async {
-        let mut fleet =
-            Fleet::start(&s.specs[idx..=idx], &s.fleet.clone().without_gauges()).await?;
+        let opts = s.fleet_acting_via_serve().without_gauges();
+        let mut fleet = Fleet::start(&s.specs[idx..=idx], &opts).await?;
         let snap = first_snapshots(&mut fleet, s.connect_timeout)
             .await
             .remove(0);
@@ -104,6 +105,7 @@ pub fn run(s: &Settings, a: &KillArgs) -> anyhow::Result<i32> {
             targets,
             signal: a.signal,
             grace_ms: a.grace.map(millis),
+            purpose: Some(Purpose::Kill),
         };
         let limit = a.grace.unwrap_or_default() + ANSWER_SLACK;
         let outs = deliver_all(&mut fleet, &[(HostId(0), req)], limit).await;

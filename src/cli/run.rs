@@ -208,6 +208,7 @@ fn end_job(c: &Containment, me: u32, d: &Deliverer, grace: Duration) -> (usize, 
         targets,
         signal: Sig::Term,
         grace_ms: Some(millis(grace)),
+        purpose: Some(crate::core::action::Purpose::Run),
     });
     for o in outs.iter().filter(|o| o.failed()) {
         eprintln!("gpusweep run: {}", o.describe());

@@ -8,6 +8,7 @@ use anyhow::bail;
 
 use super::common::{confirm, first_snapshots, runtime};
 use crate::analyze::findings::shm::removable;
+use crate::core::action::{ActionAnswer, ActionRequest};
 use crate::core::format::{escape, fmt_bytes};
 use crate::core::host::HostSpec;
 use crate::core::model::{Feature, HostId};
@@ -33,7 +34,8 @@ pub fn run(s: &Settings, a: &CleanArgs) -> anyhow::Result<i32> {
     }
     let rt = runtime()?;
     let code = rt.block_on(async {
-        let mut fleet = Fleet::start(&s.specs, &s.fleet.clone().without_gauges()).await?;
+        let opts = s.fleet_acting_via_serve().without_gauges();
+        let mut fleet = Fleet::start(&s.specs, &opts).await?;
         let snaps = first_snapshots(&mut fleet, s.connect_timeout).await;
         let mut unreadable = false;
         let mut reqs: Vec<(HostId, RemovalRequest)> = Vec::new();
@@ -109,11 +111,12 @@ async fn remove_all(
 ) -> Vec<(String, RemovalOutcome)> {
     let mut waiting: Vec<Option<usize>> = Vec::new();
     for (i, (host, req)) in reqs.iter().enumerate() {
+        let act = ActionRequest::Remove(req.clone());
         fleet.send(
             *host,
-            HostCmd::Remove {
+            HostCmd::Act {
                 id: i as u64 + 1,
-                req: req.clone(),
+                req: act,
             },
         );
         waiting.push(Some(i));
@@ -122,7 +125,11 @@ async fn remove_all(
     let deadline = tokio::time::Instant::now() + ANSWER_LIMIT;
     while waiting.iter().any(Option::is_some) {
         match tokio::time::timeout_at(deadline, fleet.recv()).await {
-            Ok(Some(HostEvent::Removals { host, id, outcomes })) => {
+            Ok(Some(HostEvent::Answer {
+                host,
+                id,
+                answer: ActionAnswer::Remove(outcomes),
+            })) => {
                 let Some(slot) = usize::try_from(id)
                     .ok()
                     .and_then(|id| id.checked_sub(1))

@@ -159,6 +159,7 @@ pub fn epilog(s: &Settings, a: &GateArgs) -> anyhow::Result<i32> {
             targets: left.iter().filter_map(|&p| local_identity(p)).collect(),
             signal: Sig::Term,
             grace_ms: Some(millis(a.grace)),
+            purpose: Some(crate::core::action::Purpose::Epilog),
         });
         for o in &outs {
             eprintln!("gpusweep: job {job}: {}", o.describe());

@@ -11,6 +11,7 @@ use super::common::{
 use super::wait::{unusable, watch_for, watch_until_clean};
 use crate::analyze::plan::{Plan, plan, plan_summary};
 use crate::analyze::watch::{Watch, job_processes};
+use crate::core::action::Purpose;
 use crate::core::format::{escape, fmt_bytes, fmt_gpus, fmt_ms, millis, truncate};
 use crate::core::model::{HostId, MIB};
 use crate::core::parse::GpuRef;
@@ -150,7 +151,12 @@ async fn signal_plan(
     let reqs: Vec<(HostId, SignalRequest)> = plan
         .hosts()
         .into_iter()
-        .map(|h| (h, plan.request(h, Sig::Term, Some(millis(a.grace)))))
+        .map(|h| {
+            (
+                h,
+                plan.request(h, Sig::Term, Some(millis(a.grace)), Purpose::Sweep),
+            )
+        })
         .collect();
     let started = Instant::now();
     for (h, _) in &reqs {
@@ -168,7 +174,10 @@ pub fn run(s: &Settings, a: &SweepArgs) -> anyhow::Result<i32> {
         .map_or(s.fleet.analyze.tolerance, |t| t.saturating_mul(MIB));
     let rt = runtime()?;
     let res = rt.block_on(async {
-        let mut fleet = Fleet::start(&s.specs, &s.fleet.clone().without_gauges()).await?;
+        let mut opts = s.fleet_acting_via_serve().without_gauges();
+        // The ledgers judge with the tolerance this sweep was given.
+        opts.analyze.tolerance = tolerance;
+        let mut fleet = Fleet::start(&s.specs, &opts).await?;
         let Start {
             plan,
             watch,

@@ -189,7 +189,7 @@ pub async fn watch_until_clean(
         };
         let elapsed = millis(started.elapsed());
         match ev {
-            HostEvent::Snapshot { host, snap } if watch.observe(host, &snap, elapsed) => {
+            HostEvent::Reading { host, judged } if watch.observe(host, &judged.snap, elapsed) => {
                 progress.clear();
                 return Ok((true, watch));
             }
@@ -214,6 +214,8 @@ pub fn run(s: &Settings, a: &WaitArgs) -> anyhow::Result<i32> {
         .map_or(s.fleet.analyze.tolerance, |t| t.saturating_mul(MIB));
     let mut opts = s.fleet_via_serve().without_gauges();
     opts.interval = a.poll.max(Duration::from_millis(20));
+    // The ledgers judge with the tolerance this gate was given.
+    opts.analyze.tolerance = tolerance;
     crate::runtime::load_local_early(&s.specs, &opts);
     let rt = runtime()?;
     let started = Instant::now();

@@ -62,12 +62,16 @@ pub enum EventKind {
         fate: String,
         ok: bool,
     },
-    /// A GPU that held memory reads clean; `after_ms` since the first signal on its host, when one was sent.
+    /// A GPU that held memory reads clean. `after_ms`: since the first signal sent to what held it (its
+    /// holders, or a launcher of theirs), when one was; `after_exit_ms`: since the last of its holders died.
     GpuClean {
         gpu: u32,
         after_ms: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after_exit_ms: Option<u64>,
     },
-    /// A watch completed: every GPU in its scope reads zero.
+    /// Every GPU in `scope` reads zero: a host after signals were sent to it (`after_ms` since the first
+    /// one that could free a GPU), or a watch's scope in the TUI.
     AllClean {
         scope: String,
         after_ms: u64,
@@ -129,12 +133,20 @@ impl Event {
                     .join(", ")
             ),
             EventKind::SignalFate { fate, .. } => format!("← {}", escape(fate)),
-            EventKind::GpuClean { gpu, after_ms } => match after_ms {
-                Some(ms) => format!(
+            EventKind::GpuClean {
+                gpu,
+                after_ms,
+                after_exit_ms,
+            } => match (after_ms, after_exit_ms) {
+                (Some(ms), _) => format!(
                     "✓ GPU {gpu} reads clean, {} after the first signal",
                     fmt_ms(*ms)
                 ),
-                None => format!("✓ GPU {gpu} reads clean"),
+                (None, Some(ms)) => format!(
+                    "✓ GPU {gpu} reads clean, {} after its last holder ended",
+                    fmt_ms(*ms)
+                ),
+                (None, None) => format!("✓ GPU {gpu} reads clean"),
             },
             EventKind::AllClean { scope, after_ms } => {
                 format!("✓ {}: all zero after {}", escape(scope), fmt_ms(*after_ms))

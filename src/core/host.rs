@@ -248,6 +248,19 @@ impl HostSpec {
         }
     }
 
+    /// The kind of source its readings come from (an SSH host's agent may turn out agentless once connected).
+    pub fn source_kind(&self) -> crate::core::model::SourceKind {
+        use crate::core::model::SourceKind;
+        match self {
+            HostSpec::Local => SourceKind::Local,
+            HostSpec::Demo(_) => SourceKind::Demo,
+            HostSpec::Ssh { .. } | HostSpec::Command { .. } => SourceKind::Agent,
+            HostSpec::Http { .. } => SourceKind::Http,
+            HostSpec::Prom { .. } | HostSpec::PromHost { .. } => SourceKind::Prometheus,
+            HostSpec::Socket { .. } => SourceKind::Serve,
+        }
+    }
+
     /// Whether no kill, sweep or removal can go through it (HTTP and Prometheus are read-only).
     pub fn read_only(&self) -> bool {
         matches!(

@@ -1,6 +1,7 @@
 //! The model and the words every layer shares: snapshot types, host specs, the agent protocol, signal
 //! requests and outcomes, parsers and formatting, shared-memory limits. No I/O beyond reading the host name.
 
+pub mod action;
 pub mod escape;
 pub mod event;
 pub mod format;

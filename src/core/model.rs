@@ -250,6 +250,10 @@ pub struct HostSnapshot {
     /// (`http://node:9401`), or `ssh://node` where only dcgm-exporter's metrics exist.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub live_url: Option<String>,
+    /// The reading is of the simulated demo cluster (wherever it was read from: a demo serve over HTTP
+    /// too). Always in JSON.
+    #[serde(default)]
+    pub simulated: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -279,10 +283,14 @@ pub struct Gpu {
     pub processes: Vec<ListedProcess>,
     /// This GPU's own error (GpuLost, Unknown...); other GPUs go on.
     pub error: Option<String>,
-    /// The state the host's own gpusweep gave it, for hosts read from Prometheus (whose processes the
-    /// client cannot see to judge by).
+    /// What the host's own gpusweep said of it, for hosts read from Prometheus (whose processes the client
+    /// cannot see): an input to the verdict, believed only as far as the memory it reports agrees.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub judged: Option<GpuState>,
+    /// The verdict: filled by the host's ledger (the one place a reading is judged), `None` in a reading
+    /// not judged yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<GpuState>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -470,6 +478,41 @@ pub struct Finding {
     pub action: String,
     /// The process to act on, when it is not `pid` itself (a zombie's parent, a ghost's hidden holder).
     pub target_pid: Option<u32>,
+    /// The /dev/shm file it is about (shm leftovers), by name and identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<FileRef>,
+}
+
+/// A file a finding is about: its name, and the device and inode that tell it from another of that name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct FileRef {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dev: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ino: Option<u64>,
+}
+
+/// What a finding is about, typed: the same finding in two readings is about the same subject.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Subject {
+    pub kind: FindingKind,
+    pub gpu: Option<u32>,
+    pub pid: Option<u32>,
+    pub target_pid: Option<u32>,
+    pub file: Option<FileRef>,
+}
+
+impl Finding {
+    pub fn subject(&self) -> Subject {
+        Subject {
+            kind: self.kind,
+            gpu: self.gpu,
+            pid: self.pid,
+            target_pid: self.target_pid,
+            file: self.file.clone(),
+        }
+    }
 }
 
 /// A kill target: a PID is only ever signalled together with the start time it had when it was chosen.
@@ -516,6 +559,7 @@ impl Gpu {
             processes,
             error,
             judged,
+            state: _,
         } = self;
         *index == b.index
             && *uuid == b.uuid
@@ -553,6 +597,17 @@ impl HostSnapshot {
     /// and a finding's wording (which may quote an age) aside. Every field is named, so a new one cannot be
     /// forgotten here.
     pub fn says_the_same(&self, b: &HostSnapshot) -> bool {
+        self.reads_the_same(b, true)
+    }
+
+    /// Whether a judged reading and a new one not judged yet say the same: what analysis adds (findings,
+    /// GPU states) is left out, except the findings a source itself carries (Prometheus).
+    pub fn same_input(&self, raw: &HostSnapshot) -> bool {
+        self.reads_the_same(raw, raw.source.judged_remotely())
+    }
+
+    #[allow(clippy::too_many_lines)] // every field named, each compared: none can be forgotten
+    fn reads_the_same(&self, b: &HostSnapshot, findings_too: bool) -> bool {
         let a = self;
         let HostSnapshot {
             host,
@@ -571,6 +626,7 @@ impl HostSnapshot {
             missing_features,
             findings,
             live_url,
+            simulated,
         } = a;
         let shm_same = |x: &Option<ShmInfo>, y: &Option<ShmInfo>| match (x, y) {
             (Some(x), Some(y)) => {
@@ -604,34 +660,15 @@ impl HostSnapshot {
             && *unreadable_processes == b.unreadable_processes
             && *in_child_pid_namespace == b.in_child_pid_namespace
             && *missing_features == b.missing_features
-            && findings.len() == b.findings.len()
-            && findings.iter().zip(&b.findings).all(|(x, y)| {
-                (
-                    x.kind,
-                    x.severity,
-                    &x.host,
-                    x.gpu,
-                    x.pid,
-                    x.bytes,
-                    &x.action,
-                    x.target_pid,
-                ) == (
-                    y.kind,
-                    y.severity,
-                    &y.host,
-                    y.gpu,
-                    y.pid,
-                    y.bytes,
-                    &y.action,
-                    y.target_pid,
-                )
-            })
+            && *simulated == b.simulated
+            && (!findings_too || same_findings(findings, &b.findings))
             && *live_url == b.live_url
     }
 
     pub fn proc(&self, pid: u32) -> Option<&Proc> {
         self.processes.iter().find(|p| p.pid == pid)
     }
+
     pub fn holder(&self, pid: u32) -> Option<&Holder> {
         self.holders.iter().find(|h| h.pid == pid)
     }
@@ -670,6 +707,34 @@ impl HostSnapshot {
     }
 }
 
+/// Two readings' findings say the same, their wording (which may quote an age) aside.
+fn same_findings(a: &[Finding], b: &[Finding]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            (
+                x.kind,
+                x.severity,
+                &x.host,
+                x.gpu,
+                x.pid,
+                x.bytes,
+                &x.action,
+                x.target_pid,
+                &x.file,
+            ) == (
+                y.kind,
+                y.severity,
+                &y.host,
+                y.gpu,
+                y.pid,
+                y.bytes,
+                &y.action,
+                y.target_pid,
+                &y.file,
+            )
+        })
+}
+
 /// Unix time in milliseconds (0 if the clock is before 1970).
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -705,6 +770,7 @@ mod tests {
                 detail: "/dev/shm/nccl-1 (1 MiB, 5s old)".into(),
                 action: "rm".into(),
                 target_pid: None,
+                file: None,
             }],
             ..Default::default()
         }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::action::{ActionAnswer, ActionRequest};
 use super::model::{Gauges, HostSnapshot};
 use super::removal::{RemovalOutcome, RemovalRequest};
 use super::signal::{Outcome, SignalRequest};
@@ -66,4 +67,103 @@ pub enum AgentCmd {
     Signal { id: u64, request: SignalRequest },
     /// Remove these /dev/shm leftovers (re-checked there); answered by a `removals` message with this id.
     Remove { id: u64, request: RemovalRequest },
+}
+
+impl AgentCmd {
+    /// An action as the wire carries it.
+    pub fn act(id: u64, req: ActionRequest) -> AgentCmd {
+        match req {
+            ActionRequest::Signal(request) => AgentCmd::Signal { id, request },
+            ActionRequest::Remove(request) => AgentCmd::Remove { id, request },
+        }
+    }
+}
+
+impl AgentMsg {
+    /// An action's answer as the wire carries it.
+    pub fn answer(id: u64, answer: ActionAnswer) -> AgentMsg {
+        match answer {
+            ActionAnswer::Signal(outcomes) => AgentMsg::Outcomes { id, outcomes },
+            ActionAnswer::Remove(outcomes) => AgentMsg::Removals { id, outcomes },
+        }
+    }
+}
+
+/// What an agent stream's command line asks for, once parsed: the wire's names folded into one action.
+#[derive(Debug, Clone)]
+pub enum Command {
+    Interval { ms: u64, compact: bool },
+    Poll,
+    Act { id: u64, req: ActionRequest },
+}
+
+impl From<AgentCmd> for Command {
+    fn from(c: AgentCmd) -> Command {
+        match c {
+            AgentCmd::Interval { ms, compact } => Command::Interval { ms, compact },
+            AgentCmd::Poll => Command::Poll,
+            AgentCmd::Signal { id, request } => Command::Act {
+                id,
+                req: ActionRequest::Signal(request),
+            },
+            AgentCmd::Remove { id, request } => Command::Act {
+                id,
+                req: ActionRequest::Remove(request),
+            },
+        }
+    }
+}
+
+/// An agent's message, once parsed: the wire's answers folded into one.
+#[derive(Debug)]
+pub enum Message {
+    Hello {
+        protocol: u32,
+        version: String,
+        host: String,
+    },
+    Snapshot(Box<HostSnapshot>),
+    Unchanged {
+        taken_at_ms: u64,
+        gauges: Vec<Gauges>,
+    },
+    Answer {
+        id: u64,
+        answer: ActionAnswer,
+    },
+    Error(String),
+}
+
+impl From<AgentMsg> for Message {
+    fn from(m: AgentMsg) -> Message {
+        match m {
+            AgentMsg::Hello {
+                protocol,
+                version,
+                host,
+                ..
+            } => Message::Hello {
+                protocol,
+                version,
+                host,
+            },
+            AgentMsg::Snapshot { snapshot } => Message::Snapshot(snapshot),
+            AgentMsg::Unchanged {
+                taken_at_ms,
+                gauges,
+            } => Message::Unchanged {
+                taken_at_ms,
+                gauges,
+            },
+            AgentMsg::Outcomes { id, outcomes } => Message::Answer {
+                id,
+                answer: ActionAnswer::Signal(outcomes),
+            },
+            AgentMsg::Removals { id, outcomes } => Message::Answer {
+                id,
+                answer: ActionAnswer::Remove(outcomes),
+            },
+            AgentMsg::Error { message } => Message::Error(message),
+        }
+    }
 }

@@ -139,6 +139,9 @@ pub struct SignalRequest {
     pub signal: Sig,
     /// Wait this long for the targets to exit, then KILL the survivors. `None`: send once, do not wait.
     pub grace_ms: Option<u64>,
+    /// Why it was sent (a kill, a sweep, an epilog), for the host's timeline; older agents ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub purpose: Option<super::action::Purpose>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

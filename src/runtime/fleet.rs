@@ -12,13 +12,15 @@ use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc};
 
+use super::ledger::{Judged, Judgement, Ledger};
 use super::poll;
 use crate::act::{AuditLog, Deliverer};
-use crate::analyze::{AnalyzeOptions, analyzed};
+use crate::analyze::AnalyzeOptions;
+use crate::core::action::ActionAnswer;
+use crate::core::event::Event;
 use crate::core::host::{HostSpec, unique_labels};
-use crate::core::model::{Gauges, HostId, HostSnapshot};
-use crate::core::removal::RemovalOutcome;
-use crate::core::signal::{Outcome, Protected, all_failed};
+use crate::core::model::{Gauges, HostId, HostSnapshot, SourceKind, now_ms};
+use crate::core::signal::Protected;
 use crate::source::demo::{DemoClock, DemoHost};
 use crate::source::local::LocalSource;
 use crate::source::local::procfs::ProcfsConfig;
@@ -27,31 +29,35 @@ use crate::source::remote::prom::{PromCmd, PromHost, PromServer};
 use crate::source::remote::{RemoteOptions, RemoteTask, ssh::SshOptions};
 use crate::source::{ConnStatus, HostCmd, Sink, Source};
 
+/// What the fleet hands a front end: everything its hosts' ledgers decided, in order per host.
 #[derive(Debug, Clone)]
 pub enum HostEvent {
-    Snapshot {
+    /// A reading that says something new, judged by the host's ledger.
+    Reading {
         host: HostId,
-        snap: Box<HostSnapshot>,
+        judged: Box<Judged>,
     },
-    Status {
-        host: HostId,
-        status: ConnStatus,
-    },
-    /// A new reading that says the same as the host's last snapshot: only its time and GPU gauges are new.
+    /// A new reading that says the same as the host's last one: only its time and GPU gauges are new (no
+    /// gauges: as before).
     Fresh {
         host: HostId,
         taken_at_ms: u64,
         gauges: Vec<Gauges>,
     },
-    Outcomes {
+    Status {
         host: HostId,
-        id: u64,
-        outcomes: Vec<Outcome>,
+        status: ConnStatus,
     },
-    Removals {
+    /// What happened on the host since its last events: each exactly once, never coalesced away.
+    Events {
+        host: HostId,
+        events: Vec<Event>,
+    },
+    /// The answer to an action request sent with this id.
+    Answer {
         host: HostId,
         id: u64,
-        outcomes: Vec<RemovalOutcome>,
+        answer: ActionAnswer,
     },
 }
 
@@ -70,8 +76,12 @@ pub struct FleetOptions {
     pub demo_clock: DemoClock,
     /// `http(s)://` and `prom:` hosts: the token and extra trusted certificate.
     pub http: HttpOptions,
-    /// Read this host through the serve answering on this socket, where one does (`snapshot`, `wait`).
+    /// Read this host through the serve answering on this socket, where one does (`snapshot`, `wait`,
+    /// `sweep`, `kill`): then the serve's ledger sees the actions too.
     pub serve_socket: Option<std::path::PathBuf>,
+    /// This front end acts on the host (kills, removals): a serve that would refuse this user's actions
+    /// (it takes them from root and its own user only) is not used, and this host is read in-process.
+    pub acts: bool,
 }
 
 impl FleetOptions {
@@ -88,13 +98,14 @@ impl FleetOptions {
 pub const CMD_QUEUE: usize = 64;
 
 /// What travels on the event channel. A reading is not in it: it waits in its host's slot, so a host that
-/// sends faster than a front end reads costs one snapshot of memory, not a queue of them.
+/// sends faster than a front end reads costs one snapshot of memory, not a queue of them. Events are, so none
+/// is lost.
 enum Wire {
     /// The host's slot went from empty to full.
     Reading(HostId),
     Status(HostId, ConnStatus),
-    Outcomes(HostId, u64, Vec<Outcome>),
-    Removals(HostId, u64, Vec<RemovalOutcome>),
+    Events(HostId, Vec<Event>),
+    Answer(HostId, u64, ActionAnswer),
 }
 
 /// What of a host waits to be read: its latest whole reading, or only the time and gauges of a fresh one
@@ -104,11 +115,20 @@ enum Wire {
 enum Waiting {
     #[default]
     Nothing,
-    Reading(Box<HostSnapshot>),
+    Reading(Box<Judged>),
     Fresh(u64, Vec<Gauges>),
 }
 
 type Slot = Arc<Mutex<Waiting>>;
+
+/// The runtime's side of a source: every reading, status and answer goes through the host's ledger, which
+/// judges it; what the ledger decides goes on to the front end.
+struct FleetSink {
+    host: HostId,
+    ledger: Arc<Mutex<Ledger>>,
+    slot: Slot,
+    tx: mpsc::UnboundedSender<Wire>,
+}
 
 impl FleetSink {
     /// Change what waits in the slot; only an empty slot needs a wake-up (a full one is read once).
@@ -123,48 +143,63 @@ impl FleetSink {
         };
         !was_empty || self.tx.send(Wire::Reading(self.host)).is_ok()
     }
-}
 
-/// The runtime's side of a source: stamps the host's identity and label, analyzes, forwards.
-struct FleetSink {
-    host: HostId,
-    label: String,
-    analyze: AnalyzeOptions,
-    slot: Slot,
-    tx: mpsc::UnboundedSender<Wire>,
+    /// Events go out before the reading they came with is taken: a front end records them, then shows it.
+    fn events(&self, events: Vec<Event>) -> bool {
+        events.is_empty() || self.tx.send(Wire::Events(self.host, events)).is_ok()
+    }
+
+    fn judged(&self, j: Judgement, events: Vec<Event>) -> bool {
+        if !self.events(events) {
+            return false;
+        }
+        match j {
+            Judgement::New(judged) => self.put(|w| *w = Waiting::Reading(judged)),
+            Judgement::Same {
+                taken_at_ms,
+                gauges,
+            } => self.put(|w| match w {
+                Waiting::Reading(j) => j.snap.refresh(taken_at_ms, &gauges),
+                // No gauges said: those waiting still hold.
+                Waiting::Fresh(t, waiting) => {
+                    *t = taken_at_ms;
+                    if !gauges.is_empty() {
+                        *waiting = gauges;
+                    }
+                }
+                Waiting::Nothing => *w = Waiting::Fresh(taken_at_ms, gauges),
+            }),
+        }
+    }
 }
 
 impl Sink for FleetSink {
-    fn reading(&self, mut snap: HostSnapshot) -> bool {
-        snap.host.clone_from(&self.label);
-        let snap = Box::new(analyzed(snap, &self.analyze));
-        self.put(|w| *w = Waiting::Reading(snap))
+    fn reading(&self, snap: HostSnapshot) -> bool {
+        let Ok((j, events)) = self.ledger.lock().map(|mut l| l.reading(snap)) else {
+            return false;
+        };
+        self.judged(j, events)
     }
     fn status(&self, status: ConnStatus) -> bool {
-        self.tx.send(Wire::Status(self.host, status)).is_ok()
+        let Ok(events) = self.ledger.lock().map(|mut l| l.status(&status, now_ms())) else {
+            return false;
+        };
+        self.events(events) && self.tx.send(Wire::Status(self.host, status)).is_ok()
     }
     fn fresh(&self, taken_at_ms: u64, gauges: Vec<Gauges>) -> bool {
-        self.put(|w| match w {
-            Waiting::Reading(snap) => snap.refresh(taken_at_ms, &gauges),
-            // No gauges said: those waiting still hold.
-            Waiting::Fresh(t, waiting) => {
-                *t = taken_at_ms;
-                if !gauges.is_empty() {
-                    *waiting = gauges;
-                }
-            }
-            Waiting::Nothing => *w = Waiting::Fresh(taken_at_ms, gauges),
-        })
+        let Ok(fresh) = self.ledger.lock().map(|mut l| l.fresh(taken_at_ms, gauges)) else {
+            return false;
+        };
+        match fresh {
+            Some((j, events)) => self.judged(j, events),
+            None => true,
+        }
     }
-    fn outcomes(&self, id: u64, outcomes: Vec<Outcome>) -> bool {
-        self.tx
-            .send(Wire::Outcomes(self.host, id, outcomes))
-            .is_ok()
-    }
-    fn removals(&self, id: u64, outcomes: Vec<RemovalOutcome>) -> bool {
-        self.tx
-            .send(Wire::Removals(self.host, id, outcomes))
-            .is_ok()
+    fn answer(&self, id: u64, answer: ActionAnswer) -> bool {
+        let Ok(events) = self.ledger.lock().map(|l| l.answered(&answer, now_ms())) else {
+            return false;
+        };
+        self.events(events) && self.tx.send(Wire::Answer(self.host, id, answer)).is_ok()
     }
 }
 
@@ -181,6 +216,8 @@ pub struct Fleet {
     handles: Vec<Handle>,
     slots: Vec<Slot>,
     sinks: Vec<Arc<dyn Sink>>,
+    /// Each host's ledger: its readings are judged there, and the actions sent to it recorded.
+    ledgers: Vec<Arc<Mutex<Ledger>>>,
     /// Per host read from Prometheus: set when it is opened live, so its poller leaves it alone.
     detached: Vec<Option<Arc<AtomicBool>>>,
     remote: RemoteOptions,
@@ -248,10 +285,20 @@ pub fn start_local_nvml(gauges: bool) {
     crate::source::local::early::start(gauges);
 }
 
-fn serve_answers(path: Option<&std::path::Path>, this_host: &str) -> Option<String> {
+/// The socket's path when a serve of this host answers there (its hello names this host) and, for a front end
+/// that acts, would take this user's actions: this user is root or the serve's own user (told by
+/// SO_PEERCRED).
+fn serve_answers(path: Option<&std::path::Path>, this_host: &str, acts: bool) -> Option<String> {
     use std::io::{BufRead, Read};
     let path = path?;
     let stream = std::os::unix::net::UnixStream::connect(path).ok()?;
+    if acts {
+        let serve_uid = rustix::net::sockopt::socket_peercred(&stream).ok()?.uid;
+        let me = rustix::process::geteuid();
+        if !me.is_root() && me != serve_uid {
+            return None;
+        }
+    }
     stream
         .set_read_timeout(Some(Duration::from_millis(500)))
         .ok()?;
@@ -304,16 +351,18 @@ impl Fleet {
         let mut handles = Vec::new();
         let mut slots = Vec::new();
         let mut sinks = Vec::new();
+        let mut ledgers = Vec::new();
         let mut detached = Vec::new();
         // Hosts of each Prometheus server, gathered to be polled together.
         let mut proms: BTreeMap<String, PromGroup> = BTreeMap::new();
         for (i, (spec, label)) in specs.iter().zip(&labels).enumerate() {
             let slot: Slot = Arc::default();
             slots.push(slot.clone());
+            let ledger = Arc::new(Mutex::new(Ledger::new(label, opts.analyze)));
+            ledgers.push(ledger.clone());
             let sink: Arc<dyn Sink> = Arc::new(FleetSink {
                 host: HostId(i),
-                label: label.clone(),
-                analyze: opts.analyze,
+                ledger,
                 slot,
                 tx: tx.clone(),
             });
@@ -336,6 +385,7 @@ impl Fleet {
                     if let Some(path) = serve_answers(
                         opts.serve_socket.as_deref(),
                         &crate::core::host::local_hostname(),
+                        opts.acts,
                     ) {
                         remote_task(HostSpec::Socket { path }, sink)
                     } else {
@@ -395,7 +445,6 @@ impl Fleet {
                 http,
                 hosts,
                 opts.interval,
-                opts.analyze.tolerance,
                 rx,
             ));
         }
@@ -405,6 +454,7 @@ impl Fleet {
             handles,
             slots,
             sinks,
+            ledgers,
             detached,
             remote,
             connect_limit,
@@ -473,7 +523,7 @@ impl Fleet {
                 let waiting = std::mem::take(&mut *self.slots.get(host.0)?.lock().ok()?);
                 match waiting {
                     Waiting::Nothing => return None,
-                    Waiting::Reading(snap) => HostEvent::Snapshot { host, snap },
+                    Waiting::Reading(judged) => HostEvent::Reading { host, judged },
                     Waiting::Fresh(taken_at_ms, gauges) => HostEvent::Fresh {
                         host,
                         taken_at_ms,
@@ -482,14 +532,25 @@ impl Fleet {
                 }
             }
             Wire::Status(host, status) => HostEvent::Status { host, status },
-            Wire::Outcomes(host, id, outcomes) => HostEvent::Outcomes { host, id, outcomes },
-            Wire::Removals(host, id, outcomes) => HostEvent::Removals { host, id, outcomes },
+            Wire::Events(host, events) => HostEvent::Events { host, events },
+            Wire::Answer(host, id, answer) => HostEvent::Answer { host, id, answer },
         })
     }
 
-    /// Queue a command for one host. A full queue (a host that stopped answering) drops polls and interval
-    /// changes, which the next one supersedes, and answers a signal request at once: never left hanging.
+    /// Queue a command for one host. An action is recorded in the host's ledger first (a signal is an event,
+    /// and starts the clocks of the GPUs it may free), whoever sends it. A full queue (a host that stopped
+    /// answering) drops polls and interval changes, which the next one supersedes, and answers an action
+    /// at once: never left hanging.
     pub fn send(&self, host: HostId, cmd: HostCmd) {
+        if let HostCmd::Act { req, .. } = &cmd
+            && let Some(Ok(events)) = self
+                .ledgers
+                .get(host.0)
+                .map(|l| l.lock().map(|mut l| l.sent(req, now_ms())))
+            && !events.is_empty()
+        {
+            let _ = self.tx.send(Wire::Events(host, events));
+        }
         let refused = match self.handles.get(host.0) {
             Some(Handle::Thread(t)) => match t.try_send(cmd) {
                 Ok(()) => None,
@@ -510,18 +571,33 @@ impl Fleet {
             },
             None => Some(cmd),
         };
-        let why = "host busy: its command queue is full";
-        match refused {
-            Some(HostCmd::Signal { id, req }) => {
-                let _ = self
-                    .tx
-                    .send(Wire::Outcomes(host, id, all_failed(&req, why)));
+        if let Some(HostCmd::Act { id, req }) = refused {
+            let answer = req.refuse("host busy: its command queue is full");
+            if let Some(sink) = self.sinks.get(host.0) {
+                sink.answer(id, answer);
+            } else {
+                let _ = self.tx.send(Wire::Answer(host, id, answer));
             }
-            Some(HostCmd::Remove { id, req }) => {
-                let outcomes = crate::core::removal::all_failed(&req, why);
-                let _ = self.tx.send(Wire::Removals(host, id, outcomes));
-            }
-            _ => {}
+        }
+    }
+
+    /// The host's latest reading as its ledger judged it (kept fresh), if it sent one.
+    pub fn latest(&self, host: HostId) -> Option<Judged> {
+        self.ledgers.get(host.0)?.lock().ok()?.last().cloned()
+    }
+
+    /// A reading of a host that could not be read, saying why: never clean, and marked with the kind of
+    /// source it was asked of.
+    pub fn unreadable(&self, host: HostId, why: &str) -> HostSnapshot {
+        HostSnapshot {
+            host: self.label(host).to_string(),
+            error: Some(why.to_string()),
+            taken_at_ms: now_ms(),
+            source: self
+                .spec(host)
+                .map_or(SourceKind::Local, HostSpec::source_kind),
+            simulated: matches!(self.spec(host), Some(HostSpec::Demo(_))),
+            ..Default::default()
         }
     }
 
@@ -614,8 +690,7 @@ mod tests {
         let (tx, rx) = mpsc::unbounded_channel();
         let s = FleetSink {
             host: HostId(0),
-            label: "h".into(),
-            analyze: AnalyzeOptions::default(),
+            ledger: Arc::new(Mutex::new(Ledger::new("h", AnalyzeOptions::default()))),
             slot: Arc::default(),
             tx,
         };
@@ -633,6 +708,18 @@ mod tests {
     #[test]
     fn a_fresh_reading_without_gauges_keeps_those_waiting() {
         let (s, mut rx) = sink();
+        assert!(s.fresh(0, hot(1)), "before any reading: nothing to refresh");
+        assert!(rx.try_recv().is_err());
+        assert!(s.reading(HostSnapshot {
+            gpus: vec![crate::core::model::Gpu::default()],
+            ..Default::default()
+        }));
+        assert!(
+            matches!(rx.try_recv(), Ok(Wire::Events(HostId(0), _))),
+            "host up"
+        );
+        assert!(matches!(rx.try_recv(), Ok(Wire::Reading(HostId(0)))));
+        let _ = std::mem::take(&mut *s.slot.lock().expect("slot"));
         assert!(s.fresh(1, hot(90)));
         assert!(
             s.fresh(2, Vec::new()),

@@ -9,8 +9,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::act::Deliverer;
+use crate::core::action::{ActionAnswer, ActionRequest};
 use crate::core::protocol::MIN_INTERVAL;
-use crate::core::signal::all_failed;
 use crate::source::{ConnStatus, HostCmd, Sink, Source};
 
 /// Signal requests being delivered at once on this host; more are answered "busy" at once rather than
@@ -18,24 +18,77 @@ use crate::source::{ConnStatus, HostCmd, Sink, Source};
 const MAX_DELIVERIES: usize = 16;
 
 /// Remove /dev/shm leftovers on this host, checked against a reading taken now (every process's fds and
-/// maps); the demo removes its simulated files itself.
+/// maps).
 fn removal(
     src: &mut dyn Source,
     signals: Option<&Deliverer>,
     req: &crate::core::removal::RemovalRequest,
 ) -> Vec<crate::core::removal::RemovalOutcome> {
-    if let Some(o) = src.simulate_removal(req) {
-        return o;
-    }
     match (signals, src.fresh_shm()) {
         (Some(d), Some((dir, now))) => crate::act::shm::remove(&d.host, &dir, req, &now, &d.audit),
         _ => crate::core::removal::all_failed(req, "this host removes no files"),
     }
 }
 
+/// Deliver a signal request on a thread of its own (a grace period must not pause the readings), at most
+/// `MAX_DELIVERIES` at once; the answer goes to the sink.
+fn deliver(
+    d: &Deliverer,
+    sink: &Arc<dyn Sink>,
+    in_flight: &Arc<AtomicUsize>,
+    id: u64,
+    req: &ActionRequest,
+    signal: &crate::core::signal::SignalRequest,
+) {
+    if in_flight.fetch_add(1, Ordering::SeqCst) >= MAX_DELIVERIES {
+        in_flight.fetch_sub(1, Ordering::SeqCst);
+        sink.answer(
+            id,
+            req.refuse("host busy: too many signal requests at once"),
+        );
+        return;
+    }
+    let (d, sink2, in_flight2, signal) =
+        (d.clone(), sink.clone(), in_flight.clone(), signal.clone());
+    let spawned = std::thread::Builder::new()
+        .name("deliver".into())
+        .spawn(move || {
+            sink2.answer(id, ActionAnswer::Signal(d.deliver(&signal)));
+            in_flight2.fetch_sub(1, Ordering::SeqCst);
+        });
+    if let Err(e) = spawned {
+        in_flight.fetch_sub(1, Ordering::SeqCst);
+        sink.answer(id, req.refuse(&format!("cannot start a thread: {e}")));
+    }
+}
+
+/// Carry out an action on this host: the simulation's own, a removal checked against a fresh scan, or a
+/// signal delivered through `act`.
+fn act(
+    src: &mut dyn Source,
+    signals: Option<&Deliverer>,
+    sink: &Arc<dyn Sink>,
+    in_flight: &Arc<AtomicUsize>,
+    id: u64,
+    req: &ActionRequest,
+) {
+    if let Some(answer) = src.simulate(req) {
+        sink.answer(id, answer);
+        return;
+    }
+    match (req, signals) {
+        (ActionRequest::Signal(r), Some(d)) => deliver(d, sink, in_flight, id, req, r),
+        (ActionRequest::Signal(_), None) => {
+            sink.answer(id, req.refuse("this host takes no signals"));
+        }
+        (ActionRequest::Remove(r), _) => {
+            sink.answer(id, ActionAnswer::Remove(removal(src, signals, r)));
+        }
+    }
+}
+
 /// Poll `src` until the command channel closes or the sink stops listening. `signals` delivers real signals
 /// on this host; sources that simulate theirs (the demo) answer them themselves.
-#[allow(clippy::too_many_lines)] // the one poll loop: readings, then commands (polls, intervals, signals, removals)
 pub fn run(
     mut src: Box<dyn Source>,
     signals: Option<&Deliverer>,
@@ -91,42 +144,9 @@ pub fn run(
                     interval = d;
                     next = next.min(Instant::now() + d);
                 }
-                Ok(HostCmd::Signal { id, req }) => {
-                    if let Some(outcomes) = src.simulate_signal(&req) {
-                        sink.outcomes(id, outcomes);
-                    } else if let Some(d) = signals.cloned() {
-                        if in_flight.fetch_add(1, Ordering::SeqCst) >= MAX_DELIVERIES {
-                            in_flight.fetch_sub(1, Ordering::SeqCst);
-                            sink.outcomes(
-                                id,
-                                all_failed(&req, "host busy: too many signal requests at once"),
-                            );
-                            continue;
-                        }
-                        let (sink2, in_flight2, req2) =
-                            (sink.clone(), in_flight.clone(), req.clone());
-                        let spawned =
-                            std::thread::Builder::new()
-                                .name("deliver".into())
-                                .spawn(move || {
-                                    sink2.outcomes(id, d.deliver(&req2));
-                                    in_flight2.fetch_sub(1, Ordering::SeqCst);
-                                });
-                        if let Err(e) = spawned {
-                            in_flight.fetch_sub(1, Ordering::SeqCst);
-                            sink.outcomes(
-                                id,
-                                all_failed(&req, &format!("cannot start a thread: {e}")),
-                            );
-                        }
-                    } else {
-                        sink.outcomes(id, all_failed(&req, "this host takes no signals"));
-                    }
-                    // Read again right away: the signalled processes may be gone.
-                    break;
-                }
-                Ok(HostCmd::Remove { id, req }) => {
-                    sink.removals(id, removal(src.as_mut(), signals, &req));
+                Ok(HostCmd::Act { id, req }) => {
+                    act(src.as_mut(), signals, sink, &in_flight, id, &req);
+                    // Read again right away: the signalled processes or removed files may be gone.
                     break;
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => return,

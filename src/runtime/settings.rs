@@ -111,6 +111,14 @@ impl Settings {
         }
         f
     }
+
+    /// The fleet options of a front end that acts on this host (`sweep`, `kill`, `shm clean`): through a
+    /// running serve where it takes this user's actions, so its ledger, timeline and metrics see them.
+    pub fn fleet_acting_via_serve(&self) -> FleetOptions {
+        let mut f = self.fleet_via_serve();
+        f.acts = true;
+        f
+    }
 }
 
 fn interval(o: &Overrides, config: &Config) -> Result<Duration, SettingsError> {
@@ -240,6 +248,7 @@ pub fn resolve(o: &Overrides) -> Result<Settings, SettingsError> {
         },
         // The front ends that may read through a running serve say so (`snapshot`, `wait`).
         serve_socket: None,
+        acts: false,
     };
     Ok(Settings {
         specs,

@@ -1,7 +1,7 @@
-//! What `gpusweep serve` knows: the latest reading of every host it serves (analyzed once, by the runtime), the
-//! events between readings, the time-to-clean histogram, and the polling rate its clients ask for. One loop
-//! (`run`) writes it; the HTTP endpoints, the Unix socket and the metrics only read it, each reader waking only
-//! for the hosts it follows.
+//! What `gpusweep serve` publishes: the latest reading of every host it serves and the events between them,
+//! both as the runtime's ledgers judged them (the hub judges nothing itself), the time-to-clean histogram fed
+//! from those events, and the polling rate its clients ask for. One loop (`run`) writes it; the HTTP
+//! endpoints, the Unix socket and the metrics only read it, each reader waking only for the hosts it follows.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,13 +11,10 @@ use std::time::Duration;
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
-use crate::analyze::AnalyzeOptions;
-use crate::analyze::events::between;
+use crate::core::action::{ActionAnswer, ActionRequest};
 use crate::core::event::{Event, EventKind};
-use crate::core::model::{HostId, HostSnapshot, now_ms};
-use crate::core::removal::{RemovalOutcome, RemovalRequest};
-use crate::core::signal::{Outcome, SignalRequest};
-use crate::runtime::{Fleet, HostEvent};
+use crate::core::model::{HostId, HostSnapshot};
+use crate::runtime::{Fleet, HostEvent, Judged};
 use crate::source::{ConnStatus, HostCmd};
 
 /// Labels of one series: (name, value) pairs in the order they are written.
@@ -52,6 +49,16 @@ pub struct Reading {
 }
 
 impl Reading {
+    fn of(judged: Judged) -> Reading {
+        Reading {
+            content: judged.content,
+            snap: judged.snap,
+            json: OnceLock::new(),
+        }
+    }
+}
+
+impl Reading {
     /// The JSON contract of this reading, serialized once, by whoever asks first.
     pub fn json(&self) -> &str {
         self.json
@@ -80,15 +87,11 @@ pub enum Ask {
     PollNow {
         host: usize,
     },
-    Signal {
+    /// Carry out an action on this host (through the same delivery as every kill); the answer comes back.
+    Act {
         host: usize,
-        req: SignalRequest,
-        reply: oneshot::Sender<Vec<Outcome>>,
-    },
-    Remove {
-        host: usize,
-        req: RemovalRequest,
-        reply: oneshot::Sender<Vec<RemovalOutcome>>,
+        req: ActionRequest,
+        reply: oneshot::Sender<ActionAnswer>,
     },
 }
 
@@ -100,7 +103,6 @@ pub struct Shared {
     /// Every host's events, for readers of several hosts at once.
     pub all_events: broadcast::Sender<Arc<str>>,
     pub ask: mpsc::Sender<Ask>,
-    pub analyze: AnalyzeOptions,
     /// Per host, by index.
     pub time_to_clean: Vec<TimeToClean>,
     /// The poll interval when no client asks for a faster one.
@@ -126,11 +128,6 @@ impl Shared {
 struct Writer {
     latest: watch::Sender<Option<Arc<Reading>>>,
     status: watch::Sender<ConnStatus>,
-    content: u64,
-    /// Unix ms of the first signal sent since the host was last all clean: "clean N s after it".
-    first_signal_ms: Option<u64>,
-    /// Per GPU, Unix ms of the reading where its last process was seen gone.
-    exited_ms: HashMap<u32, u64>,
     /// Interval asked for, by client.
     asked: HashMap<u64, Duration>,
     interval: Duration,
@@ -141,48 +138,11 @@ pub struct Hub {
     writers: Vec<Writer>,
     asks: mpsc::Receiver<Ask>,
     next_id: u64,
-    signals: HashMap<u64, oneshot::Sender<Vec<Outcome>>>,
-    removals: HashMap<u64, oneshot::Sender<Vec<RemovalOutcome>>>,
-}
-
-/// The GPUs of processes that held or were listed on them in `prev` and have left /proc in `next` (or are
-/// another process now).
-fn died_on(prev: &HostSnapshot, next: &HostSnapshot) -> Vec<u32> {
-    let mut out = Vec::new();
-    let pids = prev.holders.iter().map(|h| h.pid).chain(
-        prev.gpus
-            .iter()
-            .flat_map(|g| g.processes.iter().map(|p| p.pid)),
-    );
-    for pid in pids {
-        let Some(before) = prev.proc(pid).filter(|p| !p.state.is_zombie()) else {
-            continue;
-        };
-        // Dead is dead when it is a zombie too: its parent may reap it only after the driver let go.
-        let alive = |p: &crate::core::model::Proc| {
-            p.start_time == before.start_time && !p.state.is_zombie()
-        };
-        if next.proc(pid).is_some_and(alive) {
-            continue;
-        }
-        out.extend(prev.listed_gpus(pid));
-        if let Some(h) = prev.holder(pid) {
-            out.extend(&h.gpus);
-        }
-    }
-    out.sort_unstable();
-    out.dedup();
-    out
+    replies: HashMap<u64, oneshot::Sender<ActionAnswer>>,
 }
 
 impl Hub {
-    pub fn new(
-        labels: &[String],
-        interval: Duration,
-        analyze: AnalyzeOptions,
-        scheme: &'static str,
-        readonly: bool,
-    ) -> Hub {
+    pub fn new(labels: &[String], interval: Duration, scheme: &'static str, readonly: bool) -> Hub {
         let (ask, asks) = mpsc::channel(1024);
         let mut hosts = Vec::new();
         let mut writers = Vec::new();
@@ -198,9 +158,6 @@ impl Hub {
             writers.push(Writer {
                 latest: latest_tx,
                 status: status_tx,
-                content: 0,
-                first_signal_ms: None,
-                exited_ms: HashMap::new(),
                 asked: HashMap::new(),
                 interval,
             });
@@ -210,7 +167,6 @@ impl Hub {
             readings: broadcast::channel(EVENT_BACKLOG.max(labels.len() * 2)).0,
             all_events: broadcast::channel(EVENT_BACKLOG).0,
             ask,
-            analyze,
             time_to_clean: labels
                 .iter()
                 .map(|_| TimeToClean {
@@ -228,8 +184,7 @@ impl Hub {
             writers,
             asks,
             next_id: 1,
-            signals: HashMap::new(),
-            removals: HashMap::new(),
+            replies: HashMap::new(),
         }
     }
 
@@ -256,86 +211,72 @@ impl Hub {
 
     fn on_event(&mut self, ev: HostEvent) {
         match ev {
-            HostEvent::Snapshot { host, snap } => self.on_reading(host.0, *snap),
-            HostEvent::Fresh { .. } => {}
+            HostEvent::Reading { host, judged } => self.publish(host.0, Reading::of(*judged)),
+            HostEvent::Fresh {
+                host,
+                taken_at_ms,
+                gauges,
+            } => {
+                // Said the same: the reading kept, with its new time and gauges (/healthz reads the time).
+                let Some(mut r) = self.writers.get(host.0).and_then(|w| {
+                    w.latest.borrow().as_ref().map(|r| Reading {
+                        snap: r.snap.clone(),
+                        content: r.content,
+                        json: OnceLock::new(),
+                    })
+                }) else {
+                    return;
+                };
+                r.snap.refresh(taken_at_ms, &gauges);
+                self.publish(host.0, r);
+            }
             HostEvent::Status { host, status } => {
                 if let Some(w) = self.writers.get(host.0) {
                     w.status.send_replace(status);
                 }
             }
-            HostEvent::Outcomes { id, outcomes, .. } => {
-                if let Some(reply) = self.signals.remove(&id) {
-                    let _ = reply.send(outcomes);
-                }
-            }
-            HostEvent::Removals { id, outcomes, .. } => {
-                if let Some(reply) = self.removals.remove(&id) {
-                    let _ = reply.send(outcomes);
+            HostEvent::Events { host, events } => self.on_events(host.0, &events),
+            HostEvent::Answer { id, answer, .. } => {
+                if let Some(reply) = self.replies.remove(&id) {
+                    let _ = reply.send(answer);
                 }
             }
         }
     }
 
-    fn on_reading(&mut self, i: usize, snap: HostSnapshot) {
-        let Some(w) = self.writers.get_mut(i) else {
+    fn publish(&mut self, i: usize, reading: Reading) {
+        let Some(w) = self.writers.get(i) else {
             return;
         };
-        let Some(ch) = self.shared.hosts.get(i) else {
-            return;
-        };
-        let prev = w.latest.borrow().clone();
-        let changed = prev.as_ref().is_none_or(|p| !p.snap.says_the_same(&snap));
-        if changed {
-            w.content += 1;
-        }
-        let events = between(prev.as_ref().map(|p| &p.snap), &snap, &self.shared.analyze);
-        let at = snap.taken_at_ms;
-        if let Some(p) = &prev {
-            // A GPU process's death is when it leaves /proc; NVML may list it a while longer.
-            for g in died_on(&p.snap, &snap) {
-                w.exited_ms.insert(g, at);
-            }
-        }
-        for e in &events {
-            let EventKind::GpuClean { gpu, .. } = e else {
-                continue;
-            };
-            let exited = w.exited_ms.remove(gpu);
-            let Some(h) = self.shared.time_to_clean.get(i) else {
-                continue;
-            };
-            let (since, hist) = match (w.first_signal_ms, exited) {
-                (Some(t), _) => (t, &h.after_signal),
-                (None, Some(t)) => (t, &h.after_exit),
-                (None, None) => continue,
-            };
-            hist.observe(at.saturating_sub(since) as f64 / 1000.0);
-        }
-        let all_clean = !snap.gpus.is_empty()
-            && snap.gpus.iter().all(|g| {
-                crate::analyze::gpu_state(&snap, g, &self.shared.analyze)
-                    == crate::analyze::GpuState::Clean
-            });
-        if all_clean {
-            w.first_signal_ms = None;
-        }
-        let reading = Arc::new(Reading {
-            snap,
-            content: w.content,
-            json: OnceLock::new(),
-        });
-        w.latest.send_replace(Some(reading));
+        w.latest.send_replace(Some(Arc::new(reading)));
         if !matches!(*w.status.borrow(), ConnStatus::Up) {
             w.status.send_replace(ConnStatus::Up);
         }
         let _ = self.shared.readings.send(i);
-        for what in events {
-            let e = Event {
-                at_ms: at,
-                host: ch.label.clone(),
-                what,
-            };
-            if let Ok(json) = serde_json::to_string(&e) {
+    }
+
+    /// A host's events: to the event streams as they are, and a GPU turning clean into the histogram.
+    fn on_events(&self, i: usize, events: &[Event]) {
+        let Some(ch) = self.shared.hosts.get(i) else {
+            return;
+        };
+        for e in events {
+            if let (
+                EventKind::GpuClean {
+                    after_ms,
+                    after_exit_ms,
+                    ..
+                },
+                Some(h),
+            ) = (&e.what, self.shared.time_to_clean.get(i))
+            {
+                match (after_ms, after_exit_ms) {
+                    (Some(ms), _) => h.after_signal.observe(*ms as f64 / 1000.0),
+                    (None, Some(ms)) => h.after_exit.observe(*ms as f64 / 1000.0),
+                    (None, None) => {}
+                }
+            }
+            if let Ok(json) = serde_json::to_string(e) {
                 let json: Arc<str> = json.into();
                 let _ = ch.events.send(json.clone());
                 let _ = self.shared.all_events.send(json);
@@ -370,70 +311,12 @@ impl Hub {
                 }
             }
             Ask::PollNow { host } => fleet.send(HostId(host), HostCmd::PollNow),
-            Ask::Signal { host, req, reply } => {
+            Ask::Act { host, req, reply } => {
                 let id = self.next_id;
                 self.next_id += 1;
-                if let Some(w) = self.writers.get_mut(host) {
-                    w.first_signal_ms.get_or_insert_with(now_ms);
-                }
-                self.signals.insert(id, reply);
-                fleet.send(HostId(host), HostCmd::Signal { id, req });
-            }
-            Ask::Remove { host, req, reply } => {
-                let id = self.next_id;
-                self.next_id += 1;
-                self.removals.insert(id, reply);
-                fleet.send(HostId(host), HostCmd::Remove { id, req });
+                self.replies.insert(id, reply);
+                fleet.send(HostId(host), HostCmd::Act { id, req });
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::core::model::{Gpu, Holder, ListedProcess, Proc, ProcState};
-
-    fn reading(state: Option<ProcState>) -> HostSnapshot {
-        HostSnapshot {
-            gpus: vec![Gpu {
-                index: 3,
-                processes: vec![ListedProcess {
-                    pid: 42,
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }],
-            holders: vec![Holder {
-                pid: 42,
-                gpus: vec![3],
-                ..Default::default()
-            }],
-            processes: state
-                .map(|st| Proc {
-                    pid: 42,
-                    start_time: 7,
-                    state: st,
-                    ..Default::default()
-                })
-                .into_iter()
-                .collect(),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn a_holder_dies_when_it_turns_zombie_not_when_its_parent_reaps_it() {
-        let alive = reading(Some(ProcState::Sleeping));
-        let zombie = reading(Some(ProcState::Zombie));
-        let gone = reading(None);
-        assert_eq!(died_on(&alive, &alive), Vec::<u32>::new());
-        assert_eq!(died_on(&alive, &zombie), vec![3]);
-        assert_eq!(died_on(&alive, &gone), vec![3]);
-        assert_eq!(
-            died_on(&zombie, &gone),
-            Vec::<u32>::new(),
-            "it died once, not twice"
-        );
     }
 }

@@ -14,9 +14,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::hub::{Labels, Reading, Shared};
-use crate::analyze::gpu_clean;
 use crate::core::metrics as m;
-use crate::core::model::{FindingKind, Gpu, HostSnapshot, MIB, Severity};
+use crate::core::model::{FindingKind, Gpu, GpuState, HostSnapshot, MIB, Severity};
 
 type Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
 
@@ -122,8 +121,11 @@ impl Families {
             if let Some(r) = g.memory.reserved {
                 set(&self.fb_reserved, &l, (r / MIB) as f64);
             }
-            if let Some(c) = gpu_clean(g, shared.analyze.tolerance) {
-                set(&self.clean, &l, f64::from(u8::from(c)));
+            // The ledger's verdict: absent where the GPU's state could not be told.
+            match g.state {
+                Some(GpuState::Clean) => set(&self.clean, &l, 1.0),
+                Some(GpuState::InUse | GpuState::Leak) => set(&self.clean, &l, 0.0),
+                Some(GpuState::Unknown | GpuState::Error) | None => {}
             }
         }
         self.add_unexplained(host, snap);

@@ -147,13 +147,7 @@ pub fn run(s: &Settings, a: &ServeArgs) -> anyhow::Result<i32> {
         let fleet = Fleet::start(&s.specs, &s.fleet).await?;
         let labels = fleet.labels().to_vec();
         let scheme = if tls.is_some() { "https" } else { "http" };
-        let hub = hub::Hub::new(
-            &labels,
-            s.fleet.interval,
-            s.fleet.analyze,
-            scheme,
-            s.readonly,
-        );
+        let hub = hub::Hub::new(&labels, s.fleet.interval, scheme, s.readonly);
         let shared = hub.shared();
         let http = if a.no_http {
             None

@@ -14,9 +14,8 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
-use super::hub::{Ask, Shared};
-use crate::core::protocol::{AgentCmd, AgentMsg, MAX_LINE_BYTES, MIN_INTERVAL, PROTOCOL};
-use crate::core::signal::all_failed;
+use super::hub::{Ask, Reading, Shared};
+use crate::core::protocol::{AgentCmd, AgentMsg, Command, MAX_LINE_BYTES, MIN_INTERVAL, PROTOCOL};
 use crate::source::remote::stream::read_line_bounded;
 
 /// The fastest polling a peer other than root or the serve's user may ask for.
@@ -199,16 +198,27 @@ fn msg(m: &AgentMsg) -> String {
     serde_json::to_string(m).unwrap_or_default()
 }
 
-#[allow(clippy::too_many_lines)] // one peer's life: hello, readings, commands and their answers
+/// What one peer of the socket has been sent.
+struct Conn<'s> {
+    shared: &'s Arc<Shared>,
+    peer: Peer,
+    client: u64,
+    /// The peer asked for `unchanged` in place of a snapshot that says nothing new.
+    compact: bool,
+    /// The content of the last snapshot sent whole.
+    sent: Option<u64>,
+    /// Answers of actions still being carried out come back here, to be written between readings.
+    answers: mpsc::Sender<String>,
+}
+
+/// The socket serves the serve's first host.
+const HOST: usize = 0;
+
 async fn serve_peer(stream: UnixStream, peer: Peer, shared: Arc<Shared>) -> std::io::Result<()> {
-    const HOST: usize = 0;
-    let Peer { uid, trusted } = peer;
-    let max_line = peer.max_line();
     let Some(ch) = shared.hosts.get(HOST) else {
         return Ok(());
     };
     let (reader_half, mut w) = stream.into_split();
-    let mut reader_half = BufReader::new(reader_half);
     let hello = AgentMsg::Hello {
         protocol: PROTOCOL,
         version: env!("CARGO_PKG_VERSION").into(),
@@ -222,18 +232,16 @@ async fn serve_peer(stream: UnixStream, peer: Peer, shared: Arc<Shared>) -> std:
         client,
     };
     let mut latest = ch.latest.clone();
-    // The answers of requests still being carried out come back here, to be written between readings.
     let (atx, mut answers) = mpsc::channel::<String>(16);
-    let (ltx, mut lines) = mpsc::channel::<std::io::Result<Option<Vec<u8>>>>(4);
-    let reader = tokio::spawn(async move {
-        loop {
-            let got = read_line_bounded(&mut reader_half, max_line).await;
-            let end = !matches!(got, Ok(Some(_)));
-            if ltx.send(got).await.is_err() || end {
-                return;
-            }
-        }
-    });
+    let (reader, mut lines) = read_lines(reader_half, peer.max_line());
+    let mut conn = Conn {
+        shared: &shared,
+        peer,
+        client,
+        compact: false,
+        sent: None,
+        answers: atx,
+    };
     // Whatever reading there is goes out at once (a one-off `snapshot` needs nothing more), then each new one.
     let mut send = true;
     let result = async {
@@ -241,8 +249,7 @@ async fn serve_peer(stream: UnixStream, peer: Peer, shared: Arc<Shared>) -> std:
             if send {
                 send = false;
                 let reading = latest.borrow_and_update().clone();
-                if let Some(reading) = reading {
-                    let line = format!("{{\"type\":\"snapshot\",\"snapshot\":{}}}", reading.json());
+                if let Some(line) = reading.and_then(|r| conn.reading_line(&r)) {
                     write(&mut w, &line).await?;
                 }
             }
@@ -268,74 +275,8 @@ async fn serve_peer(stream: UnixStream, peer: Peer, shared: Arc<Shared>) -> std:
                         }
                         _ => return Ok(()),
                     };
-                    let text = String::from_utf8_lossy(&line);
-                    if text.trim().is_empty() {
-                        continue;
-                    }
-                    match serde_json::from_str::<AgentCmd>(text.trim()) {
-                        Ok(AgentCmd::Poll) => {
-                            let _ = shared.ask.try_send(Ask::PollNow { host: HOST });
-                        }
-                        Ok(AgentCmd::Interval { ms, .. }) => {
-                            let floor = if trusted { MIN_INTERVAL } else { MIN_UNPRIVILEGED_INTERVAL };
-                            let every = Some(Duration::from_millis(ms).max(floor));
-                            let _ = shared.ask.try_send(Ask::Interval { host: HOST, client, every });
-                        }
-                        Ok(AgentCmd::Signal { id, request }) => {
-                            let refused = refusal(&shared, trusted, uid);
-                            if let Some(why) = &refused {
-                                let outcomes = all_failed(&request, why);
-                                write(&mut w, &msg(&AgentMsg::Outcomes { id, outcomes })).await?;
-                                continue;
-                            }
-                            let (tx, rx) = oneshot::channel();
-                            let asked = refused.is_none()
-                                && shared
-                                    .ask
-                                    .try_send(Ask::Signal { host: HOST, req: request.clone(), reply: tx })
-                                    .is_ok();
-                            let atx = atx.clone();
-                            tokio::spawn(async move {
-                                let outcomes = match (refused, asked) {
-                                    (Some(why), _) => all_failed(&request, &why),
-                                    (None, false) => all_failed(&request, "serve busy: nothing was signalled"),
-                                    (None, true) => rx.await.unwrap_or_else(|_| {
-                                        all_failed(&request, "the serve is stopping: outcome unknown")
-                                    }),
-                                };
-                                let _ = atx.send(msg(&AgentMsg::Outcomes { id, outcomes })).await;
-                            });
-                        }
-                        Ok(AgentCmd::Remove { id, request }) => {
-                            let refused = refusal(&shared, trusted, uid);
-                            if let Some(why) = &refused {
-                                let outcomes = crate::core::removal::all_failed(&request, why);
-                                write(&mut w, &msg(&AgentMsg::Removals { id, outcomes })).await?;
-                                continue;
-                            }
-                            let (tx, rx) = oneshot::channel();
-                            let asked = refused.is_none()
-                                && shared
-                                    .ask
-                                    .try_send(Ask::Remove { host: HOST, req: request.clone(), reply: tx })
-                                    .is_ok();
-                            let atx = atx.clone();
-                            tokio::spawn(async move {
-                                use crate::core::removal::all_failed as none_removed;
-                                let outcomes = match (refused, asked) {
-                                    (Some(why), _) => none_removed(&request, &why),
-                                    (None, false) => none_removed(&request, "serve busy: nothing was removed"),
-                                    (None, true) => rx.await.unwrap_or_else(|_| {
-                                        none_removed(&request, "the serve is stopping: outcome unknown")
-                                    }),
-                                };
-                                let _ = atx.send(msg(&AgentMsg::Removals { id, outcomes })).await;
-                            });
-                        }
-                        Err(why) => {
-                            let m = AgentMsg::Error { message: format!("bad command: {why}") };
-                            write(&mut w, &msg(&m)).await?;
-                        }
+                    if let Some(now) = conn.command(&line) {
+                        write(&mut w, &now).await?;
                     }
                 }
             }
@@ -344,6 +285,119 @@ async fn serve_peer(stream: UnixStream, peer: Peer, shared: Arc<Shared>) -> std:
     .await;
     reader.abort();
     result
+}
+
+/// Lines read by a task of their own: each, an error, or the end.
+type Lines = mpsc::Receiver<std::io::Result<Option<Vec<u8>>>>;
+
+/// The peer's command lines, read by a task of their own (a few at most waiting), each at most `max` bytes.
+fn read_lines(
+    half: tokio::net::unix::OwnedReadHalf,
+    max: usize,
+) -> (tokio::task::JoinHandle<()>, Lines) {
+    let (ltx, lines) = mpsc::channel(4);
+    let reader = tokio::spawn(async move {
+        let mut half = BufReader::new(half);
+        loop {
+            let got = read_line_bounded(&mut half, max).await;
+            let end = !matches!(got, Ok(Some(_)));
+            if ltx.send(got).await.is_err() || end {
+                return;
+            }
+        }
+    });
+    (reader, lines)
+}
+
+impl Conn<'_> {
+    /// The line a reading goes out as: the whole snapshot (serialized once for every peer), or, to a peer
+    /// that asked for it, `unchanged` when it says nothing new since the last one sent whole.
+    fn reading_line(&mut self, r: &Reading) -> Option<String> {
+        if self.compact && self.sent == Some(r.content) {
+            return Some(msg(&AgentMsg::Unchanged {
+                taken_at_ms: r.snap.taken_at_ms,
+                gauges: r.snap.gauges(),
+            }));
+        }
+        self.sent = Some(r.content);
+        let snapshot = serde_json::value::RawValue::from_string(r.json().to_string()).ok()?;
+        serde_json::to_string(&WireSnapshot::Snapshot {
+            snapshot: &snapshot,
+        })
+        .ok()
+    }
+
+    /// One command line. Returns what to write back at once (a refusal, an error); an action the peer may
+    /// ask for is carried out by the hub, and its answer comes back through `answers`.
+    fn command(&mut self, line: &[u8]) -> Option<String> {
+        let text = String::from_utf8_lossy(line);
+        if text.trim().is_empty() {
+            return None;
+        }
+        let cmd = match serde_json::from_str::<AgentCmd>(text.trim()) {
+            Ok(c) => Command::from(c),
+            Err(why) => {
+                let message = format!("bad command: {why}");
+                return Some(msg(&AgentMsg::Error { message }));
+            }
+        };
+        let ask = &self.shared.ask;
+        match cmd {
+            Command::Poll => {
+                let _ = ask.try_send(Ask::PollNow { host: HOST });
+            }
+            Command::Interval { ms, compact } => {
+                self.compact = compact;
+                let floor = if self.peer.trusted {
+                    MIN_INTERVAL
+                } else {
+                    MIN_UNPRIVILEGED_INTERVAL
+                };
+                let every = Some(Duration::from_millis(ms).max(floor));
+                let client = self.client;
+                let _ = ask.try_send(Ask::Interval {
+                    host: HOST,
+                    client,
+                    every,
+                });
+            }
+            Command::Act { id, req } => {
+                // Refused at once, without a task: a peer that may not act costs the serve nothing more.
+                if let Some(why) = refusal(self.shared, self.peer.trusted, self.peer.uid) {
+                    return Some(msg(&AgentMsg::answer(id, req.refuse(&why))));
+                }
+                let (tx, rx) = oneshot::channel();
+                let asked = ask
+                    .try_send(Ask::Act {
+                        host: HOST,
+                        req: req.clone(),
+                        reply: tx,
+                    })
+                    .is_ok();
+                if !asked {
+                    let answer = req.refuse("serve busy: nothing was done");
+                    return Some(msg(&AgentMsg::answer(id, answer)));
+                }
+                let answers = self.answers.clone();
+                tokio::spawn(async move {
+                    let answer = rx.await.unwrap_or_else(|_| {
+                        req.refuse("the serve is stopping: whether it was done is unknown")
+                    });
+                    let _ = answers.send(msg(&AgentMsg::answer(id, answer))).await;
+                });
+            }
+        }
+        None
+    }
+}
+
+/// A snapshot already serialized, as the wire carries it (`{"type":"snapshot","snapshot":...}`).
+#[derive(serde::Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireSnapshot<'a> {
+    Snapshot {
+        snapshot: &'a serde_json::value::RawValue,
+    },
 }
 
 /// Why this peer may not act through the socket, if it may not.

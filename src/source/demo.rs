@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use crate::core::action::{ActionAnswer, ActionRequest};
 use crate::core::model::{
     Gpu, Holder, HostSnapshot, ListedProcess, MIB, Memory, Proc, ProcState, ProcessKind, ShmInfo,
     ShmSegment, SourceKind,
@@ -426,6 +427,7 @@ impl DemoHost {
             };
             gpus.push(Gpu {
                 judged: None,
+                state: None,
                 index: i,
                 uuid: Some(format!(
                     "GPU-{:08x}-{:04x}-4e0f-9a31-{:012x}",
@@ -495,6 +497,7 @@ impl DemoHost {
             error: None,
             taken_at_ms: self.clock.base_unix_ms() + t,
             source: SourceKind::Demo,
+            simulated: true,
             gpu_error: None,
             driver_version: Some("580.159.04".into()),
             gpus,
@@ -520,6 +523,14 @@ impl DemoHost {
 
     /// Signals act on the simulation with the same refusals as real delivery.
     /// Remove simulated /dev/shm files, with the checks a real host makes: the same inode, nobody using it.
+    /// Carry out an action on the simulation.
+    pub fn act(&mut self, req: &ActionRequest) -> ActionAnswer {
+        match req {
+            ActionRequest::Signal(r) => ActionAnswer::Signal(self.signal(r)),
+            ActionRequest::Remove(r) => ActionAnswer::Remove(self.remove(r)),
+        }
+    }
+
     pub fn remove(&mut self, req: &RemovalRequest) -> Vec<RemovalOutcome> {
         req.files
             .iter()
@@ -639,10 +650,7 @@ impl super::Source for DemoHost {
     fn poll(&mut self) -> Result<HostSnapshot, super::SourceError> {
         Ok(self.snapshot())
     }
-    fn simulate_signal(&mut self, req: &SignalRequest) -> Option<Vec<Outcome>> {
-        Some(DemoHost::signal(self, req))
-    }
-    fn simulate_removal(&mut self, req: &RemovalRequest) -> Option<Vec<RemovalOutcome>> {
-        Some(DemoHost::remove(self, req))
+    fn simulate(&mut self, req: &ActionRequest) -> Option<ActionAnswer> {
+        Some(DemoHost::act(self, req))
     }
 }

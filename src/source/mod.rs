@@ -14,11 +14,10 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::core::action::{ActionAnswer, ActionRequest};
 use crate::core::model::ShmInfo;
 use crate::core::model::{Gpu, HostSnapshot, Proc};
 use crate::core::procstat::device_minor;
-use crate::core::removal::{RemovalOutcome, RemovalRequest};
-use crate::core::signal::{Outcome, SignalRequest};
 
 /// How often sources are polled by default.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
@@ -35,13 +34,9 @@ pub enum SourceError {
 pub trait Source: Send {
     fn host(&self) -> &str;
     fn poll(&mut self) -> Result<HostSnapshot, SourceError>;
-    /// Sources that simulate their processes (the demo) answer signals themselves. Real hosts return `None`:
-    /// the runtime delivers through `act`, with every safety rule.
-    fn simulate_signal(&mut self, _req: &SignalRequest) -> Option<Vec<Outcome>> {
-        None
-    }
-    /// The demo removes its simulated /dev/shm files itself; real hosts return `None`.
-    fn simulate_removal(&mut self, _req: &RemovalRequest) -> Option<Vec<RemovalOutcome>> {
+    /// Sources that simulate their processes and files (the demo) carry out actions themselves. Real hosts
+    /// return `None`: the runtime acts through `act`, with every safety rule.
+    fn simulate(&mut self, _req: &ActionRequest) -> Option<ActionAnswer> {
         None
     }
     /// A fresh reading of /dev/shm with every process's fds and maps scanned, and the directory it read, for
@@ -62,14 +57,10 @@ pub trait Source: Send {
 /// What a front end asks of one host.
 #[derive(Debug, Clone, PartialEq)]
 pub enum HostCmd {
-    Signal {
+    /// Carry out this action (a signal, a removal); answered through `Sink::answer` with this id.
+    Act {
         id: u64,
-        req: SignalRequest,
-    },
-    /// Remove these /dev/shm leftovers; answered through `Sink::removals` with this id.
-    Remove {
-        id: u64,
-        req: RemovalRequest,
+        req: ActionRequest,
     },
     Interval(Duration),
     PollNow,
@@ -81,14 +72,8 @@ impl HostCmd {
     /// Answer a request that will not be carried out, at once, so nothing waits for it forever. Polls and
     /// interval changes need no answer.
     pub fn refuse(self, sink: &dyn Sink, why: &str) {
-        match self {
-            HostCmd::Signal { id, req } => {
-                sink.outcomes(id, crate::core::signal::all_failed(&req, why));
-            }
-            HostCmd::Remove { id, req } => {
-                sink.removals(id, crate::core::removal::all_failed(&req, why));
-            }
-            HostCmd::Interval(_) | HostCmd::PollNow | HostCmd::Wake => {}
+        if let HostCmd::Act { id, req } = self {
+            sink.answer(id, req.refuse(why));
         }
     }
 }
@@ -117,8 +102,8 @@ pub trait Sink: Send + Sync {
         true
     }
     fn status(&self, status: ConnStatus) -> bool;
-    fn outcomes(&self, id: u64, outcomes: Vec<Outcome>) -> bool;
-    fn removals(&self, id: u64, outcomes: Vec<RemovalOutcome>) -> bool;
+    /// The answer to the action request with this id.
+    fn answer(&self, id: u64, answer: ActionAnswer) -> bool;
 }
 
 /// The processes worth showing: the seeds (holders, listed PIDs), every zombie, and their ancestors (for the

@@ -10,17 +10,18 @@ use super::keymap::{Cmd, Keymap};
 use super::rows::{ProcRow, build_rows};
 pub use super::rows::{ProcView, SortKey};
 use super::targets::{self, Choice};
-use crate::analyze::events::between;
+use crate::analyze::AnalyzeOptions;
 use crate::analyze::findings::shm::removable;
 use crate::analyze::plan::{Plan, plan, plan_summary};
 use crate::analyze::watch::{Scope, Watch};
-use crate::analyze::{AnalyzeOptions, GpuState, gpu_state};
+use crate::core::action::{ActionAnswer, ActionRequest, Purpose};
 use crate::core::event::{Event, EventKind};
 use crate::core::format::{fmt_ms, millis};
-use crate::core::model::{Finding, HostId, HostSnapshot, MIB, Severity, SourceKind};
-use crate::core::removal::{RemovalOutcome, RemovalRequest, ShmFile};
-use crate::core::signal::{Outcome, Protected, Sig, SignalRequest, TargetInfo};
+use crate::core::model::{Finding, HostId, HostSnapshot, MIB, SourceKind};
+use crate::core::removal::{RemovalRequest, ShmFile};
+use crate::core::signal::{Protected, Sig, SignalRequest, TargetInfo};
 use crate::core::smem::{Dtype, Tile};
+use crate::runtime::{Judged, StateCounts};
 use crate::source::{ConnStatus, HostCmd};
 
 /// Samples of memory history kept per GPU (10 minutes at a 1 s poll).
@@ -34,12 +35,15 @@ pub const REWATCH_INTERVAL: Duration = crate::runtime::FAST_POLL;
 
 #[derive(Debug, Clone)]
 pub enum Action {
-    Snapshot(HostId, Box<HostSnapshot>),
+    /// A reading that says something new, as the host's ledger judged it.
+    Reading(HostId, Box<Judged>),
     /// A reading at this Unix ms that says the same as the host's last snapshot, with its GPU gauges.
     Fresh(HostId, u64, Vec<crate::core::model::Gauges>),
     Status(HostId, ConnStatus),
-    Outcomes(HostId, u64, Vec<Outcome>),
-    Removals(HostId, u64, Vec<RemovalOutcome>),
+    /// What happened on a host, as its ledger recorded it: for the timeline and the events file.
+    Events(HostId, Vec<Event>),
+    /// The answer to an action request sent with this id.
+    Answer(HostId, u64, ActionAnswer),
     Key(KeyEvent),
     /// A click on a row of a panel (the event loop, which owns the layout, found which).
     Click {
@@ -142,15 +146,16 @@ pub struct HostView {
     pub history: HashMap<u32, VecDeque<(u64, u64)>>,
     /// When each GPU process (pid, start time) was first seen holding or listed, Unix ms.
     pub held_since: HashMap<(u32, u64), u64>,
-    /// The first signal sent to this host since its GPUs were last all clean: "clean N s after".
-    pub first_signal_ms: Option<u64>,
     /// PIDs never offered for signals on this host.
     pub protected: Protected,
     /// Read over HTTP or from Prometheus: no kill, sweep or removal can reach it.
     pub read_only: bool,
-    /// Its GPUs by state in `snap` (clean, in use, leaking, unknown): counted once per reading, not at every
-    /// frame for every GPU of a thousand hosts.
-    states: (usize, usize, usize, usize),
+    /// Its latest reading is of the simulated cluster (a demo read through a serve, too).
+    pub simulated: bool,
+    /// Its GPUs by state in `snap`, as its ledger counted them.
+    pub counts: StateCounts,
+    /// Leak findings in `snap`.
+    pub leaks: usize,
 }
 
 /// Which panel has the focus and what is selected in each.
@@ -248,20 +253,6 @@ pub struct App {
     changes: u64,
 }
 
-/// A reading's GPUs by state: (clean, in use, leaking, unknown).
-fn count_states(s: &HostSnapshot, opts: &AnalyzeOptions) -> (usize, usize, usize, usize) {
-    let mut c = (0, 0, 0, 0);
-    for g in &s.gpus {
-        match gpu_state(s, g, opts) {
-            GpuState::Clean => c.0 += 1,
-            GpuState::InUse => c.1 += 1,
-            GpuState::Leak => c.2 += 1,
-            GpuState::Unknown | GpuState::Error => c.3 += 1,
-        }
-    }
-    c
-}
-
 impl App {
     pub fn new(
         labels: Vec<String>,
@@ -280,10 +271,11 @@ impl App {
                     last_seen_ms: None,
                     history: HashMap::new(),
                     held_since: HashMap::new(),
-                    first_signal_ms: None,
                     protected: Protected::remote(),
                     read_only: false,
-                    states: (0, 0, 0, 0),
+                    simulated: false,
+                    counts: StateCounts::default(),
+                    leaks: 0,
                 })
                 .collect(),
             sel: Selection::default(),
@@ -341,10 +333,22 @@ impl App {
 
     /// (clean, in use, leaking, unknown) over every GPU of every host.
     pub fn counts(&self) -> (usize, usize, usize, usize) {
-        self.hosts.iter().fold((0, 0, 0, 0), |c, h| {
-            let s = h.states;
-            (c.0 + s.0, c.1 + s.1, c.2 + s.2, c.3 + s.3)
-        })
+        let c = self
+            .hosts
+            .iter()
+            .fold(StateCounts::default(), |c, h| c + h.counts);
+        (c.clean, c.in_use, c.leak, c.unknown)
+    }
+
+    /// Whether what is shown is (partly) the simulated cluster: the demo itself, or a host whose readings
+    /// say they are simulated (a demo serve read over HTTP).
+    pub fn simulated(&self) -> bool {
+        self.cfg.demo || self.hosts.iter().any(|h| h.simulated)
+    }
+
+    /// Whether this host's readings are simulated.
+    pub fn host_simulated(&self, host: HostId) -> bool {
+        self.cfg.demo || self.hosts.get(host.0).is_some_and(|h| h.simulated)
     }
 
     fn set_status(&mut self, msg: impl Into<String>, level: Level) {
@@ -358,13 +362,18 @@ impl App {
             .unwrap_or_default()
     }
 
-    /// Add an event to the timeline (and, through the effects of this update, to the events file).
+    /// Add an event of the TUI's own (a watch completed) to the timeline.
     fn record(&mut self, host: HostId, what: EventKind) {
         let e = Event {
             at_ms: self.now_ms,
             host: self.label(host),
             what,
         };
+        self.keep(e);
+    }
+
+    /// Keep an event in the timeline (and, through the effects of this update, in the events file).
+    fn keep(&mut self, e: Event) {
         self.timeline.push_back(e.clone());
         while self.timeline.len() > TIMELINE {
             self.timeline.pop_front();
@@ -420,7 +429,14 @@ impl App {
     #[allow(clippy::too_many_lines)] // one arm per action
     fn dispatch(&mut self, action: Action) -> Vec<Effect> {
         match action {
-            Action::Snapshot(i, snap) => self.on_snapshot(i, *snap),
+            Action::Reading(i, judged) => self.on_reading(i, *judged),
+            Action::Events(_, events) => {
+                for e in events {
+                    self.keep(e);
+                }
+                vec![]
+            }
+            Action::Answer(i, id, answer) => self.on_answer(i, id, &answer),
             Action::Opened(i, spec, read_only) => {
                 if let Some(h) = self.hosts.get_mut(i.0) {
                     h.status = ConnStatus::Connecting;
@@ -438,10 +454,13 @@ impl App {
             }
             Action::Fresh(i, taken_at_ms, gauges) => {
                 if let Some(h) = self.hosts.get_mut(i.0)
-                    && let Some(snap) = &mut h.snap
+                    && let Some(mut snap) = h.snap.take()
                 {
                     snap.refresh(taken_at_ms, &gauges);
+                    // The memory it said before, as of now: the history and the chart go on.
+                    Self::remember(h, &snap);
                     h.last_seen_ms = Some(snap.taken_at_ms);
+                    h.snap = Some(snap);
                     if matches!(h.status, ConnStatus::Stale { .. }) {
                         h.status = ConnStatus::Up;
                     }
@@ -462,61 +481,11 @@ impl App {
                 if let Some(h) = self.hosts.get_mut(i.0) {
                     if let ConnStatus::Down(e) = &st {
                         let msg = format!("{}: {e}", h.label);
-                        let was_down = matches!(h.status, ConnStatus::Down(_));
                         h.status = st.clone();
                         self.set_status(msg, Level::Bad);
-                        if !was_down {
-                            self.record(i, EventKind::HostDown { reason: e.clone() });
-                        }
                     } else {
                         h.status = st;
                     }
-                }
-                vec![]
-            }
-            Action::Removals(i, id, outs) => {
-                self.pending.remove(&id);
-                let bad = outs.iter().filter(|o| o.failed()).count();
-                let text: Vec<String> = outs.iter().map(RemovalOutcome::describe).collect();
-                for o in &outs {
-                    self.record(
-                        i,
-                        EventKind::ShmRemoved {
-                            name: o.name.clone(),
-                            result: o.describe(),
-                            ok: !o.failed(),
-                        },
-                    );
-                }
-                let level = if bad > 0 { Level::Bad } else { Level::Good };
-                let label = self.label(i);
-                self.set_status(format!("{label}: {}", text.join("; ")), level);
-                // Read again: the leftover findings clear with the next reading.
-                vec![Effect::Send(i, HostCmd::PollNow)]
-            }
-            Action::Outcomes(i, id, outs) => {
-                let what = self.pending.remove(&id).unwrap_or_else(|| "signal".into());
-                let label = self
-                    .hosts
-                    .get(i.0)
-                    .map(|h| h.label.clone())
-                    .unwrap_or_default();
-                let bad = outs.iter().filter(|o| o.failed()).count();
-                let text: Vec<String> = outs
-                    .iter()
-                    .map(super::super::core::signal::Outcome::describe)
-                    .collect();
-                let level = if bad > 0 { Level::Bad } else { Level::Good };
-                self.set_status(format!("{what} on {label}: {}", text.join("; ")), level);
-                for o in &outs {
-                    self.record(
-                        i,
-                        EventKind::SignalFate {
-                            pid: o.pid,
-                            fate: o.describe(),
-                            ok: !o.failed(),
-                        },
-                    );
                 }
                 vec![]
             }
@@ -541,13 +510,26 @@ impl App {
         }
     }
 
-    #[allow(clippy::too_many_lines)] // history, hold times, events, then the watch: one reading's effects
-    fn on_snapshot(&mut self, id: HostId, snap: HostSnapshot) -> Vec<Effect> {
-        let i = id.0;
-        let now = self.now_ms;
-        let Some(h) = self.hosts.get_mut(i) else {
-            return vec![];
+    /// What became of an action: on the status line (the ledger put each target's fate on the timeline).
+    fn on_answer(&mut self, i: HostId, id: u64, answer: &ActionAnswer) -> Vec<Effect> {
+        let what = self.pending.remove(&id).unwrap_or_else(|| "action".into());
+        let label = self.label(i);
+        let level = if answer.failures() > 0 {
+            Level::Bad
+        } else {
+            Level::Good
         };
+        let text = answer.lines().join("; ");
+        self.set_status(format!("{what} on {label}: {text}"), level);
+        match answer {
+            // Read again: the leftover findings clear with the next reading.
+            ActionAnswer::Remove(_) => vec![Effect::Send(i, HostCmd::PollNow)],
+            ActionAnswer::Signal(_) => vec![],
+        }
+    }
+
+    /// Keep a host's memory history and how long each GPU process has held a GPU.
+    fn remember(h: &mut HostView, snap: &HostSnapshot) {
         for g in &snap.gpus {
             if let Some(used) = g.memory.used {
                 let hist = h.history.entry(g.index).or_default();
@@ -574,81 +556,86 @@ impl App {
         for k in seen {
             h.held_since.entry(k).or_insert(snap.taken_at_ms);
         }
-        let events = between(h.snap.as_ref(), &snap, &self.cfg.analyze);
-        let came_back = matches!(h.status, ConnStatus::Down(_));
-        let first = h.snap.is_none();
-        let all_clean = !snap.gpus.is_empty()
-            && snap
-                .gpus
-                .iter()
-                .all(|g| gpu_state(&snap, g, &self.cfg.analyze) == GpuState::Clean);
-        let first_signal = h.first_signal_ms;
-        if all_clean {
-            h.first_signal_ms = None;
-        }
-        h.last_seen_ms = Some(snap.taken_at_ms);
+    }
+
+    /// A judged reading: shown as it is; its events came before it.
+    fn on_reading(&mut self, id: HostId, judged: Judged) -> Vec<Effect> {
+        let i = id.0;
+        let Some(h) = self.hosts.get_mut(i) else {
+            return vec![];
+        };
+        Self::remember(h, &judged.snap);
+        h.last_seen_ms = Some(judged.snap.taken_at_ms);
         h.status = ConnStatus::Up;
+        h.counts = judged.counts;
+        h.leaks = judged.leaks;
+        h.simulated = judged.provenance.simulated;
+        h.snap = Some(judged.snap);
         if i == self.sel.host {
-            self.rows = build_rows(&snap, &self.procs);
-            self.rows_host = Some(i);
+            self.rebuild_rows();
         }
-        h.states = count_states(&snap, &self.cfg.analyze);
-        h.snap = Some(snap);
-        if first || came_back {
-            self.record(id, EventKind::HostUp { first });
-        }
-        for mut e in events {
-            if let EventKind::GpuClean { after_ms, .. } = &mut e {
-                *after_ms = first_signal.map(|t| now.saturating_sub(t));
-            }
-            self.record(id, e);
-        }
-        let mut effects = vec![];
-        if let Some(rw) = &mut self.rewatch {
-            let Some(s) = &self.hosts[i].snap else {
-                return effects;
-            };
-            let elapsed = self.now_ms;
-            if rw.watch.observe(id, s, elapsed) {
-                let took = rw.watch.took_ms().unwrap_or(0);
-                let n: usize = rw
-                    .watch
-                    .expected
-                    .iter()
-                    .filter_map(|(h, _)| self.hosts.get(h.0))
-                    .filter_map(|h| h.snap.as_ref())
-                    .map(|s| {
-                        s.gpus
-                            .iter()
-                            .filter(|g| rw.watch.scope.includes(g.index))
-                            .count()
-                    })
-                    .sum();
-                let what = if n == 1 {
-                    "its GPU reads".to_string()
-                } else {
-                    format!("all {n} GPUs read")
-                };
-                self.banner = Some(format!(
-                    "✓ {}: {what} zero after {}",
-                    rw.label,
-                    fmt_ms(took)
-                ));
-                let scope = rw.label.clone();
-                let watched: Vec<HostId> = rw.watch.expected.iter().map(|(h, _)| *h).collect();
-                self.rewatch = None;
-                self.record(
-                    id,
-                    EventKind::AllClean {
-                        scope,
-                        after_ms: took,
-                    },
-                );
-                effects.extend(Self::poll_every(&watched, self.cfg.interval));
-                effects.push(Effect::DrawNow);
-            }
-        }
+        let effects = self.observe(id);
         self.clamp();
+        effects
+    }
+
+    /// Feed a host's new reading to the running watch; when it completes, say so.
+    fn observe(&mut self, id: HostId) -> Vec<Effect> {
+        let Some(rw) = &mut self.rewatch else {
+            return vec![];
+        };
+        let Some(s) = self.hosts.get(id.0).and_then(|h| h.snap.as_ref()) else {
+            return vec![];
+        };
+        if !rw.watch.observe(id, s, self.now_ms) {
+            return vec![];
+        }
+        let took = rw.watch.took_ms().unwrap_or(0);
+        let n: usize = rw
+            .watch
+            .expected
+            .iter()
+            .filter_map(|(h, _)| self.hosts.get(h.0))
+            .filter_map(|h| h.snap.as_ref())
+            .map(|s| {
+                s.gpus
+                    .iter()
+                    .filter(|g| rw.watch.scope.includes(g.index))
+                    .count()
+            })
+            .sum();
+        let what = if n == 1 {
+            "its GPU reads".to_string()
+        } else {
+            format!("all {n} GPUs read")
+        };
+        self.banner = Some(format!(
+            "✓ {}: {what} zero after {}",
+            rw.label,
+            fmt_ms(took)
+        ));
+        let scope = rw.label.clone();
+        let watched: Vec<HostId> = rw.watch.expected.iter().map(|(h, _)| *h).collect();
+        self.rewatch = None;
+        // A host's own ledger says when it reads all clean after signals; a watch of more (or less) than one
+        // whole host says it here.
+        let said = self
+            .timeline
+            .iter()
+            .rev()
+            .take(64)
+            .any(|e| matches!(&e.what, EventKind::AllClean { scope: s, .. } if *s == scope));
+        if !said {
+            self.record(
+                id,
+                EventKind::AllClean {
+                    scope,
+                    after_ms: took,
+                },
+            );
+        }
+        let mut effects = Self::poll_every(&watched, self.cfg.interval);
+        effects.push(Effect::DrawNow);
         effects
     }
 
@@ -1005,13 +992,8 @@ impl App {
                     format!("removing {} /dev/shm file(s)…", files.len()),
                     Level::Info,
                 );
-                vec![Effect::Send(
-                    host,
-                    HostCmd::Remove {
-                        id,
-                        req: RemovalRequest { files },
-                    },
-                )]
+                let req = ActionRequest::Remove(RemovalRequest { files });
+                vec![Effect::Send(host, HostCmd::Act { id, req })]
             }
             Dialog::Kill {
                 host,
@@ -1047,23 +1029,18 @@ impl App {
                 }
                 self.dialog = None;
                 let id = self.take_id(format!("{} {}", signal.name(), target.pid));
-                self.signal_sent(host, signal, vec![target.pid], "kill");
                 let grace = (signal == Sig::Term).then_some(millis(TUI_GRACE));
                 self.set_status(
                     format!("sending {} to {}…", signal.name(), target.pid),
                     Level::Info,
                 );
-                vec![Effect::Send(
-                    host,
-                    HostCmd::Signal {
-                        id,
-                        req: SignalRequest {
-                            targets: vec![target],
-                            signal,
-                            grace_ms: grace,
-                        },
-                    },
-                )]
+                let req = ActionRequest::Signal(SignalRequest {
+                    targets: vec![target],
+                    signal,
+                    grace_ms: grace,
+                    purpose: Some(Purpose::Kill),
+                });
+                vec![Effect::Send(host, HostCmd::Act { id, req })]
             }
             Dialog::Sweep {
                 scope,
@@ -1100,22 +1077,6 @@ impl App {
         }
     }
 
-    /// A confirmed signal: on the timeline, and the start of this host's "clean after".
-    fn signal_sent(&mut self, host: HostId, signal: Sig, pids: Vec<u32>, what: &str) {
-        let now = self.now_ms;
-        if let Some(h) = self.hosts.get_mut(host.0) {
-            h.first_signal_ms.get_or_insert(now);
-        }
-        self.record(
-            host,
-            EventKind::SignalSent {
-                signal: signal.name().to_string(),
-                pids,
-                what: what.to_string(),
-            },
-        );
-    }
-
     fn take_id(&mut self, what: String) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
@@ -1133,20 +1094,9 @@ impl App {
         let mut effects = Vec::new();
         for h in plan.hosts() {
             let id = self.take_id("sweep".into());
-            let pids = plan
-                .items
-                .iter()
-                .filter(|i| i.host_id == h)
-                .map(|i| i.pid)
-                .collect();
-            self.signal_sent(h, Sig::Term, pids, "sweep");
-            effects.push(Effect::Send(
-                h,
-                HostCmd::Signal {
-                    id,
-                    req: plan.request(h, Sig::Term, Some(millis(TUI_GRACE))),
-                },
-            ));
+            let req = plan.request(h, Sig::Term, Some(millis(TUI_GRACE)), Purpose::Sweep);
+            let req = ActionRequest::Signal(req);
+            effects.push(Effect::Send(h, HostCmd::Act { id, req }));
         }
         self.last_sweep_ms = Some(self.now_ms);
         let label_of = |h: HostId| {
@@ -1303,11 +1253,6 @@ impl App {
 
     /// Findings worth a glance in the header: leaks on any host.
     pub fn leak_count(&self) -> usize {
-        self.hosts
-            .iter()
-            .filter_map(|h| h.snap.as_ref())
-            .flat_map(|s| s.findings.iter())
-            .filter(|f| f.severity == Severity::Leak)
-            .count()
+        self.hosts.iter().map(|h| h.leaks).sum()
     }
 }

@@ -48,15 +48,15 @@ pub fn new_app(s: &Settings, labels: Vec<String>, specs: &[HostSpec]) -> anyhow:
 
 pub fn action_of(ev: HostEvent) -> Action {
     match ev {
-        HostEvent::Snapshot { host, snap } => Action::Snapshot(host, snap),
+        HostEvent::Reading { host, judged } => Action::Reading(host, judged),
+        HostEvent::Events { host, events } => Action::Events(host, events),
+        HostEvent::Answer { host, id, answer } => Action::Answer(host, id, answer),
         HostEvent::Status { host, status } => Action::Status(host, status),
         HostEvent::Fresh {
             host,
             taken_at_ms,
             gauges,
         } => Action::Fresh(host, taken_at_ms, gauges),
-        HostEvent::Outcomes { host, id, outcomes } => Action::Outcomes(host, id, outcomes),
-        HostEvent::Removals { host, id, outcomes } => Action::Removals(host, id, outcomes),
     }
 }
 

@@ -7,7 +7,7 @@ pub mod smem;
 pub mod stuck;
 pub mod zombie;
 
-use crate::core::model::{Finding, FindingKind, HostSnapshot, Proc, Severity};
+use crate::core::model::{FileRef, Finding, FindingKind, HostSnapshot, Proc, Severity};
 
 /// The parts of a finding every kind fills, for `Findings::push`.
 pub struct Draft {
@@ -35,6 +35,10 @@ impl Findings {
         }
     }
     pub fn push(&mut self, d: Draft) {
+        self.push_about(d, None);
+    }
+    /// A finding about a file (a /dev/shm leftover), named with its identity.
+    pub fn push_about(&mut self, d: Draft, file: Option<FileRef>) {
         self.out.push(Finding {
             kind: d.kind,
             severity: d.severity,
@@ -45,6 +49,7 @@ impl Findings {
             detail: d.detail,
             action: d.action,
             target_pid: d.target_pid,
+            file,
         });
     }
 }

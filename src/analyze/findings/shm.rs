@@ -2,7 +2,7 @@
 
 use super::{Draft, Findings};
 use crate::core::format::{escape, fmt_bytes, fmt_secs, shell_quote};
-use crate::core::model::{FindingKind, HostSnapshot, Severity};
+use crate::core::model::{FileRef, FindingKind, HostSnapshot, Severity};
 use crate::core::removal::ShmFile;
 
 /// The leftovers a removal may ask for: plain files nobody has open or mapped, each with the identity
@@ -34,22 +34,30 @@ pub fn find(snap: &HostSnapshot, out: &mut Findings) {
             .age_s
             .map(|a| format!(", {} old", fmt_secs(a)))
             .unwrap_or_default();
-        out.push(Draft {
-            kind: FindingKind::ShmLeftover,
-            severity: Severity::Warning,
-            gpu: None,
-            pid: None,
-            bytes: Some(s.bytes),
-            detail: format!(
-                "/dev/shm/{} ({}{age}) is open or mapped by no live process",
-                escape(&s.name),
-                fmt_bytes(Some(s.bytes))
-            ),
-            action: format!(
-                "`gpusweep shm clean` (D in the TUI) removes it, re-checked; or rm -- {}",
-                escape(&shell_quote(&format!("/dev/shm/{}", s.name)))
-            ),
-            target_pid: None,
-        });
+        let file = FileRef {
+            name: s.name.clone(),
+            dev: s.dev,
+            ino: s.ino,
+        };
+        out.push_about(
+            Draft {
+                kind: FindingKind::ShmLeftover,
+                severity: Severity::Warning,
+                gpu: None,
+                pid: None,
+                bytes: Some(s.bytes),
+                detail: format!(
+                    "/dev/shm/{} ({}{age}) is open or mapped by no live process",
+                    escape(&s.name),
+                    fmt_bytes(Some(s.bytes))
+                ),
+                action: format!(
+                    "`gpusweep shm clean` (D in the TUI) removes it, re-checked; or rm -- {}",
+                    escape(&shell_quote(&format!("/dev/shm/{}", s.name)))
+                ),
+                target_pid: None,
+            },
+            Some(file),
+        );
     }
 }

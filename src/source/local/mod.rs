@@ -367,6 +367,7 @@ pub fn build_snapshot(
     processes.sort_by_key(|p| p.pid);
     HostSnapshot {
         live_url: None,
+        simulated: false,
         host: host.to_string(),
         error: None,
         taken_at_ms: now_ms(),

@@ -293,6 +293,7 @@ pub fn agentless_snapshot(label: &str, out: &str, benign: &[String]) -> HostSnap
     processes.sort_by_key(|p| p.pid);
     HostSnapshot {
         live_url: None,
+        simulated: false,
         host: label.to_string(),
         error: None,
         taken_at_ms: now_ms(),

@@ -383,7 +383,7 @@ async fn stream(
                         return Ended::Interval;
                     }
                 }
-                Some(c @ (HostCmd::Signal { .. } | HostCmd::Remove { .. })) => {
+                Some(c @ HostCmd::Act { .. }) => {
                     c.refuse(
                         task.sink.as_ref(),
                         "read-only host (read over HTTP from its gpusweep serve): nothing was done; \

@@ -101,7 +101,7 @@ impl RemoteTask {
                     None => return false,
                     Some(HostCmd::PollNow | HostCmd::Wake) => return true,
                     Some(HostCmd::Interval(d)) => *interval = d,
-                    Some(c @ (HostCmd::Signal { .. } | HostCmd::Remove { .. })) => {
+                    Some(c @ HostCmd::Act { .. }) => {
                         c.refuse(self.sink.as_ref(), "host is down");
                     }
                 }

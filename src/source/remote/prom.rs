@@ -355,19 +355,14 @@ fn count_findings(name: &str, d: &HostData, findings: &mut Vec<Finding>) {
             action: "open the host live (Enter in the TUI, or --hosts its serve) for the details"
                 .into(),
             target_pid: None,
+            file: None,
         });
     }
 }
 
 /// The snapshot of one host from what Prometheus holds of it.
 #[allow(clippy::too_many_lines)] // GPUs with their verdicts and per-GPU findings, then the host's fields
-fn snapshot(
-    name: &str,
-    d: &HostData,
-    ids: &Identities,
-    polled_ms: u64,
-    tolerance: u64,
-) -> HostSnapshot {
+fn snapshot(name: &str, d: &HostData, ids: &Identities, polled_ms: u64) -> HostSnapshot {
     let mut gpus = Vec::new();
     let mut findings = Vec::new();
     for (&index, g) in &d.gpus {
@@ -379,13 +374,9 @@ fn snapshot(
         let used = mib(g.used);
         let reserved = mib(id.reserved_mib);
         let total = mib(id.usable_mib).map(|u| u + reserved.unwrap_or(0));
+        // What the host's serve says; the runtime believes a "clean" only where these bytes agree.
         let judged = d.gpusweep.then_some(match g.clean {
-            // A "clean" is believed only when the bytes the host reports say so too.
-            Some(c) if c >= 1.0 => match used {
-                Some(u) if u <= tolerance => GpuState::Clean,
-                Some(_) => GpuState::InUse,
-                None => GpuState::Unknown,
-            },
+            Some(c) if c >= 1.0 => GpuState::Clean,
             Some(_) if !g.unexplained.is_empty() => GpuState::Leak,
             Some(_) => GpuState::InUse,
             None if g.unreadable => GpuState::Error,
@@ -409,6 +400,7 @@ fn snapshot(
                 action: "open the host live (Enter in the TUI, or --hosts its serve) to see who holds it"
                     .into(),
                 target_pid: None,
+                file: None,
             });
         }
         gpus.push(Gpu {
@@ -753,13 +745,11 @@ pub async fn run(
     http: HttpClient,
     hosts: Vec<PromHost>,
     mut interval: Duration,
-    tolerance: u64,
     mut cmds: mpsc::Receiver<PromCmd>,
 ) {
     let queries = Queries::new(&server);
     let mut ids = Identities::default();
     let names = Names::new(&hosts);
-    let mut last: Vec<Option<HostSnapshot>> = hosts.iter().map(|_| None).collect();
     // What each host's last snapshot was built from (cleared when identities are read again).
     let mut said: Vec<Option<HostData>> = hosts.iter().map(|_| None).collect();
     let mut down: Vec<Option<String>> = hosts.iter().map(|_| None).collect();
@@ -775,7 +765,7 @@ pub async fn run(
                 let Some((at, cmd)) = asked_now else { return };
                 let Some(host) = hosts.get(at) else { continue };
                 match cmd {
-                    refused @ (HostCmd::Signal { .. } | HostCmd::Remove { .. }) => refused.refuse(
+                    refused @ HostCmd::Act { .. } => refused.refuse(
                         host.sink.as_ref(),
                         "read-only host (read from Prometheus): nothing was done; act on it over SSH \
                          (--hosts user@node) or through its agent",
@@ -855,16 +845,9 @@ pub async fn run(
                 continue;
             }
             said[i] = Some(d.clone());
-            let snap = snapshot(&h.name, d, &ids, now, tolerance);
-            let same = last[i].as_ref().is_some_and(|p| p.says_the_same(&snap));
-            listening |= if same && !was_down {
-                h.sink.fresh(snap.taken_at_ms, Vec::new())
-            } else {
-                let ok =
-                    (!was_down || h.sink.status(ConnStatus::Up)) && h.sink.reading(snap.clone());
-                last[i] = Some(snap);
-                ok
-            };
+            // Whether the snapshot says anything new is the runtime's to decide, once.
+            let snap = snapshot(&h.name, d, &ids, now);
+            listening |= (!was_down || h.sink.status(ConnStatus::Up)) && h.sink.reading(snap);
         }
         if !listening && hosts.iter().all(|h| !h.detached.load(Ordering::SeqCst)) {
             return;
@@ -940,7 +923,7 @@ mod tests {
                 ..Default::default()
             },
         );
-        let s = snapshot("node1", &d, &ids, 5, 0);
+        let s = snapshot("node1", &d, &ids, 5);
         let states: Vec<Option<GpuState>> = s.gpus.iter().map(|g| g.judged).collect();
         assert_eq!(
             states,
@@ -975,7 +958,7 @@ mod tests {
         let mut dcgm = HostData::default();
         dcgm.gpus.insert(0, gpu(0.0, None, &[]));
         dcgm.gpus.insert(1, gpu(700.0, None, &[]));
-        let s = snapshot("node2", &dcgm, &ids, 7, 0);
+        let s = snapshot("node2", &dcgm, &ids, 7);
         assert!(s.gpus.iter().all(|g| g.judged.is_none()));
         assert_eq!(s.taken_at_ms, 7);
         assert!(s.missing_features.contains(&Feature::ProcessList));
@@ -987,33 +970,7 @@ mod tests {
     }
 
     #[test]
-    fn a_clean_that_contradicts_its_bytes_is_not_clean_and_two_targets_are_a_conflict() {
-        let mut d = HostData {
-            gpusweep: true,
-            ..Default::default()
-        };
-        d.gpus.insert(0, gpu(70000.0, Some(1.0), &[]));
-        d.gpus.insert(
-            1,
-            GpuData {
-                clean: Some(1.0),
-                ..Default::default()
-            },
-        );
-        d.gpus.insert(2, gpu(3.0, Some(1.0), &[]));
-        let s = snapshot("liar", &d, &Identities::default(), 1, 0);
-        let states: Vec<Option<GpuState>> = s.gpus.iter().map(|g| g.judged).collect();
-        assert_eq!(
-            states,
-            [
-                Some(GpuState::InUse),
-                Some(GpuState::Unknown),
-                Some(GpuState::InUse)
-            ],
-            "clean only where its bytes say so"
-        );
-        let s = snapshot("liar", &d, &Identities::default(), 1, 4 * MIB);
-        assert_eq!(s.gpus[2].judged, Some(GpuState::Clean), "within tolerance");
+    fn two_targets_naming_one_host_are_a_conflict() {
         let one: std::collections::BTreeSet<Target> = [Target {
             job: "gpusweep".into(),
             instance: "10.0.0.2:9401".into(),
@@ -1092,10 +1049,7 @@ mod tests {
         fn status(&self, _: ConnStatus) -> bool {
             false
         }
-        fn outcomes(&self, _: u64, _: Vec<crate::core::signal::Outcome>) -> bool {
-            false
-        }
-        fn removals(&self, _: u64, _: Vec<crate::core::removal::RemovalOutcome>) -> bool {
+        fn answer(&self, _: u64, _: crate::core::action::ActionAnswer) -> bool {
             false
         }
     }

@@ -11,11 +11,10 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::RemoteTask;
+use crate::core::action::ActionRequest;
 use crate::core::format::{escape, millis, truncate};
-use crate::core::model::{HostSnapshot, SourceKind};
-use crate::core::protocol::{AgentCmd, AgentMsg, MAX_LINE_BYTES, PROTOCOL};
-use crate::core::removal::RemovalRequest;
-use crate::core::signal::SignalRequest;
+use crate::core::model::SourceKind;
+use crate::core::protocol::{AgentCmd, AgentMsg, MAX_LINE_BYTES, Message, PROTOCOL};
 use crate::core::trace;
 use crate::source::{ConnStatus, HostCmd};
 
@@ -65,8 +64,38 @@ fn preview(b: &[u8]) -> String {
     truncate(&escape(String::from_utf8_lossy(b).trim()), 80)
 }
 
+/// Lines read from the agent by a task of its own.
+type Lines = mpsc::Receiver<std::io::Result<Option<Vec<u8>>>>;
+
+/// The agent's hello, checked: it must speak this protocol.
+async fn hello(
+    task: &RemoteTask,
+    lines: &mut Lines,
+    cmds: &mut mpsc::Receiver<HostCmd>,
+    interval: &mut Duration,
+) -> Result<(), String> {
+    let first = await_hello(task, lines, cmds, interval, task.opts.ssh.connect_timeout).await?;
+    let first = match first {
+        Some(Ok(Some(l))) => l,
+        Some(Ok(None)) | None => return Err("the agent exited before saying hello".to_string()),
+        Some(Err(e)) => return Err(format!("reading the agent: {e}")),
+    };
+    match serde_json::from_slice::<AgentMsg>(&first).map(Message::from) {
+        Ok(Message::Hello { protocol, .. }) if protocol == PROTOCOL => Ok(()),
+        Ok(Message::Hello {
+            protocol, version, ..
+        }) => Err(format!(
+            "the remote gpusweep {} speaks protocol {protocol}, this one {PROTOCOL}: upgrade one of them",
+            escape(&version)
+        )),
+        _ => Err(format!(
+            "the remote did not speak the agent protocol; it said: {:?}",
+            preview(&first)
+        )),
+    }
+}
+
 /// Speak the agent protocol until the stream ends or misbehaves. Err says why, for the host's status line.
-#[allow(clippy::too_many_lines)] // the protocol's one select loop: hello, readings, outcomes, commands
 pub async fn drive_stream<R, W>(
     task: &RemoteTask,
     reader: R,
@@ -90,62 +119,37 @@ where
             }
         }
     });
-    let connect_timeout = task.opts.ssh.connect_timeout;
     let result = async {
-        // The first line must be the agent's hello.
-        let first = await_hello(task, &mut lines, cmds, interval, connect_timeout).await?;
-        let first = match first {
-            Some(Ok(Some(l))) => l,
-            Some(Ok(None)) | None => return Err("the agent exited before saying hello".to_string()),
-            Some(Err(e)) => return Err(format!("reading the agent: {e}")),
-        };
-        match serde_json::from_slice::<AgentMsg>(&first) {
-            Ok(AgentMsg::Hello { protocol, .. }) if protocol == PROTOCOL => {}
-            Ok(AgentMsg::Hello { protocol, version, .. }) => {
-                return Err(format!(
-                    "the remote gpusweep {version} speaks protocol {protocol}, this one {PROTOCOL}: upgrade one of them"
-                ));
-            }
-            _ => return Err(format!("the remote did not speak the agent protocol; it said: {:?}", preview(&first))),
-        }
+        hello(task, &mut lines, cmds, interval).await?;
         trace(&task.label, "agent said hello");
         task.status(ConnStatus::Up);
-        send_cmd(
-            &mut writer,
-            &AgentCmd::Interval {
-                ms: millis(*interval),
-                compact: true,
-            },
-        )
-        .await?;
+        let first = AgentCmd::Interval {
+            ms: millis(*interval),
+            compact: true,
+        };
+        send_cmd(&mut writer, &first).await?;
         // Commands are written by a loop of their own: an agent that stops reading its stdin blocks the writer,
-        // never the readings, the stale check or the answers to signal requests.
+        // never the readings, the stale check or the answers to action requests.
         let (wtx, mut wrx) = mpsc::channel::<Outgoing>(WRITE_QUEUE);
         let writing = async {
             while let Some(o) = wrx.recv().await {
-                // A signal request given up on before it was written is never written.
-                if o.claim.as_ref().is_some_and(|c| c.swap(true, Ordering::SeqCst)) {
+                // A request given up on before it was written is never written.
+                if o.claim
+                    .as_ref()
+                    .is_some_and(|c| c.swap(true, Ordering::SeqCst))
+                {
                     continue;
                 }
                 send_cmd(&mut writer, &o.cmd).await?;
             }
             Ok::<(), String>(())
         };
-        let mut pending: Vec<Pending> = Vec::new();
-        let reading = converse(task, &mut lines, cmds, interval, kind, &wtx, &mut pending);
+        let mut talk = Conversation::new(task, kind, wtx);
         let out = tokio::select! {
-            r = reading => r,
+            r = talk.run(&mut lines, cmds, interval) => r,
             w = writing => w.and(Err("the command writer stopped".into())),
         };
-        // Whatever was asked and not answered is reported, never left hanging.
-        for p in pending {
-            let reason = if p.claim.swap(true, Ordering::SeqCst) {
-                "connection lost before the outcome was known"
-            } else {
-                "connection lost before the request was sent: nothing was signalled"
-            };
-            p.cmd().refuse(task.sink.as_ref(), reason);
-        }
+        talk.give_up();
         out
     }
     .await;
@@ -153,39 +157,28 @@ where
     result
 }
 
-/// A command on its way to the agent. `claim` (signal requests only) is taken by whoever settles it first:
+/// A command on its way to the agent. `claim` (action requests only) is taken by whoever settles it first:
 /// the writer, just before writing it, or the reader, when it gives up on it.
 struct Outgoing {
     cmd: AgentCmd,
     claim: Option<Arc<AtomicBool>>,
 }
 
-/// What a request asked for: signals, or removals.
-enum Asked {
-    Signal(SignalRequest),
-    Remove(RemovalRequest),
-}
-
-/// A request (signals or removals) sent and not yet answered.
+/// An action request sent and not yet answered.
 struct Pending {
     id: u64,
-    req: Asked,
+    req: ActionRequest,
     claim: Arc<AtomicBool>,
     queued: Instant,
 }
 
 impl Pending {
-    /// The command it came from, to be answered with a failure.
-    fn cmd(&self) -> HostCmd {
-        match &self.req {
-            Asked::Signal(req) => HostCmd::Signal {
-                id: self.id,
-                req: req.clone(),
-            },
-            Asked::Remove(req) => HostCmd::Remove {
-                id: self.id,
-                req: req.clone(),
-            },
+    /// When it is given up: unwritten, after `WRITE_DEADLINE`; written, after its answer's deadline.
+    fn deadline(&self) -> Instant {
+        if self.claim.load(Ordering::SeqCst) {
+            self.queued + answer_deadline(&self.req)
+        } else {
+            self.queued + WRITE_DEADLINE
         }
     }
 }
@@ -193,193 +186,215 @@ impl Pending {
 /// Commands waiting for the writer at most; past that the agent is not reading and further ones are refused.
 const WRITE_QUEUE: usize = 16;
 
-/// How long a signal request may wait to be written before it is given up (and then never written).
+/// How long an action request may wait to be written before it is given up (and then never written).
 const WRITE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// How long after it was queued a written request may go unanswered: the write, the grace period, the wait
 /// after KILL (or the scan before a removal), and a margin.
-fn answer_deadline(req: &Asked) -> Duration {
-    let grace = match req {
-        Asked::Signal(r) => r.grace_ms.unwrap_or(0),
-        Asked::Remove(_) => 0,
-    };
-    WRITE_DEADLINE + Duration::from_millis(grace) + Duration::from_secs(35)
+fn answer_deadline(req: &ActionRequest) -> Duration {
+    WRITE_DEADLINE + Duration::from_millis(req.grace_ms()) + Duration::from_secs(35)
 }
 
-/// Readings, outcomes and commands after the hello, until the stream ends or misbehaves.
-#[allow(clippy::too_many_lines)] // the protocol's one select loop: readings, outcomes, commands, silences
-async fn converse(
-    task: &RemoteTask,
-    lines: &mut mpsc::Receiver<std::io::Result<Option<Vec<u8>>>>,
-    cmds: &mut mpsc::Receiver<HostCmd>,
-    interval: &mut Duration,
+/// One connection's state after the hello: readings in, commands out, requests waiting for answers.
+struct Conversation<'t> {
+    task: &'t RemoteTask,
     kind: SourceKind,
-    wtx: &mpsc::Sender<Outgoing>,
-    pending: &mut Vec<Pending>,
-) -> Result<(), String> {
-    let connect_timeout = task.opts.ssh.connect_timeout;
-    let mut last_reading = Instant::now();
-    let mut stale = false;
-    // The last whole reading, kept fresh; after a silence the next reading is handed on whole.
-    let mut last: Option<HostSnapshot> = None;
-    let mut resend = false;
-    loop {
-        let (stale_after, read_timeout) = silence_limits(*interval, connect_timeout);
-        let silence_alarm = last_reading + if stale { read_timeout } else { stale_after };
-        let unsent = pending
-            .iter()
-            .map(|p| {
-                if p.claim.load(Ordering::SeqCst) {
-                    p.queued + answer_deadline(&p.req)
+    wtx: mpsc::Sender<Outgoing>,
+    pending: Vec<Pending>,
+    last_reading: Instant,
+    stale: bool,
+    /// A whole snapshot has come: an `unchanged` refers to it.
+    whole: bool,
+}
+
+impl<'t> Conversation<'t> {
+    fn new(task: &'t RemoteTask, kind: SourceKind, wtx: mpsc::Sender<Outgoing>) -> Self {
+        Conversation {
+            task,
+            kind,
+            wtx,
+            pending: Vec::new(),
+            last_reading: Instant::now(),
+            stale: false,
+            whole: false,
+        }
+    }
+
+    /// Readings, answers and commands, until the stream ends or misbehaves.
+    async fn run(
+        &mut self,
+        lines: &mut Lines,
+        cmds: &mut mpsc::Receiver<HostCmd>,
+        interval: &mut Duration,
+    ) -> Result<(), String> {
+        loop {
+            let (stale_after, read_timeout) =
+                silence_limits(*interval, self.task.opts.ssh.connect_timeout);
+            let silence_alarm = self.last_reading
+                + if self.stale {
+                    read_timeout
                 } else {
-                    p.queued + WRITE_DEADLINE
-                }
-            })
-            .min();
-        let alarm = unsent.map_or(silence_alarm, |u| u.min(silence_alarm));
-        tokio::select! {
-            () = tokio::time::sleep_until(alarm) => {
-                let now = Instant::now();
-                pending.retain(|p| {
-                    if now < p.queued + WRITE_DEADLINE {
-                        return true;
-                    }
-                    if p.claim.swap(true, Ordering::SeqCst) {
-                        // Written: the agent has it. Past a generous deadline, say the outcome is unknown.
-                        let limit = answer_deadline(&p.req);
-                        if now < p.queued + limit {
-                            return true;
-                        }
-                        let why = format!(
-                            "no answer from the agent within {} s: whether it was done is unknown \
-                             (its audit log says)",
-                            limit.as_secs()
-                        );
-                        p.cmd().refuse(task.sink.as_ref(), &why);
-                        return false;
-                    }
-                    let why = format!(
-                        "not sent: the agent read no commands for {} s; nothing was done",
-                        WRITE_DEADLINE.as_secs()
-                    );
-                    p.cmd().refuse(task.sink.as_ref(), &why);
-                    false
-                });
-                if now < silence_alarm {
-                    continue;
-                }
-                let silent = last_reading.elapsed();
-                if stale {
-                    return Err(format!(
-                        "no reading from the agent for {}s: reconnecting",
-                        silent.as_secs()
-                    ));
-                }
-                stale = true;
-                // After a silence the next reading goes on whole: whoever counted the host unreadable
-                // needs a reading to count it again.
-                resend = true;
-                task.status(ConnStatus::Stale { silent_ms: millis(silent) });
-            }
-            l = lines.recv() => {
-                let line = match l {
-                    Some(Ok(Some(l))) => l,
-                    Some(Ok(None)) | None => return Err("the agent exited".into()),
-                    Some(Err(e)) => return Err(format!("reading the agent: {e}")),
+                    stale_after
                 };
-                match serde_json::from_slice::<AgentMsg>(&line) {
-                    Ok(AgentMsg::Snapshot { mut snapshot }) => {
-                        trace(&task.label, "snapshot");
-                        snapshot.source = kind;
-                        last_reading = Instant::now();
-                        if stale {
-                            stale = false;
-                            task.status(ConnStatus::Up);
-                        }
-                        // A reading that says nothing new but its gauges is passed on as only that: it needs
-                        // no judging again, and a thousand quiet hosts cost their reader next to nothing.
-                        let same = !resend && last.as_ref().is_some_and(|l| l.says_the_same(&snapshot));
-                        let sent = if same {
-                            task.sink.fresh(snapshot.taken_at_ms, snapshot.gauges())
-                        } else {
-                            resend = false;
-                            last = Some((*snapshot).clone());
-                            task.sink.reading(*snapshot)
-                        };
-                        if !sent {
-                            return Ok(());
-                        }
-                    }
-                    Ok(AgentMsg::Unchanged { taken_at_ms, gauges }) => {
-                        let Some(whole) = last.as_mut() else {
-                            return Err("the agent said a reading was unchanged before sending one".into());
-                        };
-                        last_reading = Instant::now();
-                        if stale {
-                            stale = false;
-                            task.status(ConnStatus::Up);
-                        }
-                        whole.refresh(taken_at_ms, &gauges);
-                        let sent = if resend {
-                            resend = false;
-                            task.sink.reading(whole.clone())
-                        } else {
-                            task.sink.fresh(taken_at_ms, gauges)
-                        };
-                        if !sent {
-                            return Ok(());
-                        }
-                    }
-                    Ok(AgentMsg::Outcomes { id, outcomes }) => {
-                        pending.retain(|p| p.id != id);
-                        task.sink.outcomes(id, outcomes);
-                    }
-                    Ok(AgentMsg::Removals { id, outcomes }) => {
-                        pending.retain(|p| p.id != id);
-                        task.sink.removals(id, outcomes);
-                    }
-                    Ok(AgentMsg::Error { message }) => {
-                        task.status(ConnStatus::Down(format!("agent: {}", escape(&message))));
-                    }
-                    Ok(AgentMsg::Hello { .. }) => {}
-                    Err(_) => return Err(format!("garbage from the agent: {:?}", preview(&line))),
-                }
+            let alarm = self
+                .pending
+                .iter()
+                .map(Pending::deadline)
+                .min()
+                .map_or(silence_alarm, |u| u.min(silence_alarm));
+            let go_on = tokio::select! {
+                () = tokio::time::sleep_until(alarm) => self.on_alarm(silence_alarm)?,
+                l = lines.recv() => self.on_line(l)?,
+                c = cmds.recv() => self.on_cmd(c, interval)?,
+            };
+            if !go_on {
+                return Ok(());
             }
-            c = cmds.recv() => {
-                let (cmd, signal) = match c {
-                    None => return Ok(()),
-                    Some(HostCmd::PollNow | HostCmd::Wake) => (AgentCmd::Poll, None),
-                    Some(HostCmd::Interval(d)) => {
-                        *interval = d;
-                        (AgentCmd::Interval { ms: millis(d), compact: true }, None)
-                    }
-                    Some(HostCmd::Signal { id, req }) => {
-                        (AgentCmd::Signal { id, request: req.clone() }, Some((id, Asked::Signal(req))))
-                    }
-                    Some(HostCmd::Remove { id, req }) => {
-                        (AgentCmd::Remove { id, request: req.clone() }, Some((id, Asked::Remove(req))))
-                    }
-                };
-                let claim = signal.as_ref().map(|_| Arc::new(AtomicBool::new(false)));
-                match wtx.try_send(Outgoing { cmd, claim: claim.clone() }) {
-                    Ok(()) => {
-                        if let (Some((id, req)), Some(claim)) = (signal, claim) {
-                            pending.push(Pending { id, req, claim, queued: Instant::now() });
-                        }
-                    }
-                    // A poll or an interval is superseded by the next one; a signal request is answered now.
-                    Err(mpsc::error::TrySendError::Full(_)) => {
-                        if let Some((id, req)) = signal {
-                            let why = "host busy: the agent is not reading its commands; nothing was done";
-                            let p = Pending { id, req, claim: Arc::new(AtomicBool::new(true)), queued: Instant::now() };
-                            p.cmd().refuse(task.sink.as_ref(), why);
-                        }
-                    }
-                    Err(mpsc::error::TrySendError::Closed(_)) => {
-                        return Err("the command writer stopped".into());
-                    }
-                }
+        }
+    }
+
+    /// Requests past their deadlines are answered; a silence makes the host stale, then ends the connection.
+    fn on_alarm(&mut self, silence_alarm: Instant) -> Result<bool, String> {
+        let now = Instant::now();
+        let sink = self.task.sink.clone();
+        self.pending.retain(|p| {
+            if now < p.deadline() {
+                return true;
             }
+            let why = if p.claim.swap(true, Ordering::SeqCst) {
+                // Written: the agent has it. Past a generous deadline, say the outcome is unknown.
+                format!(
+                    "no answer from the agent within {} s: whether it was done is unknown (its audit log says)",
+                    answer_deadline(&p.req).as_secs()
+                )
+            } else {
+                format!(
+                    "not sent: the agent read no commands for {} s; nothing was done",
+                    WRITE_DEADLINE.as_secs()
+                )
+            };
+            sink.answer(p.id, p.req.refuse(&why));
+            false
+        });
+        if now < silence_alarm {
+            return Ok(true);
+        }
+        let silent = self.last_reading.elapsed();
+        if self.stale {
+            return Err(format!(
+                "no reading from the agent for {}s: reconnecting",
+                silent.as_secs()
+            ));
+        }
+        self.stale = true;
+        Ok(self.task.status(ConnStatus::Stale {
+            silent_ms: millis(silent),
+        }))
+    }
+
+    /// A reading came: the host is fresh again.
+    fn heard(&mut self) {
+        self.last_reading = Instant::now();
+        if self.stale {
+            self.stale = false;
+            self.task.status(ConnStatus::Up);
+        }
+    }
+
+    /// One line from the agent. Every reading goes to the sink: whether it says anything new is the
+    /// runtime's to decide, once.
+    fn on_line(&mut self, l: Option<std::io::Result<Option<Vec<u8>>>>) -> Result<bool, String> {
+        let line = match l {
+            Some(Ok(Some(l))) => l,
+            Some(Ok(None)) | None => return Err("the agent exited".into()),
+            Some(Err(e)) => return Err(format!("reading the agent: {e}")),
+        };
+        let Ok(msg) = serde_json::from_slice::<AgentMsg>(&line).map(Message::from) else {
+            return Err(format!("garbage from the agent: {:?}", preview(&line)));
+        };
+        let sink = &self.task.sink;
+        Ok(match msg {
+            Message::Snapshot(mut snapshot) => {
+                trace(&self.task.label, "snapshot");
+                snapshot.source = self.kind;
+                self.heard();
+                self.whole = true;
+                sink.reading(*snapshot)
+            }
+            Message::Unchanged {
+                taken_at_ms,
+                gauges,
+            } => {
+                if !self.whole {
+                    return Err("the agent said a reading was unchanged before sending one".into());
+                }
+                self.heard();
+                sink.fresh(taken_at_ms, gauges)
+            }
+            Message::Answer { id, answer } => {
+                self.pending.retain(|p| p.id != id);
+                sink.answer(id, answer);
+                true
+            }
+            Message::Error(message) => {
+                self.task
+                    .status(ConnStatus::Down(format!("agent: {}", escape(&message))));
+                true
+            }
+            Message::Hello { .. } => true,
+        })
+    }
+
+    /// A front end's command, passed on to the agent's writer; a request that cannot be queued is answered.
+    fn on_cmd(&mut self, c: Option<HostCmd>, interval: &mut Duration) -> Result<bool, String> {
+        let (cmd, act) = match c {
+            None => return Ok(false),
+            Some(HostCmd::PollNow | HostCmd::Wake) => (AgentCmd::Poll, None),
+            Some(HostCmd::Interval(d)) => {
+                *interval = d;
+                let ms = millis(d);
+                (AgentCmd::Interval { ms, compact: true }, None)
+            }
+            Some(HostCmd::Act { id, req }) => (AgentCmd::act(id, req.clone()), Some((id, req))),
+        };
+        let claim = act.as_ref().map(|_| Arc::new(AtomicBool::new(false)));
+        match self.wtx.try_send(Outgoing {
+            cmd,
+            claim: claim.clone(),
+        }) {
+            Ok(()) => {
+                if let (Some((id, req)), Some(claim)) = (act, claim) {
+                    let queued = Instant::now();
+                    self.pending.push(Pending {
+                        id,
+                        req,
+                        claim,
+                        queued,
+                    });
+                }
+                Ok(true)
+            }
+            // A poll or an interval is superseded by the next one; a request is answered now.
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                if let Some((id, req)) = act {
+                    let why = "host busy: the agent is not reading its commands; nothing was done";
+                    self.task.sink.answer(id, req.refuse(why));
+                }
+                Ok(true)
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => Err("the command writer stopped".into()),
+        }
+    }
+
+    /// Whatever was asked and not answered is reported, never left hanging.
+    fn give_up(&mut self) {
+        for p in self.pending.drain(..) {
+            let reason = if p.claim.swap(true, Ordering::SeqCst) {
+                "connection lost before the outcome was known"
+            } else {
+                "connection lost before the request was sent: nothing was done"
+            };
+            self.task.sink.answer(p.id, p.req.refuse(reason));
         }
     }
 }
@@ -399,7 +414,7 @@ fn silence_limits(interval: Duration, connect_timeout: Duration) -> (Duration, D
 /// instead of waiting out the timeout, and a signal fails at once.
 async fn await_hello(
     task: &RemoteTask,
-    lines: &mut mpsc::Receiver<std::io::Result<Option<Vec<u8>>>>,
+    lines: &mut Lines,
     cmds: &mut mpsc::Receiver<HostCmd>,
     interval: &mut Duration,
     timeout: Duration,
@@ -416,7 +431,7 @@ async fn await_hello(
                 None => return Err("stopped".into()),
                 Some(HostCmd::PollNow | HostCmd::Wake) => return Err("no hello from the agent yet: reconnecting as asked".into()),
                 Some(HostCmd::Interval(d)) => *interval = d,
-                Some(c @ (HostCmd::Signal { .. } | HostCmd::Remove { .. })) => {
+                Some(c @ HostCmd::Act { .. }) => {
                     c.refuse(task.sink.as_ref(), "not connected yet: the agent has not said hello");
                 }
             }

@@ -241,7 +241,7 @@ pub fn render(app: &App, f: &mut Frame, host: HostId, fd: &Finding) {
         " {} ({sev}) on {}{} ",
         fd.kind.as_str(),
         truncate(&h.label, 30),
-        if app.cfg.demo {
+        if app.cfg.demo || h.simulated {
             " — DEMO: simulated"
         } else {
             ""

@@ -35,7 +35,7 @@ fn confirm_box(
     thing: &str,
     wrap: bool,
 ) {
-    let title = if app.cfg.demo {
+    let title = if app.simulated() {
         format!(" {title} (DEMO: simulated, no real {thing}) ")
     } else {
         format!(" {title} ")

@@ -8,9 +8,8 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Cell, Row, Table, TableState};
 
 use super::{bar, fg, panel, selected, sparkline, state_style, truncate};
-use crate::analyze::gpu_state;
 use crate::core::format::{fmt_bytes, fmt_opt};
-use crate::core::model::MIB;
+use crate::core::model::{GpuState, MIB};
 use crate::tui::app::{App, Panel};
 
 #[allow(clippy::too_many_lines)] // the table's columns, top to bottom
@@ -96,7 +95,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
         .iter()
         .enumerate()
         .map(|(i, g)| {
-            let st = gpu_state(s, g, &app.cfg.analyze);
+            let st = g.state.unwrap_or(GpuState::Unknown);
             let mem = format!(
                 "{} {:>9}/{:<9}",
                 bar(g.memory.used, g.memory.total, bar_w as usize - 1),

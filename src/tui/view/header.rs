@@ -12,7 +12,7 @@ use crate::tui::app::App;
 
 /// The name, and on the simulated cluster a DEMO mark that no key or status line replaces.
 fn title(app: &App) -> Span<'static> {
-    if app.cfg.demo {
+    if app.simulated() {
         Span::styled(
             " gpusweep DEMO ",
             fg(app, Color::White)

@@ -7,8 +7,8 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
 use super::{fg, panel, selected, state_style, truncate};
-use crate::analyze::{GpuState, gpu_state};
 use crate::core::format::fmt_secs;
+use crate::core::model::GpuState;
 use crate::core::model::Severity;
 use crate::source::ConnStatus;
 use crate::tui::app::{App, Panel};
@@ -58,24 +58,16 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
             Some(s) if s.error.is_none() && !s.gpus.is_empty() => {
                 spans.push(Span::raw("["));
                 for g in &s.gpus {
-                    let st = gpu_state(s, g, &app.cfg.analyze);
+                    let st = g.state.unwrap_or(GpuState::Unknown);
                     spans.push(Span::styled(
                         cell(st, g.memory.used, g.memory.total).to_string(),
                         state_style(app, st),
                     ));
                 }
                 spans.push(Span::raw("] "));
-                let clean = s
-                    .gpus
-                    .iter()
-                    .filter(|g| gpu_state(s, g, &app.cfg.analyze) == GpuState::Clean)
-                    .count();
+                let clean = h.counts.clean;
                 spans.push(Span::raw(format!("{clean}/{} clean ", s.gpus.len())));
-                leaks = s
-                    .findings
-                    .iter()
-                    .filter(|f| f.severity == Severity::Leak)
-                    .count();
+                leaks = h.leaks;
                 warn = s
                     .findings
                     .iter()

@@ -243,7 +243,7 @@ async fn run_agentless(
                     None => return Ok(()),
                     Some(HostCmd::PollNow | HostCmd::Wake) => break,
                     Some(HostCmd::Interval(d)) => { *interval = d; break; }
-                    Some(c @ (HostCmd::Signal { .. } | HostCmd::Remove { .. })) => {
+                    Some(c @ HostCmd::Act { .. }) => {
                         c.refuse(task.sink.as_ref(), "agentless host: signals and removals need gpusweep there (install it or use --deploy)");
                     }
                 }

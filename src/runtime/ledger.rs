@@ -1,0 +1,544 @@
+//! One host's ledger: the only place a reading is judged. Each reading is compared with the one before
+//! (does it say anything new?), judged once (findings, each GPU's state, the counts the header shows), and
+//! turned into the events since the previous reading; signals sent to the host and their answers go through
+//! it too, so it keeps the clocks that say how long a GPU took to read clean after the signal that could
+//! free it. Front ends (the TUI, `serve`, the CLI gates, `--events`) only show or publish what it hands out.
+//!
+//! It is a plain value with no I/O and no clock of its own (callers pass the time): the fleet wraps one per
+//! host, and tests drive it directly.
+
+use std::collections::HashMap;
+
+use crate::analyze::events::{between, gpus_of_targets, released_by_deaths};
+use crate::analyze::{AnalyzeOptions, analyzed};
+use crate::core::action::{ActionAnswer, ActionRequest};
+use crate::core::event::{Event, EventKind};
+use crate::core::model::{Gauges, GpuState, HostSnapshot, Severity, SourceKind};
+use crate::source::ConnStatus;
+
+/// Where a reading came from and what may be done through it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Provenance {
+    pub source: SourceKind,
+    /// The simulated demo cluster, wherever it was read from.
+    pub simulated: bool,
+    /// Read over HTTP or from Prometheus: no kill, sweep or removal reaches it.
+    pub read_only: bool,
+}
+
+impl Provenance {
+    pub fn of(snap: &HostSnapshot) -> Provenance {
+        Provenance {
+            source: snap.source,
+            simulated: snap.simulated,
+            read_only: snap.source.read_only(),
+        }
+    }
+}
+
+/// A reading's GPUs by state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateCounts {
+    pub clean: usize,
+    pub in_use: usize,
+    pub leak: usize,
+    /// Unknown or unreadable.
+    pub unknown: usize,
+}
+
+impl StateCounts {
+    fn of(snap: &HostSnapshot) -> StateCounts {
+        let mut c = StateCounts::default();
+        for g in &snap.gpus {
+            match g.state {
+                Some(GpuState::Clean) => c.clean += 1,
+                Some(GpuState::InUse) => c.in_use += 1,
+                Some(GpuState::Leak) => c.leak += 1,
+                Some(GpuState::Unknown | GpuState::Error) | None => c.unknown += 1,
+            }
+        }
+        c
+    }
+}
+
+impl std::ops::Add for StateCounts {
+    type Output = StateCounts;
+    fn add(self, o: StateCounts) -> StateCounts {
+        StateCounts {
+            clean: self.clean + o.clean,
+            in_use: self.in_use + o.in_use,
+            leak: self.leak + o.leak,
+            unknown: self.unknown + o.unknown,
+        }
+    }
+}
+
+/// A reading as its host's ledger judged it: the one value every front end shows or publishes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Judged {
+    /// The reading, with its findings and each GPU's state filled in.
+    pub snap: HostSnapshot,
+    pub counts: StateCounts,
+    /// Findings of severity `leak`.
+    pub leaks: usize,
+    /// Every GPU read and clean (and at least one GPU).
+    pub all_clean: bool,
+    /// Moves only when what the host says changes, not with its time or gauges: readers that sent a reading
+    /// send it again only when this moved.
+    pub content: u64,
+    pub provenance: Provenance,
+}
+
+impl Judged {
+    fn of(snap: HostSnapshot, content: u64) -> Judged {
+        let counts = StateCounts::of(&snap);
+        Judged {
+            leaks: snap
+                .findings
+                .iter()
+                .filter(|f| f.severity == Severity::Leak)
+                .count(),
+            all_clean: !snap.gpus.is_empty() && counts.clean == snap.gpus.len(),
+            counts,
+            content,
+            provenance: Provenance::of(&snap),
+            snap,
+        }
+    }
+}
+
+/// What a reading amounts to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Judgement {
+    /// It says something new (or comes after a silence): the whole judged reading.
+    New(Box<Judged>),
+    /// It says what the last one said: only its time and gauges are new (no gauges: as before).
+    Same {
+        taken_at_ms: u64,
+        gauges: Vec<Gauges>,
+    },
+}
+
+#[derive(Debug)]
+pub struct Ledger {
+    label: String,
+    opts: AnalyzeOptions,
+    last: Option<Judged>,
+    content: u64,
+    /// The host went down or stale since its last reading: the next one is handed on whole, so whoever
+    /// counted the host unreadable gets a reading to count it again.
+    resend: bool,
+    down: bool,
+    /// Per GPU: the first signal since it was last clean that could free it (Unix ms).
+    signalled: HashMap<u32, u64>,
+    /// Per GPU: when the last of its holders died, since it was last clean.
+    exited: HashMap<u32, u64>,
+    /// The first signal since the host was last all clean that could free one of its GPUs.
+    first_signal: Option<u64>,
+}
+
+impl Ledger {
+    pub fn new(label: &str, opts: AnalyzeOptions) -> Ledger {
+        Ledger {
+            label: label.to_string(),
+            opts,
+            last: None,
+            content: 0,
+            resend: false,
+            down: false,
+            signalled: HashMap::new(),
+            exited: HashMap::new(),
+            first_signal: None,
+        }
+    }
+
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The last reading judged, kept fresh.
+    pub fn last(&self) -> Option<&Judged> {
+        self.last.as_ref()
+    }
+
+    fn event(&self, at_ms: u64, what: EventKind) -> Event {
+        Event {
+            at_ms,
+            host: self.label.clone(),
+            what,
+        }
+    }
+
+    /// Judge a new reading: what it amounts to, and the events since the last one.
+    pub fn reading(&mut self, mut snap: HostSnapshot) -> (Judgement, Vec<Event>) {
+        snap.host.clone_from(&self.label);
+        if !self.resend
+            && let Some(last) = &mut self.last
+            && last.snap.same_input(&snap)
+        {
+            let gauges = snap.gauges();
+            last.snap.refresh(snap.taken_at_ms, &gauges);
+            let taken_at_ms = last.snap.taken_at_ms;
+            return (
+                Judgement::Same {
+                    taken_at_ms,
+                    gauges,
+                },
+                Vec::new(),
+            );
+        }
+        let snap = analyzed(snap, &self.opts);
+        let changed = self
+            .last
+            .as_ref()
+            .is_none_or(|l| !l.snap.says_the_same(&snap));
+        if changed {
+            self.content += 1;
+        }
+        let judged = Judged::of(snap, self.content);
+        let events = self.events(&judged);
+        self.resend = false;
+        self.last = Some(judged.clone());
+        (Judgement::New(Box::new(judged)), events)
+    }
+
+    /// A reading that said the same as the last but for its time and gauges. After a silence it is handed
+    /// on whole; before any reading it says nothing.
+    pub fn fresh(
+        &mut self,
+        taken_at_ms: u64,
+        gauges: Vec<Gauges>,
+    ) -> Option<(Judgement, Vec<Event>)> {
+        let last = self.last.as_mut()?;
+        last.snap.refresh(taken_at_ms, &gauges);
+        if !self.resend {
+            return Some((
+                Judgement::Same {
+                    taken_at_ms,
+                    gauges,
+                },
+                Vec::new(),
+            ));
+        }
+        self.resend = false;
+        let whole = Box::new(last.clone());
+        let mut events = Vec::new();
+        if self.down {
+            self.down = false;
+            events.push(self.event(taken_at_ms, EventKind::HostUp { first: false }));
+        }
+        Some((Judgement::New(whole), events))
+    }
+
+    /// The events of a judged reading against the last, with the clocks of time to clean kept.
+    fn events(&mut self, judged: &Judged) -> Vec<Event> {
+        let next = &judged.snap;
+        let at = next.taken_at_ms;
+        let prev = self.last.as_ref().map(|l| &l.snap);
+        let mut out = Vec::new();
+        if prev.is_none() || self.down {
+            out.push(EventKind::HostUp {
+                first: prev.is_none(),
+            });
+            self.down = false;
+        }
+        if let Some(p) = prev {
+            // A GPU process's death is when it leaves /proc or turns zombie; NVML may list it a while longer.
+            for g in released_by_deaths(p, next) {
+                self.exited.insert(g, at);
+            }
+        }
+        for mut e in between(prev, next) {
+            if let EventKind::GpuClean {
+                gpu,
+                after_ms,
+                after_exit_ms,
+            } = &mut e
+            {
+                *after_ms = self.signalled.remove(gpu).map(|t| at.saturating_sub(t));
+                *after_exit_ms = self.exited.remove(gpu).map(|t| at.saturating_sub(t));
+            }
+            out.push(e);
+        }
+        // A GPU clean now starts its clocks afresh, whatever the events said.
+        for g in next
+            .gpus
+            .iter()
+            .filter(|g| g.state == Some(GpuState::Clean))
+        {
+            self.signalled.remove(&g.index);
+            self.exited.remove(&g.index);
+        }
+        if judged.all_clean
+            && let Some(t) = self.first_signal.take()
+        {
+            out.push(EventKind::AllClean {
+                scope: self.label.clone(),
+                after_ms: at.saturating_sub(t),
+            });
+        }
+        out.into_iter().map(|w| self.event(at, w)).collect()
+    }
+
+    /// The host's connection changed. Down (once, until a reading comes) is an event.
+    pub fn status(&mut self, status: &ConnStatus, now_ms: u64) -> Vec<Event> {
+        match status {
+            ConnStatus::Down(reason) => {
+                self.resend = true;
+                if self.down {
+                    return Vec::new();
+                }
+                self.down = true;
+                vec![self.event(
+                    now_ms,
+                    EventKind::HostDown {
+                        reason: reason.clone(),
+                    },
+                )]
+            }
+            ConnStatus::Stale { .. } => {
+                self.resend = true;
+                Vec::new()
+            }
+            ConnStatus::Up | ConnStatus::Connecting => Vec::new(),
+        }
+    }
+
+    /// An action is on its way to the host. A signal starts the clock of every GPU it could free (held or
+    /// listed by a target or a descendant of one, in the last reading), and is an event.
+    pub fn sent(&mut self, req: &ActionRequest, now_ms: u64) -> Vec<Event> {
+        let ActionRequest::Signal(r) = req else {
+            return Vec::new();
+        };
+        let pids: Vec<u32> = r.targets.iter().map(|t| t.pid).collect();
+        let gpus = self
+            .last
+            .as_ref()
+            .map(|l| gpus_of_targets(&l.snap, &pids))
+            .unwrap_or_default();
+        for g in &gpus {
+            self.signalled.entry(*g).or_insert(now_ms);
+        }
+        if !gpus.is_empty() {
+            self.first_signal.get_or_insert(now_ms);
+        }
+        vec![
+            self.event(
+                now_ms,
+                EventKind::SignalSent {
+                    signal: r.signal.name().to_string(),
+                    pids,
+                    what: r
+                        .purpose
+                        .map_or("signal", crate::core::action::Purpose::as_str)
+                        .to_string(),
+                },
+            ),
+        ]
+    }
+
+    /// What became of an action: one event per target or file.
+    pub fn answered(&self, answer: &ActionAnswer, now_ms: u64) -> Vec<Event> {
+        match answer {
+            ActionAnswer::Signal(outcomes) => outcomes
+                .iter()
+                .map(|o| {
+                    self.event(
+                        now_ms,
+                        EventKind::SignalFate {
+                            pid: o.pid,
+                            fate: o.describe(),
+                            ok: !o.failed(),
+                        },
+                    )
+                })
+                .collect(),
+            ActionAnswer::Remove(outcomes) => outcomes
+                .iter()
+                .map(|o| {
+                    self.event(
+                        now_ms,
+                        EventKind::ShmRemoved {
+                            name: o.name.clone(),
+                            result: o.describe(),
+                            ok: !o.failed(),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::action::Purpose;
+    use crate::core::model::{Gpu, Holder, ListedProcess, MIB, Memory, Proc};
+    use crate::core::signal::{Sig, SignalRequest, TargetInfo};
+
+    /// GPU 0 held by 42 (child of launcher 40) while `held`; 50 holds nothing.
+    fn reading(at: u64, held: bool) -> HostSnapshot {
+        let mut s = HostSnapshot {
+            host: "raw".into(),
+            taken_at_ms: at,
+            processes: vec![
+                Proc {
+                    pid: 40,
+                    ppid: 1,
+                    ..Default::default()
+                },
+                Proc {
+                    pid: 50,
+                    ppid: 1,
+                    ..Default::default()
+                },
+            ],
+            gpus: vec![Gpu {
+                index: 0,
+                memory: Memory {
+                    used: Some(0),
+                    total: Some(80 << 30),
+                    reserved: None,
+                },
+                utilization: Some(u32::try_from(at % 100).unwrap_or(0)),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        if held {
+            s.gpus[0].memory.used = Some(1024 * MIB);
+            s.gpus[0].processes.push(ListedProcess {
+                pid: 42,
+                used_bytes: Some(1024 * MIB),
+                ..Default::default()
+            });
+            s.holders.push(Holder {
+                pid: 42,
+                gpus: vec![0],
+                ..Default::default()
+            });
+            s.processes.push(Proc {
+                pid: 42,
+                ppid: 40,
+                start_time: 9,
+                ..Default::default()
+            });
+        }
+        s
+    }
+
+    fn kill(pid: u32) -> ActionRequest {
+        ActionRequest::Signal(SignalRequest {
+            targets: vec![TargetInfo {
+                pid,
+                start_time: 0,
+                cmdline: String::new(),
+                pidfs_ino: None,
+            }],
+            signal: Sig::Term,
+            grace_ms: None,
+            purpose: Some(Purpose::Sweep),
+        })
+    }
+
+    fn kinds(ev: &[Event]) -> Vec<&EventKind> {
+        ev.iter().map(|e| &e.what).collect()
+    }
+
+    #[test]
+    fn a_reading_is_judged_once_and_one_that_says_the_same_is_only_fresh() {
+        let mut l = Ledger::new("gpu-x", AnalyzeOptions::default());
+        let (j, ev) = l.reading(reading(1_000, true));
+        let Judgement::New(j) = j else {
+            panic!("{j:?}")
+        };
+        assert_eq!(j.snap.host, "gpu-x", "stamped with the fleet's label");
+        assert_eq!(j.snap.gpus[0].state, Some(GpuState::InUse));
+        assert_eq!(j.counts.in_use, 1);
+        assert!(!j.all_clean);
+        assert_eq!(kinds(&ev), [&EventKind::HostUp { first: true }]);
+        let (j2, ev) = l.reading(reading(2_001, true));
+        assert!(
+            matches!(&j2, Judgement::Same { taken_at_ms: 2_001, gauges } if gauges[0].utilization == Some(1)),
+            "{j2:?}"
+        );
+        assert!(ev.is_empty());
+        // Down, then the same reading again: handed on whole, and the host is back.
+        assert_eq!(l.status(&ConnStatus::Down("gone".into()), 2_500).len(), 1);
+        assert!(
+            l.status(&ConnStatus::Down("still".into()), 2_600)
+                .is_empty()
+        );
+        let (j3, ev) = l.reading(reading(3_000, true));
+        assert!(
+            matches!(&j3, Judgement::New(j) if j.content == j.content),
+            "{j3:?}"
+        );
+        assert_eq!(kinds(&ev), [&EventKind::HostUp { first: false }]);
+    }
+
+    #[test]
+    fn time_to_clean_counts_from_the_signal_that_could_free_the_gpu() {
+        let mut l = Ledger::new("gpu-x", AnalyzeOptions::default());
+        l.reading(reading(1_000, true));
+        // A process holding nothing is killed: no GPU's clock starts.
+        let ev = l.sent(&kill(50), 1_500);
+        assert!(matches!(
+            kinds(&ev)[..],
+            [EventKind::SignalSent { what, .. }] if what == "sweep"
+        ));
+        l.reading(reading(20_000, true));
+        // The launcher is: its worker's GPU is what it may free.
+        l.sent(&kill(40), 25_000);
+        let (_, ev) = l.reading(reading(25_100, false));
+        let clean: Vec<_> = kinds(&ev)
+            .into_iter()
+            .filter(|k| matches!(k, EventKind::GpuClean { .. } | EventKind::AllClean { .. }))
+            .cloned()
+            .collect();
+        assert_eq!(
+            clean,
+            [
+                EventKind::GpuClean {
+                    gpu: 0,
+                    after_ms: Some(100),
+                    after_exit_ms: Some(0)
+                },
+                EventKind::AllClean {
+                    scope: "gpu-x".into(),
+                    after_ms: 100
+                }
+            ]
+        );
+    }
+
+    #[test]
+    fn answers_are_events_and_a_fresh_reading_after_a_silence_goes_on_whole() {
+        use crate::core::signal::{Fate, Outcome};
+        let mut l = Ledger::new("gpu-x", AnalyzeOptions::default());
+        assert!(l.fresh(5, Vec::new()).is_none(), "nothing read yet");
+        l.reading(reading(1_000, false));
+        let ev = l.answered(
+            &ActionAnswer::Signal(vec![Outcome {
+                pid: 42,
+                start_time: 9,
+                cmdline: "w".into(),
+                fate: Fate::AlreadyGone,
+            }]),
+            1_100,
+        );
+        assert!(matches!(
+            kinds(&ev)[..],
+            [EventKind::SignalFate { ok: true, .. }]
+        ));
+        l.status(&ConnStatus::Stale { silent_ms: 3_000 }, 4_000);
+        let (j, _) = l.fresh(5_000, Vec::new()).expect("a reading");
+        assert!(
+            matches!(j, Judgement::New(ref j) if j.snap.taken_at_ms == 5_000),
+            "{j:?}"
+        );
+        let (j, _) = l.fresh(6_000, Vec::new()).expect("a reading");
+        assert!(matches!(j, Judgement::Same { .. }));
+    }
+}
