@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::io::Write;
 
 use super::common::{first_snapshots_each, runtime};
-use crate::analyze::{AnalyzeOptions, gpu_state};
+use crate::core::model::GpuState;
 use crate::core::format::{escape, fmt_bytes, fmt_gpus, fmt_opt, fmt_secs, truncate};
 use crate::core::model::{Gpu, HostSnapshot, Severity};
 use crate::core::trace;
@@ -27,7 +27,7 @@ pub fn run(s: &Settings, json: bool, gauges: bool) -> anyhow::Result<i32> {
                 printed = write!(
                     std::io::stdout().lock(),
                     "{}",
-                    render_table(snap, &s.fleet.analyze)
+                    render_table(snap)
                 );
             }
         };
@@ -59,7 +59,7 @@ fn age(snap: &HostSnapshot, started_at: Option<u64>) -> String {
 }
 
 /// The human table for one host.
-pub fn render_table(snap: &HostSnapshot, opts: &AnalyzeOptions) -> String {
+pub fn render_table(snap: &HostSnapshot) -> String {
     let mut o = String::new();
     if let Some(e) = &snap.error {
         let _ = write!(o, "== {}\n   ERROR: {}\n\n", escape(&snap.host), escape(e));
@@ -74,14 +74,14 @@ pub fn render_table(snap: &HostSnapshot, opts: &AnalyzeOptions) -> String {
     if let Some(e) = &snap.gpu_error {
         let _ = writeln!(o, "   GPUs: {}", escape(e));
     }
-    gpu_table(&mut o, snap, opts);
+    gpu_table(&mut o, snap);
     process_table(&mut o, snap);
     notes(&mut o, snap);
     findings(&mut o, snap);
     o
 }
 
-fn gpu_table(o: &mut String, snap: &HostSnapshot, opts: &AnalyzeOptions) {
+fn gpu_table(o: &mut String, snap: &HostSnapshot) {
     if snap.gpus.is_empty() {
         return;
     }
@@ -91,7 +91,7 @@ fn gpu_table(o: &mut String, snap: &HostSnapshot, opts: &AnalyzeOptions) {
         "GPU", "NAME", "USED / TOTAL", "RESERVED", "UTIL", "TEMP", "POWER", "CC", "STATE"
     );
     for g in &snap.gpus {
-        let st = gpu_state(snap, g, opts);
+        let st = g.state.unwrap_or(GpuState::Unknown);
         let _ = writeln!(
             o,
             "   {:<3} {:<26} {:>22} {:>8} {:>5} {:>5} {:>6} {:>4}  {:<8} {}",
