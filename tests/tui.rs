@@ -18,6 +18,8 @@ use gpusweep::source::demo::{DEMO_HOSTS, DemoClock, DemoHost};
 use gpusweep::source::{ConnStatus, HostCmd};
 use gpusweep::tui::app::{Action, App, Dialog, Effect, Panel, SweepScope};
 use gpusweep::tui::keymap::Keymap;
+use gpusweep::tui::modes::kill::Kill;
+use gpusweep::tui::modes::sweep::Sweep;
 use gpusweep::tui::run::mouse_action;
 use gpusweep::tui::view;
 use ratatui::Terminal;
@@ -190,7 +192,7 @@ fn screen_kill_dialog() {
     d.key(KeyCode::Tab);
     d.ch('K');
     assert!(
-        matches!(&d.app.dialog, Some(Dialog::Kill { target, signal: Sig::Term, .. }) if target.pid == 7306)
+        matches!(d.app.dialog(), Some(Dialog::Kill(k)) if k.target.pid == 7306 && k.signal == Sig::Term)
     );
     both("kill_dialog", &mut d);
     // The demo never passes for a real cluster: the mark is in the header and in the dialog, at any size.
@@ -202,11 +204,11 @@ fn screen_kill_dialog() {
     }
     d.key(KeyCode::Tab);
     assert!(matches!(
-        &d.app.dialog,
-        Some(Dialog::Kill {
+        d.app.dialog(),
+        Some(Dialog::Kill(Kill {
             signal: Sig::Kill,
             ..
-        })
+        }))
     ));
 }
 
@@ -215,19 +217,19 @@ fn screen_sweep_dialog_and_banner() {
     let mut d = gpu_b();
     d.ch('S');
     assert!(matches!(
-        &d.app.dialog,
-        Some(Dialog::Sweep {
+        d.app.dialog(),
+        Some(Dialog::Sweep(Sweep {
             scope: SweepScope::Gpu,
             ..
-        })
+        }))
     ));
     d.key(KeyCode::Tab);
-    match &d.app.dialog {
-        Some(Dialog::Sweep {
+    match d.app.dialog() {
+        Some(Dialog::Sweep(Sweep {
             scope: SweepScope::Host,
             plan,
             ..
-        }) => {
+        })) => {
             let pids: Vec<u32> = plan.items.iter().map(|i| i.pid).collect();
             assert_eq!(pids, vec![7306, 7391]);
         }
@@ -253,15 +255,15 @@ fn screen_sweep_dialog_and_banner() {
         1
     );
     d.run_effects(&eff);
-    assert!(d.app.rewatch.is_some());
+    assert!(d.app.rewatch().is_some());
     d.at(31_050);
     d.poll();
     both("rewatching", &mut d);
     d.at(31_100);
     let eff = d.poll();
-    assert!(d.app.rewatch.is_none());
+    assert!(d.app.rewatch().is_none());
     assert_eq!(
-        d.app.banner.as_deref(),
+        d.app.view.banner.as_deref(),
         Some("✓ gpu-b: all 8 GPUs read zero after 100 ms")
     );
     assert!(
@@ -315,18 +317,18 @@ fn screen_host_down_and_no_gpu() {
 #[test]
 fn reducer_protects_pid_1_and_explains_zombies() {
     let mut d = gpu_b();
-    d.app.sel.focus = Panel::Processes;
+    d.app.view.sel.focus = Panel::Processes;
     let zombie = d
         .app
         .process_rows()
         .iter()
         .position(|r| r.pid == 7350)
         .expect("zombie row");
-    d.app.sel.proc = zombie;
+    d.app.view.sel.proc = zombie;
     d.ch('K');
     // A zombie cannot be killed: the dialog offers its parent and says why.
-    match &d.app.dialog {
-        Some(Dialog::Kill { target, note, .. }) => {
+    match d.app.dialog() {
+        Some(Dialog::Kill(Kill { target, note, .. })) => {
             assert_eq!(target.pid, 7340);
             let n = note.as_deref().expect("a note");
             assert!(n.contains("7350 is a zombie") && n.contains("7340"), "{n}");
@@ -340,19 +342,19 @@ fn reducer_protects_pid_1_and_explains_zombies() {
         .iter()
         .position(|r| r.pid == 7307)
         .expect("ghost row");
-    d.app.sel.proc = ghost;
+    d.app.view.sel.proc = ghost;
     d.ch('K');
     // A dead PID is never signalled: the holder that keeps its memory alive is offered, by name.
-    match &d.app.dialog {
-        Some(Dialog::Kill { target, note, .. }) => {
+    match d.app.dialog() {
+        Some(Dialog::Kill(Kill { target, note, .. })) => {
             assert_eq!(target.pid, 7391);
             assert!(note.as_deref().is_some_and(|n| n.contains("7307 is gone")));
         }
         other => panic!("{other:?}"),
     }
     d.key(KeyCode::Esc);
-    d.app.hosts[1].protected = Protected::local(7391, []);
-    d.app.sel.proc = d
+    d.app.store.hosts[1].protected = Protected::local(7391, []);
+    d.app.view.sel.proc = d
         .app
         .process_rows()
         .iter()
@@ -361,6 +363,7 @@ fn reducer_protects_pid_1_and_explains_zombies() {
     d.ch('K');
     assert!(
         d.app
+            .view
             .status
             .as_ref()
             .expect("status")
@@ -405,7 +408,7 @@ fn reducer_kill_sends_the_confirmed_target_and_reports() {
             },
         }]),
     );
-    let (msg, _) = d.app.status.clone().expect("status");
+    let (msg, _) = d.app.view.status.clone().expect("status");
     assert!(msg.contains("refused: PID reused"), "{msg}");
 }
 
@@ -416,9 +419,9 @@ fn reducer_navigation_sort_quit_and_mouse() {
     d.ch('j');
     d.ch('j');
     d.ch('j');
-    assert_eq!(d.app.sel.host, 2, "selection stops at the last host");
+    assert_eq!(d.app.view.sel.host, 2, "selection stops at the last host");
     d.ch('k');
-    assert_eq!(d.app.sel.host, 1);
+    assert_eq!(d.app.view.sel.host, 1);
     let click = mouse_action(
         &d.app,
         &MouseEvent {
@@ -431,11 +434,11 @@ fn reducer_navigation_sort_quit_and_mouse() {
     .expect("a click on a panel is an action");
     d.app.update(click);
     assert_eq!(
-        d.app.sel.host, 0,
+        d.app.view.sel.host, 0,
         "a click on the first host row selects it"
     );
     d.ch('s');
-    assert_eq!(d.app.procs.sort.name(), "pid");
+    assert_eq!(d.app.view.procs.sort.name(), "pid");
     let eff = d.ch('w');
     for h in 0..3 {
         assert!(
@@ -450,11 +453,11 @@ fn reducer_navigation_sort_quit_and_mouse() {
             "{eff:?}"
         );
     }
-    assert!(d.app.rewatch.is_some());
+    assert!(d.app.rewatch().is_some());
     // Esc stops an endless re-watch too.
     let eff = d.key(KeyCode::Esc);
     assert!(
-        d.app.rewatch.is_none()
+        d.app.rewatch().is_none()
             && (0..3).all(|h| eff.contains(&Effect::Send(
                 HostId(h),
                 HostCmd::Interval(Duration::from_secs(1))
@@ -464,7 +467,7 @@ fn reducer_navigation_sort_quit_and_mouse() {
     d.ch('w');
     let eff = d.ch('w');
     assert!(
-        d.app.rewatch.is_none()
+        d.app.rewatch().is_none()
             && (0..3).all(|h| eff.contains(&Effect::Send(
                 HostId(h),
                 HostCmd::Interval(Duration::from_secs(1))
@@ -474,7 +477,7 @@ fn reducer_navigation_sort_quit_and_mouse() {
         KeyCode::Char('c'),
         KeyModifiers::CONTROL,
     )));
-    assert!(d.app.quit);
+    assert!(d.app.view.quit);
 }
 
 /// gpu-b swept and re-watched until its GPUs read zero, as the event loop would drive it.
@@ -501,6 +504,7 @@ fn screen_timeline_records_signals_fates_and_the_time_to_clean() {
     );
     let logged: Vec<String> = d
         .app
+        .store
         .timeline
         .iter()
         .map(gpusweep::core::event::Event::describe)
@@ -521,12 +525,12 @@ fn screen_timeline_records_signals_fates_and_the_time_to_clean() {
             .any(|e| matches!(e, Effect::Log(ev) if ev.describe().contains("all zero")))
     );
     d.ch('e');
-    assert!(d.app.timeline_open);
+    assert!(d.app.timeline_scroll().is_some());
     both("timeline", &mut d);
     d.ch('k');
-    assert_eq!(d.app.timeline_scroll, 1, "k scrolls back");
+    assert_eq!(d.app.timeline_scroll().unwrap_or(0), 1, "k scrolls back");
     d.key(KeyCode::Esc);
-    assert!(!d.app.timeline_open);
+    assert!(d.app.timeline_scroll().is_none());
 }
 
 #[test]
@@ -543,7 +547,7 @@ fn screen_the_banner_stays_at_40x10() {
 fn screen_chart_of_the_warm_up() {
     let mut d = Demo::new(90);
     d.ch('c');
-    assert!(d.app.chart_open);
+    assert!(d.app.view.chart_open);
     both("chart", &mut d);
     // With the GPU panel focused, only the selected GPU's line.
     d.key(KeyCode::Enter);
@@ -551,7 +555,7 @@ fn screen_chart_of_the_warm_up() {
     let s = d.screen(160, 48);
     assert!(s.contains("Memory of GPU 1 on gpu-a"), "{s}");
     d.ch('c');
-    assert!(!d.app.chart_open);
+    assert!(!d.app.view.chart_open);
 }
 
 #[test]
@@ -559,7 +563,7 @@ fn screen_finding_details_show_the_evidence() {
     let mut d = gpu_b();
     d.key(KeyCode::Tab);
     d.key(KeyCode::Tab);
-    assert_eq!(d.app.sel.focus, Panel::Findings);
+    assert_eq!(d.app.view.sel.focus, Panel::Findings);
     let ghost = d
         .app
         .snap()
@@ -568,9 +572,9 @@ fn screen_finding_details_show_the_evidence() {
         .iter()
         .position(|f| f.kind == gpusweep::core::model::FindingKind::Ghost)
         .expect("ghost finding");
-    d.app.sel.finding = ghost;
+    d.app.view.sel.finding = ghost;
     d.key(KeyCode::Enter);
-    assert!(matches!(d.app.dialog, Some(Dialog::Finding { .. })));
+    assert!(matches!(d.app.dialog(), Some(Dialog::Finding { .. })));
     both("finding_details", &mut d);
     let s = d.screen(160, 48);
     for want in [
@@ -584,14 +588,14 @@ fn screen_finding_details_show_the_evidence() {
     }
     // K from the details offers the holder the ghost stands for.
     d.ch('K');
-    assert!(matches!(&d.app.dialog, Some(Dialog::Kill { target, .. }) if target.pid == 7391));
+    assert!(matches!(d.app.dialog(), Some(Dialog::Kill(k)) if k.target.pid == 7391));
 }
 
 #[test]
 fn screen_shm_confirmation_then_no_leftovers() {
     let mut d = gpu_b();
     d.ch('D');
-    match &d.app.dialog {
+    match d.app.dialog() {
         Some(Dialog::Remove { files, .. }) => assert_eq!(files.len(), 3),
         other => panic!("{other:?}"),
     }
@@ -614,14 +618,16 @@ fn screen_shm_confirmation_then_no_leftovers() {
     );
     assert!(
         d.app
+            .store
             .timeline
             .iter()
             .any(|e| e.describe().contains("rm removed /dev/shm/nccl-7f3a2c"))
     );
     d.ch('D');
-    assert!(d.app.dialog.is_none());
+    assert!(d.app.dialog().is_none());
     assert!(
         d.app
+            .view
             .status
             .as_ref()
             .is_some_and(|(m, _)| m.contains("no /dev/shm leftovers"))
@@ -635,15 +641,16 @@ fn screen_readonly_hides_and_refuses_actions() {
     d.key(KeyCode::Tab);
     for c in ['K', 'S', 'D'] {
         let eff = d.ch(c);
-        assert!(d.app.dialog.is_none() && sent(&eff).is_empty(), "{c}");
+        assert!(d.app.dialog().is_none() && sent(&eff).is_empty(), "{c}");
         assert!(
             d.app
+                .view
                 .status
                 .as_ref()
                 .is_some_and(|(m, _)| m.starts_with("read-only"))
         );
     }
-    d.app.status = None;
+    d.app.view.status = None;
     both("readonly", &mut d);
     let s = d.screen(160, 48);
     assert!(
@@ -662,12 +669,12 @@ fn screen_kill_dialog_warns_about_a_benign_holder() {
         .iter()
         .position(|r| r.marks.contains(&gpusweep::core::model::Mark::Benign))
         .expect("benign row");
-    d.app.sel.proc = row;
+    d.app.view.sel.proc = row;
     d.ch('K');
     assert!(
-        matches!(&d.app.dialog, Some(Dialog::Kill { note: Some(n), .. }) if n.starts_with("benign")),
+        matches!(d.app.dialog(), Some(Dialog::Kill(Kill { note: Some(n), .. })) if n.starts_with("benign")),
         "{:?}",
-        d.app.dialog
+        d.app.dialog()
     );
     both("kill_benign", &mut d);
 }
@@ -702,7 +709,8 @@ fn reducer_a_silent_host_is_reported_after_the_connect_timeout() {
     let s = render(&app);
     assert!(s.contains("retrying"), "{s}");
     assert!(
-        app.timeline
+        app.store
+            .timeline
             .iter()
             .any(|e| e.describe().contains("host down"))
     );
@@ -712,16 +720,13 @@ fn reducer_a_silent_host_is_reported_after_the_connect_timeout() {
 fn reducer_w_on_an_opened_host_watches_that_host() {
     let mut d = gpu_b();
     d.ch('w');
-    assert_eq!(
-        d.app.rewatch.as_ref().map(|r| r.label.as_str()),
-        Some("gpu-b")
-    );
+    assert_eq!(d.app.rewatch().map(|r| r.label.as_str()), Some("gpu-b"));
     d.key(KeyCode::Esc);
     d.key(KeyCode::Esc);
-    assert_eq!(d.app.sel.focus, Panel::Hosts);
+    assert_eq!(d.app.view.sel.focus, Panel::Hosts);
     d.ch('w');
     assert_eq!(
-        d.app.rewatch.as_ref().map(|r| r.label.as_str()),
+        d.app.rewatch().map(|r| r.label.as_str()),
         Some("every host")
     );
 }
@@ -737,8 +742,8 @@ fn reducer_after_a_sweep_the_zombie_parent_and_d_leave_gpu_b_without_findings() 
     assert!(matches!(req, ActionRequest::Remove(_)), "{req:?}");
     let out = d.hosts[h.0].act(&req);
     d.answer(h, id, out);
-    d.app.sel.focus = Panel::Processes;
-    d.app.sel.proc = d
+    d.app.view.sel.focus = Panel::Processes;
+    d.app.view.sel.proc = d
         .app
         .process_rows()
         .iter()
@@ -768,15 +773,18 @@ fn a_watch_polls_fast_only_as_far_as_a_thousand_hosts_allow() {
 #[test]
 fn a_fresh_reading_moves_the_gauges_and_the_time_only() {
     let mut d = Demo::new(5);
-    let before = d.app.hosts[1].snap.clone().expect("gpu-b read");
+    let before = d.app.store.hosts[1].snap.clone().expect("gpu-b read");
     let mut gauges = before.gauges();
     gauges[0].utilization = Some(97);
     d.app
         .update(Action::Fresh(HostId(1), before.taken_at_ms + 700, gauges));
-    let after = d.app.hosts[1].snap.clone().expect("still there");
+    let after = d.app.store.hosts[1].snap.clone().expect("still there");
     assert_eq!(after.gpus[0].utilization, Some(97));
     assert_eq!(after.taken_at_ms, before.taken_at_ms + 700);
-    assert_eq!(d.app.hosts[1].last_seen_ms, Some(before.taken_at_ms + 700));
+    assert_eq!(
+        d.app.store.hosts[1].last_seen_ms,
+        Some(before.taken_at_ms + 700)
+    );
     assert!(after.says_the_same(&before), "only gauges and time moved");
     assert_eq!(after.findings, before.findings);
 }
@@ -786,7 +794,7 @@ fn the_header_counts_every_gpu_of_the_latest_readings() {
     let mut d = Demo::new(5);
     let recount = |app: &App| {
         let mut c = (0, 0, 0, 0);
-        for s in app.hosts.iter().filter_map(|h| h.snap.as_ref()) {
+        for s in app.store.hosts.iter().filter_map(|h| h.snap.as_ref()) {
             for g in &s.gpus {
                 match gpusweep::analyze::state::gpu_state(s, g, &app.cfg.analyze) {
                     GpuState::Clean => c.0 += 1,
@@ -802,7 +810,7 @@ fn the_header_counts_every_gpu_of_the_latest_readings() {
     assert_eq!(before, recount(&d.app));
     assert!(before.2 > 0, "the demo has leaks: {before:?}");
     // gpu-b swept clean: its leaking GPUs leave the count with its new reading.
-    let mut b = d.app.hosts[1].snap.clone().expect("gpu-b read");
+    let mut b = d.app.store.hosts[1].snap.clone().expect("gpu-b read");
     for g in &mut b.gpus {
         g.memory.used = Some(0);
         g.judged = None;
@@ -817,9 +825,9 @@ fn the_header_counts_every_gpu_of_the_latest_readings() {
 #[test]
 fn only_what_is_on_screen_asks_for_a_frame() {
     let mut d = Demo::new(5);
-    d.app.sel.host = 0;
-    let b = d.app.hosts[1].snap.clone().expect("gpu-b read");
-    let a = d.app.hosts[0].snap.clone().expect("first host read");
+    d.app.view.sel.host = 0;
+    let b = d.app.store.hosts[1].snap.clone().expect("gpu-b read");
+    let a = d.app.store.hosts[0].snap.clone().expect("first host read");
     let at = d.app.changes();
     d.app.update(Action::Tick(b.taken_at_ms + 1_000));
     d.app
@@ -846,7 +854,7 @@ fn only_what_is_on_screen_asks_for_a_frame() {
     d.app
         .update(Action::Fresh(HostId(1), b.taken_at_ms + 9_000, b.gauges()));
     assert_ne!(d.app.changes(), at, "a stale host fresh again");
-    assert_eq!(d.app.hosts[1].status, ConnStatus::Up);
+    assert_eq!(d.app.store.hosts[1].status, ConnStatus::Up);
     let at = d.app.changes();
     let mut b = b;
     b.gpus[0].memory.used = Some(1);
@@ -858,21 +866,24 @@ fn only_what_is_on_screen_asks_for_a_frame() {
 fn a_host_seen_through_prometheus_opens_live_and_refuses_kills_by_name() {
     let mut d = Demo::new(5);
     // gpu-b as Prometheus showed it: judged there, read-only here, with where its serve answers.
-    let mut snap = d.app.hosts[1].snap.clone().expect("gpu-b read");
+    let mut snap = d.app.store.hosts[1].snap.clone().expect("gpu-b read");
     snap.source = gpusweep::core::model::SourceKind::Prometheus;
     snap.live_url = Some("http://gpu-b:9401".into());
-    d.app.hosts[1].read_only = true;
+    d.app.store.hosts[1].read_only = true;
     d.feed(1, snap);
-    d.app.sel.focus = Panel::Hosts;
-    d.app.sel.host = 1;
+    d.app.view.sel.focus = Panel::Hosts;
+    d.app.view.sel.host = 1;
     for k in ['K', 'S', 'D'] {
         let eff = d.ch(k);
         assert!(
             eff.iter().all(|e| matches!(e, Effect::Log(_))),
             "{k}: {eff:?}"
         );
-        assert!(d.app.dialog.is_none(), "{k}: no dialog on a read-only host");
-        let (msg, _) = d.app.status.clone().expect("a reason");
+        assert!(
+            d.app.dialog().is_none(),
+            "{k}: no dialog on a read-only host"
+        );
+        let (msg, _) = d.app.view.status.clone().expect("a reason");
         assert!(
             msg.contains("read-only") && msg.contains("Enter"),
             "{k}: {msg}"
@@ -885,10 +896,13 @@ fn a_host_seen_through_prometheus_opens_live_and_refuses_kills_by_name() {
     );
     d.app
         .update(Action::Opened(HostId(1), "http://gpu-b:9401".into(), true));
-    assert!(matches!(d.app.hosts[1].status, ConnStatus::Connecting));
+    assert!(matches!(
+        d.app.store.hosts[1].status,
+        ConnStatus::Connecting
+    ));
     // A host read live from its agent is not read-only: Enter only opens it.
-    d.app.sel.focus = Panel::Hosts;
-    d.app.sel.host = 0;
+    d.app.view.sel.focus = Panel::Hosts;
+    d.app.view.sel.host = 0;
     let eff = d.key(KeyCode::Enter);
     assert!(
         !eff.iter().any(|e| matches!(e, Effect::OpenLive(..))),
@@ -900,8 +914,8 @@ fn a_host_seen_through_prometheus_opens_live_and_refuses_kills_by_name() {
 fn reducer_time_to_clean_counts_from_the_signal_that_freed_the_gpu_not_an_earlier_unrelated_one() {
     let mut d = gpu_b();
     // Kill the zombie's parent: it holds no GPU, so it frees nothing.
-    d.app.sel.focus = Panel::Processes;
-    d.app.sel.proc = d
+    d.app.view.sel.focus = Panel::Processes;
+    d.app.view.sel.proc = d
         .app
         .process_rows()
         .iter()
@@ -915,7 +929,7 @@ fn reducer_time_to_clean_counts_from_the_signal_that_freed_the_gpu_not_an_earlie
     // 25 s later, sweep gpu-b: its GPUs read clean 100 ms after the sweep's own signal.
     d.at(55_000);
     d.poll();
-    d.app.sel.focus = Panel::Gpus;
+    d.app.view.sel.focus = Panel::Gpus;
     d.ch('S');
     d.key(KeyCode::Tab);
     let eff = d.key(KeyCode::Enter);
@@ -927,6 +941,7 @@ fn reducer_time_to_clean_counts_from_the_signal_that_freed_the_gpu_not_an_earlie
     }
     let cleaned: Vec<(u32, Option<u64>)> = d
         .app
+        .store
         .timeline
         .iter()
         .filter_map(|e| match &e.what {

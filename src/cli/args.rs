@@ -23,7 +23,7 @@ fn dtype_arg(s: &str) -> Result<Dtype, String> {
     Dtype::parse(s).ok_or_else(|| format!("unknown dtype {s:?} (bf16, fp16, fp8, fp4, fp32)"))
 }
 
-fn tile_arg(s: &str) -> Result<Tile, String> {
+fn tile_arg(s: &str) -> Result<Tile, crate::core::smem::TileError> {
     Tile::parse(s)
 }
 

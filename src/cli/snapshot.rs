@@ -4,8 +4,8 @@ use std::fmt::Write as _;
 use std::io::Write;
 
 use super::common::{first_snapshots_each, runtime};
-use crate::core::model::GpuState;
 use crate::core::format::{escape, fmt_bytes, fmt_gpus, fmt_opt, fmt_secs, truncate};
+use crate::core::model::GpuState;
 use crate::core::model::{Gpu, HostSnapshot, Severity};
 use crate::core::trace;
 use crate::runtime::{Fleet, Settings};
@@ -24,11 +24,7 @@ pub fn run(s: &Settings, json: bool, gauges: bool) -> anyhow::Result<i32> {
         trace("main", "fleet started");
         let each = |snap: &HostSnapshot| {
             if !json && printed.is_ok() {
-                printed = write!(
-                    std::io::stdout().lock(),
-                    "{}",
-                    render_table(snap)
-                );
+                printed = write!(std::io::stdout().lock(), "{}", render_table(snap));
             }
         };
         anyhow::Ok(first_snapshots_each(&mut fleet, s.connect_timeout, each).await)

@@ -131,21 +131,31 @@ pub struct Tile {
     pub k: u64,
 }
 
+/// Why a tile could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TileError {
+    #[error("tile {0:?}: expected MxNxK, for example 128x256x64")]
+    Shape(String),
+    #[error("tile {tile:?}: {part:?} is not a size between 1 and 4096")]
+    Size { tile: String, part: String },
+}
+
 impl Tile {
     /// "128x256x128"
-    pub fn parse(s: &str) -> Result<Tile, String> {
+    pub fn parse(s: &str) -> Result<Tile, TileError> {
         let parts: Vec<&str> = s.split(['x', 'X', '*']).collect();
         let [m, n, k] = parts.as_slice() else {
-            return Err(format!(
-                "tile {s:?}: expected MxNxK, for example 128x256x64"
-            ));
+            return Err(TileError::Shape(s.to_string()));
         };
-        let num = |v: &str| -> Result<u64, String> {
+        let num = |v: &str| -> Result<u64, TileError> {
             v.trim()
                 .parse::<u64>()
                 .ok()
                 .filter(|&x| x > 0 && x <= 4096)
-                .ok_or_else(|| format!("tile {s:?}: {v:?} is not a size between 1 and 4096"))
+                .ok_or_else(|| TileError::Size {
+                    tile: s.to_string(),
+                    part: v.to_string(),
+                })
         };
         Ok(Tile {
             m: num(m)?,
@@ -347,7 +357,7 @@ mod tests {
 
     #[test]
     fn tile_parse_errors_are_clear() {
-        assert!(Tile::parse("128x256").unwrap_err().contains("MxNxK"));
+        assert!(Tile::parse("128x256").is_err_and(|e| e.to_string().contains("MxNxK")));
         assert!(Tile::parse("0x1x1").is_err());
         assert!(Tile::parse("axbxc").is_err());
         assert_eq!(

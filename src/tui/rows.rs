@@ -38,8 +38,6 @@ impl SortKey {
 pub struct ProcView {
     pub tree: bool,
     pub filter: String,
-    /// The filter is being typed.
-    pub editing: bool,
     pub sort: SortKey,
 }
 

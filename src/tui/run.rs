@@ -39,7 +39,7 @@ pub fn new_app(s: &Settings, labels: Vec<String>, specs: &[HostSpec]) -> anyhow:
     app.cfg.demo = s.demo;
     app.cfg.readonly = s.readonly;
     app.cfg.connect_timeout = s.connect_timeout;
-    for (h, spec) in app.hosts.iter_mut().zip(specs) {
+    for (h, spec) in app.store.hosts.iter_mut().zip(specs) {
         h.protected = protected_for(Some(spec));
         h.read_only = spec.read_only();
     }
@@ -96,7 +96,7 @@ fn apply(
 /// action. Rows start one line below a panel's top border (two where a header row follows).
 pub fn mouse_action(app: &App, m: &MouseEvent) -> Option<Action> {
     let areas = view::layout(
-        ratatui::layout::Rect::new(0, 0, app.size.0, app.size.1),
+        ratatui::layout::Rect::new(0, 0, app.view.size.0, app.view.size.1),
         app,
     );
     let inside = |r: ratatui::layout::Rect| {
@@ -169,7 +169,7 @@ pub fn run(s: &Settings) -> anyhow::Result<i32> {
         let specs: Vec<HostSpec> = fleet.ids().filter_map(|i| fleet.spec(i).cloned()).collect();
         let mut app = new_app(s, fleet.labels().to_vec(), &specs)?;
         if let Some(n) = note {
-            app.status = Some((n, crate::tui::app::Level::Info));
+            app.view.status = Some((n, crate::tui::app::Level::Info));
         }
         let mut terminal = ratatui::init();
         let prev = std::panic::take_hook();
@@ -227,7 +227,7 @@ async fn event_loop(
     let mut next_tick = Instant::now();
     let mut last_take = ago(DATA_FRAME);
     loop {
-        let gap = if data_only && app.rewatch.is_none() && !urgent {
+        let gap = if data_only && app.rewatch().is_none() && !urgent {
             DATA_FRAME
         } else {
             FRAME
@@ -244,7 +244,7 @@ async fn event_loop(
         // slots, where a newer one replaces an older one with no wake-up, so a thousand hosts cost the loop
         // ten wake-ups a second, not a thousand. A watch takes them as they come (its times need that).
         let hold_until =
-            Some(last_take + DATA_FRAME).filter(|t| app.rewatch.is_none() && *t > Instant::now());
+            Some(last_take + DATA_FRAME).filter(|t| app.rewatch().is_none() && *t > Instant::now());
         let hold = hold_until.is_some();
         // Up to the next frame to draw, or the end of the hold.
         let frame_wait = [dirty.then(|| last_draw + gap), hold_until]
@@ -282,7 +282,7 @@ async fn event_loop(
             },
             () = tokio::time::sleep(tick_wait) => {
                 effects = app.update(Action::Tick(now_ms()));
-                let period = if app.rewatch.is_some() { crate::runtime::FAST_POLL } else { Duration::from_secs(1) };
+                let period = if app.rewatch().is_some() { crate::runtime::FAST_POLL } else { Duration::from_secs(1) };
                 next_tick = Instant::now() + period;
                 dirty = true;
                 data_only = false;
@@ -293,7 +293,7 @@ async fn event_loop(
             _ = hup.recv() => return Ok(128 + libc::SIGHUP),
         }
         urgent |= apply(fleet, app, log, effects)?;
-        if app.quit {
+        if app.view.quit {
             return Ok(0);
         }
     }

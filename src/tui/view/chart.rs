@@ -34,10 +34,10 @@ fn gib(mib: f64) -> String {
 #[allow(clippy::too_many_lines)] // series, scale, axes: one chart top to bottom
 pub fn render(app: &App, f: &mut Frame, area: Rect) {
     let Some(h) = app.host() else { return };
-    let only = (app.sel.focus == Panel::Gpus)
+    let only = (app.view.sel.focus == Panel::Gpus)
         .then(|| {
             app.snap()
-                .and_then(|s| s.gpus.get(app.sel.gpu))
+                .and_then(|s| s.gpus.get(app.view.sel.gpu))
                 .map(|g| g.index)
         })
         .flatten();
@@ -53,7 +53,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect) {
         .filter(|g| only.is_none_or(|o| o == *g))
         .collect();
     indices.sort_unstable();
-    let now = app.now_ms;
+    let now = app.view.now_ms;
     let oldest = indices
         .iter()
         .filter_map(|g| h.history.get(g)?.front().map(|s| s.0))

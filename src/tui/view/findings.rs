@@ -11,7 +11,7 @@ use crate::core::model::Severity;
 use crate::tui::app::{App, Panel};
 
 pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
-    let focused = app.sel.focus == Panel::Findings;
+    let focused = app.view.sel.focus == Panel::Findings;
     let findings = app.snap().map_or(&[][..], |s| s.findings.as_slice());
     let block = panel(
         app,
@@ -36,7 +36,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     let two = !compact && inner.height as usize >= findings.len().min(4) * 2;
     let per = if two { 2 } else { 1 };
     let rows = ((inner.height as usize).saturating_sub(usize::from(!two)) / per).max(1);
-    let start = app.sel.finding.saturating_sub(rows.saturating_sub(1));
+    let start = app.view.sel.finding.saturating_sub(rows.saturating_sub(1));
     let mut lines = Vec::new();
     for (i, fd) in findings.iter().enumerate().skip(start).take(rows) {
         let (glyph, st) = match fd.severity {
@@ -44,7 +44,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
             Severity::Warning => ("~", fg(app, Color::Yellow)),
             Severity::Info => ("i", fg(app, Color::Blue)),
         };
-        let sel = focused && i == app.sel.finding;
+        let sel = focused && i == app.view.sel.finding;
         let head = format!("{glyph} {:<13} ", fd.kind.as_str());
         let mut l1 = Line::from(vec![
             Span::styled(head, st),

@@ -15,7 +15,7 @@ use crate::tui::app::{App, Panel};
 #[allow(clippy::too_many_lines)] // the table's columns, top to bottom
 pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     let Some(h) = app.host() else { return };
-    let focused = app.sel.focus == Panel::Gpus;
+    let focused = app.view.sel.focus == Panel::Gpus;
     let title = match &h.snap {
         Some(s) => {
             let drv = s
@@ -143,7 +143,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
                 fg(app, Color::Cyan),
             ))));
             let mut row = Row::new(cells);
-            if focused && i == app.sel.gpu {
+            if focused && i == app.view.sel.gpu {
                 row = row.style(selected(app));
             }
             row
@@ -152,6 +152,6 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     let table = Table::new(rows, widths)
         .header(Row::new(header).style(fg(app, Color::Gray).add_modifier(Modifier::BOLD)))
         .block(block);
-    let mut state = TableState::default().with_selected(focused.then_some(app.sel.gpu));
+    let mut state = TableState::default().with_selected(focused.then_some(app.view.sel.gpu));
     f.render_stateful_widget(table, area, &mut state);
 }

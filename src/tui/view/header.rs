@@ -32,24 +32,24 @@ fn title(app: &App) -> Span<'static> {
 pub fn render(app: &App, f: &mut Frame, area: Rect, banner: Rect) {
     let (clean, inuse, leak, unknown) = app.counts();
     let total = clean + inuse + leak + unknown;
-    let sweep = match app.last_sweep_ms {
+    let sweep = match app.view.last_sweep_ms {
         Some(t) => format!(
             "last sweep {} ago",
-            fmt_secs(app.now_ms.saturating_sub(t) / 1000)
+            fmt_secs(app.view.now_ms.saturating_sub(t) / 1000)
         ),
         None => "no sweep yet".into(),
     };
     if area.width < 100 {
-        let sweep = match app.last_sweep_ms {
+        let sweep = match app.view.last_sweep_ms {
             Some(t) => format!(
                 "swept {} ago",
-                fmt_secs(app.now_ms.saturating_sub(t) / 1000)
+                fmt_secs(app.view.now_ms.saturating_sub(t) / 1000)
             ),
             None => "no sweep".into(),
         };
         let line = Line::from(vec![
             title(app),
-            Span::raw(format!(" {}h {total} GPUs ", app.hosts.len())),
+            Span::raw(format!(" {}h {total} GPUs ", app.store.hosts.len())),
             Span::styled(format!("{clean}✓ "), fg(app, Color::Green)),
             Span::styled(format!("{inuse}● "), fg(app, Color::Cyan)),
             Span::styled(
@@ -90,8 +90,8 @@ fn render_wide(
         title(app),
         Span::raw(format!(
             " {} host{} │ {total} GPUs: ",
-            app.hosts.len(),
-            if app.hosts.len() == 1 { "" } else { "s" }
+            app.store.hosts.len(),
+            if app.store.hosts.len() == 1 { "" } else { "s" }
         )),
         Span::styled(format!("{clean} ✓ clean"), fg(app, Color::Green)),
         Span::raw("  "),
@@ -135,8 +135,8 @@ fn render_banner(app: &App, f: &mut Frame, banner: Rect) {
     if banner.height == 0 {
         return;
     }
-    let line = if let Some(rw) = &app.rewatch {
-        let elapsed = app.now_ms.saturating_sub(rw.watch.started_ms);
+    let line = if let Some(rw) = &app.rewatch() {
+        let elapsed = app.view.now_ms.saturating_sub(rw.watch.started_ms);
         let rem = rw.watch.remaining();
         let first = rem
             .first()
@@ -163,7 +163,7 @@ fn render_banner(app: &App, f: &mut Frame, banner: Rect) {
                 banner.width.saturating_sub(30) as usize,
             )),
         ])
-    } else if let Some(b) = &app.banner {
+    } else if let Some(b) = &app.view.banner {
         // Narrow: the verdict and its time before the scope's name.
         let room = banner.width.saturating_sub(2) as usize;
         let text = if b.chars().count() > room {

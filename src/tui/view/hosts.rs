@@ -32,13 +32,14 @@ pub fn cell(state: GpuState, used: Option<u64>, total: Option<u64>) -> char {
 
 #[allow(clippy::too_many_lines)] // the hosts strip: one row per host, its cells in order
 pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
-    let focused = app.sel.focus == Panel::Hosts;
+    let focused = app.view.sel.focus == Panel::Hosts;
     let block = panel(app, "Hosts", focused, compact);
     let inner = block.inner(area);
     f.render_widget(block, area);
     let rows = inner.height as usize;
-    let start = app.sel.host.saturating_sub(rows.saturating_sub(1));
+    let start = app.view.sel.host.saturating_sub(rows.saturating_sub(1));
     let name_w = app
+        .store
         .hosts
         .iter()
         .map(|h| h.label.chars().count())
@@ -46,8 +47,12 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
         .unwrap_or(4)
         .clamp(4, 24);
     let mut lines = Vec::new();
-    for (i, h) in app.hosts.iter().enumerate().skip(start).take(rows) {
-        let mut spans = vec![Span::raw(if i == app.sel.host { "▸ " } else { "  " })];
+    for (i, h) in app.store.hosts.iter().enumerate().skip(start).take(rows) {
+        let mut spans = vec![Span::raw(if i == app.view.sel.host {
+            "▸ "
+        } else {
+            "  "
+        })];
         spans.push(Span::raw(format!(
             "{:<name_w$} ",
             truncate(&h.label, name_w)
@@ -107,7 +112,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
             ConnStatus::Stale { silent_ms } => {
                 let age = h
                     .last_seen_ms
-                    .map_or(*silent_ms, |t| app.now_ms.saturating_sub(t));
+                    .map_or(*silent_ms, |t| app.view.now_ms.saturating_sub(t));
                 Span::styled(
                     format!("stale: no reading for {}", fmt_secs(age / 1000)),
                     fg(app, Color::Yellow),
@@ -119,7 +124,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
                     .map(|t| {
                         format!(
                             ", seen {} ago",
-                            fmt_secs(app.now_ms.saturating_sub(t) / 1000)
+                            fmt_secs(app.view.now_ms.saturating_sub(t) / 1000)
                         )
                     })
                     .unwrap_or_default();
@@ -131,7 +136,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
         };
         spans.push(conn);
         let mut line = Line::from(spans);
-        if i == app.sel.host && focused {
+        if i == app.view.sel.host && focused {
             line = line.style(selected(app));
         }
         lines.push(line);

@@ -9,8 +9,7 @@
 )]
 
 mod chart;
-mod details;
-mod dialog;
+mod dialogs;
 mod findings;
 mod gpus;
 mod header;
@@ -48,12 +47,12 @@ pub struct Areas {
 pub fn layout(area: Rect, app: &App) -> Areas {
     let compact = area.height < 30;
     let border = if compact { 1 } else { 2 };
-    let host_rows = app.hosts.len().clamp(1, if compact { 3 } else { 10 }) as u16;
+    let host_rows = app.store.hosts.len().clamp(1, if compact { 3 } else { 10 }) as u16;
     let gpu_rows = app
         .snap()
         .map_or(1, |s| s.gpus.len())
         .clamp(1, if compact { 8 } else { 16 }) as u16;
-    let banner = u16::from(app.banner.is_some() || app.rewatch.is_some());
+    let banner = u16::from(app.view.banner.is_some() || app.rewatch().is_some());
     // Header, banner and status line always get their row; the panels share what is left, so even at
     // 40x10 the all-zero banner is seen.
     let left = area.height.saturating_sub(2 + banner);
@@ -84,7 +83,7 @@ pub fn layout(area: Rect, app: &App) -> Areas {
     };
     if compact {
         // One bottom panel: findings when they have the focus, processes otherwise.
-        if app.sel.focus == Panel::Findings {
+        if app.view.sel.focus == Panel::Findings {
             a.findings = v[4];
         } else {
             a.procs = v[4];
@@ -107,13 +106,13 @@ pub fn render(app: &App, f: &mut Frame) {
     let a = layout(f.area(), app);
     header::render(app, f, a.header, a.banner);
     hosts::render(app, f, a.hosts, a.compact);
-    if app.timeline_open {
+    if app.timeline_scroll().is_some() {
         timeline::render(app, f, a.smem);
-    } else if app.smem_open {
+    } else if app.smem_editing().is_some() {
         smem::render(app, f, a.smem);
     } else {
         gpus::render(app, f, a.gpus, a.compact);
-        if a.procs.height > 0 && app.chart_open {
+        if a.procs.height > 0 && app.view.chart_open {
             chart::render(app, f, a.procs);
         } else if a.procs.height > 0 {
             processes::render(app, f, a.procs, a.compact);
@@ -123,7 +122,7 @@ pub fn render(app: &App, f: &mut Frame) {
         }
     }
     status_line(app, f, a.status);
-    dialog::render(app, f);
+    dialogs::render(app, f);
 }
 
 /// A style that honours NO_COLOR: without colour, emphasis stays (bold, reverse) and glyphs carry meaning.
@@ -209,13 +208,13 @@ pub fn sparkline(
 }
 
 fn status_line(app: &App, f: &mut Frame, area: Rect) {
-    let line = if app.procs.editing {
+    let line = if app.filter_editing() {
         Line::from(vec![
             Span::styled(" filter: ", fg(app, Color::Yellow)),
-            Span::raw(format!("{}▏", app.procs.filter)),
+            Span::raw(format!("{}▏", app.view.procs.filter)),
             Span::raw("  (Enter keep, Esc clear)"),
         ])
-    } else if let Some((msg, level)) = &app.status {
+    } else if let Some((msg, level)) = &app.view.status {
         let st = match level {
             Level::Info => fg(app, Color::White),
             Level::Good => fg(app, Color::Green),

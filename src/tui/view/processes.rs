@@ -31,24 +31,24 @@ fn mark_style(app: &App, marks: &[Mark]) -> Style {
 
 #[allow(clippy::too_many_lines)] // the table's columns, top to bottom
 pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
-    let focused = app.sel.focus == Panel::Processes;
+    let focused = app.view.sel.focus == Panel::Processes;
     let rows_data = app.process_rows();
     let mut title = format!(
         "Processes ({}) sort:{}",
         rows_data.len(),
-        app.procs.sort.name()
+        app.view.procs.sort.name()
     );
-    if app.procs.tree {
+    if app.view.procs.tree {
         title.push_str(" tree");
     }
-    if !app.procs.filter.is_empty() {
-        title.push_str(&format!(" filter:{}", app.procs.filter));
+    if !app.view.procs.filter.is_empty() {
+        title.push_str(&format!(" filter:{}", app.view.procs.filter));
     }
     let block = panel(app, &title, focused, compact);
     let wide = area.width >= 90;
     let now_s = app
         .snap()
-        .map_or(app.now_ms / 1000, |s| s.taken_at_ms / 1000);
+        .map_or(app.view.now_ms / 1000, |s| s.taken_at_ms / 1000);
     let mut widths = vec![Constraint::Length(7)];
     let mut header = vec!["PID"];
     if wide {
@@ -116,14 +116,14 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
                 )
                 .style(mark_style(app, &r.marks)),
             );
-            let indent = if app.procs.tree && r.depth > 0 {
+            let indent = if app.view.procs.tree && r.depth > 0 {
                 format!("{}└ ", "  ".repeat(r.depth - 1))
             } else {
                 String::new()
             };
             cells.push(Cell::from(format!("{indent}{}", r.cmd)));
             let mut row = Row::new(cells);
-            if focused && i == app.sel.proc {
+            if focused && i == app.view.sel.proc {
                 row = row.style(selected(app));
             }
             row
@@ -132,6 +132,6 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     let table = Table::new(rows, widths)
         .header(Row::new(header).style(fg(app, Color::Gray).add_modifier(Modifier::BOLD)))
         .block(block);
-    let mut state = TableState::default().with_selected(focused.then_some(app.sel.proc));
+    let mut state = TableState::default().with_selected(focused.then_some(app.view.sel.proc));
     f.render_stateful_widget(table, area, &mut state);
 }

@@ -18,13 +18,14 @@ pub fn render(app: &App, f: &mut Frame, area: Rect) {
     let [top, bottom] =
         Layout::vertical([Constraint::Percentage(60), Constraint::Percentage(40)]).areas(area);
     let form = &app.smem;
+    let editing = app.smem_editing() == Some(true);
     let tile = form.tile();
     let mut lines = vec![
         Line::from(vec![
             Span::raw(" tile "),
             Span::styled(
-                format!("[{}{}]", form.tile, if form.editing { "▏" } else { "" }),
-                if form.editing {
+                format!("[{}{}]", form.tile, if editing { "▏" } else { "" }),
+                if editing {
                     fg(app, Color::Yellow).add_modifier(Modifier::BOLD)
                 } else {
                     Style::default().add_modifier(Modifier::BOLD)
@@ -57,7 +58,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect) {
     )));
     // One row per compute capability, naming the GPUs (of every host) that have it.
     let mut ccs: Vec<(String, Vec<String>)> = Vec::new();
-    for h in &app.hosts {
+    for h in &app.store.hosts {
         let Some(s) = &h.snap else { continue };
         for g in &s.gpus {
             let Some(cc) = &g.compute_capability else {

@@ -39,9 +39,9 @@ fn style(app: &App, e: &Event) -> Style {
 pub fn render(app: &App, f: &mut Frame, area: Rect) {
     let title = format!(
         "Timeline ({} events, UTC){}  ↑↓ scroll  Esc close",
-        app.timeline.len(),
-        if app.timeline_scroll > 0 {
-            format!(", {} newer below", app.timeline_scroll)
+        app.store.timeline.len(),
+        if app.timeline_scroll().unwrap_or(0) > 0 {
+            format!(", {} newer below", app.timeline_scroll().unwrap_or(0))
         } else {
             String::new()
         }
@@ -49,22 +49,28 @@ pub fn render(app: &App, f: &mut Frame, area: Rect) {
     let block = panel(app, &title, true, false);
     let inner = block.inner(area);
     f.render_widget(block, area);
-    if app.timeline.is_empty() {
+    if app.store.timeline.is_empty() {
         f.render_widget(Paragraph::new("nothing has happened yet"), inner);
         return;
     }
     let rows = inner.height as usize;
     let host_w = app
+        .store
         .hosts
         .iter()
         .map(|h| h.label.chars().count())
         .max()
         .unwrap_or(4)
         .clamp(4, 16);
-    let end = app.timeline.len().saturating_sub(app.timeline_scroll);
+    let end = app
+        .store
+        .timeline
+        .len()
+        .saturating_sub(app.timeline_scroll().unwrap_or(0));
     let start = end.saturating_sub(rows);
     let w = inner.width as usize;
     let lines: Vec<Line> = app
+        .store
         .timeline
         .range(start..end)
         .map(|e| {

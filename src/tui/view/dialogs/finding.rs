@@ -8,13 +8,13 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph, Wrap};
 
-use super::fg;
+use super::super::fg;
 use crate::core::format::{escape, fmt_bytes, fmt_gpus, fmt_secs, truncate};
 use crate::core::model::{Finding, HostId, HostSnapshot, Severity};
 use crate::tui::app::{App, HostView};
 
 fn ago(app: &App, unix_ms: u64) -> String {
-    fmt_secs(app.now_ms.saturating_sub(unix_ms) / 1000)
+    fmt_secs(app.view.now_ms.saturating_sub(unix_ms) / 1000)
 }
 
 /// `7306 python3 → 7300 bash → 1 systemd`, as far as the reading knows the ancestry.
@@ -194,7 +194,7 @@ fn evidence(app: &App, h: &HostView, s: &HostSnapshot, fd: &Finding) -> Vec<Line
 
 pub fn render(app: &App, f: &mut Frame, host: HostId, fd: &Finding) {
     let area = f.area();
-    let Some(h) = app.hosts.get(host.0) else {
+    let Some(h) = app.store.hosts.get(host.0) else {
         return;
     };
     let w = area.width.min(110);

@@ -1,0 +1,34 @@
+//! The process filter being typed: characters are text; Enter keeps it, Esc clears it.
+
+use crossterm::event::{KeyCode, KeyEvent};
+
+use super::Mode;
+use crate::tui::app::{App, Effect};
+use crate::tui::keymap::{Cmd, Layer};
+
+/// The longest filter kept.
+const MAX_FILTER: usize = 64;
+
+pub fn key(app: &mut App, k: KeyEvent) -> Vec<Effect> {
+    let filter = &mut app.view.procs.filter;
+    match app.cfg.keymap.lookup_in(Layer::Edit, &k) {
+        Some(Cmd::Confirm) => {}
+        Some(Cmd::Cancel) => filter.clear(),
+        Some(Cmd::Quit) => app.view.quit = true,
+        Some(Cmd::Erase) => {
+            filter.pop();
+            app.mode = Mode::Filter;
+        }
+        _ => {
+            if let KeyCode::Char(c) = k.code
+                && filter.chars().count() < MAX_FILTER
+            {
+                filter.push(c);
+            }
+            app.mode = Mode::Filter;
+        }
+    }
+    app.view.sel.proc = 0;
+    app.rebuild_rows();
+    vec![]
+}

@@ -1,0 +1,86 @@
+//! The sweep dialog: the plan for the selected GPU, its host, or every host (Tab changes the scope), and
+//! the sweep it starts.
+
+use crossterm::event::KeyEvent;
+
+use super::{Dialog, Mode};
+use crate::analyze::plan::{Plan, plan};
+use crate::core::model::HostId;
+use crate::tui::app::{App, Effect, Panel};
+use crate::tui::keymap::{Cmd, Layer};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SweepScope {
+    Gpu,
+    Host,
+    Everything,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sweep {
+    pub scope: SweepScope,
+    pub host: HostId,
+    pub gpu: Option<u32>,
+    pub plan: Plan,
+}
+
+/// The plan for a scope, from the latest readings.
+pub fn plan_for(app: &App, scope: SweepScope, host: HostId, gpu: Option<u32>) -> Plan {
+    let mut all = Plan::default();
+    for (i, h) in app.store.hosts.iter().enumerate() {
+        if scope != SweepScope::Everything && i != host.0 {
+            continue;
+        }
+        let Some(s) = &h.snap else { continue };
+        let gpus = if scope == SweepScope::Gpu {
+            gpu.map(|g| vec![g])
+        } else {
+            None
+        };
+        all.extend(plan(HostId(i), s, gpus.as_deref(), &h.protected));
+    }
+    all
+}
+
+/// S: the selected GPU's plan from the GPU panel, else the host's.
+pub fn open(app: &mut App) {
+    let host = HostId(app.view.sel.host);
+    let gpu = app
+        .snap()
+        .and_then(|s| s.gpus.get(app.view.sel.gpu))
+        .map(|g| g.index);
+    let scope = match app.view.sel.focus {
+        Panel::Gpus if gpu.is_some() => SweepScope::Gpu,
+        _ => SweepScope::Host,
+    };
+    let plan = plan_for(app, scope, host, gpu);
+    app.mode = Mode::Dialog(Dialog::Sweep(Sweep {
+        scope,
+        host,
+        gpu,
+        plan,
+    }));
+}
+
+pub fn key(app: &mut App, d: Sweep, k: KeyEvent) -> Vec<Effect> {
+    let step = match app.cfg.keymap.lookup_in(Layer::Dialog, &k) {
+        Some(Cmd::Cancel) => return vec![],
+        Some(Cmd::Confirm) => return app.start_sweep(d.scope, d.host, d.gpu, &d.plan),
+        Some(Cmd::NextChoice) => 1,
+        Some(Cmd::PrevChoice) => 2,
+        _ => 0,
+    };
+    let order = [SweepScope::Gpu, SweepScope::Host, SweepScope::Everything];
+    let i = order.iter().position(|s| *s == d.scope).unwrap_or(1);
+    let mut scope = order[(i + step) % 3];
+    if scope == SweepScope::Gpu && d.gpu.is_none() {
+        scope = SweepScope::Host;
+    }
+    let plan = if scope == d.scope {
+        d.plan
+    } else {
+        plan_for(app, scope, d.host, d.gpu)
+    };
+    app.mode = Mode::Dialog(Dialog::Sweep(Sweep { scope, plan, ..d }));
+    vec![]
+}
