@@ -18,131 +18,195 @@ pub enum HostSpec {
     /// A local command whose stdio is an agent stream.
     Command { command: String },
     /// A `gpusweep serve` read over HTTP(S): `http(s)://node:port[/hosts/NAME]`. Read-only.
-    Http { url: String },
+    Http { url: HttpUrl },
     /// A fleet read from a Prometheus server's HTTP API: `prom:http://prometheus:9090[?SELECTOR]`. When the
     /// fleet starts it becomes one `PromHost` per host Prometheus knows.
-    Prom {
-        url: String,
-        selector: Option<String>,
-    },
+    Prom(PromSpec),
     /// One host of a `prom:` fleet: its `Hostname` (or `instance`) label, and the server it was read from.
-    PromHost { server: String, name: String },
+    PromHost { server: PromSpec, name: String },
     /// A `gpusweep serve` on this host, through its Unix socket: `unix:/run/gpusweep.sock`.
     Socket { path: String },
 }
 
-/// An `http(s)://host[:port][/path]` address, checked: no user, query or fragment, nothing a shell or a
-/// request line could misread.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HttpUrl {
-    pub tls: bool,
-    /// A name or an address; an IPv6 literal without its brackets.
-    pub host: String,
-    pub port: u16,
-    /// Empty, or starting with '/', without a trailing '/'.
-    pub path: String,
+/// Why a host spec cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("{0:?}: not an http:// or https:// address")]
+    NotHttp(String),
+    #[error("{0:?}: only scheme://host[:port][/path] (no user, query or fragment)")]
+    UrlExtras(String),
+    #[error("{spec:?}: {why}")]
+    BadUrl { spec: String, why: String },
+    #[error("{spec:?}: {host:?} is not a host name")]
+    BadHost { spec: String, host: String },
+    #[error("{spec:?}: bad port {port:?}")]
+    BadPort { spec: String, port: String },
+    #[error("{spec:?}: bad path {path:?}")]
+    BadPath { spec: String, path: String },
+    #[error("{0:?}: '[' without ']'")]
+    Bracket(String),
+    #[error("{0:?}: junk after ']'")]
+    AfterBracket(String),
+    #[error("{spec:?}: {user:?} is not a user name")]
+    BadUser { spec: String, user: String },
+    #[error("{0:?}: empty user before '@'")]
+    EmptyUser(String),
+    #[error("{spec:?}: {why}")]
+    Range { spec: String, why: String },
+    #[error("selector {selector:?}: {why}")]
+    Selector { selector: String, why: String },
+    #[error("{0:?}: the socket's path must be absolute")]
+    RelativeSocket(String),
+    #[error("cmd: needs a command")]
+    EmptyCommand,
+    #[error("no group {0:?} in the config file")]
+    NoGroup(String),
 }
 
+/// An `http(s)://host[:port][/path]` address, parsed by the `url` crate and checked: no user, query or
+/// fragment, and a host name of plain characters, so nothing a shell or a request line could misread.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HttpUrl(url::Url);
+
 impl HttpUrl {
-    pub fn parse(s: &str) -> Result<HttpUrl, String> {
-        let (tls, rest) = if let Some(r) = s.strip_prefix("https://") {
-            (true, r)
-        } else if let Some(r) = s.strip_prefix("http://") {
-            (false, r)
-        } else {
-            return Err(format!("{s:?}: not an http:// or https:// address"));
-        };
-        if rest.contains(['?', '#', '@'])
-            || rest.chars().any(|c| c.is_whitespace() || c.is_control())
-        {
-            return Err(format!(
-                "{s:?}: only scheme://host[:port][/path] (no user, query or fragment)"
-            ));
+    pub fn parse(s: &str) -> Result<HttpUrl, SpecError> {
+        if !(s.starts_with("http://") || s.starts_with("https://")) {
+            return Err(SpecError::NotHttp(s.to_string()));
         }
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
-            None => (rest, ""),
+        // Refused before parsing: the url crate would encode them, and they have no place in a serve's address.
+        if s.contains(['?', '#', '@']) || s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(SpecError::UrlExtras(s.to_string()));
+        }
+        let u = url::Url::parse(s).map_err(|e| SpecError::BadUrl {
+            spec: s.to_string(),
+            why: e.to_string(),
+        })?;
+        let bad_host = |host: &str| SpecError::BadHost {
+            spec: s.to_string(),
+            host: host.to_string(),
         };
+        match u.host() {
+            Some(url::Host::Domain(d)) => {
+                let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
+                if d.is_empty() || !d.chars().all(ok) || d.starts_with('-') {
+                    return Err(bad_host(d));
+                }
+            }
+            Some(url::Host::Ipv4(_) | url::Host::Ipv6(_)) => {}
+            None => return Err(bad_host("")),
+        }
+        let path = u.path();
         let path_ok =
             |c: char| c.is_ascii_alphanumeric() || matches!(c, '/' | '-' | '_' | '.' | '~' | '%');
         if !path.chars().all(path_ok) || path.contains("//") {
-            return Err(format!("{s:?}: bad path {path:?}"));
+            return Err(SpecError::BadPath {
+                spec: s.to_string(),
+                path: path.to_string(),
+            });
         }
-        let default_port = if tls { 443 } else { 80 };
-        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-            let (h, after) = v6
-                .split_once(']')
-                .ok_or_else(|| format!("{s:?}: '[' without ']'"))?;
-            let port = match after.strip_prefix(':') {
-                Some(p) => p
-                    .parse::<u16>()
-                    .map_err(|_| format!("{s:?}: bad port {p:?}"))?,
-                None if after.is_empty() => default_port,
-                None => return Err(format!("{s:?}: junk after ']'")),
-            };
-            if h.is_empty()
-                || !h
-                    .chars()
-                    .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
-            {
-                return Err(format!("{s:?}: {h:?} is not an IPv6 address"));
-            }
-            (h.to_string(), port)
-        } else {
-            let (h, port) = match authority.rsplit_once(':') {
-                Some((h, p)) => (
-                    h,
-                    p.parse::<u16>()
-                        .map_err(|_| format!("{s:?}: bad port {p:?}"))?,
-                ),
-                None => (authority, default_port),
-            };
-            let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
-            if h.is_empty() || !h.chars().all(ok) || h.starts_with('-') {
-                return Err(format!("{s:?}: {h:?} is not a host name"));
-            }
-            (h.to_string(), port)
-        };
-        Ok(HttpUrl {
-            tls,
-            host,
-            port,
-            path: path.to_string(),
-        })
+        Ok(HttpUrl(u))
+    }
+
+    pub fn tls(&self) -> bool {
+        self.0.scheme() == "https"
+    }
+
+    /// A name or an address; an IPv6 literal without its brackets.
+    pub fn host(&self) -> String {
+        match self.0.host() {
+            Some(url::Host::Ipv6(a)) => a.to_string(),
+            Some(h) => h.to_string(),
+            None => String::new(),
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.0
+            .port_or_known_default()
+            .unwrap_or(if self.tls() { 443 } else { 80 })
+    }
+
+    /// Empty, or starting with '/', without a trailing '/'.
+    pub fn path(&self) -> &str {
+        self.0.path().trim_end_matches('/')
     }
 
     /// `scheme://host:port`, brackets around an IPv6 literal.
     pub fn origin(&self) -> String {
-        let scheme = if self.tls { "https" } else { "http" };
-        if self.host.contains(':') {
-            format!("{scheme}://[{}]:{}", self.host, self.port)
+        let scheme = if self.tls() { "https" } else { "http" };
+        format!("{scheme}://{}", self.host_port())
+    }
+
+    fn host_port(&self) -> String {
+        let h = self.host();
+        if h.contains(':') {
+            format!("[{h}]:{}", self.port())
         } else {
-            format!("{scheme}://{}:{}", self.host, self.port)
+            format!("{h}:{}", self.port())
         }
     }
 
     /// The whole address, normalized (explicit port, no trailing '/').
     pub fn base(&self) -> String {
-        format!("{}{}", self.origin(), self.path)
+        format!("{}{}", self.origin(), self.path())
     }
 
     /// `host:port`, and the host's name under a serve's `/hosts/NAME` when the path names one.
     pub fn label(&self) -> String {
-        let hp = if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        };
-        match self.path.strip_prefix("/hosts/") {
+        let hp = self.host_port();
+        match self.path().strip_prefix("/hosts/") {
             Some(name) if !name.contains('/') => format!("{hp}/{name}"),
-            _ => format!("{hp}{}", self.path),
+            _ => format!("{hp}{}", self.path()),
+        }
+    }
+}
+
+impl std::fmt::Display for HttpUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.base())
+    }
+}
+
+/// PromQL label matchers (`job="gpu",cluster=~"a.*"`), checked by `parse_selector` to be only that, so they
+/// can be added to gpusweep's own queries.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Selector(String);
+
+impl Selector {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Selector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A Prometheus server and the selector that narrows it to the fleet.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PromSpec {
+    pub url: HttpUrl,
+    pub selector: Option<Selector>,
+}
+
+impl std::fmt::Display for PromSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.selector {
+            Some(sel) => write!(f, "prom:{}?{sel}", self.url),
+            None => write!(f, "prom:{}", self.url),
         }
     }
 }
 
 /// A `prom:` spec's selector: PromQL label matchers (`job="gpu",cluster=~"a.*"`, braces optional), checked to
 /// be only that, so it can be added to gpusweep's own queries.
-pub fn parse_selector(s: &str) -> Result<String, String> {
+pub fn parse_selector(s: &str) -> Result<Option<Selector>, SpecError> {
+    let bad = |why: String| SpecError::Selector {
+        selector: s.to_string(),
+        why,
+    };
     let inner = s
         .trim()
         .strip_prefix('{')
@@ -150,7 +214,7 @@ pub fn parse_selector(s: &str) -> Result<String, String> {
         .unwrap_or(s.trim())
         .trim();
     if inner.is_empty() {
-        return Ok(String::new());
+        return Ok(None);
     }
     // label op "value" (, label op "value")*
     let mut rest = inner;
@@ -161,18 +225,16 @@ pub fn parse_selector(s: &str) -> Result<String, String> {
             .unwrap_or(rest.len());
         let name = &rest[..name_len];
         if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
-            return Err(format!("selector {s:?}: expected a label name at {rest:?}"));
+            return Err(bad(format!("expected a label name at {rest:?}")));
         }
         rest = rest[name_len..].trim_start();
         let op = ["=~", "!~", "!=", "="]
             .into_iter()
             .find(|o| rest.starts_with(o))
-            .ok_or_else(|| format!("selector {s:?}: expected =, !=, =~ or !~ after {name}"))?;
+            .ok_or_else(|| bad(format!("expected =, !=, =~ or !~ after {name}")))?;
         rest = rest[op.len()..].trim_start();
         let Some(body) = rest.strip_prefix('"') else {
-            return Err(format!(
-                "selector {s:?}: the value of {name} must be in double quotes"
-            ));
+            return Err(bad(format!("the value of {name} must be in double quotes")));
         };
         let mut end = None;
         let mut escaped = false;
@@ -185,12 +247,12 @@ pub fn parse_selector(s: &str) -> Result<String, String> {
                     break;
                 }
                 c if c.is_control() => {
-                    return Err(format!("selector {s:?}: a control character in a value"));
+                    return Err(bad("a control character in a value".into()));
                 }
                 _ => {}
             }
         }
-        let end = end.ok_or_else(|| format!("selector {s:?}: unterminated value of {name}"))?;
+        let end = end.ok_or_else(|| bad(format!("unterminated value of {name}")))?;
         out.push(format!("{name}{op}\"{}\"", &body[..end]));
         rest = body[end + 1..].trim_start();
         if rest.is_empty() {
@@ -198,13 +260,13 @@ pub fn parse_selector(s: &str) -> Result<String, String> {
         }
         rest = rest
             .strip_prefix(',')
-            .ok_or_else(|| format!("selector {s:?}: expected ',' before {rest:?}"))?
+            .ok_or_else(|| bad(format!("expected ',' before {rest:?}")))?
             .trim_start();
         if rest.is_empty() {
             break;
         }
     }
-    Ok(out.join(","))
+    Ok(Some(Selector(out.join(","))))
 }
 
 impl HostSpec {
@@ -227,13 +289,8 @@ impl HostSpec {
                 s
             }
             HostSpec::Command { command } => format!("cmd:{command}"),
-            HostSpec::Http { url } => {
-                HttpUrl::parse(url).map_or_else(|_| url.clone(), |u| u.label())
-            }
-            HostSpec::Prom { url, selector } => match selector {
-                Some(sel) => format!("prom:{url}?{sel}"),
-                None => format!("prom:{url}"),
-            },
+            HostSpec::Http { url } => url.label(),
+            HostSpec::Prom(p) => p.to_string(),
             HostSpec::PromHost { name, .. } => name.clone(),
             HostSpec::Socket { path } => format!("unix:{path}"),
         }
@@ -243,7 +300,7 @@ impl HostSpec {
     pub fn as_typed(&self) -> String {
         match self {
             HostSpec::Local => "local".into(),
-            HostSpec::Http { url } => url.clone(),
+            HostSpec::Http { url } => url.base(),
             other => other.label(),
         }
     }
@@ -256,7 +313,7 @@ impl HostSpec {
             HostSpec::Demo(_) => SourceKind::Demo,
             HostSpec::Ssh { .. } | HostSpec::Command { .. } => SourceKind::Agent,
             HostSpec::Http { .. } => SourceKind::Http,
-            HostSpec::Prom { .. } | HostSpec::PromHost { .. } => SourceKind::Prometheus,
+            HostSpec::Prom(_) | HostSpec::PromHost { .. } => SourceKind::Prometheus,
             HostSpec::Socket { .. } => SourceKind::Serve,
         }
     }
@@ -265,7 +322,7 @@ impl HostSpec {
     pub fn read_only(&self) -> bool {
         matches!(
             self,
-            HostSpec::Http { .. } | HostSpec::Prom { .. } | HostSpec::PromHost { .. }
+            HostSpec::Http { .. } | HostSpec::Prom(_) | HostSpec::PromHost { .. }
         )
     }
 
@@ -329,14 +386,18 @@ fn split_top(s: &str) -> Vec<String> {
 pub const MAX_EXPANSION: usize = 10_000;
 
 /// Expand the first bracket range, recursively: `node[01-03]` -> node01 node02 node03 (width kept).
-pub fn expand(s: &str) -> Result<Vec<String>, String> {
+pub fn expand(s: &str) -> Result<Vec<String>, SpecError> {
+    let range = |why: String| SpecError::Range {
+        spec: s.to_string(),
+        why,
+    };
     let Some(open) = s.find('[') else {
         return Ok(vec![s.to_string()]);
     };
     let close = s[open..]
         .find(']')
         .map(|i| open + i)
-        .ok_or_else(|| format!("{s:?}: '[' without ']'"))?;
+        .ok_or_else(|| SpecError::Bracket(s.to_string()))?;
     let (pre, body, post) = (&s[..open], &s[open + 1..close], &s[close + 1..]);
     let mut items: Vec<String> = Vec::new();
     for part in body.split(',') {
@@ -344,28 +405,28 @@ pub fn expand(s: &str) -> Result<Vec<String>, String> {
         if let Some((a, b)) = part.split_once('-') {
             if let (Ok(x), Ok(y)) = (a.parse::<u64>(), b.parse::<u64>()) {
                 if y < x {
-                    return Err(format!("{s:?}: range {part} runs backwards"));
+                    return Err(range(format!("range {part} runs backwards")));
                 }
                 if y - x >= MAX_EXPANSION as u64 {
-                    return Err(format!(
-                        "{s:?}: range {part} is larger than {MAX_EXPANSION} hosts"
-                    ));
+                    return Err(range(format!(
+                        "range {part} is larger than {MAX_EXPANSION} hosts"
+                    )));
                 }
                 let width = if a.starts_with('0') { a.len() } else { 0 };
                 items.extend((x..=y).map(|n| format!("{n:0width$}")));
             } else if a.len() == 1 && b.len() == 1 && a.is_ascii() && b.is_ascii() {
                 let (x, y) = (a.as_bytes()[0], b.as_bytes()[0]);
                 if !(x.is_ascii_alphanumeric() && y.is_ascii_alphanumeric()) || y < x {
-                    return Err(format!("{s:?}: bad range {part}"));
+                    return Err(range(format!("bad range {part}")));
                 }
                 items.extend((x..=y).map(|c| (c as char).to_string()));
             } else {
-                return Err(format!("{s:?}: bad range {part} (use 01-16 or a-c)"));
+                return Err(range(format!("bad range {part} (use 01-16 or a-c)")));
             }
         } else if !part.is_empty() {
             items.push(part.to_string());
         } else {
-            return Err(format!("{s:?}: empty item in brackets"));
+            return Err(range("empty item in brackets".into()));
         }
     }
     let mut out = Vec::new();
@@ -373,7 +434,7 @@ pub fn expand(s: &str) -> Result<Vec<String>, String> {
         for rest in expand(post)? {
             out.push(format!("{pre}{it}{rest}"));
             if out.len() > MAX_EXPANSION {
-                return Err(format!("{s:?} expands to more than {MAX_EXPANSION} hosts"));
+                return Err(range(format!("expands to more than {MAX_EXPANSION} hosts")));
             }
         }
     }
@@ -381,42 +442,43 @@ pub fn expand(s: &str) -> Result<Vec<String>, String> {
 }
 
 /// `[user@]host[:port]`, with `[v6addr]:port` for IPv6 literals.
-pub fn parse_one(s: &str) -> Result<HostSpec, String> {
+pub fn parse_one(s: &str) -> Result<HostSpec, SpecError> {
+    let bad_port = |p: &str| SpecError::BadPort {
+        spec: s.to_string(),
+        port: p.to_string(),
+    };
     if s == "local" {
         return Ok(HostSpec::Local);
     }
     let (user, rest) = match s.rsplit_once('@') {
         Some((u, r)) if !u.is_empty() => (Some(u.to_string()), r),
-        Some(_) => return Err(format!("{s:?}: empty user before '@'")),
+        Some(_) => return Err(SpecError::EmptyUser(s.to_string())),
         None => (None, s),
     };
     let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
         let (h, after) = v6
             .split_once(']')
-            .ok_or_else(|| format!("{s:?}: '[' without ']'"))?;
+            .ok_or_else(|| SpecError::Bracket(s.to_string()))?;
         let port = match after.strip_prefix(':') {
-            Some(p) => Some(
-                p.parse::<u16>()
-                    .map_err(|_| format!("{s:?}: bad port {p:?}"))?,
-            ),
+            Some(p) => Some(p.parse::<u16>().map_err(|_| bad_port(p))?),
             None if after.is_empty() => None,
-            None => return Err(format!("{s:?}: junk after ']'")),
+            None => return Err(SpecError::AfterBracket(s.to_string())),
         };
         (h.to_string(), port)
     } else if let Some((h, p)) = rest.rsplit_once(':') {
         (
             h.to_string(),
-            Some(
-                p.parse::<u16>()
-                    .map_err(|_| format!("{s:?}: bad port {p:?}"))?,
-            ),
+            Some(p.parse::<u16>().map_err(|_| bad_port(p))?),
         )
     } else {
         (rest.to_string(), None)
     };
     let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '%');
     if host.is_empty() || !host.chars().all(ok) || host.starts_with('-') {
-        return Err(format!("{s:?}: {host:?} is not a host name"));
+        return Err(SpecError::BadHost {
+            spec: s.to_string(),
+            host,
+        });
     }
     if let Some(u) = &user
         && (!u
@@ -424,7 +486,10 @@ pub fn parse_one(s: &str) -> Result<HostSpec, String> {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
             || u.starts_with('-'))
     {
-        return Err(format!("{s:?}: {u:?} is not a user name"));
+        return Err(SpecError::BadUser {
+            spec: s.to_string(),
+            user: u.clone(),
+        });
     }
     Ok(HostSpec::Ssh { user, host, port })
 }
@@ -433,7 +498,7 @@ pub fn parse_one(s: &str) -> Result<HostSpec, String> {
 pub fn parse_specs(
     values: &[String],
     groups: &BTreeMap<String, Vec<String>>,
-) -> Result<Vec<HostSpec>, String> {
+) -> Result<Vec<HostSpec>, SpecError> {
     let mut out: Vec<HostSpec> = Vec::new();
     let push = |h: HostSpec, out: &mut Vec<HostSpec>| {
         if !out.contains(&h) {
@@ -444,17 +509,17 @@ pub fn parse_specs(
         let v = v.trim();
         // A Prometheus address and its selector are taken whole: the selector's commas are its own.
         if let Some(rest) = v.strip_prefix("prom:") {
-            let (url, sel) = match rest.split_once('?') {
-                Some((u, s)) => (u, Some(parse_selector(s)?).filter(|s| !s.is_empty())),
+            let (url, selector) = match rest.split_once('?') {
+                Some((u, s)) => (u, parse_selector(s)?),
                 None => (rest, None),
             };
-            let url = HttpUrl::parse(url).map_err(|e| format!("prom:{e}"))?.base();
-            push(HostSpec::Prom { url, selector: sel }, &mut out);
+            let url = HttpUrl::parse(url)?;
+            push(HostSpec::Prom(PromSpec { url, selector }), &mut out);
             continue;
         }
         if let Some(path) = v.strip_prefix("unix:") {
             if !path.starts_with('/') {
-                return Err(format!("{v:?}: the socket's path must be absolute"));
+                return Err(SpecError::RelativeSocket(v.to_string()));
             }
             push(
                 HostSpec::Socket {
@@ -467,7 +532,7 @@ pub fn parse_specs(
         if let Some(cmd) = v.strip_prefix("cmd:") {
             // A command is taken whole: its commas are its own.
             if cmd.trim().is_empty() {
-                return Err("cmd: needs a command".into());
+                return Err(SpecError::EmptyCommand);
             }
             push(
                 HostSpec::Command {
@@ -486,7 +551,7 @@ pub fn parse_specs(
                 continue;
             }
             if item.starts_with('@') {
-                return Err(format!("no group {name:?} in the config file"));
+                return Err(SpecError::NoGroup(name.to_string()));
             }
             if item.starts_with("http://") || item.starts_with("https://") {
                 // Ranges expand (http://node[01-16]:9401); an IPv6 literal's brackets are not a range.
@@ -499,7 +564,7 @@ pub fn parse_specs(
                     expand(&item)?
                 };
                 for e in each {
-                    let url = HttpUrl::parse(&e)?.base();
+                    let url = HttpUrl::parse(&e)?;
                     push(HostSpec::Http { url }, &mut out);
                 }
                 continue;
@@ -649,7 +714,7 @@ mod tests {
         assert_eq!(
             v[2],
             HostSpec::Http {
-                url: "https://[::1]:9443/hosts/gpu-a".into()
+                url: HttpUrl::parse("https://[::1]:9443/hosts/gpu-a").expect("url")
             }
         );
         assert!(v[0].read_only() && v[3].read_only() && !v[4].read_only());
@@ -680,8 +745,21 @@ mod tests {
             );
         }
         assert_eq!(
-            parse_selector(r#" { a = "x\"y" , b!~"z" } "#).expect("ok"),
-            r#"a="x\"y",b!~"z""#
+            parse_selector(r#" { a = "x\"y" , b!~"z" } "#)
+                .expect("ok")
+                .map(|s| s.to_string()),
+            Some(r#"a="x\"y",b!~"z""#.to_string())
+        );
+        assert_eq!(parse_selector(" {} ").expect("ok"), None);
+        let u = HttpUrl::parse("http://[::1]:9401/hosts/gpu-b/").expect("v6");
+        assert_eq!(
+            (u.host(), u.port(), u.path()),
+            ("::1".into(), 9401, "/hosts/gpu-b")
+        );
+        assert_eq!(u.label(), "[::1]:9401/gpu-b");
+        assert_eq!(
+            HttpUrl::parse("https://n").expect("ok").base(),
+            "https://n:443"
         );
     }
 

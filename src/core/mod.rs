@@ -15,6 +15,7 @@ pub mod protocol;
 pub mod removal;
 pub mod signal;
 pub mod smem;
+pub mod sse;
 pub mod trace;
 
 pub use trace::trace;

@@ -227,6 +227,17 @@ pub struct Fleet {
     events: mpsc::UnboundedReceiver<Wire>,
 }
 
+/// Why a host seen through Prometheus could not be opened live.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpenLiveError {
+    #[error("no such host")]
+    NoSuchHost,
+    #[error("{0}")]
+    Spec(#[from] crate::core::host::SpecError),
+    #[error("no HTTP client in this fleet")]
+    NoHttpClient,
+}
+
 /// The hosts of one Prometheus server, gathered to be polled together, and their command channel.
 type PromGroup = (
     mpsc::Sender<PromCmd>,
@@ -239,13 +250,9 @@ type PromGroup = (
 async fn expand(specs: &[HostSpec], http: Option<&HttpClient>, timeout: Duration) -> Vec<HostSpec> {
     let mut out = Vec::new();
     for spec in specs {
-        let HostSpec::Prom { url, selector } = spec else {
+        let HostSpec::Prom(server) = spec else {
             out.push(spec.clone());
             continue;
-        };
-        let server = PromServer {
-            url: url.clone(),
-            selector: selector.clone(),
         };
         let found = match http {
             Some(h) => tokio::time::timeout(timeout, server.discover(h)).await.ok(),
@@ -254,7 +261,7 @@ async fn expand(specs: &[HostSpec], http: Option<&HttpClient>, timeout: Duration
         match found {
             Some(Ok(names)) if !names.is_empty() => {
                 out.extend(names.into_iter().map(|name| HostSpec::PromHost {
-                    server: spec.as_typed(),
+                    server: server.clone(),
                     name,
                 }));
             }
@@ -328,7 +335,7 @@ impl Fleet {
     ) -> Result<Fleet, crate::source::SourceError> {
         let needs_http = specs
             .iter()
-            .any(|s| matches!(s, HostSpec::Http { .. } | HostSpec::Prom { .. }));
+            .any(|s| matches!(s, HostSpec::Http { .. } | HostSpec::Prom(_)));
         let http = if needs_http {
             Some(
                 opts.http
@@ -354,7 +361,7 @@ impl Fleet {
         let mut ledgers = Vec::new();
         let mut detached = Vec::new();
         // Hosts of each Prometheus server, gathered to be polled together.
-        let mut proms: BTreeMap<String, PromGroup> = BTreeMap::new();
+        let mut proms: BTreeMap<PromServer, PromGroup> = BTreeMap::new();
         for (i, (spec, label)) in specs.iter().zip(&labels).enumerate() {
             let slot: Slot = Arc::default();
             slots.push(slot.clone());
@@ -425,21 +432,15 @@ impl Fleet {
                 | HostSpec::Command { .. }
                 | HostSpec::Http { .. }
                 | HostSpec::Socket { .. }
-                | HostSpec::Prom { .. } => remote_task(spec.clone(), sink),
+                | HostSpec::Prom(_) => remote_task(spec.clone(), sink),
             };
             detached.push(detach);
             handles.push(handle);
         }
         for (server, (_, rx, hosts)) in proms {
-            let (Some(http), Some(HostSpec::Prom { url, selector })) = (
-                http.clone(),
-                crate::core::host::parse_specs(&[server], &BTreeMap::new())
-                    .ok()
-                    .and_then(|v| v.into_iter().next()),
-            ) else {
+            let Some(http) = http.clone() else {
                 continue;
             };
-            let server = PromServer { url, selector };
             tokio::spawn(crate::source::remote::prom::run(
                 server,
                 http,
@@ -465,20 +466,20 @@ impl Fleet {
 
     /// Read a host live that was seen through Prometheus: through its serve (`http(s)://...`) or over SSH
     /// (`ssh://name`), in place of its Prometheus summary. Must be called inside the fleet's runtime.
-    pub fn open_live(&mut self, host: HostId, url: &str) -> Result<HostSpec, String> {
+    pub fn open_live(&mut self, host: HostId, url: &str) -> Result<HostSpec, OpenLiveError> {
         let i = host.0;
         if i >= self.handles.len() {
-            return Err("no such host".into());
+            return Err(OpenLiveError::NoSuchHost);
         }
         let spec = match url.strip_prefix("ssh://") {
             Some(name) => crate::core::host::parse_one(name)?,
             None => HostSpec::Http {
-                url: crate::core::host::HttpUrl::parse(url)?.base(),
+                url: crate::core::host::HttpUrl::parse(url)?,
             },
         };
         // Hosts seen through Prometheus came with an HTTP client: their serves use the same one.
         if matches!(spec, HostSpec::Http { .. }) && self.remote.http.is_none() {
-            return Err("no HTTP client in this fleet".into());
+            return Err(OpenLiveError::NoHttpClient);
         }
         if let Some(Some(flag)) = self.detached.get(i) {
             flag.store(true, Ordering::SeqCst);

@@ -74,7 +74,9 @@ pub enum SettingsError {
     #[error("--hostfile {path}: {why}")]
     Hostfile { path: String, why: String },
     #[error("--hosts: {0}")]
-    Hosts(String),
+    Hosts(#[from] host::SpecError),
+    #[error("--demo has hosts {known} (and more of each: gpu-b[0001-1000]); there is no {name:?}")]
+    NoDemoHost { known: String, name: String },
     #[error("--interval: {0}")]
     Interval(String),
     #[error("no hosts to watch")]
@@ -142,12 +144,12 @@ fn demo_specs(values: &[String]) -> Result<Vec<HostSpec>, SettingsError> {
     }
     let mut v = Vec::new();
     for item in values.iter().flat_map(|h| h.split(',')) {
-        for name in host::expand(item.trim()).map_err(SettingsError::Hosts)? {
+        for name in host::expand(item.trim())? {
             if !DemoHost::is_demo_name(&name) {
-                return Err(SettingsError::Hosts(format!(
-                    "--demo has hosts {} (and more of each: gpu-b[0001-1000]); there is no {name:?}",
-                    DEMO_HOSTS.join(", ")
-                )));
+                return Err(SettingsError::NoDemoHost {
+                    known: DEMO_HOSTS.join(", "),
+                    name,
+                });
             }
             v.push(HostSpec::Demo(name));
         }
@@ -175,7 +177,7 @@ fn specs(o: &Overrides, config: &Config) -> Result<(Vec<HostSpec>, bool), Settin
     if values.is_empty() {
         return Ok((vec![HostSpec::Local], false));
     }
-    let specs = host::parse_specs(&values, &config.groups).map_err(SettingsError::Hosts)?;
+    let specs = host::parse_specs(&values, &config.groups)?;
     Ok((specs, true))
 }
 

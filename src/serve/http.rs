@@ -30,6 +30,7 @@ use crate::core::format::fmt_ms;
 use crate::core::model::now_ms;
 use crate::core::parse::parse_duration;
 use crate::core::protocol::PROTOCOL;
+use crate::core::sse;
 use crate::source::ConnStatus;
 
 /// The fastest polling an HTTP client may ask for: a remote reader must not be able to load the node.
@@ -294,32 +295,41 @@ fn events(web: Web, hosts: &[usize], q: &EventsQuery) -> Response {
         .into_response()
 }
 
+fn event(kind: sse::Kind, data: &impl serde::Serialize) -> SseEvent {
+    SseEvent::default()
+        .event(kind.as_str())
+        .data(serde_json::to_string(data).unwrap_or_default())
+}
+
 fn hello(shared: &Shared, hosts: &[usize]) -> SseEvent {
-    let names: Vec<&str> = hosts
-        .iter()
-        .filter_map(|&i| shared.hosts.get(i).map(|h| h.label.as_str()))
-        .collect();
-    let data = serde_json::json!({
-        "protocol": PROTOCOL,
-        "version": env!("CARGO_PKG_VERSION"),
-        "hosts": names,
-        "interval_ms": u64::try_from(shared.interval.as_millis()).unwrap_or(u64::MAX),
-    });
-    SseEvent::default().event("hello").data(data.to_string())
+    let hello = sse::Hello {
+        protocol: PROTOCOL,
+        version: env!("CARGO_PKG_VERSION").into(),
+        hosts: hosts
+            .iter()
+            .filter_map(|&i| shared.hosts.get(i).map(|h| h.label.clone()))
+            .collect(),
+        interval_ms: Some(u64::try_from(shared.interval.as_millis()).unwrap_or(u64::MAX)),
+    };
+    event(sse::Kind::Hello, &hello)
 }
 
 fn status_event(label: &str, status: &ConnStatus) -> SseEvent {
-    let (word, reason) = match status {
-        ConnStatus::Up => ("up", None),
-        ConnStatus::Connecting => ("connecting", None),
+    let (status, reason) = match status {
+        ConnStatus::Up => (sse::Conn::Up, None),
+        ConnStatus::Connecting => (sse::Conn::Connecting, None),
         ConnStatus::Stale { silent_ms } => (
-            "stale",
+            sse::Conn::Stale,
             Some(format!("no reading for {}", fmt_ms(*silent_ms))),
         ),
-        ConnStatus::Down(e) => ("down", Some(e.clone())),
+        ConnStatus::Down(e) => (sse::Conn::Down, Some(e.clone())),
     };
-    let data = serde_json::json!({ "host": label, "status": word, "reason": reason });
-    SseEvent::default().event("status").data(data.to_string())
+    let s = sse::Status {
+        host: label.to_string(),
+        status,
+        reason,
+    };
+    event(sse::Kind::Status, &s)
 }
 
 /// What one stream has sent of one host.
@@ -348,26 +358,24 @@ fn reading_events(shared: &Shared, f: &mut Follow, out: &mut Vec<SseEvent>) {
     };
     let gauges = r.snap.gauges();
     if f.content == Some(r.content) {
-        let data = if gauges == f.gauges {
-            serde_json::json!({ "host": ch.label, "taken_at_ms": r.snap.taken_at_ms })
-        } else {
-            let data = serde_json::json!({
-                "host": ch.label,
-                "taken_at_ms": r.snap.taken_at_ms,
-                "gauges": gauges,
-            });
-            f.gauges = gauges;
-            data
+        let moved = gauges != f.gauges;
+        let u = sse::Unchanged {
+            host: ch.label.clone(),
+            taken_at_ms: r.snap.taken_at_ms,
+            gauges: moved.then(|| gauges.clone()),
         };
-        out.push(
-            SseEvent::default()
-                .event("unchanged")
-                .data(data.to_string()),
-        );
+        if moved {
+            f.gauges = gauges;
+        }
+        out.push(event(sse::Kind::Unchanged, &u));
     } else {
         f.content = Some(r.content);
         f.gauges = gauges;
-        out.push(SseEvent::default().event("snapshot").data(r.json()));
+        out.push(
+            SseEvent::default()
+                .event(sse::Kind::Snapshot.as_str())
+                .data(r.json()),
+        );
     }
 }
 
@@ -484,7 +492,11 @@ fn push_event(
     out: &mut Vec<SseEvent>,
 ) -> Option<()> {
     match e {
-        Ok(json) => out.push(SseEvent::default().event("event").data(&*json)),
+        Ok(json) => out.push(
+            SseEvent::default()
+                .event(sse::Kind::Event.as_str())
+                .data(&*json),
+        ),
         Err(broadcast::error::RecvError::Lagged(n)) => {
             out.push(
                 SseEvent::default().comment(format!("{n} events skipped: this stream fell behind")),

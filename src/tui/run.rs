@@ -77,7 +77,7 @@ fn apply(
             Effect::OpenLive(h, url) => {
                 let action = match fleet.open_live(h, &url) {
                     Ok(spec) => Action::Opened(h, spec.as_typed(), spec.read_only()),
-                    Err(e) => Action::OpenFailed(h, e),
+                    Err(e) => Action::OpenFailed(h, e.to_string()),
                 };
                 queue.extend(app.update(action));
             }

@@ -15,6 +15,7 @@ use crate::core::format::{escape, millis, truncate};
 use crate::core::host::HttpUrl;
 use crate::core::model::{HostSnapshot, SourceKind};
 use crate::core::protocol::{MAX_LINE_BYTES, PROTOCOL};
+use crate::core::sse;
 use crate::source::{ConnStatus, HostCmd};
 
 /// The client every HTTP host and Prometheus server of a fleet shares (one connection pool), with the bearer
@@ -150,26 +151,6 @@ impl SseParser {
     }
 }
 
-#[derive(serde::Deserialize)]
-struct Hello {
-    protocol: u32,
-    version: String,
-    hosts: Vec<String>,
-}
-
-#[derive(serde::Deserialize)]
-struct Unchanged {
-    taken_at_ms: u64,
-    #[serde(default)]
-    gauges: Vec<crate::core::model::Gauges>,
-}
-
-#[derive(serde::Deserialize)]
-struct Status {
-    status: String,
-    reason: Option<String>,
-}
-
 /// What ended one stream.
 enum Ended {
     /// The poll interval changed: connect again at once with the new one.
@@ -186,18 +167,17 @@ fn preview(s: &str) -> String {
 /// connects again); a new interval reconnects at once, asking for it.
 pub async fn run(
     task: &RemoteTask,
-    url: &str,
+    base: &HttpUrl,
     cmds: &mut mpsc::Receiver<HostCmd>,
     interval: &mut Duration,
 ) -> Result<(), String> {
-    let base = HttpUrl::parse(url)?;
     let http = task
         .opts
         .http
         .clone()
         .ok_or_else(|| "no HTTP client".to_string())?;
     loop {
-        match stream(task, &base, &http, cmds, interval).await {
+        match stream(task, base, &http, cmds, interval).await {
             Ended::Interval => {}
             Ended::Failed(e) => return Err(e),
             Ended::Stopped => return Ok(()),
@@ -205,7 +185,225 @@ pub async fn run(
     }
 }
 
-#[allow(clippy::too_many_lines)] // one stream: connect, hello, readings, commands, silences
+/// Open the event stream, asking for this interval; a refusal says why (and where a token goes).
+async fn connect(
+    task: &RemoteTask,
+    base: &HttpUrl,
+    http: &HttpClient,
+    interval: Duration,
+) -> Result<reqwest::Response, String> {
+    let connect_timeout = task.opts.ssh.connect_timeout;
+    let mut req = http
+        .client
+        .get(format!("{}/api/v1/events", base.base()))
+        .query(&[("interval", format!("{}ms", millis(interval)))])
+        .header(reqwest::header::ACCEPT, "text/event-stream");
+    if let Some(t) = &http.token {
+        req = req.bearer_auth(t);
+    }
+    let resp = match tokio::time::timeout(connect_timeout, req.send()).await {
+        Err(_) => return Err(format!("no answer within {}s", connect_timeout.as_secs())),
+        Ok(Err(e)) => return Err(describe(&e)),
+        Ok(Ok(r)) => r,
+    };
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(resp);
+    }
+    let body = tokio::time::timeout(Duration::from_secs(2), resp.text())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    let hint = if status == reqwest::StatusCode::UNAUTHORIZED {
+        " (set http_token_file in the config, or GPUSWEEP_HTTP_TOKEN_FILE)"
+    } else {
+        ""
+    };
+    Err(format!(
+        "HTTP {}{hint}: {}",
+        status.as_u16(),
+        preview(body.lines().next().unwrap_or(""))
+    ))
+}
+
+/// One stream's state: whether the serve said hello, how often it reads, when it last sent a reading.
+struct Stream<'t> {
+    task: &'t RemoteTask,
+    base: &'t HttpUrl,
+    said_hello: bool,
+    /// The serve's own interval, once its hello says it; readings come at the faster of it and ours.
+    serve_interval: Option<Duration>,
+    last: Instant,
+    stale: bool,
+    /// Up is said once, at the first reading (and again after a silence), not at every reading.
+    up: bool,
+}
+
+/// What one event, chunk or command amounts to.
+enum Step {
+    Go,
+    End(Ended),
+}
+
+impl Stream<'_> {
+    /// When the stream is stale, and when it is given up, at the pace readings come.
+    fn limits(&self, interval: Duration) -> (Duration, Duration) {
+        let every = self.serve_interval.map_or(interval, |s| s.min(interval));
+        let stale_after = every.saturating_mul(3).max(Duration::from_secs(3));
+        let give_up = every
+            .saturating_mul(10)
+            .max(stale_after.saturating_mul(2))
+            .max(self.task.opts.ssh.connect_timeout);
+        (stale_after, give_up)
+    }
+
+    fn on_silence(&mut self) -> Step {
+        let silent = self.last.elapsed();
+        if self.stale {
+            return Step::End(Ended::Failed(format!(
+                "no reading from the serve for {}s: reconnecting",
+                silent.as_secs()
+            )));
+        }
+        self.stale = true;
+        let st = ConnStatus::Stale {
+            silent_ms: millis(silent),
+        };
+        if self.task.status(st) {
+            Step::Go
+        } else {
+            Step::End(Ended::Stopped)
+        }
+    }
+
+    /// A reading came: the host is up (said once) and fresh.
+    fn heard(&mut self) -> bool {
+        self.last = Instant::now();
+        let was = self.stale || !self.up;
+        (self.stale, self.up) = (false, true);
+        !was || self.task.status(ConnStatus::Up)
+    }
+
+    fn on_hello(&mut self, data: &str) -> Result<(), String> {
+        let h = serde_json::from_str::<sse::Hello>(data)
+            .map_err(|_| format!("not a gpusweep serve: its hello was {:?}", preview(data)))?;
+        if h.protocol != PROTOCOL {
+            return Err(format!(
+                "the serve is gpusweep {} (protocol {}), this one speaks {PROTOCOL}: upgrade one of them",
+                escape(&h.version),
+                h.protocol
+            ));
+        }
+        if h.hosts.len() != 1 {
+            let names: Vec<String> = h
+                .hosts
+                .iter()
+                .take(5)
+                .map(|n| escape(n).into_owned())
+                .collect();
+            let base = self.base.base();
+            return Err(format!(
+                "{base} serves {} hosts ({}): name one, e.g. {base}/hosts/{}",
+                h.hosts.len(),
+                names.join(", "),
+                names.first().map_or("NAME", String::as_str)
+            ));
+        }
+        self.serve_interval = h.interval_ms.map(|ms| Duration::from_millis(ms.max(1)));
+        self.said_hello = true;
+        Ok(())
+    }
+
+    /// One event of the stream. Readings go to the sink as they are: whether one says anything new is the
+    /// runtime's to decide.
+    fn on_event(&mut self, ev: &SseEvent) -> Step {
+        let kind = sse::Kind::parse(&ev.event);
+        if kind == Some(sse::Kind::Hello) {
+            return match self.on_hello(&ev.data) {
+                Ok(()) => Step::Go,
+                Err(e) => Step::End(Ended::Failed(e)),
+            };
+        }
+        if !self.said_hello {
+            return Step::End(Ended::Failed(format!(
+                "not a gpusweep serve: it began with {:?}",
+                preview(&ev.event)
+            )));
+        }
+        let sent = match kind {
+            Some(sse::Kind::Snapshot) => {
+                let mut snap = match serde_json::from_str::<HostSnapshot>(&ev.data) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        return Step::End(Ended::Failed(format!(
+                            "a snapshot that does not parse ({e}): {:?}",
+                            preview(&ev.data)
+                        )));
+                    }
+                };
+                snap.source = SourceKind::Http;
+                self.heard() && self.task.sink.reading(snap)
+            }
+            Some(sse::Kind::Unchanged) => {
+                let Ok(u) = serde_json::from_str::<sse::Unchanged>(&ev.data) else {
+                    return Step::End(Ended::Failed(format!(
+                        "garbage from the serve: {:?}",
+                        preview(&ev.data)
+                    )));
+                };
+                self.heard()
+                    && self
+                        .task
+                        .sink
+                        .fresh(u.taken_at_ms, u.gauges.unwrap_or_default())
+            }
+            Some(sse::Kind::Status) => {
+                if let Ok(s) = serde_json::from_str::<sse::Status>(&ev.data)
+                    && s.status == sse::Conn::Down
+                {
+                    let why = escape(s.reason.as_deref().unwrap_or("down")).into_owned();
+                    self.up = false;
+                    self.task
+                        .status(ConnStatus::Down(format!("at the serve: {why}")))
+                } else {
+                    true
+                }
+            }
+            // The timeline's events: the client's ledger makes its own from the snapshots. A name this
+            // version does not know is a newer serve's: left alone.
+            Some(sse::Kind::Event | sse::Kind::Hello) | None => true,
+        };
+        if sent {
+            Step::Go
+        } else {
+            Step::End(Ended::Stopped)
+        }
+    }
+
+    fn on_cmd(&self, c: Option<HostCmd>, interval: &mut Duration) -> Step {
+        match c {
+            None => Step::End(Ended::Stopped),
+            Some(HostCmd::Interval(d)) if d != *interval => {
+                *interval = d;
+                Step::End(Ended::Interval)
+            }
+            // The serve reads at its own pace; a host gone quiet is asked again by reconnecting.
+            Some(HostCmd::PollNow | HostCmd::Wake) if self.stale => Step::End(Ended::Interval),
+            Some(HostCmd::Interval(_) | HostCmd::PollNow | HostCmd::Wake) => Step::Go,
+            Some(c @ HostCmd::Act { .. }) => {
+                c.refuse(
+                    self.task.sink.as_ref(),
+                    "read-only host (read over HTTP from its gpusweep serve): nothing was done; \
+                     act on it over SSH (--hosts user@node) or through its agent",
+                );
+                Step::Go
+            }
+        }
+    }
+}
+
+/// One stream: connect, hello, readings, commands, silences, until it ends.
 async fn stream(
     task: &RemoteTask,
     base: &HttpUrl,
@@ -213,71 +411,26 @@ async fn stream(
     cmds: &mut mpsc::Receiver<HostCmd>,
     interval: &mut Duration,
 ) -> Ended {
-    let connect_timeout = task.opts.ssh.connect_timeout;
-    let mut req = http
-        .client
-        .get(format!("{}/api/v1/events", base.base()))
-        .query(&[("interval", format!("{}ms", millis(*interval)))])
-        .header(reqwest::header::ACCEPT, "text/event-stream");
-    if let Some(t) = &http.token {
-        req = req.bearer_auth(t);
-    }
-    let resp = match tokio::time::timeout(connect_timeout, req.send()).await {
-        Err(_) => {
-            return Ended::Failed(format!("no answer within {}s", connect_timeout.as_secs()));
-        }
-        Ok(Err(e)) => return Ended::Failed(describe(&e)),
-        Ok(Ok(r)) => r,
+    let mut resp = match connect(task, base, http, *interval).await {
+        Ok(r) => r,
+        Err(e) => return Ended::Failed(e),
     };
-    let status = resp.status();
-    if !status.is_success() {
-        let body = tokio::time::timeout(Duration::from_secs(2), resp.text())
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or_default();
-        let hint = if status == reqwest::StatusCode::UNAUTHORIZED {
-            " (set http_token_file in the config, or GPUSWEEP_HTTP_TOKEN_FILE)"
-        } else {
-            ""
-        };
-        return Ended::Failed(format!(
-            "HTTP {}{hint}: {}",
-            status.as_u16(),
-            preview(body.lines().next().unwrap_or(""))
-        ));
-    }
-    let mut resp = resp;
     let mut parser = SseParser::default();
     let mut events = Vec::new();
-    let mut said_hello = false;
-    // The serve's own interval, once its hello says it; readings come at the faster of it and ours.
-    let mut serve_interval: Option<Duration> = None;
-    let mut last = Instant::now();
-    let mut stale = false;
-    // Up is said once, at the first reading (and again after a silence), not at every reading.
-    let mut up = false;
-    // The last whole snapshot, kept fresh: sent whole again after a silence.
-    let mut whole: Option<HostSnapshot> = None;
+    let mut st = Stream {
+        task,
+        base,
+        said_hello: false,
+        serve_interval: None,
+        last: Instant::now(),
+        stale: false,
+        up: false,
+    };
     loop {
-        let every = serve_interval.map_or(*interval, |s| s.min(*interval));
-        let stale_after = every.saturating_mul(3).max(Duration::from_secs(3));
-        let give_up = every
-            .saturating_mul(10)
-            .max(stale_after.saturating_mul(2))
-            .max(connect_timeout);
-        let alarm = last + if stale { give_up } else { stale_after };
-        tokio::select! {
-            () = tokio::time::sleep_until(alarm) => {
-                let silent = last.elapsed();
-                if stale {
-                    return Ended::Failed(format!("no reading from the serve for {}s: reconnecting", silent.as_secs()));
-                }
-                stale = true;
-                if !task.status(ConnStatus::Stale { silent_ms: millis(silent) }) {
-                    return Ended::Stopped;
-                }
-            }
+        let (stale_after, give_up) = st.limits(*interval);
+        let alarm = st.last + if st.stale { give_up } else { stale_after };
+        let step = tokio::select! {
+            () = tokio::time::sleep_until(alarm) => st.on_silence(),
             chunk = resp.chunk() => {
                 let bytes = match chunk {
                     Ok(Some(b)) => b,
@@ -287,110 +440,16 @@ async fn stream(
                 if let Err(e) = parser.feed(&bytes, &mut events) {
                     return Ended::Failed(format!("from the serve: {e}"));
                 }
-                for ev in events.drain(..) {
-                    match ev.event.as_str() {
-                        "hello" => {
-                            let Ok(h) = serde_json::from_str::<Hello>(&ev.data) else {
-                                return Ended::Failed(format!("not a gpusweep serve: its hello was {:?}", preview(&ev.data)));
-                            };
-                            if h.protocol != PROTOCOL {
-                                return Ended::Failed(format!(
-                                    "the serve is gpusweep {} (protocol {}), this one speaks {PROTOCOL}: upgrade one of them",
-                                    escape(&h.version), h.protocol
-                                ));
-                            }
-                            if h.hosts.len() != 1 {
-                                let names: Vec<String> = h.hosts.iter().take(5).map(|n| escape(n).into_owned()).collect();
-                                return Ended::Failed(format!(
-                                    "{} serves {} hosts ({}): name one, e.g. {}/hosts/{}",
-                                    base.base(), h.hosts.len(), names.join(", "), base.base(),
-                                    names.first().map_or("NAME", String::as_str)
-                                ));
-                            }
-                            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&ev.data)
-                                && let Some(ms) = v.get("interval_ms").and_then(serde_json::Value::as_u64)
-                            {
-                                serve_interval = Some(Duration::from_millis(ms.max(1)));
-                            }
-                            said_hello = true;
-                        }
-                        _ if !said_hello => {
-                            return Ended::Failed(format!("not a gpusweep serve: it began with {:?}", preview(&ev.event)));
-                        }
-                        "snapshot" => {
-                            let mut snap = match serde_json::from_str::<HostSnapshot>(&ev.data) {
-                                Ok(s) => s,
-                                Err(e) => return Ended::Failed(format!("a snapshot that does not parse ({e}): {:?}", preview(&ev.data))),
-                            };
-                            snap.source = SourceKind::Http;
-                            last = Instant::now();
-                            whole = Some(snap.clone());
-                            if (stale || !up) && !task.status(ConnStatus::Up) {
-                                return Ended::Stopped;
-                            }
-                            (stale, up) = (false, true);
-                            if !task.sink.reading(snap) {
-                                return Ended::Stopped;
-                            }
-                        }
-                        "unchanged" => {
-                            let Ok(u) = serde_json::from_str::<Unchanged>(&ev.data) else {
-                                return Ended::Failed(format!("garbage from the serve: {:?}", preview(&ev.data)));
-                            };
-                            last = Instant::now();
-                            // The gauges come only when they moved: the whole reading kept takes them.
-                            if let Some(w) = whole.as_mut() {
-                                w.refresh(u.taken_at_ms, &u.gauges);
-                            }
-                            // After a silence the reading goes on whole: whoever counted the host
-                            // unreadable needs a reading to count it again.
-                            let sent = match whole.as_ref() {
-                                Some(w) if stale || !up => {
-                                    (stale, up) = (false, true);
-                                    task.status(ConnStatus::Up);
-                                    task.sink.reading(w.clone())
-                                }
-                                _ => task.sink.fresh(u.taken_at_ms, u.gauges),
-                            };
-                            if !sent {
-                                return Ended::Stopped;
-                            }
-                        }
-                        "status" => {
-                            let Ok(s) = serde_json::from_str::<Status>(&ev.data) else { continue };
-                            if s.status == "down" {
-                                let why = escape(s.reason.as_deref().unwrap_or("down")).into_owned();
-                                task.status(ConnStatus::Down(format!("at the serve: {why}")));
-                                up = false;
-                            }
-                        }
-                        // The timeline's events: the client computes its own from the snapshots.
-                        _ => {}
-                    }
-                }
+                events
+                    .drain(..)
+                    .map(|ev| st.on_event(&ev))
+                    .find(|s| matches!(s, Step::End(_)))
+                    .unwrap_or(Step::Go)
             }
-            c = cmds.recv() => match c {
-                None => return Ended::Stopped,
-                Some(HostCmd::Interval(d)) => {
-                    if d != *interval {
-                        *interval = d;
-                        return Ended::Interval;
-                    }
-                }
-                // The serve reads at its own pace; a host gone quiet is asked again by reconnecting.
-                Some(HostCmd::PollNow | HostCmd::Wake) => {
-                    if stale {
-                        return Ended::Interval;
-                    }
-                }
-                Some(c @ HostCmd::Act { .. }) => {
-                    c.refuse(
-                        task.sink.as_ref(),
-                        "read-only host (read over HTTP from its gpusweep serve): nothing was done; \
-                         act on it over SSH (--hosts user@node) or through its agent",
-                    );
-                }
-            },
+            c = cmds.recv() => st.on_cmd(c, interval),
+        };
+        if let Step::End(e) = step {
+            return e;
         }
     }
 }

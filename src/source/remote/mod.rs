@@ -64,9 +64,10 @@ impl RemoteTask {
                 HostSpec::Socket { path } => {
                     socket::run(&self, path, &mut cmds, &mut interval).await
                 }
-                HostSpec::Prom { url, .. } => Err(format!(
-                    "Prometheus {url} could not be asked which hosts it knows when gpusweep started \
-                     (or knows none); its hosts are read from it once it answers at start"
+                HostSpec::Prom(p) => Err(format!(
+                    "Prometheus {} could not be asked which hosts it knows when gpusweep started \
+                     (or knows none); its hosts are read from it once it answers at start",
+                    p.url
                 )),
                 _ => Err("not a remote host".into()),
             };

@@ -26,14 +26,8 @@ pub const MIN_PROM_INTERVAL: Duration = Duration::from_secs(1);
 /// Identities (UUID, model, bus, where a serve answers) are read again this often.
 const IDENTITY_EVERY: Duration = Duration::from_secs(60);
 
-/// A Prometheus server and the selector that narrows it to the fleet.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PromServer {
-    /// `http(s)://host:port[/path]`, normalized.
-    pub url: String,
-    /// PromQL label matchers, checked (`core::host::parse_selector`).
-    pub selector: Option<String>,
-}
+/// A Prometheus server and the selector that narrows it to the fleet: the spec as parsed.
+pub type PromServer = crate::core::host::PromSpec;
 
 #[derive(Deserialize)]
 struct Answer<'a> {
@@ -172,7 +166,8 @@ fn conflict(name: &str, targets: &std::collections::BTreeSet<Target>) -> Option<
 impl PromServer {
     /// `name{selector}`.
     fn sel(&self, name: &str) -> String {
-        format!("{name}{{{}}}", self.selector.as_deref().unwrap_or(""))
+        let sel = self.selector.as_ref().map_or("", |s| s.as_str());
+        format!("{name}{{{sel}}}")
     }
 
     /// Ask one instant query; the answer's bytes.
@@ -218,7 +213,7 @@ impl PromServer {
             m::FB_USED,
             m::READING_TIMESTAMP,
             self.selector
-                .as_deref()
+                .as_ref()
                 .map(|s| format!(",{s}"))
                 .unwrap_or_default()
         );
@@ -876,6 +871,13 @@ fn say_down(hosts: &[PromHost], down: &mut [Option<String>], why: &str) -> bool 
 mod tests {
     use super::*;
 
+    fn server(url: &str, selector: &str) -> PromServer {
+        PromServer {
+            url: crate::core::host::HttpUrl::parse(url).expect("url"),
+            selector: crate::core::host::parse_selector(selector).expect("selector"),
+        }
+    }
+
     fn gpu(used: f64, clean: Option<f64>, unexplained: &[(&str, f64)]) -> GpuData {
         GpuData {
             used: Some(used),
@@ -991,10 +993,7 @@ mod tests {
 
     #[test]
     fn samples_borrow_their_labels_and_still_read_escaped_ones() {
-        let p = PromServer {
-            url: "http://p:9090".into(),
-            selector: None,
-        };
+        let p = server("http://p:9090", "");
         let body = br#"{"status":"success","data":{"resultType":"vector","result":[
             {"metric":{"Hostname":"gpu-b0001","gpu":"3","job":"x"},"value":[1733338338.123,"512"]},
             {"metric":{"Hostname":"odd\"host","gpu":"0"},"value":[1733338338.5,"NaN"]}]}}"#;
@@ -1072,20 +1071,14 @@ mod tests {
 
     #[test]
     fn queries_carry_the_selector() {
-        let p = PromServer {
-            url: "http://p:9090".into(),
-            selector: Some(r#"job="gpu""#.into()),
-        };
+        let p = server("http://p:9090", r#"job="gpu""#);
         let q = Queries::new(&p);
         assert_eq!(
             q.used,
             r#"max by (Hostname, job, instance, gpu) (DCGM_FI_DEV_FB_USED{job="gpu"})"#
         );
         assert!(q.up.contains(r#"up{job="gpu"}"#));
-        let p = PromServer {
-            url: "http://p:9090".into(),
-            selector: None,
-        };
+        let p = server("http://p:9090", "");
         assert!(Queries::new(&p).clean.contains("gpusweep_gpu_clean{}"));
     }
 }

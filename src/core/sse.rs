@@ -1,0 +1,105 @@
+//! The serve's event stream (`/api/v1/events`): the events' names and what each carries, shared by the serve
+//! that writes them and the `http(s)://` client that reads them, so neither spells them on its own.
+
+use serde::{Deserialize, Serialize};
+
+use super::model::Gauges;
+
+/// The name of a server-sent event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// First on every stream: `Hello`.
+    Hello,
+    /// A reading that says something new to this stream: the whole host object of the JSON contract.
+    Snapshot,
+    /// A reading that says nothing new: `Unchanged`.
+    Unchanged,
+    /// One of the timeline's events (`core::event::Event`).
+    Event,
+    /// A host's connection changed: `Status`.
+    Status,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 5] = [
+        Kind::Hello,
+        Kind::Snapshot,
+        Kind::Unchanged,
+        Kind::Event,
+        Kind::Status,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Hello => "hello",
+            Kind::Snapshot => "snapshot",
+            Kind::Unchanged => "unchanged",
+            Kind::Event => "event",
+            Kind::Status => "status",
+        }
+    }
+
+    /// The kind an event's name says; `None` for a name this version does not know (a newer serve's).
+    pub fn parse(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    pub protocol: u32,
+    pub version: String,
+    pub hosts: Vec<String>,
+    /// How often the serve reads when no client asks for more (older serves leave it out).
+    #[serde(default)]
+    pub interval_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unchanged {
+    pub host: String,
+    pub taken_at_ms: u64,
+    /// Each GPU's gauges, only when they moved since the stream last sent them; absent: as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gauges: Option<Vec<Gauges>>,
+}
+
+/// A host's connection in a word, as the stream says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Conn {
+    Up,
+    Connecting,
+    Stale,
+    Down,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    pub host: String,
+    pub status: Conn,
+    pub reason: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_an_unchanged_without_gauges_leaves_them_out() {
+        for k in Kind::ALL {
+            assert_eq!(Kind::parse(k.as_str()), Some(k));
+        }
+        assert_eq!(Kind::parse("future"), None);
+        let u = Unchanged {
+            host: "h".into(),
+            taken_at_ms: 5,
+            gauges: None,
+        };
+        let j = serde_json::to_string(&u).expect("json");
+        assert_eq!(j, r#"{"host":"h","taken_at_ms":5}"#);
+        let old: Hello = serde_json::from_str(r#"{"protocol":1,"version":"0.1.0","hosts":["a"]}"#)
+            .expect("an older serve's hello");
+        assert_eq!(old.interval_ms, None);
+    }
+}
