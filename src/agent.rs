@@ -156,8 +156,17 @@ pub fn serve(src: Box<dyn Source>, signals: Option<&Deliverer>, interval: Durati
     0
 }
 
+/// `gpusweep agent`'s own flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AgentArgs {
+    /// Which simulated host to serve with --demo.
+    #[arg(long, default_value = "gpu-b")]
+    pub demo_host: String,
+}
+
 /// `gpusweep agent [--demo-host H]`: serve this host, or a demo host with `--demo`.
-pub fn run(s: &crate::runtime::Settings, demo_host: &str) -> anyhow::Result<i32> {
+pub fn run(s: &crate::runtime::Settings, a: &AgentArgs) -> anyhow::Result<i32> {
+    let demo_host = a.demo_host.as_str();
     use crate::source::demo::{DEMO_HOSTS, DemoHost};
     use crate::source::local::LocalSource;
     if s.demo {

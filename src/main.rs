@@ -1,8 +1,45 @@
 //! Entry only: parse, pick the front end, map errors to exit codes.
 
-use clap::Parser;
-use gpusweep::cli::{Cli, Command};
+use clap::{Parser, Subcommand};
+use gpusweep::cli::{CliCommand, args};
 use gpusweep::core::trace;
+use gpusweep::runtime::Overrides;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpusweep",
+    version,
+    about = args::ABOUT,
+    long_about = args::LONG_ABOUT,
+    after_help = args::EXIT_CODES
+)]
+struct Cli {
+    #[command(flatten)]
+    global: Overrides,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+/// Every subcommand: the CLI front end's, then the node daemon, the remote end, and what is generated from
+/// these definitions.
+#[derive(Debug, Subcommand)]
+enum Command {
+    #[command(flatten)]
+    Cli(CliCommand),
+    /// Print a shell completion script: `gpusweep completions bash > ~/.local/share/bash-completion/completions/gpusweep`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff): `gpusweep man > ~/.local/share/man/man1/gpusweep.1`.
+    Man,
+    /// The node daemon: Prometheus metrics (dcgm-exporter's names), the JSON API and its event stream over
+    /// HTTP, and a local socket that `snapshot`, `wait`, `sweep` and `kill` use. Read-only over HTTP.
+    #[command(after_help = gpusweep::serve::SERVE_HELP)]
+    Serve(gpusweep::serve::ServeArgs),
+    /// The remote end: JSON snapshots on stdout, one per line; commands on stdin.
+    Agent(gpusweep::agent::AgentArgs),
+}
 
 fn main() {
     trace("main", "start");
@@ -29,7 +66,10 @@ fn main() {
     // The supervisor forwards INT/TERM/HUP to its job; it must not die of them. A serve stops cleanly on
     // them (its socket file removed).
     if cli.command.is_some()
-        && !matches!(cli.command, Some(Command::Run { .. } | Command::Serve(_)))
+        && !matches!(
+            cli.command,
+            Some(Command::Cli(CliCommand::Run(_)) | Command::Serve(_))
+        )
     {
         gpusweep::act::own::default_sigpipe();
         gpusweep::runtime::exit_on_signals();
@@ -47,7 +87,21 @@ fn main() {
 }
 
 fn run(cli: Cli, supervised: bool) -> anyhow::Result<i32> {
-    let s = gpusweep::runtime::settings::resolve(&cli.global.overrides())?;
+    // Generated from these definitions, before any setting is read.
+    match &cli.command {
+        Some(Command::Completions { shell }) => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(*shell, &mut cmd, "gpusweep", &mut std::io::stdout());
+            return Ok(0);
+        }
+        Some(Command::Man) => {
+            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
+                .render(&mut std::io::stdout())?;
+            return Ok(0);
+        }
+        _ => {}
+    }
+    let s = gpusweep::runtime::settings::resolve(&cli.global)?;
     trace("main", "settings resolved");
     // The config's keys are checked whatever the subcommand: a broken file is reported where it is read.
     gpusweep::tui::keymap::Keymap::with_overrides(&s.config.keys)
@@ -63,43 +117,18 @@ fn run(cli: Cli, supervised: bool) -> anyhow::Result<i32> {
             }
             gpusweep::tui::run(&s)
         }
-        Some(Command::Agent { demo_host }) => gpusweep::agent::run(&s, &demo_host),
-        Some(Command::Serve(o)) => gpusweep::serve::run(
-            &s,
-            &gpusweep::serve::ServeArgs {
-                listen: o.listen,
-                no_http: o.no_http,
-                socket: o.socket,
-                no_socket: o.no_socket,
-                token_file: o.token_file,
-                tls_cert: o.tls_cert,
-                tls_key: o.tls_key,
-            },
-        ),
-        Some(Command::Run {
-            gpus,
-            grace,
-            timeout,
-            no_preflight,
-            command,
-        }) => {
+        Some(Command::Agent(a)) => gpusweep::agent::run(&s, &a),
+        Some(Command::Serve(a)) => gpusweep::serve::run(&s, &a),
+        Some(Command::Cli(CliCommand::Run(a))) => {
             if !supervised {
                 gpusweep::act::own::default_sigpipe();
                 let original: Vec<String> = std::env::args().collect();
                 let e = gpusweep::act::own::reexec_with_spec(&serde_json::to_vec(&original)?);
                 anyhow::bail!("cannot start the supervisor: {e}");
             }
-            gpusweep::cli::run::supervise_job(
-                &s,
-                &gpusweep::cli::run::RunArgs {
-                    gpus: gpus.map(|g| g.0),
-                    grace,
-                    timeout,
-                    no_preflight,
-                    command,
-                },
-            )
+            gpusweep::cli::run::supervise_job(&s, &a)
         }
-        Some(cmd) => gpusweep::cli::run(&s, cmd, explicit_hosts),
+        Some(Command::Cli(cmd)) => gpusweep::cli::run(&s, &cmd, explicit_hosts),
+        Some(Command::Completions { .. } | Command::Man) => Ok(0),
     }
 }

@@ -15,14 +15,26 @@ use crate::core::signal::{Sig, SignalRequest, TargetInfo};
 use crate::runtime::fleet::find_host;
 use crate::runtime::{Fleet, Settings};
 
+#[derive(Debug, clap::Args)]
 pub struct KillArgs {
+    /// PIDs on the chosen host.
+    #[arg(required_unless_present = "job", allow_negative_numbers = true)]
     pub pids: Vec<u32>,
-    pub host: Option<String>,
-    pub signal: Sig,
-    pub grace: Option<Duration>,
-    pub yes: bool,
-    /// Also every GPU process of this job.
+    /// Every GPU process of this job (4711, slurm:4711.0, a container ID, run:PID), besides the PIDs.
+    #[arg(long, value_name = "JOB")]
     pub job: Option<String>,
+    /// The host the PIDs live on: the spec as typed in --hosts, or its label. Default: the only host.
+    #[arg(long)]
+    pub host: Option<String>,
+    /// TERM, KILL, INT, HUP, ... or a number.
+    #[arg(long, default_value = "TERM", value_parser = super::args::signal_arg)]
+    pub signal: Sig,
+    /// Wait this long for exit, then KILL. Default: do not wait.
+    #[arg(long, value_name = "DUR", value_parser = crate::core::parse::duration_arg, allow_hyphen_values = true)]
+    pub grace: Option<Duration>,
+    /// Do not ask (required when stdin is not a terminal).
+    #[arg(long, short = 'y')]
+    pub yes: bool,
 }
 
 /// The host the PIDs live on: `--host` as typed or as labelled, or the only host.

@@ -25,11 +25,22 @@ use crate::core::signal::{Sig, SignalRequest};
 use crate::runtime::{Fleet, Settings};
 use crate::source::HostCmd;
 
+#[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    pub gpus: Option<Vec<GpuRef>>,
+    /// GPUs the job uses. Default: CUDA_VISIBLE_DEVICES, else all.
+    #[arg(long, value_name = "LIST", value_parser = super::args::gpu_list_arg)]
+    pub gpus: Option<super::args::GpuList>,
+    /// Time between TERM and KILL for what is left of the job, and after a forwarded signal.
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = crate::core::parse::duration_arg, allow_hyphen_values = true)]
     pub grace: Duration,
+    /// How long to wait for the job's GPUs to read zero after it ends.
+    #[arg(long, value_name = "DUR", default_value = "60s", value_parser = crate::core::parse::duration_arg, allow_hyphen_values = true)]
     pub timeout: Duration,
+    /// Start even if the GPUs are not clean or /dev/shm is short.
+    #[arg(long)]
     pub no_preflight: bool,
+    /// The command and its arguments (after --).
+    #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
 }
 
@@ -54,7 +65,7 @@ pub fn visible_devices(v: &str) -> Result<Vec<String>, String> {
 /// The GPUs the job will use, as references `wait` understands: --gpus, else CUDA_VISIBLE_DEVICES, else all.
 fn chosen(a: &RunArgs, snap: &HostSnapshot) -> anyhow::Result<Option<Vec<GpuRef>>> {
     if a.gpus.is_some() {
-        return Ok(a.gpus.clone());
+        return Ok(a.gpus.clone().map(|g| g.0));
     }
     let Ok(v) = std::env::var("CUDA_VISIBLE_DEVICES") else {
         return Ok(None);

@@ -16,8 +16,13 @@ use crate::core::removal::{RemovalOutcome, RemovalRequest, all_failed};
 use crate::runtime::{Fleet, HostEvent, Settings};
 use crate::source::HostCmd;
 
+#[derive(Debug, clap::Args)]
 pub struct CleanArgs {
+    /// List what would be removed and remove nothing.
+    #[arg(long)]
     pub dry_run: bool,
+    /// Do not ask (required when stdin is not a terminal).
+    #[arg(long, short = 'y')]
     pub yes: bool,
 }
 

@@ -22,11 +22,21 @@ use crate::core::signal::{Sig, SignalRequest};
 use crate::runtime::{Fleet, Settings};
 use crate::source::local::procfs::slurm_job_pids;
 
+/// The job's GPUs and how long to give them; SLURM_JOB_ID names the job.
+#[derive(Debug, clap::Args)]
 pub struct GateArgs {
-    pub gpus: Option<Vec<GpuRef>>,
+    /// The job's GPUs. Default: SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES, else every GPU of the node.
+    #[arg(long, value_name = "LIST", value_parser = super::args::gpu_list_arg)]
+    pub gpus: Option<super::args::GpuList>,
+    /// Epilog: time between TERM and KILL for the job's leftovers.
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = crate::core::parse::duration_arg, allow_hyphen_values = true)]
     pub grace: Duration,
+    /// Epilog: how long the GPUs may take to read zero.
+    #[arg(long, value_name = "DUR", default_value = "60s", value_parser = crate::core::parse::duration_arg, allow_hyphen_values = true)]
     pub timeout: Duration,
-    pub drain: bool,
+    /// Do not drain the node (scontrol) when not clean; only exit 1.
+    #[arg(long)]
+    pub no_drain: bool,
 }
 
 fn job_id() -> anyhow::Result<u64> {
@@ -40,7 +50,7 @@ fn job_id() -> anyhow::Result<u64> {
 /// The job's GPUs: --gpus, else SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES; `None`: every GPU of the node.
 fn job_gpus(a: &GateArgs) -> anyhow::Result<Option<Vec<GpuRef>>> {
     if a.gpus.is_some() {
-        return Ok(a.gpus.clone());
+        return Ok(a.gpus.clone().map(|g| g.0));
     }
     for var in ["SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"] {
         if let Ok(v) = std::env::var(var)
@@ -132,7 +142,7 @@ pub fn prolog(s: &Settings, a: &GateArgs) -> anyhow::Result<i32> {
     }
     let why = reason(&watch, &snaps[0]);
     println!("{why}");
-    if a.drain {
+    if !a.no_drain {
         drain(&why);
     }
     Ok(1)
@@ -191,7 +201,7 @@ pub fn epilog(s: &Settings, a: &GateArgs) -> anyhow::Result<i32> {
     }
     let why = reason(&watch, &last[0]);
     println!("{why}");
-    if a.drain {
+    if !a.no_drain {
         drain(&why);
     }
     Ok(1)

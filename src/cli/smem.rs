@@ -8,12 +8,27 @@ use super::common::{first_snapshots, runtime};
 use crate::core::smem::{self, Dtype, Tile};
 use crate::runtime::{Fleet, Settings};
 
+#[derive(Debug, clap::Args)]
 pub struct SmemArgs {
+    /// Tile as MxNxK, e.g. 128x256x64.
+    #[arg(long, value_parser = super::args::tile_arg)]
     pub tile: Option<Tile>,
+    /// Element type of A and B: bf16, fp16, fp8, fp4, fp32.
+    #[arg(long, default_value = "bf16", value_parser = super::args::dtype_arg)]
     pub dtype: Dtype,
+    /// Pipeline stages wanted (1 to 64).
+    #[arg(long, default_value_t = 2, allow_hyphen_values = true,
+          value_parser = clap::value_parser!(u64).range(1..=64))]
     pub stages: u64,
+    /// Bytes set aside for the epilogue (at most 16 MiB).
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true,
+          value_parser = clap::value_parser!(u64).range(0..=16 * 1024 * 1024))]
     pub epilogue: u64,
+    /// Compute capability (e.g. 12.0). Default: the GPUs of the chosen hosts, else every known one.
+    #[arg(long)]
     pub cc: Option<String>,
+    /// Limits and fits as JSON.
+    #[arg(long)]
     pub json: bool,
 }
 

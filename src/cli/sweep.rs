@@ -14,20 +14,35 @@ use crate::analyze::watch::{Watch, job_processes};
 use crate::core::action::Purpose;
 use crate::core::format::{escape, fmt_bytes, fmt_gpus, fmt_ms, millis, truncate};
 use crate::core::model::{HostId, MIB};
-use crate::core::parse::GpuRef;
 use crate::core::signal::{Sig, SignalRequest};
 use crate::runtime::{Fleet, Settings};
 use crate::source::HostCmd;
 
+#[derive(Debug, clap::Args)]
 pub struct SweepArgs {
-    pub gpus: Option<Vec<GpuRef>>,
-    /// Only this job's processes, and the GPUs they hold.
+    /// GPUs to sweep: indices, ranges and UUIDs (0,1,4-7,GPU-...). Default: all.
+    #[arg(long, value_name = "LIST", value_parser = super::args::gpu_list_arg)]
+    pub gpus: Option<super::args::GpuList>,
+    /// Only this job's processes and the GPUs they hold (4711, slurm:4711.0, a container ID, run:PID).
+    #[arg(long, value_name = "JOB")]
     pub job: Option<String>,
+    /// Time between TERM and KILL.
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = crate::core::parse::duration_arg, allow_hyphen_values = true)]
     pub grace: Duration,
+    /// Print the plan and do nothing.
+    #[arg(long)]
     pub dry_run: bool,
+    /// Do not ask (required when stdin is not a terminal).
+    #[arg(long, short = 'y')]
     pub yes: bool,
+    /// Do not wait for the GPUs to become clean afterwards.
+    #[arg(long)]
     pub no_wait: bool,
+    /// Give up waiting for clean after this long.
+    #[arg(long, value_name = "DUR", default_value = "60s", value_parser = crate::core::parse::duration_arg, allow_hyphen_values = true)]
     pub timeout: Duration,
+    /// Clean means at most this many MiB used. Default 0.
+    #[arg(long = "tolerance", env = "GPUSWEEP_TOLERANCE_MIB", value_name = "MIB", value_parser = super::args::mib_arg, allow_hyphen_values = true)]
     pub tolerance_mib: Option<u64>,
 }
 

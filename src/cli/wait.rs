@@ -16,13 +16,24 @@ use crate::core::parse::GpuRef;
 use crate::runtime::{Fleet, HostEvent, Settings};
 use crate::source::ConnStatus;
 
+#[derive(Debug, clap::Args)]
 pub struct WaitArgs {
-    pub gpus: Option<Vec<GpuRef>>,
-    /// Only the GPUs this job's processes hold (see `Job::matches`).
-    pub job: Option<String>,
+    /// GPUs: indices, ranges and UUIDs (0,1,4-7,GPU-...). Default: all. A GPU a host lacks is an error.
+    #[arg(long, value_name = "LIST", value_parser = super::args::gpu_list_arg)]
+    pub gpus: Option<super::args::GpuList>,
+    /// Clean means at most this many MiB used. Default 0.
+    #[arg(long = "tolerance", env = "GPUSWEEP_TOLERANCE_MIB", value_name = "MIB", value_parser = super::args::mib_arg, allow_hyphen_values = true)]
     pub tolerance_mib: Option<u64>,
+    /// Give up after this long (e.g. 30s). Default: never.
+    #[arg(long, value_name = "DUR", value_parser = crate::core::parse::duration_arg, allow_hyphen_values = true)]
     pub timeout: Option<Duration>,
+    /// Poll interval while waiting.
+    #[arg(long, value_name = "DUR", default_value = "100ms", value_parser = crate::core::parse::duration_arg, allow_hyphen_values = true)]
     pub poll: Duration,
+    /// Only the GPUs this job's processes hold: a Slurm job (4711, slurm:4711.0), a pod or container ID
+    /// (4 characters or more), a systemd unit, run:PID.
+    #[arg(long, value_name = "JOB")]
+    pub job: Option<String>,
 }
 
 /// The one progress line on stderr, redrawn in place.

@@ -38,33 +38,122 @@ pub const MIN_INTERVAL: Duration = Duration::from_millis(20);
 /// Seconds to wait for a host's first reading, unless told otherwise.
 pub const DEFAULT_CONNECT_TIMEOUT_S: u64 = 10;
 
-/// What the operator said on the command line (environment variables already folded in by the front end).
-#[derive(Debug, Clone, Default)]
+/// What the operator said on the command line, as clap reads it (with the environment variables each
+/// option names): the global options of every subcommand, resolved here against the config file.
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct Overrides {
+    /// Hosts: [user@]host[:port], comma lists, ranges (node[01-16]), @group, `local`, or cmd:COMMAND.
+    /// Repeatable. Default: this host.
+    #[arg(
+        help_heading = "Global options",
+        long,
+        global = true,
+        env = "GPUSWEEP_HOSTS"
+    )]
     pub hosts: Vec<String>,
+    /// File with one host spec per line (# comments).
+    #[arg(
+        help_heading = "Global options",
+        long,
+        global = true,
+        value_name = "FILE"
+    )]
     pub hostfile: Option<PathBuf>,
+    /// The simulated cluster (gpu-a warming up, gpu-b after a pkill, gpu-c Blackwell). --hosts picks among them.
+    #[arg(help_heading = "Global options", long, global = true)]
     pub demo: bool,
+    /// Poll interval (e.g. 500ms, 2s). Default 1s.
+    #[arg(help_heading = "Global options", long, global = true, env = "GPUSWEEP_INTERVAL", value_name = "DUR", value_parser = crate::core::parse::duration_arg, allow_hyphen_values = true)]
     pub interval: Option<Duration>,
+    /// Device files that make a process a holder (repeatable). Default /dev/nvidia*.
+    #[arg(
+        help_heading = "Global options",
+        long = "device-glob",
+        global = true,
+        value_name = "GLOB"
+    )]
     pub device_globs: Vec<String>,
+    /// Config file. Default $GPUSWEEP_CONFIG or ~/.config/gpusweep/config.toml.
+    #[arg(
+        help_heading = "Global options",
+        long,
+        global = true,
+        value_name = "FILE"
+    )]
     pub config: Option<PathBuf>,
+    /// TUI: watch this host even without an NVIDIA driver (otherwise the TUI opens the demo cluster there).
+    #[arg(help_heading = "Global options", long, global = true)]
     pub local: bool,
+    /// Do not load NVML: judge by holders, zombies and /dev/shm alone.
+    #[arg(help_heading = "Global options", long, global = true)]
     pub no_nvml: bool,
+    /// SSH: learn unknown host keys (like OpenSSH's accept-new). A changed key is always refused.
+    #[arg(help_heading = "SSH options", long, global = true)]
     pub accept_new: bool,
+    /// SSH: upload this binary to hosts that have no gpusweep (same architecture only).
+    #[arg(help_heading = "SSH options", long, global = true)]
     pub deploy: bool,
+    /// SSH: the command that starts the agent on remote hosts. Default "gpusweep agent".
+    #[arg(
+        help_heading = "SSH options",
+        long,
+        global = true,
+        value_name = "CMD",
+        env = "GPUSWEEP_REMOTE_COMMAND"
+    )]
     pub remote_command: Option<String>,
+    /// SSH: the ssh_config file to read. Default ~/.ssh/config.
+    #[arg(help_heading = "SSH options", long, global = true, value_name = "FILE")]
     pub ssh_config: Option<PathBuf>,
+    /// SSH: known_hosts file to check (and learn into). Default ~/.ssh/known_hosts (+ /etc/ssh/ssh_known_hosts).
+    #[arg(help_heading = "SSH options", long, global = true, value_name = "FILE")]
     pub known_hosts: Option<PathBuf>,
+    /// SSH: private key to try (repeatable), besides ssh-agent and ~/.ssh/id_*.
+    #[arg(
+        help_heading = "SSH options",
+        long = "identity",
+        short = 'i',
+        global = true,
+        value_name = "FILE"
+    )]
     pub identities: Vec<PathBuf>,
-    pub connect_timeout: Option<u64>,
+    /// Where this host has no pidfd (old kernel, seccomp): signal with kill(2) right after re-checking the
+    /// start time instead of refusing. A PID reused in that window could be hit; the audit log says so.
+    #[arg(help_heading = "Global options", long, global = true)]
     pub kill_without_pidfd: bool,
-    /// No kill, sweep or removal.
+    /// No kill, sweep or removal (their keys hidden in the TUI): for shared monitoring screens. Config: readonly.
+    #[arg(help_heading = "Global options", long, global = true)]
     pub readonly: bool,
-    /// TUI: write every timeline event here as JSON lines.
+    /// TUI: append every timeline event to FILE as JSON lines (a session to replay or attach to a report).
+    #[arg(
+        help_heading = "Global options",
+        long,
+        global = true,
+        value_name = "FILE"
+    )]
     pub events: Option<PathBuf>,
-    /// Where the shared-memory files are (default /dev/shm).
+    /// The shared-memory directory to watch and clean. Default /dev/shm. Config: shm_dir.
+    #[arg(
+        help_heading = "Global options",
+        long,
+        global = true,
+        value_name = "DIR"
+    )]
     pub shm_dir: Option<PathBuf>,
-    /// Read this host in-process even when a serve answers on its socket.
+    /// snapshot, wait: read this host in-process even when a `gpusweep serve` answers on its socket.
+    #[arg(help_heading = "Global options", long, global = true)]
     pub no_serve: bool,
+    /// Seconds to wait for a host's first reading (1 to 86400). Default 10.
+    #[arg(help_heading = "Global options", long, global = true, value_name = "SECS", allow_hyphen_values = true,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub connect_timeout: Option<u64>,
+}
+
+impl Overrides {
+    /// Hosts were named on the command line.
+    pub fn hosts_named(&self) -> bool {
+        !self.hosts.is_empty() || self.hostfile.is_some()
+    }
 }
 
 #[derive(Debug, Error)]

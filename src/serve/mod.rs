@@ -22,15 +22,47 @@ use crate::runtime::{Fleet, Settings};
 /// Loopback only, unless `--listen` says otherwise. (dcgm-exporter's port is 9400; both can run.)
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9401";
 
-#[derive(Debug, Clone, Default)]
+/// What `gpusweep serve --help` says after the options.
+pub const SERVE_HELP: &str = "\
+Endpoints (every one a GET; nothing over HTTP can signal or remove):
+  /metrics          OpenMetrics: DCGM_FI_DEV_FB_USED/FREE/RESERVED (MiB, with
+                    dcgm-exporter's labels) and gpusweep_* (clean, findings,
+                    unexplained bytes, process memory, time to clean)
+  /api/v1/snapshot  the JSON contract of `gpusweep snapshot --json`
+  /api/v1/events    server-sent events: hello, snapshot, unchanged, event,
+                    status; ?interval=DUR polls faster while open (>= 100ms)
+  /healthz          200 ok, or 503 naming the host without a fresh reading
+  /hosts/NAME/...   the same for one host of several (--demo)
+The socket speaks the agent protocol; only root and the serve's own user may
+signal through it. `gpusweep snapshot`, `wait`, `sweep` and `kill` reach this
+host through it when one answers (--no-serve reads NVML in-process).";
+
+/// `gpusweep serve`'s own flags.
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct ServeArgs {
+    /// HTTP address. Default 127.0.0.1:9401 (loopback only; dcgm-exporter has 9400). [::]:9401 for every
+    /// interface (then set --token-file).
+    #[arg(long, value_name = "ADDR:PORT")]
     pub listen: Option<SocketAddr>,
+    /// No HTTP: the local socket only.
+    #[arg(long)]
     pub no_http: bool,
-    /// The Unix socket; `None`: the default place.
+    /// The Unix socket. Default $GPUSWEEP_SOCKET, /run/gpusweep.sock for root, else
+    /// $XDG_RUNTIME_DIR/gpusweep.sock.
+    #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
+    /// No Unix socket.
+    #[arg(long)]
     pub no_socket: bool,
+    /// Require `Authorization: Bearer TOKEN` (the file's first line, 16+ characters, mode 600) on every
+    /// HTTP request but /healthz.
+    #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// Serve HTTPS with this certificate chain (PEM); with --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
 }
 
