@@ -97,9 +97,22 @@ pub fn contain(supervisor: u32, root: Option<&Path>) -> Containment {
     Containment::Cgroup { leaf, kill }
 }
 
+/// Why a job's containment could not be set up or ended.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error("PR_SET_CHILD_SUBREAPER: {0}")]
+    Subreaper(std::io::Error),
+    #[error("{path}: {source}")]
+    Kill {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
 /// Make gpusweep the child subreaper: orphans among its descendants are reparented to it, not PID 1.
-pub fn become_subreaper() -> Result<(), String> {
-    nix::sys::prctl::set_child_subreaper(true).map_err(|e| format!("PR_SET_CHILD_SUBREAPER: {e}"))
+pub fn become_subreaper() -> Result<(), JobError> {
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
+        .map_err(|e| JobError::Subreaper(e.into()))
 }
 
 /// Start `argv` in a process group of its own and, with a cgroup, inside the leaf: the child moves itself
@@ -183,12 +196,16 @@ pub fn descendants(pid: u32) -> Vec<u32> {
 }
 
 /// `cgroup.kill`: SIGKILL to every member at once, atomically, including ones forking right now.
-pub fn cgroup_kill(leaf: &Path) -> Result<(), String> {
+pub fn cgroup_kill(leaf: &Path) -> Result<(), JobError> {
+    let path = leaf.join("cgroup.kill");
     fs::OpenOptions::new()
         .write(true)
-        .open(leaf.join("cgroup.kill"))
+        .open(&path)
         .and_then(|mut f| f.write_all(b"1"))
-        .map_err(|e| format!("{}: {e}", leaf.join("cgroup.kill").display()))
+        .map_err(|source| JobError::Kill {
+            path: path.display().to_string(),
+            source,
+        })
 }
 
 /// Reap every child that has exited (a subreaper adopts orphans; their zombies are ours to reap). Returns

@@ -19,13 +19,24 @@ impl std::ops::Deref for GpuList {
     }
 }
 
+/// A value clap could not take, said in the operator's terms.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValueError {
+    #[error("unknown dtype {0:?} (bf16, fp16, fp8, fp4, fp32)")]
+    Dtype(String),
+    #[error("{0:?} is not a whole number of MiB (e.g. 0, 512)")]
+    Mib(String),
+    #[error("{0} MiB is more than any GPU has (at most {MAX_TOLERANCE_MIB})")]
+    TooMuch(u64),
+}
+
 /// clap value parser for GPU lists: indices, ranges and UUIDs.
-pub(crate) fn gpu_list_arg(s: &str) -> Result<GpuList, String> {
+pub(crate) fn gpu_list_arg(s: &str) -> Result<GpuList, crate::core::parse::ParseError> {
     crate::core::parse::gpu_refs_arg(s).map(GpuList)
 }
 
-pub(crate) fn dtype_arg(s: &str) -> Result<Dtype, String> {
-    Dtype::parse(s).ok_or_else(|| format!("unknown dtype {s:?} (bf16, fp16, fp8, fp4, fp32)"))
+pub(crate) fn dtype_arg(s: &str) -> Result<Dtype, ValueError> {
+    Dtype::parse(s).ok_or_else(|| ValueError::Dtype(s.to_string()))
 }
 
 pub(crate) fn tile_arg(s: &str) -> Result<Tile, crate::core::smem::TileError> {
@@ -35,21 +46,19 @@ pub(crate) fn tile_arg(s: &str) -> Result<Tile, crate::core::smem::TileError> {
 /// The most a tolerance may be: a petabyte of GPU memory is more than any host has.
 const MAX_TOLERANCE_MIB: u64 = 1 << 30;
 
-pub(crate) fn mib_arg(s: &str) -> Result<u64, String> {
+pub(crate) fn mib_arg(s: &str) -> Result<u64, ValueError> {
     let n: u64 = s
         .trim()
         .parse()
-        .map_err(|_| format!("{s:?} is not a whole number of MiB (e.g. 0, 512)"))?;
+        .map_err(|_| ValueError::Mib(s.to_string()))?;
     if n > MAX_TOLERANCE_MIB {
-        return Err(format!(
-            "{n} MiB is more than any GPU has (at most {MAX_TOLERANCE_MIB})"
-        ));
+        return Err(ValueError::TooMuch(n));
     }
     Ok(n)
 }
 
-pub(crate) fn signal_arg(s: &str) -> Result<Sig, String> {
-    s.parse::<Sig>().map_err(|e| e.to_string())
+pub(crate) fn signal_arg(s: &str) -> Result<Sig, crate::core::signal::UnknownSignal> {
+    s.parse::<Sig>()
 }
 
 pub const EXIT_CODES: &str = "\

@@ -119,13 +119,13 @@ pub fn parse_gpu_refs(s: &str) -> Result<Vec<GpuRef>, ParseError> {
 }
 
 /// clap value parser for durations.
-pub fn duration_arg(s: &str) -> Result<Duration, String> {
-    parse_duration(s).map_err(|e| e.to_string())
+pub fn duration_arg(s: &str) -> Result<Duration, ParseError> {
+    parse_duration(s)
 }
 
 /// clap value parser for GPU lists.
-pub fn gpu_refs_arg(s: &str) -> Result<Vec<GpuRef>, String> {
-    parse_gpu_refs(s).map_err(|e| e.to_string())
+pub fn gpu_refs_arg(s: &str) -> Result<Vec<GpuRef>, ParseError> {
+    parse_gpu_refs(s)
 }
 
 #[cfg(test)]

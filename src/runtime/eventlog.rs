@@ -8,6 +8,18 @@ use std::path::{Path, PathBuf};
 
 use crate::core::event::Event;
 
+/// Why the events file cannot be kept.
+#[derive(Debug, thiserror::Error)]
+pub enum EventLogError {
+    #[error("--events {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("an event that does not serialize: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
 pub struct EventLog {
     path: PathBuf,
     file: File,
@@ -15,14 +27,17 @@ pub struct EventLog {
 
 impl EventLog {
     /// Open for appending (created 0600, never through a symlink).
-    pub fn open(path: &Path) -> Result<EventLog, String> {
+    pub fn open(path: &Path) -> Result<EventLog, EventLogError> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(path)
-            .map_err(|e| format!("--events {}: {e}", path.display()))?;
+            .map_err(|source| EventLogError::Io {
+                path: path.display().to_string(),
+                source,
+            })?;
         Ok(EventLog {
             path: path.to_path_buf(),
             file,
@@ -30,11 +45,14 @@ impl EventLog {
     }
 
     /// One event, one line, written whole.
-    pub fn write(&mut self, e: &Event) -> Result<(), String> {
-        let mut line = serde_json::to_vec(e).map_err(|x| x.to_string())?;
+    pub fn write(&mut self, e: &Event) -> Result<(), EventLogError> {
+        let mut line = serde_json::to_vec(e)?;
         line.push(b'\n');
         self.file
             .write_all(&line)
-            .map_err(|x| format!("--events {}: {x}", self.path.display()))
+            .map_err(|source| EventLogError::Io {
+                path: self.path.display().to_string(),
+                source,
+            })
     }
 }

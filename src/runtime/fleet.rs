@@ -337,11 +337,7 @@ impl Fleet {
             .iter()
             .any(|s| matches!(s, HostSpec::Http { .. } | HostSpec::Prom(_)));
         let http = if needs_http {
-            Some(
-                opts.http
-                    .client(opts.ssh.connect_timeout)
-                    .map_err(crate::source::SourceError::Unreadable)?,
-            )
+            Some(opts.http.client(opts.ssh.connect_timeout)?)
         } else {
             None
         };

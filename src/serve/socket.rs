@@ -122,31 +122,43 @@ impl Drop for SocketFile {
     }
 }
 
+/// Why the socket could not be bound.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("another gpusweep serve answers on {0} (stop it, or pick another --socket)")]
+    Taken(String),
+    #[error("{0} exists and is not a socket: not replacing it")]
+    NotSocket(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
 /// Bind the socket. A file left by a serve that is gone is replaced; one a live serve answers on is not.
-pub fn bind(path: &Path) -> Result<(SocketFile, UnixListener), String> {
+pub fn bind(path: &Path) -> Result<(SocketFile, UnixListener), BindError> {
+    let shown = || path.display().to_string();
+    let io = |source| BindError::Io {
+        path: path.display().to_string(),
+        source,
+    };
     if path.exists() {
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(format!(
-                "another gpusweep serve answers on {} (stop it, or pick another --socket)",
-                path.display()
-            ));
+            return Err(BindError::Taken(shown()));
         }
         let is_socket = std::fs::symlink_metadata(path)
             .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()));
         if !is_socket {
-            return Err(format!(
-                "{} exists and is not a socket: not replacing it",
-                path.display()
-            ));
+            return Err(BindError::NotSocket(shown()));
         }
-        std::fs::remove_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        std::fs::remove_file(path).map_err(io)?;
     }
-    let listener = UnixListener::bind(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let listener = UnixListener::bind(path).map_err(io)?;
     let file = SocketFile(path.to_path_buf());
     // Readable by every local user, like the loopback HTTP port; signals are checked per peer.
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(io)?;
     Ok((file, listener))
 }
 

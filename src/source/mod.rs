@@ -22,12 +22,14 @@ use crate::core::procstat::device_minor;
 /// How often sources are polled by default.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Debug, Error)]
 pub enum SourceError {
     #[error("bad --device-glob {glob:?}: {why}")]
     BadGlob { glob: String, why: String },
     #[error("{0}")]
     Unreadable(String),
+    #[error("{0}")]
+    Http(#[from] remote::http::HttpClientError),
 }
 
 /// A host whose readings can be taken synchronously.

@@ -55,7 +55,7 @@ pub fn describe_init_error(e: &NvmlError) -> String {
 impl NvmlReader {
     /// Load `libnvidia-ml.so.1` (the name the driver installs; the unversioned name needs the -dev package),
     /// or the library `GPUSWEEP_NVML_LIBRARY` names (a driver installed off the loader's path).
-    pub fn open(gauges: bool) -> Result<Self, String> {
+    pub(super) fn open(gauges: bool) -> Result<Self, String> {
         let mut last = None;
         let chosen = std::env::var_os("GPUSWEEP_NVML_LIBRARY");
         let libs: Vec<&OsStr> = match &chosen {

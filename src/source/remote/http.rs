@@ -42,10 +42,32 @@ pub struct HttpOptions {
     pub ca_file: Option<std::path::PathBuf>,
 }
 
+/// Why the HTTP client of a fleet could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpClientError {
+    #[error("http_ca_file {path}: {source}")]
+    CaFile {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("http_ca_file {path}: {source}")]
+    CaPem {
+        path: String,
+        source: reqwest::Error,
+    },
+    #[error("http_token_file {path}: {source}")]
+    TokenFile {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("HTTP client: {0}")]
+    Build(reqwest::Error),
+}
+
 impl HttpOptions {
     /// The shared client: the system's roots plus `ca_file`, no proxy from the environment (a node's
     /// serve is reached directly), no redirects (a serve never sends one).
-    pub fn client(&self, connect_timeout: Duration) -> Result<HttpClient, String> {
+    pub fn client(&self, connect_timeout: Duration) -> Result<HttpClient, HttpClientError> {
         let mut b = reqwest::Client::builder()
             .connect_timeout(connect_timeout)
             .redirect(reqwest::redirect::Policy::none())
@@ -53,22 +75,28 @@ impl HttpOptions {
             .user_agent(concat!("gpusweep/", env!("CARGO_PKG_VERSION")));
         if let Some(ca) = &self.ca_file {
             let ca = &super::ssh::expand_tilde(ca);
-            let pem =
-                std::fs::read(ca).map_err(|e| format!("http_ca_file {}: {e}", ca.display()))?;
+            let path = ca.display().to_string();
+            let pem = std::fs::read(ca).map_err(|source| HttpClientError::CaFile {
+                path: path.clone(),
+                source,
+            })?;
             let cert = reqwest::Certificate::from_pem(&pem)
-                .map_err(|e| format!("http_ca_file {}: {e}", ca.display()))?;
+                .map_err(|source| HttpClientError::CaPem { path, source })?;
             b = b.add_root_certificate(cert);
         }
         let token = match &self.token_file {
             Some(p) => {
                 let p = &super::ssh::expand_tilde(p);
-                let t = std::fs::read_to_string(p)
-                    .map_err(|e| format!("http_token_file {}: {e}", p.display()))?;
+                let t =
+                    std::fs::read_to_string(p).map_err(|source| HttpClientError::TokenFile {
+                        path: p.display().to_string(),
+                        source,
+                    })?;
                 Some(Arc::from(t.lines().next().unwrap_or("").trim()))
             }
             None => None,
         };
-        let client = b.build().map_err(|e| format!("HTTP client: {e}"))?;
+        let client = b.build().map_err(HttpClientError::Build)?;
         Ok(HttpClient { client, token })
     }
 }

@@ -91,7 +91,7 @@ fn describe_io(e: &russh::Error) -> String {
 }
 
 /// Connect to `t`, through its ProxyJump hops in order.
-pub async fn connect(t: &Target, opts: &SshOptions) -> Result<Session, String> {
+pub(super) async fn connect(t: &Target, opts: &SshOptions) -> Result<Session, String> {
     let mut jumps: Vec<Handle<Client>> = Vec::new();
     for hop in &t.proxy_jump {
         let spec = crate::core::host::parse_one(hop).map_err(|e| format!("ProxyJump: {e}"))?;

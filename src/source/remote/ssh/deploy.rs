@@ -120,7 +120,7 @@ const DIR: &str = "umask 077; d=\"$HOME/.cache/gpusweep\"; \
 
 impl Deployment {
     /// Read and hash this binary, after checking that the host runs the same architecture.
-    pub async fn prepare(handle: &Handle<Client>) -> Result<Deployment, String> {
+    pub(super) async fn prepare(handle: &Handle<Client>) -> Result<Deployment, String> {
         let (st, arch) = exec(handle, "uname -m", None, 256).await?;
         let arch = String::from_utf8_lossy(&arch).trim().to_string();
         if st != Some(0) || arch != std::env::consts::ARCH {
@@ -167,7 +167,7 @@ impl Deployment {
         )
     }
 
-    pub async fn upload(&self, handle: &Handle<Client>) -> Result<(), String> {
+    pub(super) async fn upload(&self, handle: &Handle<Client>) -> Result<(), String> {
         let (st, out) = exec(handle, &self.upload_line(), Some(&self.bytes), 4096).await?;
         if st == Some(0) {
             Ok(())

@@ -27,7 +27,8 @@ use crate::core::model::SourceKind;
 use crate::core::trace;
 use crate::source::{ConnStatus, HostCmd};
 
-pub use connect::{Client, Session, connect};
+use connect::connect;
+pub use connect::{Client, Session};
 pub use deploy::{NOT_FOUND, exec, guarded, shell_quote};
 
 #[derive(Debug, Clone)]
