@@ -238,24 +238,30 @@ fn status_words(st: Option<i32>) -> String {
     }
 }
 
-/// The supervisor (re-executed): preflight, contain, run, end, wait for clean.
-#[allow(clippy::too_many_lines)] // the job's life in order: preflight, start, supervise, end, watch
-pub fn supervise_job(s: &Settings, a: &RunArgs) -> anyhow::Result<i32> {
-    if s.specs != [HostSpec::Local] {
-        bail!("run starts its job on this host: --hosts does not apply");
-    }
+/// A job started: its containment, its GPUs (the chosen references and the indices in scope), its pid.
+struct Job {
+    me: u32,
+    contain: Containment,
+    gpus: Option<Vec<GpuRef>>,
+    scope: Vec<u32>,
+    child: std::process::Child,
+}
+
+/// Preflight (unless told not to), contain, start COMMAND.
+fn start(s: &Settings, a: &RunArgs, fleet: &Fleet, snaps: &[HostSnapshot]) -> anyhow::Result<Job> {
     let me = std::process::id();
-    let tolerance = s.fleet.analyze.tolerance;
-    let rt = runtime()?;
-    let mut fleet =
-        rt.block_on(async { Fleet::start(&s.specs, &s.fleet.clone().without_gauges()).await })?;
-    let snaps = rt.block_on(first_snapshots(&mut fleet, s.connect_timeout));
     let snap = &snaps[0];
     if let Some(e) = unusable(snap, s.fleet.load_nvml) {
         bail!("{e}");
     }
     let gpus = chosen(a, snap)?;
-    let watch = watch_for(&fleet, &snaps, gpus.as_deref(), None, tolerance)?;
+    let watch = watch_for(
+        fleet,
+        snaps,
+        gpus.as_deref(),
+        None,
+        s.fleet.analyze.tolerance,
+    )?;
     if !a.no_preflight {
         preflight(s, snap, &watch)?;
     }
@@ -264,22 +270,17 @@ pub fn supervise_job(s: &Settings, a: &RunArgs) -> anyhow::Result<i32> {
         .get(&HostId(0))
         .and_then(|sc| sc.gpus.clone())
         .unwrap_or_else(|| snap.gpus.iter().map(|g| g.index).collect());
-    let contain = jobs::contain(
-        me,
-        std::env::var_os("GPUSWEEP_CGROUP_ROOT")
-            .as_deref()
-            .map(std::path::Path::new),
-    );
-    jobs::become_subreaper().map_err(|e| anyhow!(e))?;
-    let sigs = signals();
+    let root = std::env::var_os("GPUSWEEP_CGROUP_ROOT");
+    let contain = jobs::contain(me, root.as_deref().map(std::path::Path::new));
+    jobs::become_subreaper()?;
     let child = jobs::spawn(&a.command, &contain).map_err(|e| {
         jobs::release(&contain);
         anyhow!("cannot start {}: {e}", escape(&a.command[0]))
     })?;
-    let pid = child.id();
     eprintln!(
-        "gpusweep run: job {me}: {} (pid {pid}) in {}; GPU {}",
+        "gpusweep run: job {me}: {} (pid {}) in {}; GPU {}",
         escape(&a.command.join(" ")),
+        child.id(),
         contain.describe(),
         if scope.is_empty() {
             "none known".to_string()
@@ -287,62 +288,100 @@ pub fn supervise_job(s: &Settings, a: &RunArgs) -> anyhow::Result<i32> {
             fmt_gpus(&scope)
         }
     );
-    let status = supervise(pid, a.grace, &sigs);
-    let ended = Instant::now();
-    let ended_ms = crate::core::model::now_ms();
+    Ok(Job {
+        me,
+        contain,
+        gpus,
+        scope,
+        child,
+    })
+}
+
+/// COMMAND ended: end what is left of the job. Returns COMMAND's status and whether the job is empty now.
+fn end(
+    s: &Settings,
+    a: &RunArgs,
+    job: &Job,
+    status: Option<i32>,
+    host: &str,
+) -> (Option<i32>, bool) {
+    let Job { me, contain, .. } = job;
     let d = Deliverer {
-        host: fleet.label(HostId(0)).to_string(),
+        host: host.to_string(),
         audit: s.fleet.audit.clone(),
         without_pidfd: s.fleet.kill_without_pidfd,
     };
-    let (n, how) = end_job(&contain, me, &d, a.grace);
-    let (empty, late) = jobs::await_empty(&contain, me, pid, a.grace + Duration::from_secs(5));
-    let status = status.or(late);
+    let (n, how) = end_job(contain, *me, &d, a.grace);
+    let (empty, late) = jobs::await_empty(
+        contain,
+        *me,
+        job.child.id(),
+        a.grace + Duration::from_secs(5),
+    );
     if n > 0 {
         eprintln!("gpusweep run: job {me}: {n} process(es) left after the command ended ({how})");
     }
     if empty {
-        jobs::release(&contain);
+        jobs::release(contain);
     } else {
-        let left = jobs::members(&contain, me);
+        let left: Vec<String> = jobs::members(contain, *me)
+            .iter()
+            .map(u32::to_string)
+            .collect();
         eprintln!(
             "gpusweep run: job {me}: still running after KILL: {}",
-            left.iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
+            left.join(", ")
         );
     }
+    (status.or(late), empty)
+}
+
+/// The supervisor (re-executed): preflight, contain, run, end, wait for clean.
+pub fn supervise_job(s: &Settings, a: &RunArgs) -> anyhow::Result<i32> {
+    if s.specs != [HostSpec::Local] {
+        bail!("run starts its job on this host: --hosts does not apply");
+    }
+    let rt = runtime()?;
+    let mut fleet =
+        rt.block_on(async { Fleet::start(&s.specs, &s.fleet.clone().without_gauges()).await })?;
+    let snaps = rt.block_on(first_snapshots(&mut fleet, s.connect_timeout));
+    let sigs = signals();
+    let job = start(s, a, &fleet, &snaps)?;
+    let status = supervise(job.child.id(), a.grace, &sigs);
+    let ended = Instant::now();
+    let ended_ms = crate::core::model::now_ms();
+    let (status, empty) = end(s, a, &job, status, fleet.label(HostId(0)));
     // The job's GPUs, watched until they read zero, from readings taken after it ended: the preflight's
     // reading (clean, before the job) says nothing about now. Read at the fast poll: the time to clean is
     // only as exact as the readings (at the default 1 s interval a release was reported 1.0 s late).
     fleet.broadcast(&HostCmd::Interval(FAST_POLL));
     let after = rt.block_on(readings_since(&mut fleet, ended_ms, s.connect_timeout));
+    let me = job.me;
     if let Some(e) = after[0].error.as_deref() {
         bail!("job {me}: its GPUs could not be read after it ended: {e}");
     }
-    let watch = watch_for(&fleet, &after, gpus.as_deref(), None, tolerance)?;
+    let tolerance = s.fleet.analyze.tolerance;
+    let watch = watch_for(&fleet, &after, job.gpus.as_deref(), None, tolerance)?;
     let (clean, watch) =
         rt.block_on(watch_until_clean(&mut fleet, watch, Some(a.timeout), ended))?;
     rt.shutdown_background();
     let code = status.unwrap_or(128 + libc::SIGKILL);
+    let took = fmt_ms(millis(ended.elapsed()));
     if clean && empty {
+        let gpus = if job.scope.is_empty() {
+            "-".into()
+        } else {
+            fmt_gpus(&job.scope)
+        };
         eprintln!(
-            "gpusweep run: job {me}: COMMAND {}; GPU {} read zero {} after it ended",
-            status_words(status),
-            if scope.is_empty() {
-                "-".into()
-            } else {
-                fmt_gpus(&scope)
-            },
-            fmt_ms(millis(ended.elapsed()))
+            "gpusweep run: job {me}: COMMAND {}; GPU {gpus} read zero {took} after it ended",
+            status_words(status)
         );
         return Ok(code);
     }
     eprintln!(
-        "gpusweep run: job {me}: COMMAND {}; not clean after {}: {}",
+        "gpusweep run: job {me}: COMMAND {}; not clean after {took}: {}",
         status_words(status),
-        fmt_ms(millis(ended.elapsed())),
         watch.remaining().join("; ")
     );
     // A job that leaves its GPUs dirty never reports success.

@@ -328,7 +328,6 @@ impl Fleet {
     /// Start a collector per host. Must be called inside a tokio runtime. `prom:` specs become the hosts
     /// their server knows (asked now); this host is read through a running serve where the options ask for
     /// that and one answers.
-    #[allow(clippy::too_many_lines)] // one arm per kind of host
     pub async fn start(
         specs: &[HostSpec],
         opts: &FleetOptions,
@@ -343,121 +342,132 @@ impl Fleet {
         };
         let specs = expand(specs, http.as_ref(), opts.ssh.connect_timeout).await;
         let (tx, events) = mpsc::unbounded_channel();
-        let labels = unique_labels(&specs);
-        let connect_limit = Arc::new(Semaphore::new(opts.ssh.max_connections.max(1)));
-        let remote = RemoteOptions {
-            interval: opts.interval,
-            ssh: opts.ssh.clone(),
-            benign: opts.procfs.benign.clone(),
-            http: http.clone(),
-        };
-        let mut handles = Vec::new();
-        let mut slots = Vec::new();
-        let mut sinks = Vec::new();
-        let mut ledgers = Vec::new();
-        let mut detached = Vec::new();
-        // Hosts of each Prometheus server, gathered to be polled together.
-        let mut proms: BTreeMap<PromServer, PromGroup> = BTreeMap::new();
-        for (i, (spec, label)) in specs.iter().zip(&labels).enumerate() {
-            let slot: Slot = Arc::default();
-            slots.push(slot.clone());
-            let ledger = Arc::new(Mutex::new(Ledger::new(label, opts.analyze)));
-            ledgers.push(ledger.clone());
-            let sink: Arc<dyn Sink> = Arc::new(FleetSink {
-                host: HostId(i),
-                ledger,
-                slot,
-                tx: tx.clone(),
-            });
-            sinks.push(sink.clone());
-            let mut detach = None;
-            let remote_task = |spec: HostSpec, sink: Arc<dyn Sink>| {
-                let (ctx, crx) = mpsc::channel(CMD_QUEUE);
-                let task = RemoteTask {
-                    label: label.clone(),
-                    spec,
-                    opts: remote.clone(),
-                    sink,
-                    connect_limit: connect_limit.clone(),
-                };
-                tokio::spawn(task.run(crx));
-                Handle::Task(ctx)
-            };
-            let handle = match spec {
-                HostSpec::Local => {
-                    if let Some(path) = serve_answers(
-                        opts.serve_socket.as_deref(),
-                        &crate::core::host::local_hostname(),
-                        opts.acts,
-                    ) {
-                        remote_task(HostSpec::Socket { path }, sink)
-                    } else {
-                        let src = LocalSource::new(
-                            label.clone(),
-                            opts.procfs.clone(),
-                            opts.load_nvml,
-                            opts.gauges,
-                        )?;
-                        let d = Deliverer {
-                            host: label.clone(),
-                            audit: opts.audit.clone(),
-                            without_pidfd: opts.kill_without_pidfd,
-                        };
-                        Handle::Thread(spawn_thread(i, Box::new(src), Some(d), sink, opts.interval))
-                    }
-                }
-                HostSpec::Demo(name) => {
-                    let src = DemoHost::new(name, opts.demo_clock.clone());
-                    Handle::Thread(spawn_thread(i, Box::new(src), None, sink, opts.interval))
-                }
-                HostSpec::PromHost { server, name } => {
-                    let entry = proms.entry(server.clone()).or_insert_with(|| {
-                        let (t, r) = mpsc::channel(CMD_QUEUE);
-                        (t, r, Vec::new())
-                    });
-                    let flag = Arc::new(AtomicBool::new(false));
-                    detach = Some(flag.clone());
-                    entry.2.push(PromHost {
-                        name: name.clone(),
-                        sink,
-                        detached: flag,
-                    });
-                    Handle::Prom(entry.0.clone(), entry.2.len() - 1)
-                }
-                HostSpec::Ssh { .. }
-                | HostSpec::Command { .. }
-                | HostSpec::Http { .. }
-                | HostSpec::Socket { .. }
-                | HostSpec::Prom(_) => remote_task(spec.clone(), sink),
-            };
-            detached.push(detach);
-            handles.push(handle);
-        }
-        for (server, (_, rx, hosts)) in proms {
-            let Some(http) = http.clone() else {
-                continue;
-            };
-            tokio::spawn(crate::source::remote::prom::run(
-                server,
-                http,
-                hosts,
-                opts.interval,
-                rx,
-            ));
-        }
-        Ok(Fleet {
-            specs,
-            labels,
-            handles,
-            slots,
-            sinks,
-            ledgers,
-            detached,
-            remote,
-            connect_limit,
+        let mut fleet = Fleet {
+            labels: unique_labels(&specs),
+            specs: Vec::with_capacity(specs.len()),
+            handles: Vec::new(),
+            slots: Vec::new(),
+            sinks: Vec::new(),
+            ledgers: Vec::new(),
+            detached: Vec::new(),
+            remote: RemoteOptions {
+                interval: opts.interval,
+                ssh: opts.ssh.clone(),
+                benign: opts.procfs.benign.clone(),
+                http: http.clone(),
+            },
+            connect_limit: Arc::new(Semaphore::new(opts.ssh.max_connections.max(1))),
             tx,
             events,
-        })
+        };
+        // Hosts of each Prometheus server, gathered to be polled together.
+        let mut proms: BTreeMap<PromServer, PromGroup> = BTreeMap::new();
+        for spec in specs {
+            fleet.add(spec, opts, &mut proms)?;
+        }
+        for (server, (_, rx, hosts)) in proms {
+            if let Some(http) = http.clone() {
+                let poll = crate::source::remote::prom::run(server, http, hosts, opts.interval, rx);
+                tokio::spawn(poll);
+            }
+        }
+        Ok(fleet)
+    }
+
+    /// One host more: its ledger and slot, and its collector (a thread, a task, or a place in its Prometheus
+    /// server's poller).
+    fn add(
+        &mut self,
+        spec: HostSpec,
+        opts: &FleetOptions,
+        proms: &mut BTreeMap<PromServer, PromGroup>,
+    ) -> Result<(), crate::source::SourceError> {
+        let i = self.handles.len();
+        let label = self.labels.get(i).cloned().unwrap_or_default();
+        let slot: Slot = Arc::default();
+        let ledger = Arc::new(Mutex::new(Ledger::new(&label, opts.analyze)));
+        let sink: Arc<dyn Sink> = Arc::new(FleetSink {
+            host: HostId(i),
+            ledger: ledger.clone(),
+            slot: slot.clone(),
+            tx: self.tx.clone(),
+        });
+        self.slots.push(slot);
+        self.ledgers.push(ledger);
+        self.sinks.push(sink.clone());
+        let mut detach = None;
+        let handle = match &spec {
+            HostSpec::Local => self.local(i, &label, sink, opts)?,
+            HostSpec::Demo(name) => {
+                let src = DemoHost::new(name, opts.demo_clock.clone());
+                Handle::Thread(spawn_thread(i, Box::new(src), None, sink, opts.interval))
+            }
+            HostSpec::PromHost { server, name } => {
+                let entry = proms.entry(server.clone()).or_insert_with(|| {
+                    let (t, r) = mpsc::channel(CMD_QUEUE);
+                    (t, r, Vec::new())
+                });
+                let flag = Arc::new(AtomicBool::new(false));
+                detach = Some(flag.clone());
+                entry.2.push(PromHost {
+                    name: name.clone(),
+                    sink,
+                    detached: flag,
+                });
+                Handle::Prom(entry.0.clone(), entry.2.len() - 1)
+            }
+            HostSpec::Ssh { .. }
+            | HostSpec::Command { .. }
+            | HostSpec::Http { .. }
+            | HostSpec::Socket { .. }
+            | HostSpec::Prom(_) => self.remote_task(&label, spec.clone(), sink),
+        };
+        self.specs.push(spec);
+        self.detached.push(detach);
+        self.handles.push(handle);
+        Ok(())
+    }
+
+    /// This host: through a running serve where one answers (and takes this user's actions, for a front end
+    /// that acts), else in-process on a thread of its own.
+    fn local(
+        &self,
+        i: usize,
+        label: &str,
+        sink: Arc<dyn Sink>,
+        opts: &FleetOptions,
+    ) -> Result<Handle, crate::source::SourceError> {
+        let socket = opts.serve_socket.as_deref();
+        if let Some(path) = serve_answers(socket, &crate::core::host::local_hostname(), opts.acts) {
+            return Ok(self.remote_task(label, HostSpec::Socket { path }, sink));
+        }
+        let src = LocalSource::new(
+            label.to_string(),
+            opts.procfs.clone(),
+            opts.load_nvml,
+            opts.gauges,
+        )?;
+        let d = Deliverer {
+            host: label.to_string(),
+            audit: opts.audit.clone(),
+            without_pidfd: opts.kill_without_pidfd,
+        };
+        let tx = spawn_thread(i, Box::new(src), Some(d), sink, opts.interval);
+        Ok(Handle::Thread(tx))
+    }
+
+    /// A remote host's task, started now.
+    fn remote_task(&self, label: &str, spec: HostSpec, sink: Arc<dyn Sink>) -> Handle {
+        let (ctx, crx) = mpsc::channel(CMD_QUEUE);
+        let task = RemoteTask {
+            label: label.to_string(),
+            spec,
+            opts: self.remote.clone(),
+            sink,
+            connect_limit: self.connect_limit.clone(),
+        };
+        tokio::spawn(task.run(crx));
+        Handle::Task(ctx)
     }
 
     /// Read a host live that was seen through Prometheus: through its serve (`http(s)://...`) or over SSH
@@ -480,16 +490,8 @@ impl Fleet {
         if let Some(Some(flag)) = self.detached.get(i) {
             flag.store(true, Ordering::SeqCst);
         }
-        let (ctx, crx) = mpsc::channel(CMD_QUEUE);
-        let task = RemoteTask {
-            label: self.labels[i].clone(),
-            spec: spec.clone(),
-            opts: self.remote.clone(),
-            sink: self.sinks[i].clone(),
-            connect_limit: self.connect_limit.clone(),
-        };
-        tokio::spawn(task.run(crx));
-        self.handles[i] = Handle::Task(ctx);
+        let label = self.labels[i].clone();
+        self.handles[i] = self.remote_task(&label, spec.clone(), self.sinks[i].clone());
         self.specs[i] = spec.clone();
         Ok(spec)
     }

@@ -138,8 +138,18 @@ async fn serve_tls(listener: TcpListener, acceptor: TlsAcceptor, router: axum::R
     }
 }
 
-#[allow(clippy::too_many_lines)] // checks, then the fleet, the hub and each listener started in order
-pub fn run(s: &Settings, a: &ServeArgs) -> anyhow::Result<i32> {
+/// What a serve will serve, checked before anything starts.
+struct Plan {
+    token: Option<Arc<str>>,
+    tls: Option<TlsAcceptor>,
+    /// The socket's path; `None`: no socket.
+    socket: Option<PathBuf>,
+    listen: SocketAddr,
+}
+
+/// Check the options: only this host (or demo hosts), a readable token, a certificate with its key,
+/// something to serve, a place for the socket.
+fn plan(s: &Settings, a: &ServeArgs) -> anyhow::Result<Plan> {
     if let Some(other) = s
         .specs
         .iter()
@@ -160,7 +170,7 @@ pub fn run(s: &Settings, a: &ServeArgs) -> anyhow::Result<i32> {
         bail!("--no-http and no socket: nothing would be served");
     }
     // A demo serve takes no default socket: it must never answer for this host.
-    let socket_path = if a.no_socket || (s.demo && a.socket.is_none()) {
+    let socket = if a.no_socket || (s.demo && a.socket.is_none()) {
         None
     } else {
         match a.socket.clone().or_else(socket::default_path) {
@@ -174,82 +184,92 @@ pub fn run(s: &Settings, a: &ServeArgs) -> anyhow::Result<i32> {
         Some(l) => l,
         None => DEFAULT_LISTEN.parse().context("default listen address")?,
     };
+    Ok(Plan {
+        token,
+        tls,
+        socket,
+        listen,
+    })
+}
+
+pub fn run(s: &Settings, a: &ServeArgs) -> anyhow::Result<i32> {
+    let plan = plan(s, a)?;
     let rt = crate::runtime::async_runtime().context("starting the async runtime")?;
-    let code = rt.block_on(async {
-        let fleet = Fleet::start(&s.specs, &s.fleet).await?;
-        let labels = fleet.labels().to_vec();
-        let scheme = if tls.is_some() { "https" } else { "http" };
-        let hub = hub::Hub::new(&labels, s.fleet.interval, scheme, s.readonly);
-        let shared = hub.shared();
-        let http = if a.no_http {
-            None
-        } else {
-            Some(
-                TcpListener::bind(listen)
-                    .await
-                    .with_context(|| format!("--listen {listen}"))?,
-            )
-        };
-        let bound = socket_path
-            .as_deref()
-            .map(socket::bind)
-            .transpose()
-            .map_err(|e| anyhow!("--socket: {e}"))?;
-        let mut served = Vec::new();
-        if let Some(l) = &http {
-            let addr = l.local_addr().unwrap_or(listen);
-            served.push(format!(
-                "{scheme}://{addr} (/metrics, /api/v1/snapshot, /api/v1/events, /healthz)"
-            ));
-        }
-        if let Some((file, _)) = &bound {
-            served.push(format!("socket {}", file.0.display()));
-        }
-        eprintln!(
-            "gpusweep serve: {} on {}{}{}",
-            labels.join(", "),
-            served.join(" and "),
-            if token.is_some() {
-                "; bearer token required"
-            } else {
-                ""
-            },
-            if s.demo {
-                "; DEMO: simulated hosts"
-            } else {
-                ""
-            }
-        );
-        let web = http::Web {
-            shared: shared.clone(),
-            token,
-        };
-        let router = http::router(web);
-        let hub_task = tokio::spawn(hub.run(fleet));
-        if let Some(l) = http {
-            match tls {
-                Some(acceptor) => {
-                    tokio::spawn(serve_tls(l, acceptor, router));
-                }
-                None => {
-                    tokio::spawn(async move {
-                        let _ = axum::serve(l, router).await;
-                    });
-                }
-            }
-        }
-        let file = match bound {
-            Some((file, listener)) => {
-                tokio::spawn(socket::accept(listener, shared.clone()));
-                Some(file)
-            }
-            None => None,
-        };
-        let code = until_signal(hub_task).await;
-        drop(file);
-        anyhow::Ok(code)
-    })?;
+    let code = rt.block_on(serve(s, a, plan))?;
     rt.shutdown_background();
+    Ok(code)
+}
+
+/// The first line a serve says: what it serves, where, and how.
+fn banner(labels: &[String], served: &[String], token: bool, demo: bool) -> String {
+    format!(
+        "gpusweep serve: {} on {}{}{}",
+        labels.join(", "),
+        served.join(" and "),
+        if token { "; bearer token required" } else { "" },
+        if demo { "; DEMO: simulated hosts" } else { "" }
+    )
+}
+
+/// The fleet, the hub, and each listener started in order; until a signal or the hub ends.
+async fn serve(s: &Settings, a: &ServeArgs, plan: Plan) -> anyhow::Result<i32> {
+    let Plan {
+        token,
+        tls,
+        socket,
+        listen,
+    } = plan;
+    let fleet = Fleet::start(&s.specs, &s.fleet).await?;
+    let labels = fleet.labels().to_vec();
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let hub = hub::Hub::new(&labels, s.fleet.interval, scheme, s.readonly);
+    let shared = hub.shared();
+    let http = if a.no_http {
+        None
+    } else {
+        let l = TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("--listen {listen}"))?;
+        Some(l)
+    };
+    let bound = socket
+        .as_deref()
+        .map(socket::bind)
+        .transpose()
+        .map_err(|e| anyhow!("--socket: {e}"))?;
+    let mut served = Vec::new();
+    if let Some(l) = &http {
+        let addr = l.local_addr().unwrap_or(listen);
+        served.push(format!(
+            "{scheme}://{addr} (/metrics, /api/v1/snapshot, /api/v1/events, /healthz)"
+        ));
+    }
+    if let Some((file, _)) = &bound {
+        served.push(format!("socket {}", file.0.display()));
+    }
+    eprintln!("{}", banner(&labels, &served, token.is_some(), s.demo));
+    let router = http::router(http::Web {
+        shared: shared.clone(),
+        token,
+    });
+    let hub_task = tokio::spawn(hub.run(fleet));
+    match (http, tls) {
+        (Some(l), Some(acceptor)) => {
+            tokio::spawn(serve_tls(l, acceptor, router));
+        }
+        (Some(l), None) => {
+            tokio::spawn(async move {
+                let _ = axum::serve(l, router).await;
+            });
+        }
+        (None, _) => {}
+    }
+    let file = bound.map(|(file, listener)| {
+        tokio::spawn(socket::accept(listener, shared.clone()));
+        file
+    });
+    let code = until_signal(hub_task).await;
+    drop(file);
     Ok(code)
 }
 

@@ -385,74 +385,73 @@ impl DemoHost {
             .any(|p| p.pid == pid && p.killed_at.is_some_and(|k| t >= k + DRAIN_MS))
     }
 
-    #[allow(clippy::too_many_lines)] // the whole simulated reading in one place, field by field
-    pub fn snapshot(&self) -> HostSnapshot {
-        let t = self.clock.now_ms();
-        let base_s = self.clock.base_unix_ms() / 1000;
-        let mut gpus = Vec::new();
-        for i in 0..8u32 {
-            let mut listed = Vec::new();
-            let mut used = 0u64;
-            for p in &self.procs {
-                if p.listed_on == Some(i)
-                    && let Some(b) = Self::charged(p, t)
-                {
-                    listed.push(ListedProcess {
-                        pid: p.pid,
-                        used_bytes: Some(b),
-                        kind: ProcessKind::Compute,
-                        name: None,
-                    });
-                    // Context overhead NVML does not charge to the process.
-                    used += b + 10 * MIB;
-                }
+    /// GPU `i` at simulated time `t`: what NVML would list and charge, and the gauges of a busy GPU.
+    fn gpu(&self, i: u32, t: u64) -> Gpu {
+        let mut listed = Vec::new();
+        let mut used = 0u64;
+        for p in &self.procs {
+            if p.listed_on == Some(i)
+                && let Some(b) = Self::charged(p, t)
+            {
+                listed.push(ListedProcess {
+                    pid: p.pid,
+                    used_bytes: Some(b),
+                    kind: ProcessKind::Compute,
+                    name: None,
+                });
+                // Context overhead NVML does not charge to the process.
+                used += b + 10 * MIB;
             }
-            for g in self.ghosts.iter().filter(|g| g.gpu == i) {
-                if !self.killed_for(g.kept_by, t) {
-                    listed.push(ListedProcess {
-                        pid: g.pid,
-                        used_bytes: Some(g.bytes),
-                        kind: ProcessKind::Compute,
-                        name: None,
-                    });
-                    used += g.bytes + 9 * MIB;
-                }
-            }
-            let busy = !listed.is_empty() && used > 40 * GIB;
-            let wave = ((t as f64 / 1000.0 + f64::from(i)) * 0.7).sin();
-            let util = if busy && self.name != "gpu-b" {
-                (70.0 + 25.0 * wave) as u32
-            } else {
-                0
-            };
-            gpus.push(Gpu {
-                judged: None,
-                state: None,
-                index: i,
-                uuid: Some(format!(
-                    "GPU-{:08x}-{:04x}-4e0f-9a31-{:012x}",
-                    fnv(&self.name),
-                    i * 0x1111,
-                    0x3cdb_bceb_d2a0_u64 + u64::from(i)
-                )),
-                name: Some(self.gpu_name.to_string()),
-                pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x18 + i * 0x10)),
-                minor: Some(i),
-                memory: Memory {
-                    used: Some(used),
-                    total: Some(self.total),
-                    reserved: Some(self.reserved),
-                },
-                utilization: Some(util),
-                temperature_c: Some(31 + util / 3),
-                power_mw: Some(if self.cc == "12.0" { 38_000 } else { 76_000 } + util * 5_500),
-                compute_capability: Some(self.cc.to_string()),
-                mig_enabled: Some(false),
-                persistence_mode: Some(true),
-                processes: listed,
-                error: None,
-            });
         }
+        for g in self.ghosts.iter().filter(|g| g.gpu == i) {
+            if !self.killed_for(g.kept_by, t) {
+                listed.push(ListedProcess {
+                    pid: g.pid,
+                    used_bytes: Some(g.bytes),
+                    kind: ProcessKind::Compute,
+                    name: None,
+                });
+                used += g.bytes + 9 * MIB;
+            }
+        }
+        let busy = !listed.is_empty() && used > 40 * GIB;
+        let wave = ((t as f64 / 1000.0 + f64::from(i)) * 0.7).sin();
+        let util = if busy && self.name != "gpu-b" {
+            (70.0 + 25.0 * wave) as u32
+        } else {
+            0
+        };
+        Gpu {
+            judged: None,
+            state: None,
+            index: i,
+            uuid: Some(format!(
+                "GPU-{:08x}-{:04x}-4e0f-9a31-{:012x}",
+                fnv(&self.name),
+                i * 0x1111,
+                0x3cdb_bceb_d2a0_u64 + u64::from(i)
+            )),
+            name: Some(self.gpu_name.to_string()),
+            pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x18 + i * 0x10)),
+            minor: Some(i),
+            memory: Memory {
+                used: Some(used),
+                total: Some(self.total),
+                reserved: Some(self.reserved),
+            },
+            utilization: Some(util),
+            temperature_c: Some(31 + util / 3),
+            power_mw: Some(if self.cc == "12.0" { 38_000 } else { 76_000 } + util * 5_500),
+            compute_capability: Some(self.cc.to_string()),
+            mig_enabled: Some(false),
+            persistence_mode: Some(true),
+            processes: listed,
+            error: None,
+        }
+    }
+
+    /// The live processes as /proc would show them, the GPU holders among them, and the zombies.
+    fn procs(&self, base_s: u64) -> (Vec<Proc>, Vec<Holder>, Vec<u32>) {
         let mut processes = Vec::new();
         let mut holders = Vec::new();
         let mut zombies = Vec::new();
@@ -491,6 +490,15 @@ impl DemoHost {
         }
         processes.sort_by_key(|p| p.pid);
         holders.sort_by_key(|h| h.pid);
+        (processes, holders, zombies)
+    }
+
+    /// The simulated reading now.
+    pub fn snapshot(&self) -> HostSnapshot {
+        let t = self.clock.now_ms();
+        let gpus = (0..8u32).map(|i| self.gpu(i, t)).collect();
+        let (processes, holders, zombies) = self.procs(self.clock.base_unix_ms() / 1000);
+        let shm_used: u64 = self.shm.iter().map(|s| s.bytes).sum();
         HostSnapshot {
             live_url: None,
             host: self.name.clone(),
@@ -506,8 +514,8 @@ impl DemoHost {
             zombies,
             shm: Some(ShmInfo {
                 total: Some(128 * GIB),
-                used: Some(self.shm.iter().map(|s| s.bytes).sum()),
-                free: Some(128 * GIB - self.shm.iter().map(|s| s.bytes).sum::<u64>()),
+                used: Some(shm_used),
+                free: Some(128 * GIB - shm_used),
                 segments: self.shm.clone(),
                 shmmax: Some(18_446_744_073_692_774_399),
                 shmall: Some(18_446_744_073_692_774_399),
@@ -521,8 +529,6 @@ impl DemoHost {
         }
     }
 
-    /// Signals act on the simulation with the same refusals as real delivery.
-    /// Remove simulated /dev/shm files, with the checks a real host makes: the same inode, nobody using it.
     /// Carry out an action on the simulation.
     pub fn act(&mut self, req: &ActionRequest) -> ActionAnswer {
         match req {
@@ -531,6 +537,7 @@ impl DemoHost {
         }
     }
 
+    /// Remove simulated /dev/shm files, with the checks a real host makes: the same inode, nobody using it.
     pub fn remove(&mut self, req: &RemovalRequest) -> Vec<RemovalOutcome> {
         req.files
             .iter()
@@ -561,6 +568,7 @@ impl DemoHost {
             .collect()
     }
 
+    /// Signals act on the simulation with the same refusals as real delivery.
     pub fn signal(&mut self, req: &SignalRequest) -> Vec<Outcome> {
         let t = self.clock.now_ms();
         let mut out = Vec::new();

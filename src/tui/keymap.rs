@@ -396,8 +396,8 @@ impl Keymap {
             .filter(|((l, _), c)| *l == layer && **c == cmd)
             .map(|((_, k), _)| k.label())
             .collect();
-        // Characters first on the main screen ("j/↓"); named keys first in a dialog ("Enter/y").
-        let named_first = layer != Layer::Main;
+        // Characters first on screens ("j/↓", "e/Enter"); named keys first in a dialog ("Enter/y").
+        let named_first = matches!(layer, Layer::Dialog | Layer::Edit);
         v.sort_by_key(|s| ((s.chars().count() > 1) != named_first, s.clone()));
         v.join("/")
     }

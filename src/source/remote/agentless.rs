@@ -142,36 +142,18 @@ printf '##end\0'
 /// The CSV sections may be long (a line per GPU or process); every other record is one short line.
 const MAX_CSV: usize = 8 * 1024 * 1024;
 
-#[allow(clippy::too_many_lines)] // one parser for the scan's record kinds, each a few lines
-pub fn parse_shell_scan(out: &str) -> ShellScan {
-    let mut scan = ShellScan::default();
-    let mut section = "";
-    let mut passwd: HashMap<u32, String> = HashMap::new();
-    let mut uids: HashMap<u32, u32> = HashMap::new();
-    for record in out.split('\0').take(MAX_RECORDS) {
-        // `cat stat` ends with a newline; inside a record newlines are data.
-        let line = record.strip_suffix('\n').unwrap_or(record);
-        let csv = matches!(section, "gpus" | "apps");
-        if line.len() > if csv { MAX_CSV } else { MAX_RECORD } {
-            continue;
-        }
-        if let Some(s) = line.strip_prefix("##") {
-            if s == "gpu_error" {
-                scan.gpu_error = Some("nvidia-smi failed or is not installed".into());
-            } else {
-                section = match s {
-                    "gpus" => "gpus",
-                    "apps" => "apps",
-                    "stat" => "stat",
-                    "uid" => "uid",
-                    "fds" => "fds",
-                    "passwd" => "passwd",
-                    "cmdline" => "cmdline",
-                    _ => "",
-                };
-            }
-            continue;
-        }
+/// The scan being read: the sections' records go into `scan`; users are joined to processes at the end.
+#[derive(Default)]
+struct Reading {
+    scan: ShellScan,
+    passwd: HashMap<u32, String>,
+    uids: HashMap<u32, u32>,
+}
+
+impl Reading {
+    /// One record of a section.
+    fn record(&mut self, section: &str, line: &str) {
+        let scan = &mut self.scan;
         match section {
             "gpus" if scan.gpus_csv.len() + line.len() <= MAX_CSV => {
                 scan.gpus_csv.push_str(line);
@@ -191,34 +173,15 @@ pub fn parse_shell_scan(out: &str) -> ShellScan {
                 if let (Some(Ok(pid)), Some(Ok(uid))) =
                     (it.next().map(str::parse), it.next().map(str::parse))
                 {
-                    uids.insert(pid, uid);
+                    self.uids.insert(pid, uid);
                 }
             }
-            "fds" => {
-                if let Some(pid) = line
-                    .strip_prefix("unreadable ")
-                    .and_then(|p| p.trim().parse::<u32>().ok())
-                {
-                    scan.unreadable += 1;
-                    if let Some(p) = scan.procs.get_mut(&pid) {
-                        p.fds_unreadable = true;
-                    }
-                    continue;
-                }
-                if let Some((pid, path)) = line.split_once(' ')
-                    && let Ok(pid) = pid.parse::<u32>()
-                {
-                    let v = scan.fds.entry(pid).or_default();
-                    if v.len() < 4096 {
-                        v.push(path.to_string());
-                    }
-                }
-            }
+            "fds" => self.fd(line),
             "passwd" => {
                 if let Some((name, uid)) = line.split_once(':')
                     && let Ok(uid) = uid.trim().parse::<u32>()
                 {
-                    passwd.insert(uid, name.to_string());
+                    self.passwd.insert(uid, name.to_string());
                 }
             }
             "cmdline" => {
@@ -231,13 +194,79 @@ pub fn parse_shell_scan(out: &str) -> ShellScan {
             _ => {}
         }
     }
-    for (pid, uid) in uids {
-        if let Some(p) = scan.procs.get_mut(&pid) {
-            p.uid = Some(uid);
-            p.user = Some(passwd.get(&uid).cloned().unwrap_or_else(|| uid.to_string()));
+
+    /// A device file a process has open, or a process whose fds could not be read.
+    fn fd(&mut self, line: &str) {
+        let scan = &mut self.scan;
+        if let Some(pid) = line
+            .strip_prefix("unreadable ")
+            .and_then(|p| p.trim().parse::<u32>().ok())
+        {
+            scan.unreadable += 1;
+            if let Some(p) = scan.procs.get_mut(&pid) {
+                p.fds_unreadable = true;
+            }
+            return;
+        }
+        if let Some((pid, path)) = line.split_once(' ')
+            && let Ok(pid) = pid.parse::<u32>()
+        {
+            let v = scan.fds.entry(pid).or_default();
+            if v.len() < 4096 {
+                v.push(path.to_string());
+            }
         }
     }
-    scan
+
+    /// The scan, each process with its user's name where the scan named it.
+    fn done(mut self) -> ShellScan {
+        for (pid, uid) in self.uids {
+            if let Some(p) = self.scan.procs.get_mut(&pid) {
+                p.uid = Some(uid);
+                p.user = Some(
+                    self.passwd
+                        .get(&uid)
+                        .cloned()
+                        .unwrap_or_else(|| uid.to_string()),
+                );
+            }
+        }
+        self.scan
+    }
+}
+
+/// The section a `##NAME` line starts; `None` for `##gpu_error`, which is a record of its own.
+fn section_of(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "gpu_error" => return None,
+        "gpus" => "gpus",
+        "apps" => "apps",
+        "stat" => "stat",
+        "uid" => "uid",
+        "fds" => "fds",
+        "passwd" => "passwd",
+        "cmdline" => "cmdline",
+        _ => "",
+    })
+}
+
+pub fn parse_shell_scan(out: &str) -> ShellScan {
+    let mut r = Reading::default();
+    let mut section = "";
+    for record in out.split('\0').take(MAX_RECORDS) {
+        // `cat stat` ends with a newline; inside a record newlines are data.
+        let line = record.strip_suffix('\n').unwrap_or(record);
+        let csv = matches!(section, "gpus" | "apps");
+        if line.len() > if csv { MAX_CSV } else { MAX_RECORD } {
+            continue;
+        }
+        match line.strip_prefix("##").map(section_of) {
+            Some(Some(s)) => section = s,
+            Some(None) => r.scan.gpu_error = Some("nvidia-smi failed or is not installed".into()),
+            None => r.record(section, line),
+        }
+    }
+    r.done()
 }
 
 /// Holders from the fd lines of a shell scan: (pid, devices, fd count) mapped to GPU indices through minors.

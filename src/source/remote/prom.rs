@@ -355,66 +355,73 @@ fn count_findings(name: &str, d: &HostData, findings: &mut Vec<Finding>) {
     }
 }
 
+/// One GPU of a host from what Prometheus holds of it: memory, and what the host's serve says of it.
+fn gpu(name: &str, index: u32, g: &GpuData, d: &HostData, ids: &Identities) -> Gpu {
+    let id = ids
+        .gpus
+        .get(&(name.to_string(), index))
+        .cloned()
+        .unwrap_or_default();
+    let reserved = mib(id.reserved_mib);
+    // What the host's serve says; the runtime believes a "clean" only where these bytes agree.
+    let judged = d.gpusweep.then_some(match g.clean {
+        Some(c) if c >= 1.0 => GpuState::Clean,
+        Some(_) if !g.unexplained.is_empty() => GpuState::Leak,
+        Some(_) => GpuState::InUse,
+        None if g.unreadable => GpuState::Error,
+        None => GpuState::Unknown,
+    });
+    Gpu {
+        index,
+        uuid: id.uuid,
+        name: id.model,
+        pci_bus_id: id.pci,
+        minor: id.minor,
+        memory: Memory {
+            used: mib(g.used),
+            total: mib(id.usable_mib).map(|u| u + reserved.unwrap_or(0)),
+            reserved,
+        },
+        error: g
+            .unreadable
+            .then(|| "its serve could not read this GPU".to_string()),
+        judged,
+        ..Default::default()
+    }
+}
+
+/// The unexplained memory a host's serve reports for one GPU, as findings.
+fn unexplained(name: &str, index: u32, g: &GpuData, findings: &mut Vec<Finding>) {
+    for (kind, bytes) in &g.unexplained {
+        let Some(k) = kind_of(kind) else { continue };
+        let bytes = whole(*bytes);
+        findings.push(Finding {
+            kind: k,
+            severity: Severity::Leak,
+            host: name.to_string(),
+            gpu: Some(index),
+            pid: None,
+            bytes,
+            detail: format!(
+                "GPU {index}: {} of memory unexplained ({}), as the host's gpusweep serve reports to Prometheus",
+                crate::core::format::fmt_bytes(bytes),
+                k.as_str()
+            ),
+            action: "open the host live (Enter in the TUI, or --hosts its serve) to see who holds it"
+                .into(),
+            target_pid: None,
+            file: None,
+        });
+    }
+}
+
 /// The snapshot of one host from what Prometheus holds of it.
-#[allow(clippy::too_many_lines)] // GPUs with their verdicts and per-GPU findings, then the host's fields
 fn snapshot(name: &str, d: &HostData, ids: &Identities, polled_ms: u64) -> HostSnapshot {
     let mut gpus = Vec::new();
     let mut findings = Vec::new();
     for (&index, g) in &d.gpus {
-        let id = ids
-            .gpus
-            .get(&(name.to_string(), index))
-            .cloned()
-            .unwrap_or_default();
-        let used = mib(g.used);
-        let reserved = mib(id.reserved_mib);
-        let total = mib(id.usable_mib).map(|u| u + reserved.unwrap_or(0));
-        // What the host's serve says; the runtime believes a "clean" only where these bytes agree.
-        let judged = d.gpusweep.then_some(match g.clean {
-            Some(c) if c >= 1.0 => GpuState::Clean,
-            Some(_) if !g.unexplained.is_empty() => GpuState::Leak,
-            Some(_) => GpuState::InUse,
-            None if g.unreadable => GpuState::Error,
-            None => GpuState::Unknown,
-        });
-        for (kind, bytes) in &g.unexplained {
-            let Some(k) = kind_of(kind) else { continue };
-            let bytes = whole(*bytes);
-            findings.push(Finding {
-                kind: k,
-                severity: Severity::Leak,
-                host: name.to_string(),
-                gpu: Some(index),
-                pid: None,
-                bytes,
-                detail: format!(
-                    "GPU {index}: {} of memory unexplained ({}), as the host's gpusweep serve reports to Prometheus",
-                    crate::core::format::fmt_bytes(bytes),
-                    k.as_str()
-                ),
-                action: "open the host live (Enter in the TUI, or --hosts its serve) to see who holds it"
-                    .into(),
-                target_pid: None,
-                file: None,
-            });
-        }
-        gpus.push(Gpu {
-            index,
-            uuid: id.uuid,
-            name: id.model,
-            pci_bus_id: id.pci,
-            minor: id.minor,
-            memory: Memory {
-                used,
-                total,
-                reserved,
-            },
-            error: g
-                .unreadable
-                .then(|| "its serve could not read this GPU".to_string()),
-            judged,
-            ..Default::default()
-        });
+        unexplained(name, index, g, &mut findings);
+        gpus.push(gpu(name, index, g, d, ids));
     }
     count_findings(name, d, &mut findings);
     findings.sort_by(|a, b| b.severity.cmp(&a.severity).then(a.gpu.cmp(&b.gpu)));
@@ -475,26 +482,32 @@ impl Queries {
     }
 }
 
+/// The four queries of an identity read: GPU identities, serves, usable and reserved memory.
+fn identity_queries(p: &PromServer) -> [String; 4] {
+    [
+        format!(
+            "max by (Hostname, instance, gpu, UUID, modelName, pci_bus_id, device) (last_over_time({}[{LOOKBACK}]))",
+            p.sel(m::FB_USED)
+        ),
+        format!(
+            "max by (Hostname, instance, scheme, api_path) (last_over_time({}[{LOOKBACK}]))",
+            p.sel(m::SERVE_INFO)
+        ),
+        format!(
+            "max by (Hostname, gpu) (last_over_time({}[{LOOKBACK}]) + last_over_time({}[{LOOKBACK}]))",
+            p.sel(m::FB_FREE),
+            p.sel(m::FB_USED)
+        ),
+        format!(
+            "max by (Hostname, gpu) (last_over_time({}[{LOOKBACK}]))",
+            p.sel(m::FB_RESERVED)
+        ),
+    ]
+}
+
 /// Read identities: GPU UUIDs, models, buses; each host's scrape target and serve.
-#[allow(clippy::too_many_lines)] // four queries asked at once, then their answers folded into one table
 async fn identities(p: &PromServer, http: &HttpClient) -> Result<Identities, String> {
-    let gpus_q = format!(
-        "max by (Hostname, instance, gpu, UUID, modelName, pci_bus_id, device) (last_over_time({}[{LOOKBACK}]))",
-        p.sel(m::FB_USED)
-    );
-    let serve_q = format!(
-        "max by (Hostname, instance, scheme, api_path) (last_over_time({}[{LOOKBACK}]))",
-        p.sel(m::SERVE_INFO)
-    );
-    let usable_q = format!(
-        "max by (Hostname, gpu) (last_over_time({}[{LOOKBACK}]) + last_over_time({}[{LOOKBACK}]))",
-        p.sel(m::FB_FREE),
-        p.sel(m::FB_USED)
-    );
-    let reserved_q = format!(
-        "max by (Hostname, gpu) (last_over_time({}[{LOOKBACK}]))",
-        p.sel(m::FB_RESERVED)
-    );
+    let [gpus_q, serve_q, usable_q, reserved_q] = identity_queries(p);
     let (gpu_body, serve_body, usable_body, reserved_body) = tokio::join!(
         p.fetch(http, &gpus_q),
         p.fetch(http, &serve_q),
@@ -503,40 +516,51 @@ async fn identities(p: &PromServer, http: &HttpClient) -> Result<Identities, Str
     );
     let (gpu_body, serve_body) = (gpu_body?, serve_body?);
     let (usable_body, reserved_body) = (usable_body?, reserved_body?);
-    let (g, s) = (p.samples(&gpu_body)?, p.samples(&serve_body)?);
-    let (usable, reserved) = (p.samples(&usable_body)?, p.samples(&reserved_body)?);
     let mut ids = Identities {
         read_at: Some(Instant::now()),
         ..Default::default()
     };
-    for x in g {
-        let (Some(host), Some(gpu)) = (x.host(), x.gpu()) else {
-            continue;
-        };
-        if let Some(i) = x.label("instance") {
-            ids.instance.insert(host.to_string(), i.to_string());
-        }
-        let nonempty = |k: &str| x.label(k).filter(|v| !v.is_empty()).map(str::to_string);
-        ids.gpus.insert(
-            (host.to_string(), gpu),
-            Ident {
-                uuid: nonempty(m::L_UUID),
-                model: nonempty(m::L_MODEL),
-                pci: nonempty(m::L_PCI_BUS_ID),
-                minor: x
-                    .label(m::L_DEVICE)
-                    .and_then(|d| d.strip_prefix("nvidia"))
-                    .and_then(|n| n.parse().ok()),
-                ..Default::default()
-            },
-        );
-    }
-    for (samples, usable) in [(usable, true), (reserved, false)] {
+    ids.gpus_from(&p.samples(&gpu_body)?);
+    ids.sizes_from(&p.samples(&usable_body)?, true);
+    ids.sizes_from(&p.samples(&reserved_body)?, false);
+    ids.serves_from(&p.samples(&serve_body)?);
+    Ok(ids)
+}
+
+impl Identities {
+    /// Each GPU's UUID, model, bus and minor; each host's scrape target.
+    fn gpus_from(&mut self, samples: &[Sample]) {
         for x in samples {
             let (Some(host), Some(gpu)) = (x.host(), x.gpu()) else {
                 continue;
             };
-            let id = ids.gpus.entry((host.to_string(), gpu)).or_default();
+            if let Some(i) = x.label("instance") {
+                self.instance.insert(host.to_string(), i.to_string());
+            }
+            let nonempty = |k: &str| x.label(k).filter(|v| !v.is_empty()).map(str::to_string);
+            self.gpus.insert(
+                (host.to_string(), gpu),
+                Ident {
+                    uuid: nonempty(m::L_UUID),
+                    model: nonempty(m::L_MODEL),
+                    pci: nonempty(m::L_PCI_BUS_ID),
+                    minor: x
+                        .label(m::L_DEVICE)
+                        .and_then(|d| d.strip_prefix("nvidia"))
+                        .and_then(|n| n.parse().ok()),
+                    ..Default::default()
+                },
+            );
+        }
+    }
+
+    /// Each GPU's usable memory (free + used) or its reservation, in MiB.
+    fn sizes_from(&mut self, samples: &[Sample], usable: bool) {
+        for x in samples {
+            let (Some(host), Some(gpu)) = (x.host(), x.gpu()) else {
+                continue;
+            };
+            let id = self.gpus.entry((host.to_string(), gpu)).or_default();
             if usable {
                 id.usable_mib = x.value();
             } else {
@@ -544,28 +568,31 @@ async fn identities(p: &PromServer, http: &HttpClient) -> Result<Identities, Str
             }
         }
     }
-    for x in s {
-        let Some(host) = x.host() else { continue };
-        if let Some(i) = x.label("instance") {
-            ids.instance.insert(host.to_string(), i.to_string());
-        }
-        let scheme = match x.label("scheme") {
-            Some("https") => "https",
-            _ => "http",
-        };
-        let path = x.label("api_path").unwrap_or("").to_string();
-        // Only a path of the shape a serve uses: nothing else may end up in the address the client opens.
-        if path.is_empty()
-            || (path.starts_with("/hosts/")
-                && path[7..]
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
-        {
-            ids.serve
-                .insert(host.to_string(), (scheme.to_string(), path));
+
+    /// Where each host's serve answers: its scrape target, the scheme it says, and a path of the shape a
+    /// serve uses (nothing else may end up in the address the client opens).
+    fn serves_from(&mut self, samples: &[Sample]) {
+        for x in samples {
+            let Some(host) = x.host() else { continue };
+            if let Some(i) = x.label("instance") {
+                self.instance.insert(host.to_string(), i.to_string());
+            }
+            let scheme = match x.label("scheme") {
+                Some("https") => "https",
+                _ => "http",
+            };
+            let path = x.label("api_path").unwrap_or("").to_string();
+            let name_ok = |n: &str| {
+                n.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            };
+            let ok = path.is_empty() || path.strip_prefix("/hosts/").is_some_and(name_ok);
+            if ok {
+                self.serve
+                    .insert(host.to_string(), (scheme.to_string(), path));
+            }
         }
     }
-    Ok(ids)
 }
 
 impl HostData {
@@ -588,17 +615,17 @@ impl HostData {
 }
 
 /// The fleet's names, each to its place in a poll's table: looked up once per sample, so a thousand hosts'
-/// answers cost no string allocation and no tree walk.
-struct Names<'a> {
-    place: HashMap<&'a str, usize>,
+/// answers cost no tree walk (the names are copied once, when the poller starts).
+struct Names {
+    place: HashMap<String, usize>,
 }
 
-impl<'a> Names<'a> {
-    fn new(hosts: &'a [PromHost]) -> Names<'a> {
+impl Names {
+    fn new(hosts: &[PromHost]) -> Names {
         let mut place = HashMap::with_capacity(hosts.len());
         for h in hosts {
             let next = place.len();
-            place.entry(h.name.as_str()).or_insert(next);
+            place.entry(h.name.clone()).or_insert(next);
         }
         Names { place }
     }
@@ -620,7 +647,7 @@ async fn poll(
     server: &PromServer,
     http: &HttpClient,
     queries: &Queries,
-    names: &Names<'_>,
+    names: &Names,
 ) -> Result<Polled, String> {
     let bodies = tokio::join!(
         server.fetch(http, &queries.used),
@@ -640,7 +667,7 @@ async fn poll(
 /// The host's data in this poll's table, begun at its first sample; the sample's scrape target is noted.
 fn of<'t>(
     table: &'t mut [Option<HostData>],
-    names: &Names<'_>,
+    names: &Names,
     sample: &Sample,
 ) -> Option<&'t mut HostData> {
     let at = names.of(sample.host()?)?;
@@ -652,7 +679,7 @@ fn of<'t>(
 /// The answers of one poll (in the order of `Queries`' fields), joined into per-host data.
 fn table(
     server: &PromServer,
-    names: &Names<'_>,
+    names: &Names,
     answers: &[bytes::Bytes; 7],
 ) -> Result<Polled, String> {
     let [used, clean, unreadable, unexplained, findings, taken, up] = answers;
@@ -733,118 +760,157 @@ fn table(
 /// The fleet's commands, by the host's place in `hosts`.
 pub type PromCmd = (usize, HostCmd);
 
+/// One Prometheus server's poller: its hosts, what each last said, and how often they are asked for.
+struct Poller {
+    server: PromServer,
+    http: HttpClient,
+    queries: Queries,
+    hosts: Vec<PromHost>,
+    names: Names,
+    ids: Identities,
+    /// What each host's last snapshot was built from (cleared when identities are read again).
+    said: Vec<Option<HostData>>,
+    down: Vec<Option<String>>,
+    asked: Vec<Duration>,
+    interval: Duration,
+    next: tokio::time::Instant,
+}
+
+impl Poller {
+    /// A fleet's command for one of the hosts.
+    fn on_cmd(&mut self, at: usize, cmd: HostCmd) {
+        let Some(host) = self.hosts.get(at) else {
+            return;
+        };
+        match cmd {
+            refused @ HostCmd::Act { .. } => refused.refuse(
+                host.sink.as_ref(),
+                "read-only host (read from Prometheus): nothing was done; act on it over SSH \
+                 (--hosts user@node) or through its agent",
+            ),
+            HostCmd::Interval(d) => {
+                self.asked[at] = d;
+                self.interval = self.asked.iter().copied().min().unwrap_or(d);
+                let soon = tokio::time::Instant::now() + self.interval.max(MIN_PROM_INTERVAL);
+                self.next = self.next.min(soon);
+            }
+            HostCmd::PollNow | HostCmd::Wake => self.next = tokio::time::Instant::now(),
+        }
+    }
+
+    /// One poll (identities first, when they are old). False once no host listens.
+    async fn poll(&mut self) -> bool {
+        if self
+            .ids
+            .read_at
+            .is_none_or(|t| t.elapsed() >= IDENTITY_EVERY)
+        {
+            match identities(&self.server, &self.http).await {
+                Ok(i) => {
+                    self.ids = i;
+                    self.said.fill(None);
+                }
+                Err(e) => return say_down(&self.hosts, &mut self.down, &e),
+            }
+        }
+        let (data, up) = match poll(&self.server, &self.http, &self.queries, &self.names).await {
+            Ok(x) => x,
+            Err(e) => return say_down(&self.hosts, &mut self.down, &e),
+        };
+        let now = crate::core::model::now_ms();
+        let mut listening = false;
+        for i in 0..self.hosts.len() {
+            if self.hosts[i].detached.load(Ordering::SeqCst) {
+                continue;
+            }
+            let d = self
+                .names
+                .of(&self.hosts[i].name)
+                .and_then(|at| data.get(at))
+                .and_then(Option::as_ref);
+            listening |= self.host(i, d, &up, now);
+        }
+        listening || self.hosts.iter().any(|h| h.detached.load(Ordering::SeqCst))
+    }
+
+    /// One host's part of a poll: unreadable (its target down, no series, two targets), only fresh, or a
+    /// reading. False once its sink stops listening.
+    fn host(
+        &mut self,
+        i: usize,
+        d: Option<&HostData>,
+        up: &HashMap<String, f64>,
+        now: u64,
+    ) -> bool {
+        let h = &self.hosts[i];
+        // Its scrape target: the instance its series named, or its own name for a target never scraped.
+        let inst = self.ids.instance.get(&h.name).unwrap_or(&h.name);
+        let target_down = up.get(inst).is_some_and(|v| *v < 1.0);
+        let why = match d {
+            _ if target_down => Some(format!(
+                "Prometheus cannot scrape it (up == 0 for {})",
+                escape(inst)
+            )),
+            None => Some("no series for it in Prometheus now".to_string()),
+            Some(d) => conflict(&h.name, &d.targets),
+        };
+        if let Some(why) = why {
+            if self.down[i].as_deref() == Some(why.as_str()) {
+                return true;
+            }
+            self.down[i] = Some(why.clone());
+            return h.sink.status(ConnStatus::Down(why));
+        }
+        let Some(d) = d else { return true };
+        let was_down = self.down[i].take().is_some();
+        // Most polls of most hosts say what the last one said: then only its time is news, and no
+        // snapshot is built to find that out.
+        if !was_down && self.said[i].as_ref().is_some_and(|p| p.same_but_time(d)) {
+            return h.sink.fresh(d.taken_at_ms(now), Vec::new());
+        }
+        self.said[i] = Some(d.clone());
+        // Whether the snapshot says anything new is the runtime's to decide, once.
+        let snap = snapshot(&h.name, d, &self.ids, now);
+        (!was_down || h.sink.status(ConnStatus::Up)) && h.sink.reading(snap)
+    }
+}
+
 /// Poll the server for these hosts until every host's sink stops listening or the fleet goes away.
-#[allow(clippy::too_many_lines)] // the poll loop: commands, identities, queries, per-host readings
 pub async fn run(
     server: PromServer,
     http: HttpClient,
     hosts: Vec<PromHost>,
-    mut interval: Duration,
+    interval: Duration,
     mut cmds: mpsc::Receiver<PromCmd>,
 ) {
-    let queries = Queries::new(&server);
-    let mut ids = Identities::default();
-    let names = Names::new(&hosts);
-    // What each host's last snapshot was built from (cleared when identities are read again).
-    let mut said: Vec<Option<HostData>> = hosts.iter().map(|_| None).collect();
-    let mut down: Vec<Option<String>> = hosts.iter().map(|_| None).collect();
-    let mut asked: Vec<Duration> = hosts.iter().map(|_| interval).collect();
     for h in &hosts {
         h.sink.status(ConnStatus::Connecting);
     }
-    let mut next = tokio::time::Instant::now();
+    let n = hosts.len();
+    let mut p = Poller {
+        queries: Queries::new(&server),
+        names: Names::new(&hosts),
+        server,
+        http,
+        hosts,
+        ids: Identities::default(),
+        said: vec![None; n],
+        down: vec![None; n],
+        asked: vec![interval; n],
+        interval,
+        next: tokio::time::Instant::now(),
+    };
     loop {
         tokio::select! {
-            () = tokio::time::sleep_until(next) => {}
+            () = tokio::time::sleep_until(p.next) => {}
             asked_now = cmds.recv() => {
                 let Some((at, cmd)) = asked_now else { return };
-                let Some(host) = hosts.get(at) else { continue };
-                match cmd {
-                    refused @ HostCmd::Act { .. } => refused.refuse(
-                        host.sink.as_ref(),
-                        "read-only host (read from Prometheus): nothing was done; act on it over SSH \
-                         (--hosts user@node) or through its agent",
-                    ),
-                    HostCmd::Interval(d) => {
-                        asked[at] = d;
-                        interval = asked.iter().copied().min().unwrap_or(d);
-                        next = next.min(tokio::time::Instant::now() + interval.max(MIN_PROM_INTERVAL));
-                    }
-                    HostCmd::PollNow | HostCmd::Wake => next = tokio::time::Instant::now(),
-                }
+                p.on_cmd(at, cmd);
                 continue;
             }
         }
-        let started = tokio::time::Instant::now();
-        next = started + interval.max(MIN_PROM_INTERVAL);
-        let stale_ids = ids.read_at.is_none_or(|t| t.elapsed() >= IDENTITY_EVERY);
-        if stale_ids {
-            match identities(&server, &http).await {
-                Ok(i) => {
-                    ids = i;
-                    said.fill(None);
-                }
-                Err(e) => {
-                    if !say_down(&hosts, &mut down, &e) {
-                        return;
-                    }
-                    continue;
-                }
-            }
-        }
-        let (data, up) = match poll(&server, &http, &queries, &names).await {
-            Ok(x) => x,
-            Err(e) => {
-                if !say_down(&hosts, &mut down, &e) {
-                    return;
-                }
-                continue;
-            }
-        };
-        let now = crate::core::model::now_ms();
-        let mut listening = false;
-        for (i, h) in hosts.iter().enumerate() {
-            if h.detached.load(Ordering::SeqCst) {
-                continue;
-            }
-            // Its scrape target: the instance its series named, or its own name for a target never scraped.
-            let inst = ids.instance.get(&h.name).unwrap_or(&h.name);
-            let target_down = up.get(inst).filter(|v| **v < 1.0).map(|v| (inst, *v));
-            let d = names
-                .of(&h.name)
-                .and_then(|at| data.get(at))
-                .and_then(Option::as_ref);
-            let why = match (d, target_down) {
-                (_, Some((inst, _))) => Some(format!(
-                    "Prometheus cannot scrape it (up == 0 for {})",
-                    escape(inst)
-                )),
-                (None, None) => Some("no series for it in Prometheus now".to_string()),
-                (Some(d), None) => conflict(&h.name, &d.targets),
-            };
-            if let Some(why) = why {
-                listening |= if down[i].as_deref() == Some(why.as_str()) {
-                    true
-                } else {
-                    down[i] = Some(why.clone());
-                    h.sink.status(ConnStatus::Down(why))
-                };
-                continue;
-            }
-            let Some(d) = d else { continue };
-            let was_down = down[i].take().is_some();
-            // Most polls of most hosts say what the last one said: then only its time is news, and no
-            // snapshot is built to find that out.
-            if !was_down && said[i].as_ref().is_some_and(|p| p.same_but_time(d)) {
-                listening |= h.sink.fresh(d.taken_at_ms(now), Vec::new());
-                continue;
-            }
-            said[i] = Some(d.clone());
-            // Whether the snapshot says anything new is the runtime's to decide, once.
-            let snap = snapshot(&h.name, d, &ids, now);
-            listening |= (!was_down || h.sink.status(ConnStatus::Up)) && h.sink.reading(snap);
-        }
-        if !listening && hosts.iter().all(|h| !h.detached.load(Ordering::SeqCst)) {
+        p.next = tokio::time::Instant::now() + p.interval.max(MIN_PROM_INTERVAL);
+        if !p.poll().await {
             return;
         }
     }

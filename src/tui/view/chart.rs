@@ -11,7 +11,7 @@ use ratatui::widgets::{Axis, Chart, Dataset, GraphType, LegendPosition, Paragrap
 
 use super::{fg, panel};
 use crate::core::model::MIB;
-use crate::tui::app::{App, Panel};
+use crate::tui::app::{App, HostView, Panel};
 
 /// The longest window shown, seconds.
 pub const WINDOW_S: u64 = 300;
@@ -31,7 +31,49 @@ fn gib(mib: f64) -> String {
     format!("{:.0} GiB", mib / 1024.0)
 }
 
-#[allow(clippy::too_many_lines)] // series, scale, axes: one chart top to bottom
+/// Each GPU's (seconds before now, MiB) points within the window, and the window in seconds.
+type Series = Vec<(u32, Vec<(f64, f64)>)>;
+
+fn series(h: &HostView, indices: &[u32], now: u64) -> (Series, u64) {
+    let oldest = indices
+        .iter()
+        .filter_map(|g| h.history.get(g)?.front().map(|s| s.0))
+        .min()
+        .unwrap_or(now);
+    // The window grows with the history, from one minute up to WINDOW_S.
+    let span_s = (now.saturating_sub(oldest) / 1000).clamp(60, WINDOW_S);
+    let series = indices
+        .iter()
+        .filter_map(|g| {
+            let pts = h
+                .history
+                .get(g)?
+                .iter()
+                .filter(|(t, _)| now.saturating_sub(*t) <= span_s * 1000)
+                .map(|(t, mib)| (-((now.saturating_sub(*t)) as f64) / 1000.0, *mib as f64))
+                .collect();
+            Some((*g, pts))
+        })
+        .collect();
+    (series, span_s)
+}
+
+/// The memory axis' top: the largest GPU's total, else the highest point.
+fn top_mib(app: &App, series: &Series) -> f64 {
+    app.snap()
+        .and_then(|s| s.gpus.iter().filter_map(|g| g.memory.total).max())
+        .map_or_else(
+            || {
+                series
+                    .iter()
+                    .flat_map(|(_, p)| p.iter().map(|x| x.1))
+                    .fold(1.0, f64::max)
+            },
+            |t| (t / MIB) as f64,
+        )
+}
+
+/// Series, scale, axes: one chart.
 pub fn render(app: &App, f: &mut Frame, area: Rect) {
     let Some(h) = app.host() else { return };
     let only = (app.view.sel.focus == Panel::Gpus)
@@ -53,46 +95,12 @@ pub fn render(app: &App, f: &mut Frame, area: Rect) {
         .filter(|g| only.is_none_or(|o| o == *g))
         .collect();
     indices.sort_unstable();
-    let now = app.view.now_ms;
-    let oldest = indices
-        .iter()
-        .filter_map(|g| h.history.get(g)?.front().map(|s| s.0))
-        .min()
-        .unwrap_or(now);
-    // The window grows with the history, from one minute up to WINDOW_S.
-    let span_s = (now.saturating_sub(oldest) / 1000).clamp(60, WINDOW_S);
-    let series: Vec<(u32, Vec<(f64, f64)>)> = indices
-        .iter()
-        .filter_map(|g| {
-            let pts = h
-                .history
-                .get(g)?
-                .iter()
-                .filter(|(t, _)| now.saturating_sub(*t) <= span_s * 1000)
-                .map(|(t, mib)| (-((now.saturating_sub(*t)) as f64) / 1000.0, *mib as f64))
-                .collect();
-            Some((*g, pts))
-        })
-        .collect();
-    if series
-        .iter()
-        .all(|(_, p): &(u32, Vec<(f64, f64)>)| p.is_empty())
-    {
+    let (series, span_s) = series(h, &indices, app.view.now_ms);
+    if series.iter().all(|(_, p)| p.is_empty()) {
         f.render_widget(Paragraph::new("no memory readings yet").block(block), area);
         return;
     }
-    let total_mib = app
-        .snap()
-        .and_then(|s| s.gpus.iter().filter_map(|g| g.memory.total).max())
-        .map_or_else(
-            || {
-                series
-                    .iter()
-                    .flat_map(|(_, p)| p.iter().map(|x| x.1))
-                    .fold(1.0, f64::max)
-            },
-            |t| (t / MIB) as f64,
-        );
+    let total_mib = top_mib(app, &series);
     let datasets: Vec<Dataset> = series
         .iter()
         .map(|(g, pts)| {
@@ -106,23 +114,23 @@ pub fn render(app: &App, f: &mut Frame, area: Rect) {
         })
         .collect();
     let span = span_s as f64;
+    let x = Axis::default()
+        .bounds([-span, 0.0])
+        .style(Style::default())
+        .labels([
+            Line::from(format!("-{span_s}s")),
+            Line::from(format!("-{}s", span_s / 2)),
+            Line::from("now"),
+        ]);
+    let y = Axis::default().bounds([0.0, total_mib]).labels([
+        Line::from("0"),
+        Line::from(gib(total_mib / 2.0)),
+        Line::from(gib(total_mib)),
+    ]);
     let chart = Chart::new(datasets)
         .block(block)
-        .x_axis(
-            Axis::default()
-                .bounds([-span, 0.0])
-                .style(Style::default())
-                .labels([
-                    Line::from(format!("-{span_s}s")),
-                    Line::from(format!("-{}s", span_s / 2)),
-                    Line::from("now"),
-                ]),
-        )
-        .y_axis(Axis::default().bounds([0.0, total_mib]).labels([
-            Line::from("0"),
-            Line::from(gib(total_mib / 2.0)),
-            Line::from(gib(total_mib)),
-        ]))
+        .x_axis(x)
+        .y_axis(y)
         .legend_position(Some(LegendPosition::TopLeft))
         .hidden_legend_constraints((Constraint::Percentage(40), Constraint::Percentage(60)));
     f.render_widget(chart, area);

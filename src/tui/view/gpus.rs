@@ -9,27 +9,41 @@ use ratatui::widgets::{Cell, Row, Table, TableState};
 
 use super::{bar, fg, panel, selected, sparkline, state_style, truncate};
 use crate::core::format::{fmt_bytes, fmt_opt};
-use crate::core::model::{GpuState, MIB};
-use crate::tui::app::{App, Panel};
+use crate::core::model::{Gpu, GpuState, MIB};
+use crate::tui::app::{App, HostView, Panel};
 
-#[allow(clippy::too_many_lines)] // the table's columns, top to bottom
-pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
-    let Some(h) = app.host() else { return };
-    let focused = app.view.sel.focus == Panel::Gpus;
-    let title = match &h.snap {
-        Some(s) => {
-            let drv = s
-                .driver_version
-                .as_deref()
-                .map(|d| format!(", driver {d}"))
-                .unwrap_or_default();
-            format!("GPUs on {}{drv}", h.label)
-        }
-        None => format!("GPUs on {}", h.label),
-    };
-    let block = panel(app, &title, focused, compact);
+/// The columns: (header, width); some only where the panel is wide.
+fn columns(wide: bool, name_w: u16, bar_w: u16) -> (Vec<&'static str>, Vec<Constraint>) {
+    let mut cols = vec![
+        ("#", 2),
+        ("NAME", name_w),
+        ("MEMORY USED / TOTAL", bar_w + 21),
+    ];
+    if wide {
+        cols.extend([
+            ("RESERVED", 8),
+            ("UTIL", 5),
+            ("TEMP", 5),
+            ("POWER", 6),
+            ("CC", 4),
+        ]);
+    } else {
+        cols.extend([("UTIL", 4), ("TEMP", 4)]);
+    }
+    cols.extend([("PR", 3), ("STATE", 8)]);
+    let (mut header, mut widths): (Vec<_>, Vec<_>) = cols
+        .into_iter()
+        .map(|(h, w)| (h, Constraint::Length(w)))
+        .unzip();
+    header.push("HISTORY");
+    widths.push(Constraint::Min(4));
+    (header, widths)
+}
+
+/// What the panel says where there is no GPU table: the host down, silent, not read yet, or GPU-less.
+fn no_table(app: &App, h: &HostView) -> Option<String> {
     let Some(s) = h.snap.as_ref().filter(|s| s.error.is_none()) else {
-        let msg = match (&h.snap, &h.status) {
+        return Some(match (&h.snap, &h.status) {
             (Some(s), _) => s.error.clone().unwrap_or_default(),
             (None, crate::source::ConnStatus::Down(e)) => {
                 format!("down: {e} — retrying (r retries now)")
@@ -39,46 +53,85 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
                 app.cfg.connect_timeout.as_secs()
             ),
             (None, _) => "waiting for the first reading…".into(),
-        };
-        f.render_widget(ratatui::widgets::Paragraph::new(msg).block(block), area);
-        return;
+        });
     };
-    if s.gpus.is_empty() {
-        let msg = format!(
+    s.gpus.is_empty().then(|| {
+        format!(
             "{} — holders, zombies and /dev/shm are still watched",
             s.gpu_error.as_deref().unwrap_or("no GPUs on this host")
-        );
+        )
+    })
+}
+
+/// One GPU's row.
+fn row<'a>(app: &App, h: &HostView, g: &Gpu, wide: bool, widths: (u16, u16, usize)) -> Row<'a> {
+    let (name_w, bar_w, spark_w) = widths;
+    let st = g.state.unwrap_or(GpuState::Unknown);
+    let na = || "N/A".to_string();
+    let mem = format!(
+        "{} {:>9}/{:<9}",
+        bar(g.memory.used, g.memory.total, bar_w as usize - 1),
+        fmt_bytes(g.memory.used),
+        fmt_bytes(g.memory.total)
+    );
+    let name = g
+        .name
+        .as_deref()
+        .unwrap_or("N/A")
+        .trim_start_matches("NVIDIA ");
+    let mut cells = vec![
+        Cell::from(g.index.to_string()),
+        Cell::from(truncate(name, name_w as usize)),
+        Cell::from(mem).style(state_style(app, st)),
+    ];
+    if wide {
+        cells.push(Cell::from(fmt_bytes(g.memory.reserved)));
+    }
+    cells.push(Cell::from(
+        g.utilization.map_or_else(na, |u| format!("{u}%")),
+    ));
+    cells.push(Cell::from(
+        g.temperature_c.map_or_else(na, |t| format!("{t}C")),
+    ));
+    if wide {
+        cells.push(Cell::from(
+            g.power_mw.map_or_else(na, |p| format!("{}W", p / 1000)),
+        ));
+        cells.push(Cell::from(fmt_opt(g.compute_capability.as_ref())));
+    }
+    cells.push(Cell::from(g.processes.len().to_string()));
+    let state_txt = match &g.error {
+        Some(_) => "✗ error".to_string(),
+        None => format!("{} {}", st.glyph(), st.word()),
+    };
+    cells.push(Cell::from(state_txt).style(state_style(app, st)));
+    let max = g.memory.total.unwrap_or(0) / MIB;
+    cells.push(Cell::from(Line::from(Span::styled(
+        sparkline(h.history.get(&g.index), max, spark_w),
+        fg(app, Color::Cyan),
+    ))));
+    Row::new(cells)
+}
+
+pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
+    let Some(h) = app.host() else { return };
+    let focused = app.view.sel.focus == Panel::Gpus;
+    let drv = h
+        .snap
+        .as_ref()
+        .and_then(|s| s.driver_version.as_deref())
+        .map(|d| format!(", driver {d}"))
+        .unwrap_or_default();
+    let block = panel(app, &format!("GPUs on {}{drv}", h.label), focused, compact);
+    if let Some(msg) = no_table(app, h) {
         f.render_widget(ratatui::widgets::Paragraph::new(msg).block(block), area);
         return;
     }
+    let Some(s) = h.snap.as_ref() else { return };
     let wide = area.width >= 120;
     let name_w: u16 = if wide { 24 } else { 11 };
     let bar_w = if wide { 12 } else { 6 };
-    let mut widths = vec![
-        Constraint::Length(2),
-        Constraint::Length(name_w),
-        Constraint::Length(bar_w + 21),
-    ];
-    let mut header = vec!["#", "NAME", "MEMORY USED / TOTAL"];
-    if wide {
-        widths.extend([
-            Constraint::Length(8),
-            Constraint::Length(5),
-            Constraint::Length(5),
-            Constraint::Length(6),
-            Constraint::Length(4),
-        ]);
-        header.extend(["RESERVED", "UTIL", "TEMP", "POWER", "CC"]);
-    } else {
-        widths.extend([Constraint::Length(4), Constraint::Length(4)]);
-        header.extend(["UTIL", "TEMP"]);
-    }
-    widths.extend([
-        Constraint::Length(3),
-        Constraint::Length(8),
-        Constraint::Min(4),
-    ]);
-    header.extend(["PR", "STATE", "HISTORY"]);
+    let (header, widths) = columns(wide, name_w, bar_w);
     let fixed: u16 = widths
         .iter()
         .map(|c| {
@@ -95,58 +148,12 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
         .iter()
         .enumerate()
         .map(|(i, g)| {
-            let st = g.state.unwrap_or(GpuState::Unknown);
-            let mem = format!(
-                "{} {:>9}/{:<9}",
-                bar(g.memory.used, g.memory.total, bar_w as usize - 1),
-                fmt_bytes(g.memory.used),
-                fmt_bytes(g.memory.total)
-            );
-            let mut cells = vec![
-                Cell::from(g.index.to_string()),
-                Cell::from(truncate(
-                    g.name
-                        .as_deref()
-                        .unwrap_or("N/A")
-                        .trim_start_matches("NVIDIA "),
-                    name_w as usize,
-                )),
-                Cell::from(mem).style(state_style(app, st)),
-            ];
-            if wide {
-                cells.push(Cell::from(fmt_bytes(g.memory.reserved)));
-            }
-            cells.push(Cell::from(
-                g.utilization
-                    .map_or_else(|| "N/A".into(), |u| format!("{u}%")),
-            ));
-            cells.push(Cell::from(
-                g.temperature_c
-                    .map_or_else(|| "N/A".into(), |t| format!("{t}C")),
-            ));
-            if wide {
-                cells.push(Cell::from(
-                    g.power_mw
-                        .map_or_else(|| "N/A".into(), |p| format!("{}W", p / 1000)),
-                ));
-                cells.push(Cell::from(fmt_opt(g.compute_capability.as_ref())));
-            }
-            cells.push(Cell::from(g.processes.len().to_string()));
-            let state_txt = match &g.error {
-                Some(_) => "✗ error".to_string(),
-                None => format!("{} {}", st.glyph(), st.word()),
-            };
-            cells.push(Cell::from(state_txt).style(state_style(app, st)));
-            let max = g.memory.total.unwrap_or(0) / MIB;
-            cells.push(Cell::from(Line::from(Span::styled(
-                sparkline(h.history.get(&g.index), max, spark_w),
-                fg(app, Color::Cyan),
-            ))));
-            let mut row = Row::new(cells);
+            let r = row(app, h, g, wide, (name_w, bar_w, spark_w));
             if focused && i == app.view.sel.gpu {
-                row = row.style(selected(app));
+                r.style(selected(app))
+            } else {
+                r
             }
-            row
         })
         .collect();
     let table = Table::new(rows, widths)

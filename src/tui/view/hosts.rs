@@ -11,7 +11,7 @@ use crate::core::format::fmt_secs;
 use crate::core::model::GpuState;
 use crate::core::model::Severity;
 use crate::source::ConnStatus;
-use crate::tui::app::{App, Panel};
+use crate::tui::app::{App, HostView, Panel};
 
 /// One character per GPU: `·` clean, a block as high as its memory fill when in use, `!` leak, `?` N/A.
 pub fn cell(state: GpuState, used: Option<u64>, total: Option<u64>) -> char {
@@ -30,7 +30,86 @@ pub fn cell(state: GpuState, used: Option<u64>, total: Option<u64>) -> char {
     }
 }
 
-#[allow(clippy::too_many_lines)] // the hosts strip: one row per host, its cells in order
+/// A host's GPU cells and its clean count, with its leak and warning counts after them.
+fn cells(app: &App, h: &HostView, spans: &mut Vec<Span<'static>>) {
+    let mut leaks = 0;
+    let mut warn = 0;
+    match &h.snap {
+        Some(s) if s.error.is_none() && !s.gpus.is_empty() => {
+            spans.push(Span::raw("["));
+            for g in &s.gpus {
+                let st = g.state.unwrap_or(GpuState::Unknown);
+                spans.push(Span::styled(
+                    cell(st, g.memory.used, g.memory.total).to_string(),
+                    state_style(app, st),
+                ));
+            }
+            spans.push(Span::raw("] "));
+            let clean = h.counts.clean;
+            spans.push(Span::raw(format!("{clean}/{} clean ", s.gpus.len())));
+            leaks = h.leaks;
+            warn = s
+                .findings
+                .iter()
+                .filter(|f| f.severity == Severity::Warning)
+                .count();
+        }
+        Some(s) if s.error.is_none() => {
+            spans.push(Span::styled(
+                truncate(s.gpu_error.as_deref().unwrap_or("no GPUs"), 28),
+                fg(app, Color::DarkGray),
+            ));
+            spans.push(Span::raw(" "));
+            warn = s.findings.len();
+        }
+        _ => spans.push(Span::styled("[no reading] ", fg(app, Color::DarkGray))),
+    }
+    if leaks > 0 {
+        spans.push(Span::styled(format!("{leaks} leak "), fg(app, Color::Red)));
+    }
+    if warn > 0 {
+        spans.push(Span::styled(
+            format!("{warn} warn "),
+            fg(app, Color::Yellow),
+        ));
+    }
+}
+
+/// A host's connection in words: up, connecting, silent too long, stale since, down and why.
+fn connection(app: &App, h: &HostView) -> Span<'static> {
+    let ago = |t: u64| fmt_secs(app.view.now_ms.saturating_sub(t) / 1000);
+    match &h.status {
+        ConnStatus::Up => Span::styled("up", fg(app, Color::Green)),
+        ConnStatus::Connecting if app.silent_too_long(h) => Span::styled(
+            format!(
+                "no reading within {}s; still trying",
+                app.cfg.connect_timeout.as_secs()
+            ),
+            fg(app, Color::Red),
+        ),
+        ConnStatus::Connecting => Span::styled("connecting…", fg(app, Color::Yellow)),
+        // The age runs on between messages: it is the age of the reading shown.
+        ConnStatus::Stale { silent_ms } => {
+            let age = h.last_seen_ms.map_or(fmt_secs(*silent_ms / 1000), ago);
+            Span::styled(
+                format!("stale: no reading for {age}"),
+                fg(app, Color::Yellow),
+            )
+        }
+        ConnStatus::Down(e) => {
+            let seen = h
+                .last_seen_ms
+                .map(|t| format!(", seen {} ago", ago(t)))
+                .unwrap_or_default();
+            Span::styled(
+                format!("down: {}{seen}", truncate(e, 40)),
+                fg(app, Color::Red),
+            )
+        }
+    }
+}
+
+/// The hosts strip: one row per host, its cells in order.
 pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     let focused = app.view.sel.focus == Panel::Hosts;
     let block = panel(app, "Hosts", focused, compact);
@@ -48,93 +127,13 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
         .clamp(4, 24);
     let mut lines = Vec::new();
     for (i, h) in app.store.hosts.iter().enumerate().skip(start).take(rows) {
-        let mut spans = vec![Span::raw(if i == app.view.sel.host {
-            "▸ "
-        } else {
-            "  "
-        })];
-        spans.push(Span::raw(format!(
-            "{:<name_w$} ",
-            truncate(&h.label, name_w)
-        )));
-        let mut leaks = 0;
-        let mut warn = 0;
-        match &h.snap {
-            Some(s) if s.error.is_none() && !s.gpus.is_empty() => {
-                spans.push(Span::raw("["));
-                for g in &s.gpus {
-                    let st = g.state.unwrap_or(GpuState::Unknown);
-                    spans.push(Span::styled(
-                        cell(st, g.memory.used, g.memory.total).to_string(),
-                        state_style(app, st),
-                    ));
-                }
-                spans.push(Span::raw("] "));
-                let clean = h.counts.clean;
-                spans.push(Span::raw(format!("{clean}/{} clean ", s.gpus.len())));
-                leaks = h.leaks;
-                warn = s
-                    .findings
-                    .iter()
-                    .filter(|f| f.severity == Severity::Warning)
-                    .count();
-            }
-            Some(s) if s.error.is_none() => {
-                spans.push(Span::styled(
-                    truncate(s.gpu_error.as_deref().unwrap_or("no GPUs"), 28),
-                    fg(app, Color::DarkGray),
-                ));
-                spans.push(Span::raw(" "));
-                warn = s.findings.len();
-            }
-            _ => spans.push(Span::styled("[no reading] ", fg(app, Color::DarkGray))),
-        }
-        if leaks > 0 {
-            spans.push(Span::styled(format!("{leaks} leak "), fg(app, Color::Red)));
-        }
-        if warn > 0 {
-            spans.push(Span::styled(
-                format!("{warn} warn "),
-                fg(app, Color::Yellow),
-            ));
-        }
-        let conn = match &h.status {
-            ConnStatus::Up => Span::styled("up", fg(app, Color::Green)),
-            ConnStatus::Connecting if app.silent_too_long(h) => Span::styled(
-                format!(
-                    "no reading within {}s; still trying",
-                    app.cfg.connect_timeout.as_secs()
-                ),
-                fg(app, Color::Red),
-            ),
-            ConnStatus::Connecting => Span::styled("connecting…", fg(app, Color::Yellow)),
-            // The age runs on between messages: it is the age of the reading shown.
-            ConnStatus::Stale { silent_ms } => {
-                let age = h
-                    .last_seen_ms
-                    .map_or(*silent_ms, |t| app.view.now_ms.saturating_sub(t));
-                Span::styled(
-                    format!("stale: no reading for {}", fmt_secs(age / 1000)),
-                    fg(app, Color::Yellow),
-                )
-            }
-            ConnStatus::Down(e) => {
-                let seen = h
-                    .last_seen_ms
-                    .map(|t| {
-                        format!(
-                            ", seen {} ago",
-                            fmt_secs(app.view.now_ms.saturating_sub(t) / 1000)
-                        )
-                    })
-                    .unwrap_or_default();
-                Span::styled(
-                    format!("down: {}{seen}", truncate(e, 40)),
-                    fg(app, Color::Red),
-                )
-            }
-        };
-        spans.push(conn);
+        let at = if i == app.view.sel.host { "▸ " } else { "  " };
+        let mut spans = vec![
+            Span::raw(at),
+            Span::raw(format!("{:<name_w$} ", truncate(&h.label, name_w))),
+        ];
+        cells(app, h, &mut spans);
+        spans.push(connection(app, h));
         let mut line = Line::from(spans);
         if i == app.view.sel.host && focused {
             line = line.style(selected(app));
