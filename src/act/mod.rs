@@ -1,5 +1,6 @@
 //! Actions on real processes: pidfd delivery and escalation, the protection rule, the audit log. The only
-//! `unsafe` code of gpusweep lives in this layer.
+//! `unsafe` code of gpusweep lives in this layer, and only what rustix cannot do safely: a pre_exec hook,
+//! the default SIGPIPE, and taking the supervisor's spec pipe by its number.
 
 pub mod audit;
 pub mod deliver;
@@ -7,7 +8,6 @@ pub mod deliver;
 pub mod job;
 #[allow(unsafe_code)] // one libc::signal call
 pub mod own;
-#[allow(unsafe_code)] // raw syscalls: pidfd_open, pidfd_send_signal, poll
 pub mod pidfd;
 pub mod protect;
 pub mod shm;

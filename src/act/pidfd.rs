@@ -1,8 +1,11 @@
-//! pidfds: a handle on one process that a PID reuse cannot redirect. The only `unsafe` of gpusweep is here and
-//! in the other `act` modules: raw syscalls with integer arguments.
+//! pidfds: a handle on one process that a PID reuse cannot redirect. Opened, signalled and polled through
+//! rustix's safe wrappers: no `unsafe` here.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::Instant;
+
+use rustix::event::{PollFd, PollFlags};
+use rustix::process::{Pid, PidfdFlags, Signal};
 
 use crate::core::signal::Sig;
 
@@ -11,38 +14,17 @@ pub struct PidFd(OwnedFd);
 
 impl PidFd {
     pub fn open(pid: u32) -> std::io::Result<PidFd> {
-        let pid = libc::pid_t::try_from(pid)
-            .map_err(|_| std::io::Error::from_raw_os_error(libc::ESRCH))?;
-        // SAFETY: plain syscall with integer arguments.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0 as libc::c_uint) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let fd = i32::try_from(fd).map_err(|_| std::io::Error::from_raw_os_error(libc::EBADF))?;
-        // SAFETY: the kernel just gave us this descriptor and nothing else owns it.
-        Ok(PidFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+        let pid = i32::try_from(pid)
+            .ok()
+            .and_then(Pid::from_raw)
+            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::ESRCH))?;
+        let fd = rustix::process::pidfd_open(pid, PidfdFlags::empty())?;
+        Ok(PidFd(fd))
     }
 
     pub fn send(&self, sig: Sig) -> std::io::Result<()> {
-        // SAFETY: a valid pidfd, a valid signal number, no siginfo.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                self.0.as_raw_fd(),
-                sig.number(),
-                std::ptr::null::<libc::siginfo_t>(),
-                0 as libc::c_uint,
-            )
-        };
-        if r < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(())
-        }
-    }
-
-    fn raw(&self) -> i32 {
-        self.0.as_raw_fd()
+        rustix::process::pidfd_send_signal(&self.0, signal(sig))?;
+        Ok(())
     }
 
     /// The pidfs inode of the process (Linux 6.9+); `None` on older kernels, where every pidfd shares one.
@@ -82,36 +64,42 @@ pub fn no_pidfd(e: &std::io::Error) -> Option<String> {
     }
 }
 
+/// The signal as rustix names it.
+fn signal(sig: Sig) -> Signal {
+    match sig {
+        Sig::Term => Signal::TERM,
+        Sig::Kill => Signal::KILL,
+        Sig::Int => Signal::INT,
+        Sig::Hup => Signal::HUP,
+        Sig::Quit => Signal::QUIT,
+        Sig::Usr1 => Signal::USR1,
+        Sig::Usr2 => Signal::USR2,
+        Sig::Cont => Signal::CONT,
+        Sig::Stop => Signal::STOP,
+    }
+}
+
 /// Wait until each pidfd is readable (its process exited) or the deadline passes. Returns which exited.
 pub fn wait_exits(fds: &[&PidFd], deadline: Instant) -> Vec<bool> {
     let mut exited = vec![false; fds.len()];
     loop {
-        let mut polls: Vec<libc::pollfd> = fds
+        let waiting: Vec<usize> = (0..fds.len()).filter(|&i| !exited[i]).collect();
+        if waiting.is_empty() {
+            return exited;
+        }
+        let mut polls: Vec<PollFd> = waiting
             .iter()
-            .zip(&exited)
-            .filter(|(_, e)| !**e)
-            .map(|(f, _)| libc::pollfd {
-                fd: f.raw(),
-                events: libc::POLLIN,
-                revents: 0,
-            })
+            .map(|&i| PollFd::from_borrowed_fd(fds[i].0.as_fd(), PollFlags::IN))
             .collect();
-        if polls.is_empty() {
-            return exited;
-        }
         let left = deadline.saturating_duration_since(Instant::now());
-        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
-        let n_fds = libc::nfds_t::try_from(polls.len()).unwrap_or(libc::nfds_t::MAX);
-        // SAFETY: `polls` is a valid array of pollfd for its length.
-        let n = unsafe { libc::poll(polls.as_mut_ptr(), n_fds, ms) };
-        if n < 0 {
-            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return exited;
-        }
-        for p in polls.iter().filter(|p| p.revents != 0) {
-            if let Some(i) = fds.iter().position(|f| f.raw() == p.fd) {
+        let timeout = rustix::event::Timespec::try_from(left).ok();
+        let n = match rustix::event::poll(&mut polls, timeout.as_ref()) {
+            Ok(n) => n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return exited,
+        };
+        for (p, &i) in polls.iter().zip(&waiting) {
+            if !p.revents().is_empty() {
                 exited[i] = true;
             }
         }
