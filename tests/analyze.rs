@@ -1,8 +1,5 @@
 //! Analysis on fixtures, including what a real H200 showed (the readings in docs/validation.md).
 
-// In tests a panic is the failure message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use gpusweep::analyze::plan::plan;
 use gpusweep::analyze::watch::{Scope, Verdict, Watch, verdict};
 use gpusweep::analyze::{AnalyzeOptions, GpuState, analyze, analyzed, gpu_state};

@@ -1,11 +1,10 @@
 //! The real binary against real processes (no GPU needed) and the demo cluster.
 
-// In tests a panic is the failure message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::support::{BIN, alive, await_cond, stat_field, text, wedged_nvml};
 
 struct Env {
     dir: tempfile::TempDir,
@@ -31,7 +30,7 @@ impl Env {
         p
     }
     fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_gpusweep"));
+        let mut c = Command::new(BIN);
         c.args(args)
             .env("GPUSWEEP_AUDIT_LOG", self.audit())
             .env("GPUSWEEP_CONFIG", self.dir.path().join("no-config.toml"))
@@ -56,20 +55,6 @@ impl Env {
     }
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn stat_field(pid: u32, n: usize) -> Option<String> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &s[s.rfind(')')? + 2..];
-    after.split_whitespace().nth(n).map(str::to_string)
-}
-
 /// The first child of a process (its main thread's `children`), if it has one.
 fn first_child(pid: u32) -> Option<u32> {
     std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
@@ -85,19 +70,6 @@ fn start_time(pid: u32) -> u64 {
         .expect("num")
 }
 
-/// Wait for a condition on real processes, up to a bound (not a sleep-as-synchronisation: it returns as soon
-/// as the condition holds).
-fn await_cond(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// A double-forked `sleep` holding `dev` open: its shell exits at once, so it is reparented to PID 1.
 fn orphan_holding(dev: &Path) -> u32 {
     let out = Command::new("sh")
@@ -109,17 +81,15 @@ fn orphan_holding(dev: &Path) -> u32 {
         .trim()
         .parse()
         .expect("pid");
-    await_cond("reparenting", || stat_field(pid, 1).as_deref() == Some("1"));
+    await_cond("reparenting", 10, || {
+        stat_field(pid, 1).as_deref() == Some("1")
+    });
     pid
 }
 
 /// The audit log holds no record (it may exist: it is opened before the first signal is decided).
 fn no_record(env: &Env) -> bool {
     std::fs::read_to_string(env.audit()).map_or(true, |s| s.is_empty())
-}
-
-fn alive(pid: u32) -> bool {
-    stat_field(pid, 0).is_some_and(|s| s != "Z")
 }
 
 #[test]
@@ -191,7 +161,9 @@ fn zombie_is_found_with_its_parent() {
     // This test process is the parent, and it does not wait() until the end: a real zombie.
     let mut child = Command::new("true").spawn().expect("spawn");
     let zpid = child.id();
-    await_cond("the zombie", || stat_field(zpid, 0).as_deref() == Some("Z"));
+    await_cond("the zombie", 10, || {
+        stat_field(zpid, 0).as_deref() == Some("Z")
+    });
     let o = env.local_snapshot();
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     let h = &v["hosts"][0];
@@ -515,12 +487,11 @@ fn bad_arguments_exit_2_with_a_reason() {
 
 /// Two `cmd:` hosts whose commands share their first 50 characters: each demo agent is its own host.
 fn twin_agents() -> (String, String) {
-    let bin = env!("CARGO_BIN_EXE_gpusweep");
     let a = format!(
-        "cmd:env GPUSWEEP_PADDING_FOR_A_LONG_COMMON_PREFIX=1 {bin} agent --demo --demo-host gpu-b"
+        "cmd:env GPUSWEEP_PADDING_FOR_A_LONG_COMMON_PREFIX=1 {BIN} agent --demo --demo-host gpu-b"
     );
     let b = format!(
-        "cmd:env GPUSWEEP_PADDING_FOR_A_LONG_COMMON_PREFIX=2 {bin} agent --demo --demo-host gpu-b"
+        "cmd:env GPUSWEEP_PADDING_FOR_A_LONG_COMMON_PREFIX=2 {BIN} agent --demo --demo-host gpu-b"
     );
     (a, b)
 }
@@ -604,7 +575,7 @@ fn deliver_escalates_term_to_kill_on_a_process_that_ignores_term() {
         .spawn()
         .expect("sh");
     let pid = child.id();
-    await_cond("the child to exec sleep", || {
+    await_cond("the child to exec sleep", 10, || {
         std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
     });
     let start = start_time(pid);
@@ -735,10 +706,7 @@ fn a_host_never_read_is_an_error_not_a_timeout() {
 
 #[test]
 fn wait_takes_at_least_one_reading() {
-    let agent = format!(
-        "cmd:{} agent --demo --demo-host gpu-b",
-        env!("CARGO_BIN_EXE_gpusweep")
-    );
+    let agent = format!("cmd:{BIN} agent --demo --demo-host gpu-b");
     let env = Env::new();
     // An agent takes milliseconds to say hello: its first reading comes after the timeout has passed.
     let o = env.run(&["wait", "--hosts", &agent, "--gpus", "0", "--timeout", "1ms"]);
@@ -796,7 +764,7 @@ fn a_fake_name_does_not_make_a_holder_benign() {
         .spawn()
         .expect("bash");
     let pid = child.id();
-    await_cond("the exec", || {
+    await_cond("the exec", 10, || {
         std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
     });
     let o = env.run(&[
@@ -823,7 +791,7 @@ fn a_holder_of_control_files_only_is_not_swept() {
         .spawn()
         .expect("sleep");
     let pid = child.id();
-    await_cond("the holder", || {
+    await_cond("the holder", 10, || {
         std::fs::read_link(format!("/proc/{pid}/fd/0")).is_ok_and(|l| l == ctl)
     });
     let o = env.run(&[
@@ -856,7 +824,7 @@ fn hostile_text_never_reaches_the_terminal_raw() {
         .spawn()
         .expect("bash");
     let pid = child.id();
-    await_cond("the exec", || {
+    await_cond("the exec", 10, || {
         std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
     });
     for args in [
@@ -896,7 +864,7 @@ fn out_of_file_descriptors_is_never_already_gone() {
     // A soft limit far below what 40 targets need; gpusweep raises it to the hard limit at start.
     let script = format!(
         "ulimit -Sn 24; exec {} kill {} --no-nvml --yes --grace 5s",
-        env!("CARGO_BIN_EXE_gpusweep"),
+        BIN,
         pids.join(" ")
     );
     let o = Command::new("bash")
@@ -924,10 +892,7 @@ fn no_terminal_and_closed_pipes_are_handled() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("needs a terminal"), "{}", text(&o));
     // A reader that goes away: quiet, whatever the status.
-    let script = format!(
-        "{} snapshot --demo | true; echo \"status ${{PIPESTATUS[0]}}\"",
-        env!("CARGO_BIN_EXE_gpusweep")
-    );
+    let script = format!("{BIN} snapshot --demo | true; echo \"status ${{PIPESTATUS[0]}}\"");
     let o = Command::new("bash")
         .args(["-c", &script])
         .env("GPUSWEEP_CONFIG", env.dir.path().join("no-config.toml"))
@@ -950,7 +915,7 @@ fn inside_a_pid_namespace_gpusweep_says_so() {
     let env = Env::new();
     let o = Command::new("unshare")
         .args(["--pid", "--fork", "--mount-proc"])
-        .arg(env!("CARGO_BIN_EXE_gpusweep"))
+        .arg(BIN)
         .args([
             "snapshot",
             "--json",
@@ -988,7 +953,7 @@ fn inside_a_pid_namespace_gpusweep_says_so() {
         .expect("unshare");
     let unshare = boxed.id();
     let mut inner = None;
-    await_cond("the boxed holder", || {
+    await_cond("the boxed holder", 10, || {
         inner = first_child(unshare)
             .filter(|p| std::fs::read_link(format!("/proc/{p}/fd/0")).is_ok_and(|l| l == dev));
         inner.is_some()
@@ -1021,7 +986,7 @@ fn four_killers_sharing_one_audit_log_never_interleave() {
         })
         .collect();
     let pids: Vec<String> = children.iter().map(|c| c.id().to_string()).collect();
-    await_cond("80 renamed sleeps", || {
+    await_cond("80 renamed sleeps", 10, || {
         children.iter().all(|c| {
             std::fs::read(format!("/proc/{}/cmdline", c.id()))
                 .is_ok_and(|b| b.starts_with(name.as_bytes()))
@@ -1236,7 +1201,7 @@ impl Frozen {
         std::fs::create_dir_all(&dir).expect("freezer group");
         std::fs::write(dir.join("cgroup.procs"), pid.to_string()).expect("move in");
         std::fs::write(dir.join("freezer.state"), "FROZEN").expect("freeze");
-        await_cond("frozen", || stat_field(pid, 0).as_deref() == Some("D"));
+        await_cond("frozen", 10, || stat_field(pid, 0).as_deref() == Some("D"));
         Frozen(dir)
     }
 }
@@ -1299,21 +1264,7 @@ fn a_holder_in_state_d_is_reported_as_unkillable_with_its_wchan() {
     );
     drop(frozen);
     // Thawed, the pending KILL takes effect.
-    await_cond("the pending KILL", || !alive(pid));
-}
-
-/// Build the wedged-driver stand-in library (tests/fixtures/wedged_nvml.c) into `dir`.
-fn wedged_nvml(dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wedged_nvml.c");
-    let lib = dir.join("libnvidia-ml.so.1");
-    let o = Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .output()
-        .expect("cc (a C compiler is part of the Rust toolchain's needs)");
-    assert!(o.status.success(), "{}", text(&o));
-    lib
+    await_cond("the pending KILL", 10, || !alive(pid));
 }
 
 #[test]
@@ -1385,7 +1336,7 @@ fn a_zombie_adopted_by_a_pid_1_that_never_reaps_is_not_promised_a_reaping() {
         .expect("unshare");
     let unshare = boxed.id();
     let mut init = None;
-    await_cond("the namespace's zombie", || {
+    await_cond("the namespace's zombie", 10, || {
         init = first_child(unshare);
         init.is_some_and(|i| {
             first_child(i).is_some_and(|z| stat_field(z, 0).as_deref() == Some("Z"))
@@ -1394,7 +1345,7 @@ fn a_zombie_adopted_by_a_pid_1_that_never_reaps_is_not_promised_a_reaping() {
     let init = init.expect("init");
     let o = Command::new("nsenter")
         .args(["--target", &init.to_string(), "--pid", "--mount"])
-        .arg(env!("CARGO_BIN_EXE_gpusweep"))
+        .arg(BIN)
         .args([
             "snapshot",
             "--json",
@@ -1490,7 +1441,7 @@ fn holding_open(path: &Path) -> std::process::Child {
         .spawn()
         .expect("sh");
     let fd = PathBuf::from(format!("/proc/{}/fd/3", c.id()));
-    await_cond("the fd to be open", || {
+    await_cond("the fd to be open", 10, || {
         std::fs::read_link(&fd).is_ok_and(|t| t == path)
     });
     c
@@ -1559,10 +1510,7 @@ fn shm_clean_removes_only_unused_plain_files_each_recorded_first() {
     // Once its user is gone, the file that was open is a leftover too; an agent removes it on its host.
     holder.kill().expect("kill");
     holder.wait().expect("wait");
-    let agent = format!(
-        "cmd:{} agent --no-nvml --shm-dir {dir}",
-        env!("CARGO_BIN_EXE_gpusweep")
-    );
+    let agent = format!("cmd:{BIN} agent --no-nvml --shm-dir {dir}");
     let o = env.run(&["shm", "clean", "--hosts", &agent, "--yes"]);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(0), "{t}");

@@ -1,8 +1,5 @@
 //! The simulated cluster: what each host shows, and sweeps that drain like real GPUs.
 
-// In tests a panic is the failure message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 

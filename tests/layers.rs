@@ -7,9 +7,6 @@
 //! A module may use its own layer and the layers to its left, never one beside it or to its right. Front ends
 //! never import each other. There are no exceptions; a new feature finds its layer.
 
-// In tests a panic is the failure message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::path::{Path, PathBuf};
 
 /// (module, rank). Modules of the same rank may not import each other.

@@ -2,24 +2,13 @@
 //! `gpusweep serve --demo` instances and a dcgm-exporter-shaped target; then gpusweep reads the fleet back as
 //! `prom:` hosts. What crosses Prometheus is exactly what dashboards and `prom:` clients see.
 
-// In tests a panic is the failure message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_gpusweep");
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+use crate::support::{free_port, gpusweep, text};
 
 /// A child killed when dropped.
 struct Proc(Child);
@@ -29,16 +18,6 @@ impl Drop for Proc {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn gpusweep(dir: &Path) -> Command {
-    let mut c = Command::new(BIN);
-    c.env("GPUSWEEP_CONFIG", dir.join("no-config.toml"))
-        .env("GPUSWEEP_AUDIT_LOG", dir.join("actions.jsonl"))
-        .env("GPUSWEEP_SOCKET", dir.join("default.sock"))
-        .env_remove("GPUSWEEP_HOSTS")
-        .stdin(Stdio::null());
-    c
 }
 
 /// `gpusweep serve --demo --hosts HOST` on a port of its own; returns it and its `127.0.0.1:PORT`.
@@ -69,14 +48,6 @@ fn serve(dir: &Path, host: &str, extra: &[&str]) -> (Proc, String) {
         .unwrap_or_else(|| panic!("serve said: {banner}"))
         .to_string();
     (Proc(child), addr)
-}
-
-/// A free loopback port (bound, then released for the server that takes it).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port()
 }
 
 /// What dcgm-exporter exposes for two GPUs of a node without gpusweep: GPU 0 idle, GPU 1 in use.

@@ -2,12 +2,9 @@
 //! reading commands, and commands that never answer. Crafted agent streams come from a shell; the readings in
 //! them are this binary's own `agent --demo` output.
 
-// In tests a panic is the failure message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpusweep::act::AuditLog;
 use gpusweep::analyze::AnalyzeOptions;
@@ -21,7 +18,7 @@ use gpusweep::source::remote::http::HttpOptions;
 use gpusweep::source::remote::ssh::SshOptions;
 use gpusweep::source::{ConnStatus, HostCmd};
 
-const BIN: &str = env!("CARGO_BIN_EXE_gpusweep");
+use crate::support::{BIN, await_cond};
 
 /// The hello and the first snapshot of a demo agent, as two files a shell can replay.
 fn agent_lines(dir: &Path) -> (String, String) {
@@ -78,14 +75,6 @@ fn sleepers(secs: &str) -> Vec<u32> {
             std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want.as_bytes())
         })
         .collect()
-}
-
-fn await_cond(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 async fn next_event(fleet: &mut Fleet, within: Duration) -> HostEvent {
@@ -227,7 +216,9 @@ async fn a_host_that_reads_no_commands_answers_signals_busy() {
     );
 }
 
-fn gpusweep(args: &[&str], dir: &Path) -> Command {
+/// `gpusweep ARGS` with its config and audit log in `dir`, output piped. Unlike `support::gpusweep` it names
+/// no socket of its own, as these tests always did.
+fn gpusweep_piped(args: &[&str], dir: &Path) -> Command {
     let mut c = Command::new(BIN);
     c.args(args)
         .env("GPUSWEEP_CONFIG", dir.join("none.toml"))
@@ -243,7 +234,7 @@ fn gpusweep(args: &[&str], dir: &Path) -> Command {
 #[test]
 fn a_command_that_never_answers_is_reported_and_killed() {
     let dir = tempfile::tempdir().expect("tmp");
-    let o = gpusweep(
+    let o = gpusweep_piped(
         &[
             "snapshot",
             "--json",
@@ -269,7 +260,7 @@ fn a_command_that_never_answers_is_reported_and_killed() {
 #[test]
 fn sigterm_exits_143_and_takes_the_command_hosts_along() {
     let dir = tempfile::tempdir().expect("tmp");
-    let mut child = gpusweep(
+    let mut child = gpusweep_piped(
         &[
             "wait",
             "--no-nvml",

@@ -1,12 +1,10 @@
 //! `gpusweep run` and job attribution against real processes and real cgroups (this machine's cgroup v2
 //! mount, found in /proc/self/mountinfo). Stand-in device files play the GPUs (`--device-glob`), as in cli.rs.
 
-// In tests a panic is the failure message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, Stdio};
+
+use crate::support::{BIN, alive, await_cond, set_nvml, standin_nvml, text, unique};
 
 struct Env {
     dir: tempfile::TempDir,
@@ -24,7 +22,7 @@ impl Env {
         self.dir.path().join(name)
     }
     fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_gpusweep"));
+        let mut c = Command::new(BIN);
         c.args(args)
             .env("GPUSWEEP_AUDIT_LOG", self.path("actions.jsonl"))
             .env("GPUSWEEP_CONFIG", self.path("no-config.toml"))
@@ -55,40 +53,10 @@ impl Env {
     }
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn await_cond(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit(')')
-                .next()
-                .map(|r| r.trim_start().starts_with('Z'))
-        })
-        .is_some_and(|zombie| !zombie)
-}
-
 /// PIDs a launcher wrote to `file`, one a line, once `n` are there.
 fn pids_in(file: &Path, n: usize) -> Vec<u32> {
     let mut v = Vec::new();
-    await_cond("the launcher's pids", || {
+    await_cond("the launcher's pids", 20, || {
         v = std::fs::read_to_string(file)
             .unwrap_or_default()
             .lines()
@@ -214,7 +182,7 @@ fn preflight_refuses_a_held_gpu_and_a_gpu_named_twice() {
         .expect("holder");
     let hp = holder.id();
     let glob = format!("{}/nvidia*", env.dir.path().display());
-    await_cond("the holder to be seen", || {
+    await_cond("the holder to be seen", 20, || {
         env.snapshot()["hosts"][0]["holders"]
             .as_array()
             .is_some_and(|h| h.iter().any(|x| x["pid"] == hp))
@@ -270,7 +238,7 @@ fn a_job_is_named_by_its_cgroup_and_an_orphaned_one_is_found_and_swept_by_job() 
     let sup = child.id();
     let workers = pids_in(&env.path("workers"), 2);
     let job = format!("run:{sup}");
-    await_cond("the worker's job in the snapshot", || {
+    await_cond("the worker's job in the snapshot", 20, || {
         env.snapshot()["hosts"][0]["processes"]
             .as_array()
             .is_some_and(|ps| {
@@ -296,7 +264,7 @@ fn a_job_is_named_by_its_cgroup_and_an_orphaned_one_is_found_and_swept_by_job() 
     )
     .expect("kill");
     child.wait().expect("reap the supervisor");
-    await_cond("orphaned_job", || {
+    await_cond("orphaned_job", 20, || {
         env.snapshot()["hosts"][0]["findings"]
             .as_array()
             .is_some_and(|f| {
@@ -339,7 +307,7 @@ fn a_job_is_named_by_its_cgroup_and_an_orphaned_one_is_found_and_swept_by_job() 
         .trim_start_matches('/');
     let leaf = mount.join(own).join(format!("gpusweep-run-{sup}"));
     std::fs::write(leaf.join("cgroup.kill"), "1").expect("cgroup.kill");
-    await_cond("the leaf to empty", || {
+    await_cond("the leaf to empty", 20, || {
         std::fs::read_to_string(leaf.join("cgroup.procs")).is_ok_and(|s| s.trim().is_empty())
     });
     std::fs::remove_dir(&leaf).expect("rmdir the leaf");
@@ -362,9 +330,7 @@ fn slurm_docker_and_unit_cgroups_name_real_processes() {
         .expect("v2 line")
         .trim_start_matches('/')
         .to_string();
-    let base = mount
-        .join(&own)
-        .join(format!("gpusweep-test-{}", std::process::id()));
+    let base = mount.join(&own).join(unique("gpusweep-test"));
     let cid = "4f1c2b3a5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f70";
     let cases = [
         ("slurmstepd.scope/job_777/step_0", "slurm"),
@@ -446,7 +412,7 @@ fn a_gpu_taken_during_the_job_is_not_called_clean_at_its_end() {
         .spawn()
         .expect("outsider");
     let op = outsider.id();
-    await_cond("the outsider to be seen", || {
+    await_cond("the outsider to be seen", 20, || {
         env.snapshot()["hosts"][0]["holders"]
             .as_array()
             .is_some_and(|h| h.iter().any(|x| x["pid"] == op))
@@ -467,31 +433,11 @@ fn a_gpu_taken_during_the_job_is_not_called_clean_at_its_end() {
     );
 }
 
-/// Build the file-driven stand-in NVML (tests/fixtures/standin_nvml.c) into `dir`.
-fn standin_nvml(dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/standin_nvml.c");
-    let lib = dir.join("libnvidia-ml.so.1");
-    let o = Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .output()
-        .expect("cc (a C compiler is part of the Rust toolchain's needs)");
-    assert!(o.status.success(), "{}", text(&o));
-    lib
-}
-
-/// Replace the stand-in driver's state at once (a reader never sees half a file).
-fn set_nvml(env: &Env, state: &str) {
-    std::fs::write(env.path("nvml.tmp"), state).expect("state");
-    std::fs::rename(env.path("nvml.tmp"), env.path("nvml")).expect("rename");
-}
-
 #[test]
 fn memory_released_after_the_job_ends_is_seen_at_the_fast_poll_not_the_interval() {
     let env = Env::new();
     let lib = standin_nvml(env.dir.path());
-    set_nvml(&env, "0\n");
+    set_nvml(env.dir.path(), "0\n");
     // The job takes 64 MiB of GPU 0 and exits; the "driver" releases it only after the job is gone, as a
     // real one does ~0.1-1 s after the last holder dies. With a one-hour interval, only the fast poll
     // after the job's end can see the release before the timeout.
@@ -518,14 +464,14 @@ fn memory_released_after_the_job_ends_is_seen_at_the_fast_poll_not_the_interval(
         .env("STANDIN_NVML_LOG", env.path("reads"));
     let child = spawn(c);
     let launcher = pids_in(&env.path("launcher"), 1)[0];
-    await_cond("the job to end", || !alive(launcher));
+    await_cond("the job to end", 20, || !alive(launcher));
     // A reading taken after the job ended still shows its 64 MiB; only then does the driver let go.
     let reads = || std::fs::read_to_string(env.path("reads")).unwrap_or_default();
     let before = reads().lines().count();
-    await_cond("a reading of the held memory after the job", || {
+    await_cond("a reading of the held memory after the job", 20, || {
         reads().lines().skip(before).any(|l| l == "0 64")
     });
-    set_nvml(&env, "0\n");
+    set_nvml(env.dir.path(), "0\n");
     let o = child.wait_with_output().expect("run");
     let t = text(&o);
     assert_eq!(o.status.code(), Some(0), "{t}");

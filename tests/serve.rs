@@ -2,23 +2,12 @@
 //! socket, and by gpusweep itself as an `http://` or `unix:` host. The demo hosts and a file-driven stand-in
 //! NVML (tests/fixtures/standin_nvml.c) play the GPUs.
 
-// In tests a panic is the failure message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_gpusweep");
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+use crate::support::{BIN, gpusweep, set_nvml, standin_nvml, text};
 
 /// A running `gpusweep serve`, stopped (SIGTERM) when dropped.
 struct Serve {
@@ -27,18 +16,6 @@ struct Serve {
     addr: Option<String>,
     /// What it printed when it started.
     banner: String,
-}
-
-fn gpusweep(dir: &Path) -> Command {
-    let mut c = Command::new(BIN);
-    c.env("GPUSWEEP_CONFIG", dir.join("no-config.toml"))
-        .env("GPUSWEEP_AUDIT_LOG", dir.join("actions.jsonl"))
-        .env("GPUSWEEP_SOCKET", dir.join("default.sock"))
-        .env_remove("GPUSWEEP_HOSTS")
-        .env_remove("GPUSWEEP_HTTP_TOKEN_FILE")
-        .env_remove("GPUSWEEP_HTTP_CA_FILE")
-        .stdin(Stdio::null());
-    c
 }
 
 impl Serve {
@@ -649,25 +626,6 @@ async fn a_token_guards_every_route_but_healthz_and_tls_is_served_with_the_given
     );
 }
 
-/// Build the file-driven stand-in NVML into `dir`.
-fn standin_nvml(dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/standin_nvml.c");
-    let lib = dir.join("libnvidia-ml.so.1");
-    let out = Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .output()
-        .expect("cc");
-    assert!(out.status.success(), "{}", text(&out));
-    lib
-}
-
-fn set_nvml(dir: &Path, state: &str) {
-    std::fs::write(dir.join("nvml.tmp"), state).expect("state");
-    std::fs::rename(dir.join("nvml.tmp"), dir.join("nvml")).expect("rename");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[allow(clippy::too_many_lines)] // one scenario, start to end
 async fn snapshot_and_wait_read_a_running_serve_through_its_socket() {
@@ -792,6 +750,10 @@ async fn a_sweep_through_the_socket_cleans_the_demo_and_the_metrics_say_so() {
     let unix = format!("unix:{sock_s}");
     // Someone else may read through the socket, but not act.
     if nix::unistd::geteuid().is_root() {
+        // An audit log that user may write, in a directory of this test's own.
+        let nobody = shared.join("nobody");
+        std::fs::create_dir(&nobody).expect("dir");
+        std::os::unix::fs::chown(&nobody, Some(65534), Some(65534)).expect("chown");
         let out = Command::new("setpriv")
             .args([
                 "--reuid",
@@ -807,10 +769,7 @@ async fn a_sweep_through_the_socket_cleans_the_demo_and_the_metrics_say_so() {
                 "--yes",
             ])
             .env("GPUSWEEP_CONFIG", "/nonexistent/config.toml")
-            .env(
-                "GPUSWEEP_AUDIT_LOG",
-                "/tmp/gpusweep-test-nobody-audit.jsonl",
-            )
+            .env("GPUSWEEP_AUDIT_LOG", nobody.join("audit.jsonl"))
             .stdin(Stdio::null())
             .output()
             .expect("setpriv (util-linux)");

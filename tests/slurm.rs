@@ -2,14 +2,14 @@
 //! with gpusweep as its epilog, and stand-in device files as the GPUs. The README's test command installs the
 //! packages; without them (or without root, which slurmd needs) this test fails rather than skip.
 
-// In tests a panic is the failure message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_gpusweep");
+use crate::support::{BIN, await_cond_every, free_port};
+
+/// How often a condition is checked: most checks run a Slurm client (sinfo, squeue).
+const POLL: Duration = Duration::from_millis(100);
 
 /// The daemons of one test cluster; killed when dropped.
 struct Cluster {
@@ -23,21 +23,6 @@ impl Drop for Cluster {
             let _ = d.kill();
             let _ = d.wait();
         }
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-fn await_cond(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -108,7 +93,7 @@ impl Cluster {
                 .arg(format!("--log-file={}", c.path("munge/log").display()))
                 .arg(format!("--seed-file={}", c.path("munge/seed").display())),
         ));
-        await_cond("munged", Duration::from_secs(20), || sock.exists());
+        await_cond_every("munged", 20, POLL, || sock.exists());
         let audit = c.path("actions.jsonl");
         let epilog = c.path("epilog.sh");
         std::fs::write(
@@ -163,7 +148,7 @@ impl Cluster {
                 .arg("-N")
                 .arg("gsnode"),
         ));
-        await_cond("the node to be idle", Duration::from_secs(60), || {
+        await_cond_every("the node to be idle", 60, POLL, || {
             c.node().starts_with("idle")
         });
         c
@@ -189,11 +174,11 @@ fn the_epilog_ends_a_jobs_orphan_and_drains_a_node_whose_gpu_another_process_hol
     );
     let out = c.client("sbatch", &["-o", "/dev/null", "--wrap", &wrap]);
     assert!(out.contains("Submitted batch job"), "{out}");
-    await_cond("the orphan's pid", Duration::from_secs(30), || {
+    await_cond_every("the orphan's pid", 30, POLL, || {
         !read(&pidfile).trim().is_empty()
     });
     let orphan: u32 = read(&pidfile).trim().parse().expect("pid");
-    await_cond("the epilog to finish", Duration::from_secs(30), || {
+    await_cond_every("the epilog to finish", 30, POLL, || {
         read(&c.path("epilog.out")).contains("clean after")
     });
     // Gone, or a zombie awaiting a PID 1 that may never reap (a container's entry point): not running.
@@ -215,9 +200,7 @@ fn the_epilog_ends_a_jobs_orphan_and_drains_a_node_whose_gpu_another_process_hol
         read(&c.path("actions.jsonl")).contains(&format!("\"pid\":{orphan}")),
         "audited first"
     );
-    await_cond("idle", Duration::from_secs(20), || {
-        c.node().starts_with("idle")
-    });
+    await_cond_every("idle", 20, POLL, || c.node().starts_with("idle"));
     // Job 2: the GPU is also held by a process outside the job. The epilog cannot clean it: it exits
     // non-zero and the node is drained with gpusweep's reason.
     let mut outside = Command::new("sleep")
@@ -227,7 +210,7 @@ fn the_epilog_ends_a_jobs_orphan_and_drains_a_node_whose_gpu_another_process_hol
         .expect("outside holder");
     let out = c.client("sbatch", &["-o", "/dev/null", "--wrap", "true"]);
     assert!(out.contains("Submitted batch job"), "{out}");
-    await_cond("the node to drain", Duration::from_secs(40), || {
+    await_cond_every("the node to drain", 40, POLL, || {
         let n = c.node();
         n.starts_with("drain") && n.contains("gpusweep:")
     });
@@ -281,7 +264,5 @@ fn the_epilog_ends_a_jobs_orphan_and_drains_a_node_whose_gpu_another_process_hol
         String::from_utf8_lossy(&o.stdout)
     );
     c.client("scontrol", &["update", "NodeName=gsnode", "State=RESUME"]);
-    await_cond("idle again", Duration::from_secs(20), || {
-        c.node().starts_with("idle")
-    });
+    await_cond_every("idle again", 20, POLL, || c.node().starts_with("idle"));
 }

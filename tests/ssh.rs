@@ -2,9 +2,6 @@
 //! generated host and user keys; the remote end is this binary's `agent --demo`. sshd is required (the
 //! README's test command installs openssh-server); these tests fail rather than skip without it.
 
-// In tests a panic is the failure message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -20,7 +17,7 @@ use gpusweep::source::local::procfs::ProcfsConfig;
 use gpusweep::source::remote::http::HttpOptions;
 use gpusweep::source::remote::ssh::SshOptions;
 
-const BIN: &str = env!("CARGO_BIN_EXE_gpusweep");
+use crate::support::{BIN, await_cond, free_port, text};
 
 struct Sshd {
     dir: tempfile::TempDir,
@@ -39,14 +36,6 @@ fn keygen_type(path: &Path, kind: &str) {
         .output()
         .expect("ssh-keygen is required");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
 }
 
 impl Sshd {
@@ -174,14 +163,6 @@ impl Drop for Sshd {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 fn json(o: &Output) -> serde_json::Value {
@@ -378,18 +359,10 @@ fn garbage_instead_of_the_protocol() {
 
 /// Wait until `pid` has renamed itself.
 fn await_comm(pid: u32, comm: &str) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .ok()
-        .as_deref()
-        != Some(&format!("{comm}\n"))
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{pid} never renamed itself"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    let want = format!("{comm}\n");
+    await_cond(&format!("{pid} to rename itself"), 10, || {
+        std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c == want)
+    });
 }
 
 #[test]

@@ -1,21 +1,21 @@
 //! The real binary in a real terminal: tmux starts `gpusweep --demo`, keys are typed, the screen is read.
 //! tmux is required (the README's test command installs it); this test fails rather than skip without it.
 
-// In tests a panic is the failure message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::process::Command;
 use std::time::{Duration, Instant};
+
+use crate::support::{BIN, unique};
 
 struct Tmux {
     socket: String,
 }
 
 impl Tmux {
-    /// A tmux server of its own (named after `tag` and this test process) running `cmd` in a `cols`x`rows` pane.
+    /// A tmux server of its own (named after `tag`, this test process and a counter: every test of the crate
+    /// shares the process) running `cmd` in a `cols`x`rows` pane.
     fn start(tag: &str, cols: u16, rows: u16, cmd: &str) -> Tmux {
         let t = Tmux {
-            socket: format!("gpusweep-{tag}-{}", std::process::id()),
+            socket: unique(&format!("gpusweep-{tag}")),
         };
         let (x, y) = (cols.to_string(), rows.to_string());
         let o = t.cmd(&["new-session", "-d", "-s", "gs", "-x", &x, "-y", &y, cmd]);
@@ -86,10 +86,9 @@ impl Drop for Tmux {
 #[test]
 fn demo_sweep_timeline_shm_removal_and_a_clean_gpu_b_recorded_in_the_events_file() {
     let dir = tempfile::tempdir().expect("tmp");
-    let bin = env!("CARGO_BIN_EXE_gpusweep");
     let events = dir.path().join("events.jsonl");
     let cmd = format!(
-        "GPUSWEEP_CONFIG={0}/none.toml GPUSWEEP_AUDIT_LOG={0}/a.jsonl {bin} --demo --events {1}; echo EXITED $?; sleep 30",
+        "GPUSWEEP_CONFIG={0}/none.toml GPUSWEEP_AUDIT_LOG={0}/a.jsonl {BIN} --demo --events {1}; echo EXITED $?; sleep 30",
         dir.path().display(),
         events.display()
     );
@@ -175,9 +174,8 @@ fn demo_sweep_timeline_shm_removal_and_a_clean_gpu_b_recorded_in_the_events_file
 #[test]
 fn sigterm_ends_the_tui_with_143_and_restores_the_terminal() {
     let dir = tempfile::tempdir().expect("tmp");
-    let bin = env!("CARGO_BIN_EXE_gpusweep");
     let cmd = format!(
-        "GPUSWEEP_CONFIG={0}/none.toml {bin} --demo; echo EXITED $?; sleep 30",
+        "GPUSWEEP_CONFIG={0}/none.toml {BIN} --demo; echo EXITED $?; sleep 30",
         dir.path().display()
     );
     let t = Tmux::start("term", 100, 30, &cmd);
@@ -209,10 +207,9 @@ fn sigterm_ends_the_tui_with_143_and_restores_the_terminal() {
 #[test]
 fn wait_progress_is_one_line_redrawn_in_place_at_80_columns() {
     let dir = tempfile::tempdir().expect("tmp");
-    let bin = env!("CARGO_BIN_EXE_gpusweep");
     // The demo cluster is never all clean: `wait` redraws its progress until the timeout.
     let cmd = format!(
-        "GPUSWEEP_CONFIG={0}/none.toml {bin} wait --demo --timeout 3s --poll 50ms; echo EXITED $?; sleep 30",
+        "GPUSWEEP_CONFIG={0}/none.toml {BIN} wait --demo --timeout 3s --poll 50ms; echo EXITED $?; sleep 30",
         dir.path().display()
     );
     let t = Tmux::start("wait", 80, 40, &cmd);
@@ -237,7 +234,7 @@ struct DemoServe(std::process::Child, String);
 impl DemoServe {
     fn start(dir: &std::path::Path) -> DemoServe {
         use std::io::BufRead;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_gpusweep"))
+        let mut child = Command::new(BIN)
             .args([
                 "serve",
                 "--demo",
@@ -277,9 +274,8 @@ impl Drop for DemoServe {
 fn a_demo_read_through_a_serve_is_marked_demo_in_the_header_and_dialogs() {
     let dir = tempfile::tempdir().expect("tmp");
     let serve = DemoServe::start(dir.path());
-    let bin = env!("CARGO_BIN_EXE_gpusweep");
     let cmd = format!(
-        "GPUSWEEP_CONFIG={0}/none.toml {bin} --hosts http://{1}; echo EXITED $?; sleep 30",
+        "GPUSWEEP_CONFIG={0}/none.toml {BIN} --hosts http://{1}; echo EXITED $?; sleep 30",
         dir.path().display(),
         serve.1
     );

@@ -1,9 +1,6 @@
 //! The TUI over the demo cluster: reducer tests of `update(Action)` and snapshots of every screen and dialog at
 //! 80x24 and 160x48. Clocks are simulated, so every time on screen is fixed.
 
-// In tests a panic is the failure message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -1,0 +1,114 @@
+//! Helpers shared by the modules of the integration-test crate: each exists once, here.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_gpusweep");
+
+/// What a command said: its stdout, then its stderr, as one string.
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Wait for a condition, up to `secs` seconds, polling every 10 ms (not a sleep-as-synchronisation: it
+/// returns as soon as the condition holds); panics naming `what` at the deadline.
+pub fn await_cond(what: &str, secs: u64, f: impl FnMut() -> bool) {
+    await_cond_every(what, secs, Duration::from_millis(10), f);
+}
+
+/// [`await_cond`] polling every `every`, for conditions that are costly to check (one that runs a program).
+pub fn await_cond_every(what: &str, secs: u64, every: Duration, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(secs),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(every);
+    }
+}
+
+/// A free loopback port (bound, then released for the server that takes it).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// A name no other test of this process gets: `prefix`, this process's id and a counter. For what lives
+/// outside a test's temporary directory (a tmux server, a cgroup), now that every test shares one process.
+pub fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Field `n` of `/proc/PID/stat` after the command name (0 is the state), if the process exists.
+pub fn stat_field(pid: u32, n: usize) -> Option<String> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &s[s.rfind(')')? + 2..];
+    after.split_whitespace().nth(n).map(str::to_string)
+}
+
+/// The process exists and is not a zombie.
+pub fn alive(pid: u32) -> bool {
+    stat_field(pid, 0).is_some_and(|s| s != "Z")
+}
+
+/// `gpusweep` with everything it reads from its environment kept inside `dir`: no config, its own audit log
+/// and default socket, no hosts, token or CA file of the developer's.
+pub fn gpusweep(dir: &Path) -> Command {
+    let mut c = Command::new(BIN);
+    c.env("GPUSWEEP_CONFIG", dir.join("no-config.toml"))
+        .env("GPUSWEEP_AUDIT_LOG", dir.join("actions.jsonl"))
+        .env("GPUSWEEP_SOCKET", dir.join("default.sock"))
+        .env_remove("GPUSWEEP_HOSTS")
+        .env_remove("GPUSWEEP_HTTP_TOKEN_FILE")
+        .env_remove("GPUSWEEP_HTTP_CA_FILE")
+        .stdin(Stdio::null());
+    c
+}
+
+/// Build a stand-in driver library from `tests/fixtures/SOURCE` into `dir` as `libnvidia-ml.so.1`.
+fn fixture_library(dir: &Path, source: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(source);
+    let lib = dir.join("libnvidia-ml.so.1");
+    let o = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .expect("cc (a C compiler is part of the Rust toolchain's needs)");
+    assert!(o.status.success(), "{}", text(&o));
+    lib
+}
+
+/// Build the file-driven stand-in NVML (tests/fixtures/standin_nvml.c) into `dir`; its state is the file
+/// `dir/nvml` (see [`set_nvml`]).
+pub fn standin_nvml(dir: &Path) -> PathBuf {
+    fixture_library(dir, "standin_nvml.c")
+}
+
+/// Build the wedged-driver stand-in library (tests/fixtures/wedged_nvml.c) into `dir`.
+pub fn wedged_nvml(dir: &Path) -> PathBuf {
+    fixture_library(dir, "wedged_nvml.c")
+}
+
+/// Replace the stand-in driver's state (`dir/nvml`) at once (a reader never sees half a file).
+pub fn set_nvml(dir: &Path, state: &str) {
+    std::fs::write(dir.join("nvml.tmp"), state).expect("state");
+    std::fs::rename(dir.join("nvml.tmp"), dir.join("nvml")).expect("rename");
+}
