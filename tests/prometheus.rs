@@ -259,6 +259,10 @@ fn prometheus_scrapes_dcgm_names_and_gpusweep_reads_the_fleet_back() {
     let host = |n: &str| hosts.iter().find(|h| h["host"] == n).expect("host").clone();
     let gb = host("gpu-b");
     assert_eq!(gb["source"], "prometheus");
+    assert_eq!(
+        gb["simulated"], true,
+        "a demo serve says so through Prometheus: {gb}"
+    );
     assert_eq!(gb["gpus"][6]["judged"], "in_use", "{gb}");
     assert_eq!(gb["gpus"][7]["judged"], "leak", "{gb}");
     assert_eq!(gb["gpus"][0]["judged"], "clean", "{gb}");
@@ -286,6 +290,7 @@ fn prometheus_scrapes_dcgm_names_and_gpusweep_reads_the_fleet_back() {
     );
     // The node with dcgm-exporter alone: memory, clean or in use, never a leak; its blind spot named.
     let dn = host("dcgm-node");
+    assert_eq!(dn["simulated"], false, "{dn}");
     assert!(dn["gpus"][0]["judged"].is_null(), "{dn}");
     assert_eq!(dn["gpus"][1]["memory"]["used"], 1234_u64 * 1024 * 1024);
     assert!(dn["findings"].as_array().is_some_and(Vec::is_empty), "{dn}");

@@ -96,6 +96,8 @@ impl Families {
                 ("version", env!("CARGO_PKG_VERSION").to_string()),
                 ("scheme", shared.scheme.to_string()),
                 ("api_path", api_path.to_string()),
+                // A demo serve says so: a client reading it through Prometheus marks it DEMO.
+                ("simulated", snap.simulated.to_string()),
             ],
             1.0,
         );

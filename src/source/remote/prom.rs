@@ -85,6 +85,8 @@ struct Labels<'a> {
     scheme: Option<Text<'a>>,
     #[serde(borrow)]
     api_path: Option<Text<'a>>,
+    #[serde(borrow)]
+    simulated: Option<Text<'a>>,
 }
 
 impl Sample<'_> {
@@ -103,6 +105,7 @@ impl Sample<'_> {
             "device" => &l.device,
             "scheme" => &l.scheme,
             "api_path" => &l.api_path,
+            "simulated" => &l.simulated,
             _ => return None,
         };
         text.as_ref().map(|t| &*t.0)
@@ -279,6 +282,8 @@ struct Identities {
     /// Per host: its scrape target, and where its serve's API answers (scheme, path) where it runs one.
     instance: HashMap<String, String>,
     serve: HashMap<String, (String, String)>,
+    /// Hosts whose serve says its readings are simulated (a demo serve).
+    simulated: std::collections::HashSet<String>,
     read_at: Option<Instant>,
 }
 
@@ -437,6 +442,7 @@ fn snapshot(name: &str, d: &HostData, ids: &Identities, polled_ms: u64) -> HostS
         host: name.to_string(),
         taken_at_ms: d.taken_at_ms(polled_ms),
         source: SourceKind::Prometheus,
+        simulated: ids.simulated.contains(name),
         gpus,
         missing_features: missing,
         findings,
@@ -490,7 +496,7 @@ fn identity_queries(p: &PromServer) -> [String; 4] {
             p.sel(m::FB_USED)
         ),
         format!(
-            "max by (Hostname, instance, scheme, api_path) (last_over_time({}[{LOOKBACK}]))",
+            "max by (Hostname, instance, scheme, api_path, simulated) (last_over_time({}[{LOOKBACK}]))",
             p.sel(m::SERVE_INFO)
         ),
         format!(
@@ -581,6 +587,9 @@ impl Identities {
                 Some("https") => "https",
                 _ => "http",
             };
+            if x.label("simulated") == Some("true") {
+                self.simulated.insert(host.to_string());
+            }
             let path = x.label("api_path").unwrap_or("").to_string();
             let name_ok = |n: &str| {
                 n.chars()
