@@ -1622,3 +1622,59 @@ fn help_fits_80_columns_every_flag_is_described_and_completions_and_man_are_gene
     let t = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(o.status.success() && t.contains(".TH gpusweep"), "{t}");
 }
+
+#[test]
+fn a_job_that_names_no_process_is_an_error_not_a_pass() {
+    let env = Env::new();
+    for args in [
+        &["wait", "--demo", "--job", "nosuchjob", "--timeout", "2s"][..],
+        &[
+            "sweep",
+            "--demo",
+            "--job",
+            "nosuchjob",
+            "--yes",
+            "--grace",
+            "1s",
+            "--timeout",
+            "2s",
+        ][..],
+    ] {
+        let o = env.run(args);
+        let t = text(&o);
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{args:?}: a typo passes no gate: {t}"
+        );
+        assert!(t.contains("nosuchjob") && t.contains("no process"), "{t}");
+    }
+    // A container or pod ID is named by 4 characters or more, as the help says.
+    let o = env.run(&["wait", "--demo", "--job", "4f1", "--timeout", "2s"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(t.contains("4 characters"), "{t}");
+    // The demo's Slurm job 4711 holds GPUs 6 and 7 of gpu-b: named, it is waited for.
+    let o = env.run(&["wait", "--demo", "--job", "4711", "--timeout", "1s"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+}
+
+#[test]
+fn killing_a_zombie_says_it_is_dead_and_names_its_parent() {
+    let env = Env::new();
+    // This test process is the parent, and it does not wait() until the end: a real zombie.
+    let mut child = Command::new("true").spawn().expect("spawn");
+    let zpid = child.id();
+    await_cond("the zombie", 10, || {
+        stat_field(zpid, 0).as_deref() == Some("Z")
+    });
+    let o = env.run(&["kill", &zpid.to_string(), "--yes", "--no-nvml"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "nothing was ended: {t}");
+    assert!(!t.contains("sent TERM"), "{t}");
+    assert!(
+        t.contains("zombie") && t.contains(&std::process::id().to_string()),
+        "says what it is and who must reap it: {t}"
+    );
+    let _ = child.wait();
+}

@@ -62,7 +62,9 @@ impl Serve {
                 let _ = write!(s, "GET /healthz HTTP/1.0\r\n\r\n");
                 let mut r = String::new();
                 let _ = s.read_to_string(&mut r);
-                r.starts_with("HTTP/1.0 200") || r.starts_with("HTTP/1.1 200")
+                // A first reading taken: healthy, or unhealthy for a reason other than having none yet.
+                let answered = r.starts_with("HTTP/1.0 ") || r.starts_with("HTTP/1.1 ");
+                answered && !r.contains("no reading yet")
             }) {
                 assert!(
                     t.elapsed() < Duration::from_secs(20),
@@ -1190,4 +1192,33 @@ fn a_host_that_cannot_be_read_keeps_its_source_and_a_demo_read_over_http_says_si
         serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
     assert_eq!(doc["hosts"][0]["source"], "http", "{doc}");
     assert_eq!(doc["hosts"][0]["simulated"], true, "{doc}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serve_without_a_driver_is_unhealthy_and_says_why() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    // NVML cannot be loaded: no driver on this host, as far as the serve can tell.
+    let missing = tmp.join("no-such-libnvidia-ml.so.1");
+    let serve = Serve::start(
+        tmp,
+        &["--no-socket", "--interval", "200ms"],
+        &[("GPUSWEEP_NVML_LIBRARY", missing.as_path())],
+    );
+    let (status, _, body) = get(&serve.url("/healthz")).await;
+    assert_eq!(
+        status, 503,
+        "a serve that reads no GPU is not healthy: {body}"
+    );
+    assert!(body.contains("NVML") || body.contains("driver"), "{body}");
+    let (_, _, m) = get(&serve.url("/metrics")).await;
+    assert_eq!(
+        sample(&m, "gpusweep_gpus_readable", &[]),
+        Some(0.0),
+        "a series an alert can fire on: {m}"
+    );
+    // Told not to read NVML, it is healthy on holders, zombies and /dev/shm alone.
+    let nonvml = Serve::start(tmp, &["--no-socket", "--no-nvml"], &[]);
+    let (status, _, body) = get(&nonvml.url("/healthz")).await;
+    assert_eq!(status, 200, "{body}");
 }

@@ -14,18 +14,18 @@ use super::audit::AuditLog;
 use super::pidfd::{PidFd, no_pidfd, wait_exits};
 use super::protect;
 use crate::core::format::millis;
-use crate::core::model::ProcState;
+use crate::core::model::{Proc, ProcState};
 use crate::core::procstat::{parse_cmdline, parse_stat};
 use crate::core::signal::{Fate, Outcome, Protected, Sig, SignalRequest, TargetInfo};
 
 /// How long a process may take to vanish after KILL before it is reported as stuck in the kernel.
 const AFTER_KILL: Duration = Duration::from_secs(5);
 
-/// The start time `/proc` shows now. `Ok(None)` only when the process is gone (ENOENT/ESRCH); any other
+/// What `/proc/PID/stat` shows now. `Ok(None)` only when the process is gone (ENOENT/ESRCH); any other
 /// failure (out of file descriptors, a permission) is an error, never "gone".
-fn start_time_now(pid: u32) -> std::io::Result<Option<u64>> {
+fn stat_now(pid: u32) -> std::io::Result<Option<Proc>> {
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => Ok(parse_stat(&s).map(|p| p.start_time)),
+        Ok(s) => Ok(parse_stat(&s)),
         Err(e)
             if e.kind() == std::io::ErrorKind::NotFound
                 || e.raw_os_error() == Some(libc::ESRCH) =>
@@ -99,18 +99,27 @@ fn pin(
         },
     };
     // The pidfd pins this process; now make sure it is the one that was chosen.
-    match start_time_now(t.pid) {
+    match stat_now(t.pid) {
         Err(e) => {
             return Err(Fate::Failed {
                 reason: format!("reading /proc/{}/stat: {e}", t.pid),
             });
         }
         Ok(None) => return Err(Fate::AlreadyGone),
-        Ok(Some(st)) if st != t.start_time => {
+        Ok(Some(now)) if now.start_time != t.start_time => {
             return Err(Fate::Refused {
                 reason: format!(
-                    "PID reused: it started at tick {st}, the target at {}",
-                    t.start_time
+                    "PID reused: it started at tick {}, the target at {}",
+                    now.start_time, t.start_time
+                ),
+            });
+        }
+        // A zombie has exited and holds nothing; a signal would be recorded and "sent" to no effect.
+        Ok(Some(now)) if now.state.is_zombie() => {
+            return Err(Fate::Refused {
+                reason: format!(
+                    "a zombie: dead already, it holds nothing; its parent {} must reap it",
+                    now.ppid
                 ),
             });
         }
@@ -140,8 +149,8 @@ fn pin(
 
 /// kill(2) for a target held without a pidfd: the start time is checked once more right before.
 fn kill_bare(t: &TargetInfo, sig: Sig) -> std::io::Result<()> {
-    match start_time_now(t.pid)? {
-        Some(st) if st == t.start_time => {}
+    match stat_now(t.pid)? {
+        Some(now) if now.start_time == t.start_time => {}
         _ => return Err(std::io::Error::from_raw_os_error(libc::ESRCH)),
     }
     let pid = nix::unistd::Pid::from_raw(

@@ -111,6 +111,20 @@ pub fn watch_for(
         if gpus.is_some() {
             bail!("--job and --gpus: choose one (a job's GPUs are the ones it holds)");
         }
+        crate::core::job::check_query(q)?;
+        // A gate never passes on a job it cannot find: a typo is an error, not "nothing to wait for".
+        let seen = readable.iter().any(|(_, s)| {
+            s.processes
+                .iter()
+                .any(|p| p.job.as_ref().is_some_and(|j| j.matches(q)))
+        });
+        if !seen {
+            bail!(
+                "--job {}: no process of it on any host that was read (`gpusweep snapshot` shows each \
+                 process's job; a finished job's GPUs are named with --gpus)",
+                escape(q)
+            );
+        }
         // The job's GPUs, host by host, as this first reading shows them.
         let mut expected = Vec::new();
         let mut per_host = BTreeMap::new();

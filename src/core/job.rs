@@ -39,6 +39,51 @@ pub enum Job {
     },
 }
 
+/// Why a `--job` value cannot name a job.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JobQueryError {
+    #[error(
+        "--job needs a job: a Slurm job (4711, slurm:4711.0), a pod or container ID, a unit, run:PID"
+    )]
+    Empty,
+    #[error(
+        "--job {0:?}: a pod or container ID is named by 4 characters or more (a Slurm job by its number)"
+    )]
+    TooShort(String),
+    #[error("--job {0:?}: {1}")]
+    Malformed(String, &'static str),
+}
+
+/// Whether `q` can name a job at all, as `Job::matches` reads it: a Slurm job by its number (and step), a
+/// `run:` job by its supervisor's PID, a unit by name, a pod or container by 4 characters or more.
+pub fn check_query(q: &str) -> Result<(), JobQueryError> {
+    let q = q.trim();
+    let (kind, id) = q.split_once(':').unwrap_or(("", q));
+    let number = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    // A unit's suffix is as systemd spells it, lower case.
+    #[allow(clippy::case_sensitive_file_extension_comparisons)]
+    let unit = |s: &str| s.ends_with(".service") || s.ends_with(".scope");
+    let slurm = |s: &str| {
+        s.split_once('.')
+            .map_or_else(|| number(s), |(j, _)| number(j))
+    };
+    match kind {
+        _ if id.is_empty() => Err(JobQueryError::Empty),
+        "slurm" if !slurm(id) => Err(JobQueryError::Malformed(
+            q.to_string(),
+            "a Slurm job is its number (4711, slurm:4711.0)",
+        )),
+        "run" if !number(id) => Err(JobQueryError::Malformed(
+            q.to_string(),
+            "a run job is its supervisor's PID (run:812)",
+        )),
+        "slurm" | "run" | "systemd" => Ok(()),
+        "" if slurm(id) || unit(id) => Ok(()),
+        _ if id.chars().count() < 4 => Err(JobQueryError::TooShort(q.to_string())),
+        _ => Ok(()),
+    }
+}
+
 impl Job {
     /// Short, for a table column: `slurm:4711.0`, `k8s:3f2a9c1e`, `docker:9a8b7c6d5e4f`, `run:812`.
     pub fn short(&self) -> String {

@@ -21,6 +21,8 @@ pub const L_HOSTNAME: &str = "Hostname";
 pub const GPU_CLEAN: &str = "gpusweep_gpu_clean";
 /// 1 when the GPU's memory could be read at the last poll, 0 when not.
 pub const GPU_READABLE: &str = "gpusweep_gpu_readable";
+/// 1 when NVML answered and every GPU of the host was read; 0 when the driver or a GPU does not answer.
+pub const GPUS_READABLE: &str = "gpusweep_gpus_readable";
 /// Bytes no live listed process accounts for, in two parts that add up: `kind="ghost"`, charged by NVML to
 /// PIDs that are gone, and `kind="residual"`, charged to nobody. NaN where a ghost's charge is unknown.
 pub const UNEXPLAINED_BYTES: &str = "gpusweep_unexplained_bytes";

@@ -200,6 +200,15 @@ fn unhealthy(web: &Web, i: usize) -> Option<String> {
     if let Some(e) = &r.snap.error {
         return Some(format!("{}: {e}", ch.label));
     }
+    // A serve that reads no GPU says nothing about GPUs: an alert must be able to fire on it.
+    if web.shared.expect_gpus && !super::metrics::gpus_readable(&r.snap) {
+        let why = r
+            .snap
+            .gpu_error
+            .as_deref()
+            .unwrap_or("a GPU does not answer");
+        return Some(format!("{}: GPUs cannot be read: {why}", ch.label));
+    }
     None
 }
 

@@ -66,6 +66,13 @@ impl Reading {
     }
 }
 
+/// How a serve was started: read-only, and whether it reads NVML.
+#[derive(Debug, Clone, Copy)]
+pub struct Modes {
+    pub readonly: bool,
+    pub expect_gpus: bool,
+}
+
 /// What a reader of one host follows.
 pub struct HostChannel {
     pub label: String,
@@ -111,6 +118,8 @@ pub struct Shared {
     pub scheme: &'static str,
     /// No signal or removal, even from the socket's privileged peers.
     pub readonly: bool,
+    /// NVML is read (not `--no-nvml`): a host none of whose GPUs can be read is unhealthy.
+    pub expect_gpus: bool,
     next_client: AtomicU64,
 }
 
@@ -142,7 +151,11 @@ pub struct Hub {
 }
 
 impl Hub {
-    pub fn new(labels: &[String], interval: Duration, scheme: &'static str, readonly: bool) -> Hub {
+    pub fn new(labels: &[String], interval: Duration, scheme: &'static str, modes: Modes) -> Hub {
+        let Modes {
+            readonly,
+            expect_gpus,
+        } = modes;
         let (ask, asks) = mpsc::channel(1024);
         let mut hosts = Vec::new();
         let mut writers = Vec::new();
@@ -177,6 +190,7 @@ impl Hub {
             interval,
             scheme,
             readonly,
+            expect_gpus,
             next_client: AtomicU64::new(1),
         });
         Hub {

@@ -66,6 +66,7 @@ struct Families {
     fb_reserved: Gauges,
     clean: Gauges,
     readable: Gauges,
+    host_readable: Gauges,
     unexplained: Gauges,
     findings: Gauges,
     process: Gauges,
@@ -89,6 +90,13 @@ impl Families {
         }
         let hl: Labels = vec![(m::L_HOSTNAME, host.to_string())];
         set(&self.taken, &hl, snap.taken_at_ms as f64 / 1000.0);
+        if shared.expect_gpus {
+            set(
+                &self.host_readable,
+                &hl,
+                f64::from(u8::from(gpus_readable(snap))),
+            );
+        }
         set(
             &self.info,
             &vec![
@@ -104,6 +112,35 @@ impl Families {
         if snap.error.is_some() {
             return;
         }
+        self.add_gpus(host, snap);
+        self.add_unexplained(host, snap);
+        for kind in KINDS {
+            for (sev, word) in SEVERITIES {
+                let n = snap
+                    .findings
+                    .iter()
+                    .filter(|f| f.kind == kind && f.severity == sev)
+                    .count();
+                let l = vec![
+                    (m::L_HOSTNAME, host.to_string()),
+                    ("kind", kind.as_str().to_string()),
+                    ("severity", word.to_string()),
+                ];
+                set(&self.findings, &l, n as f64);
+            }
+        }
+        let shm: u64 = snap
+            .findings
+            .iter()
+            .filter(|f| f.kind == FindingKind::ShmLeftover)
+            .filter_map(|f| f.bytes)
+            .sum();
+        set(&self.shm, &hl, shm as f64);
+        self.add_processes(host, snap);
+    }
+
+    /// Each GPU's memory gauges, whether it was read, and the ledger's verdict.
+    fn add_gpus(&self, host: &str, snap: &HostSnapshot) {
         for g in &snap.gpus {
             let l = gpu_labels(host, g);
             set(
@@ -130,30 +167,6 @@ impl Families {
                 Some(GpuState::Unknown | GpuState::Error) | None => {}
             }
         }
-        self.add_unexplained(host, snap);
-        for kind in KINDS {
-            for (sev, word) in SEVERITIES {
-                let n = snap
-                    .findings
-                    .iter()
-                    .filter(|f| f.kind == kind && f.severity == sev)
-                    .count();
-                let l = vec![
-                    (m::L_HOSTNAME, host.to_string()),
-                    ("kind", kind.as_str().to_string()),
-                    ("severity", word.to_string()),
-                ];
-                set(&self.findings, &l, n as f64);
-            }
-        }
-        let shm: u64 = snap
-            .findings
-            .iter()
-            .filter(|f| f.kind == FindingKind::ShmLeftover)
-            .filter_map(|f| f.bytes)
-            .sum();
-        set(&self.shm, &hl, shm as f64);
-        self.add_processes(host, snap);
     }
 
     /// Unexplained bytes per GPU, in two parts that add up: what NVML charges to dead PIDs (ghost), and what
@@ -251,6 +264,11 @@ impl Families {
             self.readable,
         );
         r.register(
+            m::GPUS_READABLE,
+            "1 when NVML answered and every GPU of the host was read at the last poll; 0 (alert on it) when the driver or a GPU does not answer",
+            self.host_readable,
+        );
+        r.register(
             m::UNEXPLAINED_BYTES,
             "GPU memory no live listed process accounts for, by finding kind; NaN where the size is unknown",
             self.unexplained,
@@ -288,6 +306,13 @@ impl Families {
         );
         r
     }
+}
+
+/// Whether every GPU of a reading was read: NVML answered, it listed GPUs, and each gave its memory.
+pub fn gpus_readable(snap: &HostSnapshot) -> bool {
+    snap.gpu_error.is_none()
+        && !snap.gpus.is_empty()
+        && snap.gpus.iter().all(|g| g.memory.used.is_some())
 }
 
 /// The chosen hosts' time-to-clean histograms, as one family (a serve's per-host paths show only theirs).

@@ -222,7 +222,11 @@ async fn serve(s: &Settings, a: &ServeArgs, plan: Plan) -> anyhow::Result<i32> {
     let fleet = Fleet::start(&s.specs, &s.fleet).await?;
     let labels = fleet.labels().to_vec();
     let scheme = if tls.is_some() { "https" } else { "http" };
-    let hub = hub::Hub::new(&labels, s.fleet.interval, scheme, s.readonly);
+    let modes = hub::Modes {
+        readonly: s.readonly,
+        expect_gpus: s.fleet.load_nvml,
+    };
+    let hub = hub::Hub::new(&labels, s.fleet.interval, scheme, modes);
     let shared = hub.shared();
     let http = if a.no_http {
         None
