@@ -412,15 +412,21 @@ fn static_target(body: String) -> String {
     addr
 }
 
-/// Start Prometheus scraping `jobs` (name, targets) every second; its base URL.
+/// Start Prometheus scraping `jobs` (name, targets) every second; its base URL. A job whose name starts with
+/// `honor` keeps its targets' own `instance` labels (`honor_labels: true`), as some fleets configure it.
 fn prometheus(tmp: &Path, jobs: &[(&str, Vec<String>)]) -> (Proc, String) {
     let port = free_port();
     let mut cfg =
         String::from("global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\nscrape_configs:\n");
     for (name, targets) in jobs {
         let t: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
+        let honor = if name.starts_with("honor") {
+            "    honor_labels: true\n"
+        } else {
+            ""
+        };
         cfg.push_str(&format!(
-            "  - job_name: {name}\n    static_configs:\n      - targets: [{}]\n",
+            "  - job_name: {name}\n{honor}    static_configs:\n      - targets: [{}]\n",
             t.join(", ")
         ));
     }
@@ -536,4 +542,60 @@ fn a_scrape_target_speaks_only_for_itself_and_a_clean_that_contradicts_its_bytes
         .output()
         .expect("wait");
     assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+#[test]
+fn open_live_goes_only_to_a_scraped_target_and_never_takes_a_user_or_port_from_a_label() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    // A target in a job that honours its labels names another address as its instance: the token must not go
+    // there. Another names its host `root@127.0.0.1:2222`: SSH must not be opened as that user to that port.
+    let forged = static_target(
+        "# TYPE DCGM_FI_DEV_FB_USED gauge\n\
+         DCGM_FI_DEV_FB_USED{gpu=\"0\",Hostname=\"forger\",instance=\"127.0.0.1:1\"} 0\n\
+         # TYPE gpusweep_serve_info gauge\n\
+         gpusweep_serve_info{Hostname=\"forger\",instance=\"127.0.0.1:1\",scheme=\"http\",api_path=\"\",version=\"1\"} 1\n"
+            .to_string(),
+    );
+    let userport = static_target(
+        "# TYPE DCGM_FI_DEV_FB_USED gauge\n\
+         DCGM_FI_DEV_FB_USED{gpu=\"0\",Hostname=\"root@127.0.0.1:2222\"} 0\n"
+            .to_string(),
+    );
+    // An honest serve's own target, for contrast: opened live at the address Prometheus scrapes.
+    let (_a, a) = serve(tmp, "gpu-a", &[]);
+    let (_prometheus, prom) = prometheus(
+        tmp,
+        &[
+            ("honoring", vec![forged.clone()]),
+            ("plain", vec![userport, a.clone()]),
+        ],
+    );
+    let http = Http::new();
+    for (q, what) in [
+        (r#"DCGM_FI_DEV_FB_USED{Hostname="forger"}"#, "the forger"),
+        (
+            r#"DCGM_FI_DEV_FB_USED{Hostname="root@127.0.0.1:2222"}"#,
+            "the user@port name",
+        ),
+        (r#"gpusweep_serve_info{Hostname="gpu-a"}"#, "gpu-a's serve"),
+    ] {
+        await_query(&http, &prom, q, what, |r| !r.is_empty());
+    }
+    let doc = snapshot_json(tmp, &format!("prom:{prom}"));
+    let hosts = doc["hosts"].as_array().expect("hosts");
+    let host = |n: &str| hosts.iter().find(|h| h["host"] == n).expect("host").clone();
+    let f = host("forger");
+    assert!(
+        !f["live_url"]
+            .as_str()
+            .is_some_and(|u| u.contains("127.0.0.1:1")),
+        "a label's address is not where the token goes: {f}"
+    );
+    assert_eq!(f["live_url"], "ssh://forger", "its name alone: {f}");
+    let u = host("root@127.0.0.1:2222");
+    assert!(u["live_url"].is_null(), "no user or port from a label: {u}");
+    // Narrowed by a label only the data carries, the honest serve is still opened at its own target.
+    let doc = snapshot_json(tmp, &format!("prom:{prom}?{{Hostname=\"gpu-a\"}}"));
+    assert_eq!(doc["hosts"][0]["live_url"], format!("http://{a}"), "{doc}");
 }

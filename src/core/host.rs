@@ -494,6 +494,19 @@ pub fn parse_one(s: &str) -> Result<HostSpec, SpecError> {
     Ok(HostSpec::Ssh { user, host, port })
 }
 
+/// Whether `name` is a host name alone, as SSH would be asked for it: no user, no port, not `local`. What a
+/// remote system names (a Prometheus label) may pick a host to open, never a user or a port.
+pub fn is_bare_host(name: &str) -> bool {
+    matches!(
+        parse_one(name),
+        Ok(HostSpec::Ssh {
+            user: None,
+            port: None,
+            ..
+        })
+    )
+}
+
 /// Parse every `--hosts` value (and hostfile lines), expanding groups and ranges. Order kept, duplicates dropped.
 pub fn parse_specs(
     values: &[String],

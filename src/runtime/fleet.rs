@@ -236,6 +236,24 @@ pub enum OpenLiveError {
     Spec(#[from] crate::core::host::SpecError),
     #[error("no HTTP client in this fleet")]
     NoHttpClient,
+    #[error(
+        "{0:?} is not a bare host name: a user or port is never taken from what Prometheus holds (name it with --hosts user@host:port)"
+    )]
+    NotBareHost(String),
+}
+
+/// What "open live" may open: a serve's URL, or SSH to a host name alone. The address comes from what a
+/// Prometheus server holds, so a user, a port or `local` is never taken from it.
+pub fn live_spec(url: &str) -> Result<HostSpec, OpenLiveError> {
+    match url.strip_prefix("ssh://") {
+        Some(name) if crate::core::host::is_bare_host(name) => {
+            Ok(crate::core::host::parse_one(name)?)
+        }
+        Some(name) => Err(OpenLiveError::NotBareHost(name.to_string())),
+        None => Ok(HostSpec::Http {
+            url: crate::core::host::HttpUrl::parse(url)?,
+        }),
+    }
 }
 
 /// The hosts of one Prometheus server, gathered to be polled together, and their command channel.
@@ -477,12 +495,7 @@ impl Fleet {
         if i >= self.handles.len() {
             return Err(OpenLiveError::NoSuchHost);
         }
-        let spec = match url.strip_prefix("ssh://") {
-            Some(name) => crate::core::host::parse_one(name)?,
-            None => HostSpec::Http {
-                url: crate::core::host::HttpUrl::parse(url)?,
-            },
-        };
+        let spec = live_spec(url)?;
         // Hosts seen through Prometheus came with an HTTP client: their serves use the same one.
         if matches!(spec, HostSpec::Http { .. }) && self.remote.http.is_none() {
             return Err(OpenLiveError::NoHttpClient);
@@ -694,6 +707,27 @@ mod tests {
             tx,
         };
         (s, rx)
+    }
+
+    #[test]
+    fn open_live_takes_a_host_from_prometheus_never_a_user_or_port() {
+        assert!(matches!(
+            live_spec("ssh://node01"),
+            Ok(HostSpec::Ssh { ref host, user: None, port: None }) if host == "node01"
+        ));
+        for bad in [
+            "ssh://root@127.0.0.1:2222",
+            "ssh://node01:2222",
+            "ssh://root@node01",
+            "ssh://local",
+            "ssh://-oProxyCommand=x",
+        ] {
+            assert!(live_spec(bad).is_err(), "{bad}");
+        }
+        assert!(matches!(
+            live_spec("http://10.0.0.5:9401/hosts/gpu-b"),
+            Ok(HostSpec::Http { .. })
+        ));
     }
 
     fn hot(util: u32) -> Vec<Gauges> {

@@ -420,8 +420,36 @@ fn unexplained(name: &str, index: u32, g: &GpuData, findings: &mut Vec<Finding>)
     }
 }
 
+/// Where the host can be read live: its serve, at its own scrape target (an address Prometheus scrapes, as `up`
+/// says; never one a label names), else SSH to its name where that is a host name alone (a user or a port is
+/// never taken from a label). None otherwise.
+fn live_url(
+    name: &str,
+    d: &HostData,
+    ids: &Identities,
+    up: &HashMap<String, f64>,
+) -> Option<String> {
+    let serve = ids.serve.get(name).and_then(|(scheme, path)| {
+        let [target] = Vec::from_iter(&d.targets)[..] else {
+            return None;
+        };
+        let authority =
+            |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']');
+        let inst = &target.instance;
+        (up.contains_key(inst) && !inst.is_empty() && inst.chars().all(authority))
+            .then(|| format!("{scheme}://{inst}{path}"))
+    });
+    serve.or_else(|| crate::core::host::is_bare_host(name).then(|| format!("ssh://{name}")))
+}
+
 /// The snapshot of one host from what Prometheus holds of it.
-fn snapshot(name: &str, d: &HostData, ids: &Identities, polled_ms: u64) -> HostSnapshot {
+fn snapshot(
+    name: &str,
+    d: &HostData,
+    ids: &Identities,
+    up: &HashMap<String, f64>,
+    polled_ms: u64,
+) -> HostSnapshot {
     let mut gpus = Vec::new();
     let mut findings = Vec::new();
     for (&index, g) in &d.gpus {
@@ -434,10 +462,7 @@ fn snapshot(name: &str, d: &HostData, ids: &Identities, polled_ms: u64) -> HostS
     if !d.gpusweep {
         missing.push(Feature::ProcessList);
     }
-    let live_url = match (ids.serve.get(name), ids.instance.get(name)) {
-        (Some((scheme, path)), Some(inst)) => Some(format!("{scheme}://{inst}{path}")),
-        _ => Some(format!("ssh://{name}")),
-    };
+    let live_url = live_url(name, d, ids, up);
     HostSnapshot {
         host: name.to_string(),
         taken_at_ms: d.taken_at_ms(polled_ms),
@@ -483,7 +508,14 @@ impl Queries {
                 p.sel(m::READING_TIMESTAMP),
                 p.sel(m::FB_USED)
             ),
-            up: format!("max by (instance) ({})", p.sel("up")),
+            // `up` of the scrape targets whose series the selector picks: Prometheus's own word on which
+            // addresses it scrapes (a target's labels cannot add one), whatever labels the selector names.
+            up: format!(
+                "max by (instance) (up and on (instance) group by (instance) \
+                 (last_over_time({}[{LOOKBACK}]) or last_over_time({}[{LOOKBACK}])))",
+                p.sel(m::FB_USED),
+                p.sel(m::SERVE_INFO)
+            ),
         }
     }
 }
@@ -879,7 +911,7 @@ impl Poller {
         }
         self.said[i] = Some(d.clone());
         // Whether the snapshot says anything new is the runtime's to decide, once.
-        let snap = snapshot(&h.name, d, &self.ids, now);
+        let snap = snapshot(&h.name, d, &self.ids, up, now);
         (!was_down || h.sink.status(ConnStatus::Up)) && h.sink.reading(snap)
     }
 }
@@ -1000,7 +1032,7 @@ mod tests {
                 ..Default::default()
             },
         );
-        let s = snapshot("node1", &d, &ids, 5);
+        let s = snapshot("node1", &d, &ids, &HashMap::new(), 5);
         let states: Vec<Option<GpuState>> = s.gpus.iter().map(|g| g.judged).collect();
         assert_eq!(
             states,
@@ -1035,7 +1067,7 @@ mod tests {
         let mut dcgm = HostData::default();
         dcgm.gpus.insert(0, gpu(0.0, None, &[]));
         dcgm.gpus.insert(1, gpu(700.0, None, &[]));
-        let s = snapshot("node2", &dcgm, &ids, 7);
+        let s = snapshot("node2", &dcgm, &ids, &HashMap::new(), 7);
         assert!(s.gpus.iter().all(|g| g.judged.is_none()));
         assert_eq!(s.taken_at_ms, 7);
         assert!(s.missing_features.contains(&Feature::ProcessList));
@@ -1152,7 +1184,8 @@ mod tests {
             q.used,
             r#"max by (Hostname, job, instance, gpu) (DCGM_FI_DEV_FB_USED{job="gpu"})"#
         );
-        assert!(q.up.contains(r#"up{job="gpu"}"#));
+        assert!(q.up.starts_with("max by (instance) (up and on (instance)"));
+        assert!(q.up.contains(r#"DCGM_FI_DEV_FB_USED{job="gpu"}[10m]"#));
         let p = server("http://p:9090", "");
         assert!(Queries::new(&p).clean.contains("gpusweep_gpu_clean{}"));
     }
