@@ -21,7 +21,11 @@ struct Serve {
 impl Serve {
     /// Start `gpusweep serve ARGS` (`--listen 127.0.0.1:0` unless ARGS say) and wait for its banner.
     fn start(dir: &Path, args: &[&str], env: &[(&str, &Path)]) -> Serve {
-        let mut c = gpusweep(dir);
+        Serve::start_as(gpusweep(dir), args, env)
+    }
+
+    /// The same, with `c` as the command that runs gpusweep (a wrapper that execs it, its environment set).
+    fn start_as(mut c: Command, args: &[&str], env: &[(&str, &Path)]) -> Serve {
         c.arg("serve");
         if !args.iter().any(|a| *a == "--listen" || *a == "--no-http") {
             c.args(["--listen", "127.0.0.1:0"]);
@@ -1221,4 +1225,131 @@ async fn a_serve_without_a_driver_is_unhealthy_and_says_why() {
     let nonvml = Serve::start(tmp, &["--no-socket", "--no-nvml"], &[]);
     let (status, _, body) = get(&nonvml.url("/healthz")).await;
     assert_eq!(status, 200, "{body}");
+}
+
+/// Print the first snapshot a serve's socket sends (argv[1]), as its JSON line.
+const READ_ONE_SNAPSHOT: &str = r#"
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+for line in s.makefile("rb"):
+    m = json.loads(line)
+    if m.get("type") == "snapshot":
+        print(line.decode().strip(), flush=True)
+        break
+"#;
+
+/// A shell that mounts a `/proc` of its own with `hidepid=2` in a private mount namespace, then execs its
+/// arguments: what a hardened node, a container or a `ProtectProc=invisible` unit shows its users.
+fn in_hidden_proc() -> Command {
+    let mut c = Command::new("unshare");
+    c.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg("mount -t proc -o hidepid=2 proc /proc && exec \"$0\" \"$@\"");
+    c
+}
+
+#[test]
+#[allow(clippy::too_many_lines)] // one scenario: the same holder seen by four readers
+fn a_reader_of_the_serve_sees_no_more_than_its_own_proc_shows_it() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test plays an unprivileged user with setpriv and mounts /proc: run the suite as root"
+    );
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    std::fs::set_permissions(tmp, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let dev = tmp.join("nvidia0");
+    std::fs::write(&dev, b"").expect("device");
+    let glob = tmp.join("nvidia*").to_str().expect("utf-8").to_string();
+    // Root's GPU process, with a secret in its arguments (as too many launchers pass API keys).
+    let mut holder = Command::new("/usr/bin/python3")
+        .args([
+            "-c",
+            "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); time.sleep(600)",
+        ])
+        .arg(&dev)
+        .arg("--api-key=s3cret-4711")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut ready = String::new();
+    BufReader::new(holder.stdout.take().expect("stdout"))
+        .read_line(&mut ready)
+        .expect("holder");
+    let hpid = holder.id();
+    let sock = tmp.join("serve.sock");
+    let sock_s = sock.to_str().expect("utf-8").to_string();
+    let serve = Serve::start(
+        tmp,
+        &["--no-nvml", "--device-glob", &glob, "--socket", &sock_s],
+        &[],
+    );
+    let read_as = |wrap: Option<Command>| -> serde_json::Value {
+        let mut c = wrap.unwrap_or_else(|| Command::new("setpriv"));
+        if c.get_program() != "setpriv" {
+            c.arg("setpriv");
+        }
+        let o = c
+            .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+            .args(["/usr/bin/python3", "-c", READ_ONE_SNAPSHOT, &sock_s])
+            .output()
+            .expect("setpriv, python3");
+        serde_json::from_slice::<serde_json::Value>(&o.stdout)
+            .unwrap_or_else(|_| panic!("{}", text(&o)))["snapshot"]
+            .clone()
+    };
+    let holder_of = |snap: &serde_json::Value| -> serde_json::Value {
+        snap["processes"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["pid"] == hpid))
+            .cloned()
+            .unwrap_or_else(|| panic!("the holder {hpid} is listed: {snap}"))
+    };
+    // A user whose /proc shows every process reads what ps would show them.
+    let open = read_as(None);
+    assert!(
+        holder_of(&open)["cmdline"]
+            .as_str()
+            .is_some_and(|c| c.contains("s3cret-4711")),
+        "{open}"
+    );
+    // A user whose /proc hides other users' processes does not get them from a root serve: the PID stays
+    // (NVML would show it to anyone), the command line, name and user go.
+    let hidden = read_as(Some(in_hidden_proc()));
+    let h = holder_of(&hidden);
+    assert!(!hidden.to_string().contains("s3cret"), "{hidden}");
+    assert_eq!(h["comm"], "hidden", "{h}");
+    assert!(h["user"].is_null() && h["uid"].is_null(), "{h}");
+    // Root still reads it whole through the same socket.
+    let out = gpusweep(tmp)
+        .args(["snapshot", "--json", "--hosts", &format!("unix:{sock_s}")])
+        .output()
+        .expect("snapshot");
+    assert!(text(&out).contains("s3cret-4711"), "{}", text(&out));
+    drop(serve);
+    // A serve on a node whose /proc hides processes answers HTTP readers it cannot name (no token) the same.
+    let mut c = in_hidden_proc();
+    c.arg(BIN)
+        .env("GPUSWEEP_CONFIG", tmp.join("no-config.toml"))
+        .env("GPUSWEEP_AUDIT_LOG", tmp.join("actions.jsonl"))
+        .stdin(Stdio::null());
+    let serve = Serve::start_as(
+        c,
+        &["--no-nvml", "--device-glob", &glob, "--no-socket"],
+        &[],
+    );
+    let body = {
+        use std::io::{Read, Write};
+        let mut s =
+            std::net::TcpStream::connect(serve.addr.as_deref().expect("http")).expect("connect");
+        write!(s, "GET /api/v1/snapshot HTTP/1.0\r\n\r\n").expect("ask");
+        let mut r = String::new();
+        s.read_to_string(&mut r).expect("snapshot over HTTP");
+        r
+    };
+    assert!(body.contains(&format!("\"pid\":{hpid}")), "{body}");
+    assert!(!body.contains("s3cret"), "{body}");
+    let _ = holder.kill();
+    let _ = holder.wait();
 }

@@ -160,7 +160,7 @@ fn snapshot(web: &Web, hosts: &[usize]) -> Response {
             body.push(',');
         }
         first = false;
-        body.push_str(r.json());
+        body.push_str(&r.json_as(web.shared.http_view));
     }
     body.push_str("]}\n");
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
@@ -383,7 +383,7 @@ fn reading_events(shared: &Shared, f: &mut Follow, out: &mut Vec<SseEvent>) {
         out.push(
             SseEvent::default()
                 .event(sse::Kind::Snapshot.as_str())
-                .data(r.json()),
+                .data(r.json_as(shared.http_view)),
         );
     }
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
+use super::redact::{self, View, redact};
 use crate::core::action::{ActionAnswer, ActionRequest};
 use crate::core::event::{Event, EventKind};
 use crate::core::model::{HostId, HostSnapshot};
@@ -46,6 +47,8 @@ pub struct Reading {
     /// Bumped when what the reading says changes, not its time: subscribers send a whole snapshot only then.
     pub content: u64,
     json: OnceLock<String>,
+    /// The same with every process hidden but by PID and memory (`None`: nothing to hide).
+    json_no_others: OnceLock<Option<String>>,
 }
 
 impl Reading {
@@ -54,6 +57,7 @@ impl Reading {
             content: judged.content,
             snap: judged.snap,
             json: OnceLock::new(),
+            json_no_others: OnceLock::new(),
         }
     }
 }
@@ -64,6 +68,22 @@ impl Reading {
         self.json
             .get_or_init(|| serde_json::to_string(&self.snap).unwrap_or_default())
     }
+
+    /// The JSON contract of this reading as a reader with `view` may see it: whole (serialized once), or
+    /// with the processes it may not see hidden (serialized once for readers the serve cannot name, per
+    /// reader otherwise).
+    pub fn json_as(&self, view: View) -> std::borrow::Cow<'_, str> {
+        let hidden =
+            |v| redact(&self.snap, v).map(|s| serde_json::to_string(&s).unwrap_or_default());
+        match view {
+            View::Whole => self.json().into(),
+            View::NoOthers => match self.json_no_others.get_or_init(|| hidden(view)) {
+                Some(j) => j.as_str().into(),
+                None => self.json().into(),
+            },
+            View::Own(_) => hidden(view).map_or_else(|| self.json().into(), Into::into),
+        }
+    }
 }
 
 /// How a serve was started: read-only, and whether it reads NVML.
@@ -71,6 +91,8 @@ impl Reading {
 pub struct Modes {
     pub readonly: bool,
     pub expect_gpus: bool,
+    /// What HTTP readers may see of other users' processes.
+    pub http_view: View,
 }
 
 /// What a reader of one host follows.
@@ -120,6 +142,9 @@ pub struct Shared {
     pub readonly: bool,
     /// NVML is read (not `--no-nvml`): a host none of whose GPUs can be read is unhealthy.
     pub expect_gpus: bool,
+    /// What HTTP readers may see of other users' processes: all but PID and memory hidden when the node's
+    /// `/proc` hides them and no token names who reads.
+    pub http_view: View,
     next_client: AtomicU64,
 }
 
@@ -155,6 +180,7 @@ impl Hub {
         let Modes {
             readonly,
             expect_gpus,
+            http_view,
         } = modes;
         let (ask, asks) = mpsc::channel(1024);
         let mut hosts = Vec::new();
@@ -191,6 +217,7 @@ impl Hub {
             scheme,
             readonly,
             expect_gpus,
+            http_view,
             next_client: AtomicU64::new(1),
         });
         Hub {
@@ -237,6 +264,7 @@ impl Hub {
                         snap: r.snap.clone(),
                         content: r.content,
                         json: OnceLock::new(),
+                        json_no_others: OnceLock::new(),
                     })
                 }) else {
                     return;
@@ -290,7 +318,10 @@ impl Hub {
                     (None, None) => {}
                 }
             }
-            if let Ok(json) = serde_json::to_string(e) {
+            // Events go only to HTTP streams: as HTTP readers may see them.
+            if let Ok(json) =
+                serde_json::to_string(redact::event(e, self.shared.http_view).as_ref())
+            {
                 let json: Arc<str> = json.into();
                 let _ = ch.events.send(json.clone());
                 let _ = self.shared.all_events.send(json);

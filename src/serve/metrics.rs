@@ -136,7 +136,9 @@ impl Families {
             .filter_map(|f| f.bytes)
             .sum();
         set(&self.shm, &hl, shm as f64);
-        self.add_processes(host, snap);
+        // A node whose /proc hides processes: no reader without a token learns their jobs here either.
+        let shows_jobs = shared.http_view == super::redact::View::Whole;
+        self.add_processes(host, snap, shows_jobs);
     }
 
     /// Each GPU's memory gauges, whether it was read, and the ledger's verdict.
@@ -203,7 +205,7 @@ impl Families {
     }
 
     /// The largest `PROCESS_SERIES` charges of a host, the rest summed under pid="other".
-    fn add_processes(&self, host: &str, snap: &HostSnapshot) {
+    fn add_processes(&self, host: &str, snap: &HostSnapshot, shows_jobs: bool) {
         let mut all: Vec<(u64, u32, u32)> = snap
             .gpus
             .iter()
@@ -222,6 +224,7 @@ impl Families {
             }
             let job = snap
                 .proc(pid)
+                .filter(|_| shows_jobs)
                 .and_then(|p| p.job.as_ref())
                 .map(crate::core::job::Job::short)
                 .unwrap_or_default();

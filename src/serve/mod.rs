@@ -5,6 +5,7 @@
 pub mod http;
 pub mod hub;
 pub mod metrics;
+pub mod redact;
 pub mod socket;
 
 use std::net::SocketAddr;
@@ -225,6 +226,7 @@ async fn serve(s: &Settings, a: &ServeArgs, plan: Plan) -> anyhow::Result<i32> {
     let modes = hub::Modes {
         readonly: s.readonly,
         expect_gpus: s.fleet.load_nvml,
+        http_view: redact::http_view(token.is_some()),
     };
     let hub = hub::Hub::new(&labels, s.fleet.interval, scheme, modes);
     let shared = hub.shared();

@@ -15,6 +15,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
 use super::hub::{Ask, Reading, Shared};
+use super::redact::{View, peer_view};
 use crate::core::protocol::{AgentCmd, AgentMsg, Command, MAX_LINE_BYTES, MIN_INTERVAL, PROTOCOL};
 use crate::source::remote::stream::read_line_bounded;
 
@@ -87,15 +88,25 @@ struct Peer {
     uid: Option<u32>,
     /// Root or the serve's own user: may signal and remove, send long commands, poll at 20 ms.
     trusted: bool,
+    /// Which processes it may see whole: what its own `/proc` would show it.
+    view: View,
 }
 
 impl Peer {
     fn of(stream: &UnixStream) -> Peer {
-        let uid = stream.peer_cred().map(|c| c.uid()).ok();
+        let cred = stream.peer_cred().ok();
+        let uid = cred.map(|c| c.uid());
         let me = nix::unistd::geteuid().as_raw();
+        let trusted = uid.is_some_and(|u| u == 0 || u == me);
         Peer {
             uid,
-            trusted: uid.is_some_and(|u| u == 0 || u == me),
+            trusted,
+            view: peer_view(
+                cred.and_then(|c| c.pid()),
+                uid,
+                cred.map(|c| c.gid()),
+                trusted,
+            ),
         }
     }
     fn max_line(self) -> usize {
@@ -332,7 +343,9 @@ impl Conn<'_> {
             }));
         }
         self.sent = Some(r.content);
-        let snapshot = serde_json::value::RawValue::from_string(r.json().to_string()).ok()?;
+        let snapshot =
+            serde_json::value::RawValue::from_string(r.json_as(self.peer.view).into_owned())
+                .ok()?;
         serde_json::to_string(&WireSnapshot::Snapshot {
             snapshot: &snapshot,
         })
