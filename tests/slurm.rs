@@ -62,8 +62,14 @@ impl Cluster {
             .to_string()
     }
 
-    #[allow(clippy::too_many_lines)] // munged, the epilog script, slurm.conf, slurmctld, slurmd, in order
     fn start() -> Cluster {
+        Cluster::start_numbering_from(1)
+    }
+
+    /// A cluster whose first job is `first_job`: tests that run side by side keep their job IDs apart (an
+    /// epilog of one cluster's root job would take another's root processes that carry its ID).
+    #[allow(clippy::too_many_lines)] // munged, the epilog script, slurm.conf, slurmctld, slurmd, in order
+    fn start_numbering_from(first_job: u32) -> Cluster {
         let dir = tempfile::tempdir().expect("tmp");
         let mut c = Cluster {
             dir,
@@ -123,7 +129,7 @@ impl Cluster {
                  SlurmdPidFile={d}/d.pid\nSlurmctldLogFile={d}/ctld.log\nSlurmdLogFile={d}/d.log\n\
                  ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/none\n\
                  AccountingStorageType=accounting_storage/none\nSelectType=select/linear\n\
-                 SchedulerType=sched/builtin\nMpiDefault=none\nReturnToService=2\nEpilog={}\n\
+                 SchedulerType=sched/builtin\nMpiDefault=none\nReturnToService=2\nEpilog={}\nFirstJobId={first_job}\n\
                  NodeName=gsnode NodeAddr=127.0.0.1 NodeHostname={host} CPUs=1 State=UNKNOWN\n\
                  PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n",
                 free_port(),
@@ -265,4 +271,127 @@ fn the_epilog_ends_a_jobs_orphan_and_drains_a_node_whose_gpu_another_process_hol
     );
     c.client("scontrol", &["update", "NodeName=gsnode", "State=RESUME"]);
     await_cond_every("idle again", 20, POLL, || c.node().starts_with("idle"));
+}
+
+/// A `sleep 300` kept for the test, killed when dropped.
+struct Decoy(Child);
+
+impl Drop for Decoy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A cgroup v1 `pids` group of this test's own, with a `job_N` directory in it: a name like Slurm's, but not
+/// Slurm's layout (no `slurm/uid_*` above it). Removed when dropped.
+struct NotSlurm(PathBuf);
+
+impl Drop for NotSlurm {
+    fn drop(&mut self) {
+        // Its one process is gone by now (the decoy is dropped first): the empty groups can go.
+        for e in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                let _ = std::fs::remove_dir(e.path());
+            }
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+#[allow(clippy::too_many_lines)] // one job and the three processes that only look like it
+fn the_epilog_ends_only_the_jobs_processes_never_another_users_or_a_look_alike_cgroup() {
+    let c = Cluster::start_numbering_from(4711);
+    // The job runs as nobody: it must reach the device file and write its orphan's PID.
+    let share = c.path("share");
+    std::fs::create_dir(&share).expect("mkdir");
+    for (p, mode) in [
+        (c.dir.path().to_path_buf(), 0o755),
+        (c.path("munge"), 0o755),
+        (share.clone(), 0o777),
+        (c.path("nvidia0"), 0o666),
+    ] {
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(mode))
+            .expect("chmod");
+    }
+    let dev = c.path("nvidia0");
+    let pidfile = share.join("orphan.pid");
+    let wrap = format!(
+        "sh -c '(sleep 300 <{} >/dev/null 2>&1 & echo $! >{})'; echo done",
+        dev.display(),
+        pidfile.display()
+    );
+    let o = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .args(["sbatch", "--hold", "-o", "/dev/null", "--wrap", &wrap])
+        .env("SLURM_CONF", c.conf())
+        .current_dir(&share)
+        .output()
+        .expect("sbatch as nobody");
+    let said =
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    let job: u64 = said
+        .trim()
+        .strip_prefix("Submitted batch job ")
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    // Three processes that are not the job's, though each looks like it one way.
+    let env_job = job.to_string();
+    let other_user = Decoy(
+        Command::new("setpriv")
+            .args([
+                "--reuid",
+                "1234",
+                "--regid",
+                "1234",
+                "--clear-groups",
+                "sleep",
+                "300",
+            ])
+            .env("SLURM_JOB_ID", &env_job)
+            .spawn()
+            .expect("another user's process"),
+    );
+    let root_daemon = Decoy(
+        Command::new("sleep")
+            .arg("300")
+            .env("SLURM_JOB_ID", &env_job)
+            .spawn()
+            .expect("a root daemon"),
+    );
+    let in_cgroup = Decoy(Command::new("sleep").arg("300").spawn().expect("sleep"));
+    let group = Path::new("/sys/fs/cgroup/pids").join(crate::support::unique("gpusweep-test"));
+    let leaf = group.join(format!("job_{job}"));
+    std::fs::create_dir_all(&leaf).expect("a cgroup v1 pids group (the CI machine has one)");
+    let _cleanup = NotSlurm(group);
+    std::fs::write(leaf.join("cgroup.procs"), in_cgroup.0.id().to_string()).expect("move in");
+    let out = c.client("scontrol", &["release", &env_job]);
+    assert!(out.trim().is_empty(), "{out}");
+    await_cond_every("the orphan's pid", 30, POLL, || {
+        !read(&pidfile).trim().is_empty()
+    });
+    let orphan: u32 = read(&pidfile).trim().parse().expect("pid");
+    await_cond_every("the epilog to finish", 30, POLL, || {
+        read(&c.path("epilog.out")).contains("clean after")
+    });
+    let log = read(&c.path("epilog.out"));
+    assert!(
+        log.contains(&format!("{orphan} sleep 300: exited after TERM")),
+        "the job's own orphan, found by its environment and its uid, is ended: {log}"
+    );
+    for (what, d) in [
+        ("another user's process carrying SLURM_JOB_ID", &other_user),
+        ("a root daemon carrying SLURM_JOB_ID", &root_daemon),
+        (
+            "a process in a job_N cgroup that is not Slurm's",
+            &in_cgroup,
+        ),
+    ] {
+        let pid = d.0.id();
+        assert!(
+            crate::support::alive(pid) && !log.contains(&format!("{pid} sleep")),
+            "{what} ({pid}) was signalled: {log}"
+        );
+    }
 }

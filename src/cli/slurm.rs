@@ -47,6 +47,11 @@ fn job_id() -> anyhow::Result<u64> {
         .map_err(|_| anyhow!("SLURM_JOB_ID={v:?} is not a job number"))
 }
 
+/// The job's user, as slurmd tells the epilog (SLURM_JOB_UID).
+fn job_uid() -> Option<u32> {
+    std::env::var("SLURM_JOB_UID").ok()?.trim().parse().ok()
+}
+
 /// The job's GPUs: --gpus, else SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES; `None`: every GPU of the node.
 fn job_gpus(a: &GateArgs) -> anyhow::Result<Option<Vec<GpuRef>>> {
     if a.gpus.is_some() {
@@ -154,7 +159,14 @@ pub fn epilog(s: &Settings, a: &GateArgs) -> anyhow::Result<i32> {
     let job = job_id()?;
     let gpus = job_gpus(a)?;
     let protected = crate::act::protect::this_host();
-    let left: Vec<u32> = slurm_job_pids(&s.fleet.procfs.proc_root, job)
+    let uid = job_uid();
+    if uid.is_none() {
+        eprintln!(
+            "gpusweep: job {job}: SLURM_JOB_UID is not set: only processes in the job's Slurm cgroup are ended \
+             (one that merely carries SLURM_JOB_ID may be anyone's)"
+        );
+    }
+    let left: Vec<u32> = slurm_job_pids(&s.fleet.procfs.proc_root, job, uid)
         .into_iter()
         .filter(|p| !protected.contains(*p))
         .collect();

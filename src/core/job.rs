@@ -166,13 +166,27 @@ fn scoped_container(part: &str) -> Option<(&'static str, String)> {
 /// names and cgroupfs's plain directories), for v2 and v1 hierarchies alike.
 pub fn from_cgroup(path: &str) -> Option<Job> {
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
-    // Slurm: .../job_<id>/step_<s>/... (v2: system.slice/slurmstepd.scope/job_*, v1: slurm/uid_*/job_*).
-    if let Some((i, job)) = parts.iter().enumerate().find_map(|(i, p)| {
-        p.strip_prefix("job_")
-            .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|n| n.parse::<u64>().ok())
-            .map(|j| (i, j))
-    }) {
+    // Slurm: .../job_<id>/step_<s>/..., only where Slurm puts it (v2: under `slurmstepd.scope`, or
+    // `<node>_slurmstepd.scope` with several slurmds; v1: `slurm[_<node>]/uid_<n>/job_*`). A `job_N` in any
+    // other manager's tree is not a Slurm job: an epilog acts on what this says.
+    let slurms = |i: usize| {
+        let parent = i.checked_sub(1).and_then(|j| parts.get(j));
+        let grand = i.checked_sub(2).and_then(|j| parts.get(j));
+        parent.is_some_and(|p| p.ends_with("slurmstepd.scope"))
+            || (parent.is_some_and(|p| p.starts_with("uid_"))
+                && grand.is_some_and(|g| *g == "slurm" || g.starts_with("slurm_")))
+    };
+    if let Some((i, job)) = parts
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| slurms(*i))
+        .find_map(|(i, p)| {
+            p.strip_prefix("job_")
+                .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|n| n.parse::<u64>().ok())
+                .map(|j| (i, j))
+        })
+    {
         let step = parts
             .get(i + 1)
             .and_then(|p| p.strip_prefix("step_"))
@@ -269,6 +283,33 @@ mod tests {
     use super::*;
 
     const CID: &str = "4f1c2b3a5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f70";
+
+    #[test]
+    fn a_job_directory_outside_slurms_layout_is_no_slurm_job() {
+        for path in [
+            "/gpusweep-test/job_1",
+            "/system.slice/backup.service/job_7/step_0",
+            "/slurm/job_9",
+            "/other/uid_0/job_9",
+        ] {
+            assert!(
+                !matches!(from_cgroup(path), Some(Job::Slurm { .. })),
+                "{path}: {:?}",
+                from_cgroup(path)
+            );
+        }
+        assert_eq!(
+            from_cgroup("/system.slice/node1_slurmstepd.scope/job_5/step_batch"),
+            Some(Job::Slurm {
+                job: 5,
+                step: Some("batch".into())
+            })
+        );
+        assert_eq!(
+            from_cgroup("/slurm_node1/uid_1000/job_6"),
+            Some(Job::Slurm { job: 6, step: None })
+        );
+    }
 
     #[test]
     fn slurm_v2_and_v1_layouts() {

@@ -861,11 +861,13 @@ pub fn pidfs_inode(pid: u32) -> Option<u64> {
 /// `PID_FS_MAGIC` from linux/magic.h.
 const PIDFS_MAGIC: rustix::fs::FsWord = 0x5049_4446;
 
-/// Every live process of Slurm job `job` on this host: its cgroup names `job_<id>` (Slurm's cgroup plugins),
-/// or, where Slurm tracks processes without cgroups (proctrack/linuxproc, which loses double-forked ones),
-/// its environment carries `SLURM_JOB_ID=<id>`. Reading other users' environments needs root, as an epilog
-/// has.
-pub fn slurm_job_pids(proc_root: &Path, job: u64) -> Vec<u32> {
+/// Every live process of Slurm job `job` on this host: its cgroup is the job's in Slurm's own layout (Slurm's
+/// cgroup plugins), or, where Slurm tracks processes without cgroups (proctrack/linuxproc, which loses
+/// double-forked ones), its environment carries `SLURM_JOB_ID=<id>` and it runs as the job's user
+/// (`job_uid`, from `SLURM_JOB_UID`): anyone can put the variable in their environment, only the job's
+/// user's processes are taken by it, and with no `job_uid` none are. Reading other users' environments
+/// needs root, as an epilog has.
+pub fn slurm_job_pids(proc_root: &Path, job: u64, job_uid: Option<u32>) -> Vec<u32> {
     let want = format!("SLURM_JOB_ID={job}");
     let mut out = Vec::new();
     let Ok(dir) = fs::read_dir(proc_root) else {
@@ -890,8 +892,9 @@ pub fn slurm_job_pids(proc_root: &Path, job: u64) -> Vec<u32> {
             )
         });
         let by_env = || {
-            fs::read(d.join("environ"))
-                .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == want.as_bytes()))
+            job_uid.is_some_and(|u| real_uid(&d) == Some(u))
+                && fs::read(d.join("environ"))
+                    .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == want.as_bytes()))
         };
         if by_cgroup || by_env() {
             out.push(pid);
@@ -899,6 +902,18 @@ pub fn slurm_job_pids(proc_root: &Path, job: u64) -> Vec<u32> {
     }
     out.sort_unstable();
     out
+}
+
+/// The real uid a process runs as (`/proc/PID/status`, `Uid:` first field).
+fn real_uid(dir: &Path) -> Option<u32> {
+    let status = fs::read_to_string(dir.join("status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
