@@ -1491,7 +1491,10 @@ fn shm_clean_removes_only_unused_plain_files_each_recorded_first() {
     let o = run(with(&["--yes"]));
     let t = text(&o);
     assert_eq!(o.status.code(), Some(0), "{t}");
-    assert!(t.contains("removed /dev/shm/nccl-unused"), "{t}");
+    assert!(
+        t.contains(&format!("removed {dir}/nccl-unused")),
+        "the directory it read, never /dev/shm: {t}"
+    );
     assert!(!unused.exists());
     assert!(open.exists() && keep.exists() && shm.join("nccl-link").exists());
     assert!(shm.join("unrelated.txt").exists());
@@ -1514,7 +1517,7 @@ fn shm_clean_removes_only_unused_plain_files_each_recorded_first() {
     let o = env.run(&["shm", "clean", "--hosts", &agent, "--yes"]);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(0), "{t}");
-    assert!(t.contains("removed /dev/shm/nccl-open"), "{t}");
+    assert!(t.contains(&format!("removed {dir}/nccl-open")), "{t}");
     assert!(!open.exists() && keep.exists());
 }
 
@@ -1677,4 +1680,91 @@ fn killing_a_zombie_says_it_is_dead_and_names_its_parent() {
         "says what it is and who must reap it: {t}"
     );
     let _ = child.wait();
+}
+
+/// A process that maps each of `segments` and closes its fd (as NCCL does), and maps `other` too: only the
+/// mappings say it uses them.
+const MAP_AND_CLOSE: &str = r#"
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+for arg in sys.argv[1:]:
+    fd = os.open(bytes.fromhex(arg), os.O_RDWR)
+    # PROT_READ|PROT_WRITE, MAP_SHARED; Python's own mmap would keep a copy of the fd.
+    if libc.mmap(None, 4096, 3, 1, fd, 0) in (None, ctypes.c_void_p(-1).value):
+        sys.exit("mmap failed")
+    os.close(fd)
+print("ready", flush=True)
+sys.stdin.read()
+"#;
+
+#[test]
+fn shm_clean_keeps_every_mapped_segment_whatever_its_name() {
+    let env = Env::new();
+    let shm = env.dir.path().join("shm");
+    std::fs::create_dir(&shm).expect("dir");
+    let mk = |name: &std::ffi::OsStr| {
+        let p = shm.join(name);
+        std::fs::write(&p, vec![0u8; 4096]).expect("write");
+        p
+    };
+    use std::os::unix::ffi::OsStrExt;
+    // Names that a path-text match of /proc/PID/maps gets wrong: a newline (maps writes it as \012), a name
+    // that ends in " (deleted)", and a plain one mapped by a process that also maps a non-UTF-8 path.
+    let newline = mk(std::ffi::OsStr::new("nccl-new\nline"));
+    let deleted = mk(std::ffi::OsStr::new("nccl-x (deleted)"));
+    let plain = mk(std::ffi::OsStr::new("nccl-plain"));
+    let odd = env
+        .dir
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"odd-\xff"));
+    std::fs::write(&odd, vec![0u8; 4096]).expect("write");
+    let free = mk(std::ffi::OsStr::new("nccl-free"));
+    // An unused one whose name is not UTF-8: removed like any other, not "already gone".
+    let bad = mk(std::ffi::OsStr::from_bytes(b"nccl-bad-\xff"));
+    let hex = |p: &Path| {
+        p.as_os_str()
+            .as_bytes()
+            .iter()
+            .fold(String::new(), |mut s, b| {
+                use std::fmt::Write;
+                let _ = write!(s, "{b:02x}");
+                s
+            })
+    };
+    let mut user = Command::new("/usr/bin/python3")
+        .args(["-c", MAP_AND_CLOSE])
+        .args([hex(&newline), hex(&deleted), hex(&odd), hex(&plain)])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(user.stdout.take().expect("stdout")),
+        &mut ready,
+    )
+    .expect("ready");
+    assert_eq!(ready.trim(), "ready");
+    let dir = shm.display().to_string();
+    let o = env.run(&["shm", "clean", "--no-nvml", "--shm-dir", &dir, "--yes"]);
+    let t = text(&o);
+    assert!(!free.exists(), "the unused one is removed: {t}");
+    assert!(!bad.exists(), "the non-UTF-8 one is removed: {t}");
+    assert!(
+        !t.contains("/dev/shm"),
+        "the directory it read is named: {t}"
+    );
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    for p in [&newline, &deleted, &plain] {
+        assert!(
+            p.exists(),
+            "{} is mapped by {} and was removed: {t}",
+            p.display(),
+            user.id()
+        );
+    }
+    drop(user.stdin.take());
+    let _ = user.wait();
 }

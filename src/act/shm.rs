@@ -35,6 +35,7 @@ pub fn remove(
         .iter()
         .map(|f| RemovalOutcome {
             name: f.name.clone(),
+            dir: Some(dir.to_string_lossy().into_owned()),
             bytes: f.bytes,
             result: match &dirfd {
                 Ok(d) => remove_one(host, dir, d, f, now, audit),
@@ -44,6 +45,23 @@ pub fn remove(
             },
         })
         .collect()
+}
+
+/// The name's bytes in the directory. A name that is not UTF-8 travels as text with U+FFFD in its place
+/// (JSON carries no raw bytes): it is found again as the entry whose name reads the same that way and whose
+/// inode is the chosen file's. `None`: no such entry now.
+fn raw_name(dirfd: &rustix::fd::OwnedFd, f: &ShmFile) -> Option<std::ffi::CString> {
+    if !f.name.contains(char::REPLACEMENT_CHARACTER) {
+        return std::ffi::CString::new(f.name.as_bytes()).ok();
+    }
+    let mut dir = rustix::fs::Dir::read_from(dirfd).ok()?;
+    while let Some(Ok(e)) = dir.read() {
+        let bytes = e.file_name().to_bytes();
+        if e.ino() == f.ino && String::from_utf8_lossy(bytes) == f.name {
+            return Some(e.file_name().to_owned());
+        }
+    }
+    None
 }
 
 fn refused(reason: impl Into<String>) -> Removal {
@@ -63,7 +81,10 @@ fn remove_one(
     if !plain_name(&f.name) {
         return refused("not a file name inside the shared-memory directory");
     }
-    let st = match rustix::fs::statat(dirfd, f.name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+    let Some(name) = raw_name(dirfd, f) else {
+        return Removal::AlreadyGone;
+    };
+    let st = match rustix::fs::statat(dirfd, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
         Ok(st) => st,
         Err(Errno::NOENT) => return Removal::AlreadyGone,
         Err(e) => {
@@ -101,7 +122,7 @@ fn remove_one(
             error: format!("not removed: {e}"),
         };
     }
-    match rustix::fs::unlinkat(dirfd, f.name.as_str(), AtFlags::empty()) {
+    match rustix::fs::unlinkat(dirfd, name.as_c_str(), AtFlags::empty()) {
         Ok(()) => Removal::Removed,
         Err(Errno::NOENT) => Removal::AlreadyGone,
         Err(e) => {

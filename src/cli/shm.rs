@@ -78,7 +78,11 @@ pub fn run(s: &Settings, a: &CleanArgs) -> anyhow::Result<i32> {
                 fmt_bytes(Some(total))
             );
             for f in &files {
-                println!("  {:>10}  /dev/shm/{}", fmt_bytes(Some(f.bytes)), escape(&f.name));
+                let path = snap.shm.as_ref().map_or_else(
+                    || crate::core::model::shm_path(None, &f.name),
+                    |i| i.path_of(&f.name),
+                );
+                println!("  {:>10}  {}", fmt_bytes(Some(f.bytes)), escape(&path));
             }
             reqs.push((HostId(i), RemovalRequest { files }));
         }

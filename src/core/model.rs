@@ -391,6 +391,28 @@ pub struct ShmInfo {
     pub shmall: Option<u64>,
     pub shmmni: Option<u64>,
     pub sysv_segments: Vec<SysvSegment>,
+    /// The directory read: `/dev/shm`, or what `--shm-dir` named (a container may mount the host's
+    /// elsewhere). Absent from older agents, whose directory was `/dev/shm`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<String>,
+}
+
+/// Where the shared-memory directory is when a reading does not say.
+pub const DEFAULT_SHM_DIR: &str = "/dev/shm";
+
+/// A file's path in the shared-memory directory `dir` (`/dev/shm` when not said).
+pub fn shm_path(dir: Option<&str>, name: &str) -> String {
+    format!(
+        "{}/{name}",
+        dir.unwrap_or(DEFAULT_SHM_DIR).trim_end_matches('/')
+    )
+}
+
+impl ShmInfo {
+    /// The path of one of its files, in the directory it was read from.
+    pub fn path_of(&self, name: &str) -> String {
+        shm_path(self.dir.as_deref(), name)
+    }
 }
 
 /// A file in /dev/shm whose name marks it as GPU-stack state (nccl-*, torch_*, psm_*, sem.*).

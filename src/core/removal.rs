@@ -39,6 +39,9 @@ pub enum Removal {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemovalOutcome {
     pub name: String,
+    /// The directory it was removed from (absent from older agents: `/dev/shm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<String>,
     pub bytes: u64,
     #[serde(flatten)]
     pub result: Removal,
@@ -53,14 +56,15 @@ impl RemovalOutcome {
     }
 
     pub fn describe(&self) -> String {
-        let name = escape(&self.name);
+        let path = crate::core::model::shm_path(self.dir.as_deref(), &self.name);
+        let name = escape(&path);
         match &self.result {
             Removal::Removed => {
-                format!("removed /dev/shm/{name} ({})", fmt_bytes(Some(self.bytes)))
+                format!("removed {name} ({})", fmt_bytes(Some(self.bytes)))
             }
-            Removal::AlreadyGone => format!("/dev/shm/{name} was already gone"),
-            Removal::Refused { reason } => format!("/dev/shm/{name}: refused: {}", escape(reason)),
-            Removal::Failed { error } => format!("/dev/shm/{name}: failed: {}", escape(error)),
+            Removal::AlreadyGone => format!("{name} was already gone"),
+            Removal::Refused { reason } => format!("{name}: refused: {}", escape(reason)),
+            Removal::Failed { error } => format!("{name}: failed: {}", escape(error)),
         }
     }
 }
@@ -71,6 +75,7 @@ pub fn all_failed(req: &RemovalRequest, why: &str) -> Vec<RemovalOutcome> {
         .iter()
         .map(|f| RemovalOutcome {
             name: f.name.clone(),
+            dir: None,
             bytes: f.bytes,
             result: Removal::Failed {
                 error: why.to_string(),

@@ -521,6 +521,7 @@ impl DemoHost {
                 shmall: Some(18_446_744_073_692_774_399),
                 shmmni: Some(4096),
                 sysv_segments: vec![],
+                dir: None,
             }),
             unreadable_processes: 0,
             in_child_pid_namespace: false,
@@ -561,6 +562,7 @@ impl DemoHost {
                 };
                 RemovalOutcome {
                     name: f.name.clone(),
+                    dir: None,
                     bytes: f.bytes,
                     result,
                 }

@@ -47,13 +47,13 @@ pub fn find(snap: &HostSnapshot, out: &mut Findings) {
                 pid: None,
                 bytes: Some(s.bytes),
                 detail: format!(
-                    "/dev/shm/{} ({}{age}) is open or mapped by no live process",
-                    escape(&s.name),
+                    "{} ({}{age}) is open or mapped by no live process",
+                    escape(&shm.path_of(&s.name)),
                     fmt_bytes(Some(s.bytes))
                 ),
                 action: format!(
                     "`gpusweep shm clean` (D in the TUI) removes it, re-checked; or rm -- {}",
-                    escape(&shell_quote(&format!("/dev/shm/{}", s.name)))
+                    escape(&shell_quote(&shm.path_of(&s.name)))
                 ),
                 target_pid: None,
             },

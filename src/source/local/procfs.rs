@@ -87,7 +87,9 @@ impl Default for ProcfsConfig {
 struct FdInfo {
     devices: Vec<String>,
     device_fds: u32,
-    shm_open: Vec<String>,
+    /// The (device, inode) of each file in the shared-memory directory it has open: matched to a segment by
+    /// what the file is, never by its name's text.
+    shm_open: Vec<(u64, u64)>,
     readable: bool,
     /// The process exited between its stat and its fd walk: not a blind spot, just gone.
     vanished: bool,
@@ -155,7 +157,7 @@ pub struct ProcScanner {
     /// System V limits and segments, re-read on full scans only.
     sysv: (Option<u64>, Option<u64>, Option<u64>, Vec<SysvSegment>),
     /// Mapped-shm users from the last full scan (mapping outlives the fd).
-    shm_mapped: HashMap<String, Vec<u32>>,
+    shm_mapped: HashMap<(u64, u64), Vec<u32>>,
 }
 
 impl ProcScanner {
@@ -417,15 +419,15 @@ impl ProcScanner {
     }
 
     /// /dev/shm paths that each live process has open as an fd, from the last walk of each.
-    fn shm_open(&self, table: &ProcTable) -> HashMap<String, Vec<u32>> {
-        let mut out: HashMap<String, Vec<u32>> = HashMap::new();
+    fn shm_open(&self, table: &ProcTable) -> HashMap<(u64, u64), Vec<u32>> {
+        let mut out: HashMap<(u64, u64), Vec<u32>> = HashMap::new();
         for (pid, c) in &self.cache {
             let Some(fds) = &c.fds else { continue };
             if fds.shm_open.is_empty() || !table.procs.contains_key(pid) {
                 continue;
             }
-            for s in &fds.shm_open {
-                out.entry(s.clone()).or_default().push(*pid);
+            for &s in &fds.shm_open {
+                out.entry(s).or_default().push(*pid);
             }
         }
         out
@@ -609,7 +611,10 @@ impl ProcScanner {
             }
             let path = Path::new(std::ffi::OsStr::from_bytes(bytes));
             if bytes.starts_with(shm) {
-                info.shm_open.push(path.to_string_lossy().into_owned());
+                // The file the fd is open on (the link followed), whatever its name says.
+                if let Ok(st) = rustix::fs::statat(dfd, name, rustix::fs::AtFlags::empty()) {
+                    info.shm_open.push((st.st_dev, st.st_ino));
+                }
                 continue;
             }
             if self.patterns.iter().any(|p| p.matches_path(path)) {
@@ -627,7 +632,10 @@ impl ProcScanner {
     /// Shared-memory state. `table` tells which live processes have segments open; on full scans the maps of
     /// every process are read too, since NCCL maps a segment and closes its fd.
     pub fn read_shm(&mut self, table: &ProcTable) -> ShmInfo {
-        let mut info = ShmInfo::default();
+        let mut info = ShmInfo {
+            dir: Some(self.cfg.shm_dir.to_string_lossy().into_owned()),
+            ..Default::default()
+        };
         if let Some((total, free)) = statvfs(&self.cfg.shm_dir) {
             info.total = Some(total);
             info.free = Some(free);
@@ -661,7 +669,12 @@ impl ProcScanner {
             }
         }
         if table.full && !names.is_empty() {
-            self.shm_mapped = self.read_shm_maps(table);
+            let wanted: HashSet<(u64, u64)> = info
+                .segments
+                .iter()
+                .filter_map(|s| Some((s.dev?, s.ino?)))
+                .collect();
+            self.shm_mapped = self.read_shm_maps(table, &wanted);
         }
         let shm_open = if names.is_empty() {
             HashMap::new()
@@ -669,14 +682,12 @@ impl ProcScanner {
             self.shm_open(table)
         };
         for seg in &mut info.segments {
-            let path = self
-                .cfg
-                .shm_dir
-                .join(&seg.name)
-                .to_string_lossy()
-                .into_owned();
-            let mut users: Vec<u32> = shm_open.get(&path).cloned().unwrap_or_default();
-            if let Some(m) = self.shm_mapped.get(&path) {
+            let (Some(dev), Some(ino)) = (seg.dev, seg.ino) else {
+                continue;
+            };
+            let key = (dev, ino);
+            let mut users: Vec<u32> = shm_open.get(&key).cloned().unwrap_or_default();
+            if let Some(m) = self.shm_mapped.get(&key) {
                 users.extend(m.iter().copied().filter(|p| table.procs.contains_key(p)));
             }
             users.sort_unstable();
@@ -704,22 +715,25 @@ impl ProcScanner {
         info
     }
 
-    fn read_shm_maps(&self, table: &ProcTable) -> HashMap<String, Vec<u32>> {
-        let mut out: HashMap<String, Vec<u32>> = HashMap::new();
-        let shm = self.cfg.shm_dir.to_string_lossy().into_owned();
+    /// Which processes map each of the `wanted` files, by (device, inode): `/proc/PID/maps` names a file by
+    /// its path text, which a newline, a " (deleted)" in the name or another mapping's non-UTF-8 path would
+    /// garble; its device and inode columns say which file it is.
+    fn read_shm_maps(
+        &self,
+        table: &ProcTable,
+        wanted: &HashSet<(u64, u64)>,
+    ) -> HashMap<(u64, u64), Vec<u32>> {
+        let mut out: HashMap<(u64, u64), Vec<u32>> = HashMap::new();
         for (&pid, p) in &table.procs {
             if p.state.is_zombie() {
                 continue;
             }
-            let Ok(maps) =
-                fs::read_to_string(self.cfg.proc_root.join(pid.to_string()).join("maps"))
-            else {
+            let Ok(maps) = fs::read(self.cfg.proc_root.join(pid.to_string()).join("maps")) else {
                 continue;
             };
-            for line in maps.lines() {
-                if let Some(i) = line.find(&shm) {
-                    let path = line[i..].trim_end_matches(" (deleted)").to_string();
-                    let v = out.entry(path).or_default();
+            for key in maps.split(|b| *b == b'\n').filter_map(mapped_file) {
+                if wanted.contains(&key) {
+                    let v = out.entry(key).or_default();
                     if !v.contains(&pid) {
                         v.push(pid);
                     }
@@ -728,6 +742,21 @@ impl ProcScanner {
         }
         out
     }
+}
+
+/// The (device, inode) of the file one line of `/proc/PID/maps` maps (`start-end perms offset MM:mm inode
+/// path`), `None` for an anonymous mapping (inode 0) or a line of another shape.
+fn mapped_file(line: &[u8]) -> Option<(u64, u64)> {
+    let mut f = line.split(|b| *b == b' ').filter(|x| !x.is_empty());
+    let dev = f.nth(3)?;
+    let ino: u64 = std::str::from_utf8(f.next()?).ok()?.parse().ok()?;
+    if ino == 0 {
+        return None;
+    }
+    let (major, minor) = std::str::from_utf8(dev).ok()?.split_once(':')?;
+    let major = u32::from_str_radix(major, 16).ok()?;
+    let minor = u32::from_str_radix(minor, 16).ok()?;
+    Some((rustix::fs::makedev(major, minor), ino))
 }
 
 /// What was read of a process once and holds for its life (or is re-read for the shown ones anyway), carried
@@ -919,6 +948,21 @@ fn real_uid(dir: &Path) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mapping_is_its_device_and_inode_whatever_its_path_says() {
+        let line = b"7f00-7f01 rw-s 00000000 00:1a 4242 /dev/shm/nccl-new\\012line (deleted)";
+        assert_eq!(
+            mapped_file(line),
+            Some((rustix::fs::makedev(0, 0x1a), 4242))
+        );
+        assert_eq!(
+            mapped_file(b"7f00-7f01 r--p 00000000 fd:01 77 /usr/lib/odd-\xff.so"),
+            Some((rustix::fs::makedev(0xfd, 1), 77))
+        );
+        assert_eq!(mapped_file(b"7f00-7f01 rw-p 00000000 00:00 0 "), None);
+        assert_eq!(mapped_file(b"garbage"), None);
+    }
 
     #[test]
     fn nspid_is_the_innermost_pid() {

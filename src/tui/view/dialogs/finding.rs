@@ -147,15 +147,17 @@ fn evidence(app: &App, h: &HostView, s: &HostSnapshot, fd: &Finding) -> Vec<Line
     for (pid, role) in pids {
         lines.extend(process_lines(app, h, s, pid, role));
     }
-    if let Some(seg) = s.shm.iter().flat_map(|i| i.segments.iter()).find(|g| {
-        fd.kind == crate::core::model::FindingKind::ShmLeftover
-            && fd
-                .detail
-                .contains(&format!("/dev/shm/{} ", escape(&g.name)))
+    // The finding names its file: the same name, and the same inode where both are known.
+    let file = fd.file.as_ref();
+    if let Some((info, seg)) = s.shm.iter().find_map(|i| {
+        let seg = i.segments.iter().find(|g| {
+            file.is_some_and(|f| f.name == g.name && (f.ino.is_none() || f.ino == g.ino))
+        })?;
+        Some((i, seg))
     }) {
         lines.push(Line::from(format!(
-            " file /dev/shm/{}  {}  {}  inode {}",
-            escape(&seg.name),
+            " file {}  {}  {}  inode {}",
+            escape(&info.path_of(&seg.name)),
             fmt_bytes(Some(seg.bytes)),
             seg.age_s.map_or("age N/A".into(), |a| format!(
                 "modified {} ago",

@@ -20,18 +20,29 @@ pub fn render(app: &App, f: &mut Frame, host: HostId, files: &[ShmFile]) {
     let h = (files.len() as u16 + 8).min(area.height);
     let r = centered(area, w, h);
     let label = app.label(host);
+    let dir = app
+        .store
+        .hosts
+        .get(host.0)
+        .and_then(|h| h.snap.as_ref())
+        .and_then(|s| s.shm.as_ref())
+        .and_then(|i| i.dir.as_deref());
     let mut lines = vec![
         Line::from(format!(
-            " Remove {} file(s) from /dev/shm on {label}: no live process has them open or mapped.",
-            files.len()
+            " Remove {} file(s) from {} on {label}: no live process has them open or mapped.",
+            files.len(),
+            escape(dir.unwrap_or(crate::core::model::DEFAULT_SHM_DIR))
         )),
         Line::default(),
     ];
     for file in files {
         lines.push(Line::from(format!(
-            " {:>10}  /dev/shm/{}",
+            " {:>10}  {}",
             fmt_bytes(Some(file.bytes)),
-            truncate(&escape(&file.name), w.saturating_sub(26) as usize)
+            truncate(
+                &escape(&crate::core::model::shm_path(dir, &file.name)),
+                w.saturating_sub(16) as usize
+            )
         )));
     }
     lines.push(Line::default());
