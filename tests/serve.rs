@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{BIN, gpusweep, set_nvml, standin_nvml, text};
+use crate::support::{BIN, gpusweep, gpusweep_via, set_nvml, standin_nvml, text};
 
 /// A running `gpusweep serve`, stopped (SIGTERM) when dropped.
 struct Serve {
@@ -1241,10 +1241,20 @@ for line in s.makefile("rb"):
 
 /// A shell that mounts a `/proc` of its own with `hidepid=2` in a private mount namespace, then execs its
 /// arguments: what a hardened node, a container or a `ProtectProc=invisible` unit shows its users.
+const IN_HIDDEN_PROC: [&str; 7] = [
+    "unshare",
+    "--mount",
+    "--propagation",
+    "private",
+    "--",
+    "sh",
+    "-c",
+];
+const HIDE_AND_EXEC: &str = "mount -t proc -o hidepid=2 proc /proc && exec \"$0\" \"$@\"";
+
 fn in_hidden_proc() -> Command {
-    let mut c = Command::new("unshare");
-    c.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
-        .arg("mount -t proc -o hidepid=2 proc /proc && exec \"$0\" \"$@\"");
+    let mut c = Command::new(IN_HIDDEN_PROC[0]);
+    c.args(&IN_HIDDEN_PROC[1..]).arg(HIDE_AND_EXEC);
     c
 }
 
@@ -1329,13 +1339,13 @@ fn a_reader_of_the_serve_sees_no_more_than_its_own_proc_shows_it() {
     assert!(text(&out).contains("s3cret-4711"), "{}", text(&out));
     drop(serve);
     // A serve on a node whose /proc hides processes answers HTTP readers it cannot name (no token) the same.
-    let mut c = in_hidden_proc();
-    c.arg(BIN)
-        .env("GPUSWEEP_CONFIG", tmp.join("no-config.toml"))
-        .env("GPUSWEEP_AUDIT_LOG", tmp.join("actions.jsonl"))
-        .stdin(Stdio::null());
+    let wrapper: Vec<&str> = IN_HIDDEN_PROC
+        .iter()
+        .copied()
+        .chain([HIDE_AND_EXEC])
+        .collect();
     let serve = Serve::start_as(
-        c,
+        gpusweep_via(tmp, &wrapper),
         &["--no-nvml", "--device-glob", &glob, "--no-socket"],
         &[],
     );
@@ -1352,4 +1362,61 @@ fn a_reader_of_the_serve_sees_no_more_than_its_own_proc_shows_it() {
     assert!(!body.contains("s3cret"), "{body}");
     let _ = holder.kill();
     let _ = holder.wait();
+}
+
+#[test]
+fn thousands_of_idle_connections_keep_neither_healthz_nor_the_socket_from_answering() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let sock = tmp.join("serve.sock");
+    let sock_s = sock.to_str().expect("utf-8").to_string();
+    // As systemd starts a service: 1,024 descriptors, and the hard limit no higher.
+    let serve = Serve::start_as(
+        gpusweep_via(tmp, &["prlimit", "--nofile=1024:1024", "--"]),
+        &["--demo", "--hosts", "gpu-b", "--socket", &sock_s],
+        &[],
+    );
+    let addr: std::net::SocketAddr = serve.addr.as_deref().expect("http").parse().expect("addr");
+    // 3,000 connections that never send a byte (a connect the serve's backlog cannot take gives up soon).
+    let mut idle = Vec::new();
+    let mut refused = 0;
+    while idle.len() < 3000 && refused < 20 {
+        match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+            Ok(s) => idle.push(s),
+            Err(_) => refused += 1,
+        }
+    }
+    let health = || {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else {
+            return String::new();
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let _ = write!(s, "GET /healthz HTTP/1.0\r\n\r\n");
+        let mut r = String::new();
+        let _ = s.read_to_string(&mut r);
+        r
+    };
+    crate::support::await_cond(
+        "/healthz to answer beside 3,000 idle connections",
+        20,
+        || health().starts_with("HTTP/1."),
+    );
+    assert!(health().contains("ok"), "{}", health());
+    let out = gpusweep(tmp)
+        .args(["snapshot", "--json", "--hosts", &format!("unix:{sock_s}")])
+        .output()
+        .expect("snapshot");
+    let doc: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    assert_eq!(doc["hosts"][0]["error"], serde_json::Value::Null, "{doc}");
+    // The serve holds a bounded share of descriptors, not one per connection.
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", serve.child.id()))
+        .map_or(0, Iterator::count);
+    assert!(
+        fds < 600,
+        "the serve holds {fds} descriptors for {} idle connections",
+        idle.len()
+    );
+    drop(idle);
 }

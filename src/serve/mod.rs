@@ -4,6 +4,7 @@
 
 pub mod http;
 pub mod hub;
+pub mod listen;
 pub mod metrics;
 pub mod redact;
 pub mod socket;
@@ -113,30 +114,6 @@ fn tls_acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
         .map_err(|e| anyhow!("TLS: {e}"))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
-}
-
-/// Serve HTTPS: each connection's handshake on a task of its own, so a slow client delays only itself.
-async fn serve_tls(listener: TcpListener, acceptor: TlsAcceptor, router: axum::Router) {
-    use hyper_util::rt::TokioIo;
-    use hyper_util::service::TowerToHyperService;
-    loop {
-        let Ok((tcp, _)) = listener.accept().await else {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            continue;
-        };
-        let acceptor = acceptor.clone();
-        let svc = TowerToHyperService::new(router.clone());
-        tokio::spawn(async move {
-            let handshake =
-                tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp));
-            let Ok(Ok(tls)) = handshake.await else {
-                return;
-            };
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(tls), svc)
-                .await;
-        });
-    }
 }
 
 /// What a serve will serve, checked before anything starts.
@@ -259,19 +236,13 @@ async fn serve(s: &Settings, a: &ServeArgs, plan: Plan) -> anyhow::Result<i32> {
         token,
     });
     let hub_task = tokio::spawn(hub.run(fleet));
-    match (http, tls) {
-        (Some(l), Some(acceptor)) => {
-            tokio::spawn(serve_tls(l, acceptor, router));
-        }
-        (Some(l), None) => {
-            tokio::spawn(async move {
-                let _ = axum::serve(l, router).await;
-            });
-        }
-        (None, _) => {}
+    // What anyone may open is a share of the descriptors (main raised the soft limit to the hard one).
+    let budget = listen::Budget::of(crate::runtime::raise_fd_limit().unwrap_or(1024));
+    if let Some(l) = http {
+        tokio::spawn(listen::serve(l, tls, router, budget));
     }
     let file = bound.map(|(file, listener)| {
-        tokio::spawn(socket::accept(listener, shared.clone()));
+        tokio::spawn(socket::accept(listener, shared.clone(), budget.socket));
         file
     });
     let code = until_signal(hub_task).await;

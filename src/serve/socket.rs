@@ -27,16 +27,15 @@ const MIN_UNPRIVILEGED_INTERVAL: Duration = Duration::from_millis(100);
 const MAX_UNPRIVILEGED_LINE: usize = 4096;
 /// Connections one unprivileged user may hold open at once; past that a new one is told so and closed.
 const MAX_CONNECTIONS_PER_USER: usize = 32;
-/// Connections of every unprivileged user together.
-const MAX_UNPRIVILEGED_CONNECTIONS: usize = 512;
 /// A peer that reads nothing for this long (its socket buffer full) is let go: what it does not read
 /// would otherwise wait in the serve's memory.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Open connections of unprivileged peers, by uid.
-#[derive(Default)]
+/// Open connections of unprivileged peers, by uid, and how many all of them may hold together (a share of
+/// the serve's file descriptors, at most 512).
 struct Peers {
     by_uid: std::sync::Mutex<std::collections::HashMap<u32, usize>>,
+    total_cap: usize,
 }
 
 /// One unprivileged peer's place among the open connections, given back when it goes.
@@ -58,7 +57,7 @@ impl Peers {
                 "too many connections: uid {uid} has {MAX_CONNECTIONS_PER_USER} open"
             ));
         }
-        if total >= MAX_UNPRIVILEGED_CONNECTIONS {
+        if total >= self.total_cap {
             return Err("too many connections from unprivileged users".into());
         }
         *mine += 1;
@@ -175,8 +174,11 @@ pub fn bind(path: &Path) -> Result<(SocketFile, UnixListener), BindError> {
 
 /// Accept connections until the serve ends. The socket serves the serve's first host. Unprivileged users
 /// get a bounded share of connections; root and the serve's own user are not counted.
-pub async fn accept(listener: UnixListener, shared: Arc<Shared>) {
-    let peers = Arc::new(Peers::default());
+pub async fn accept(listener: UnixListener, shared: Arc<Shared>, total_cap: usize) {
+    let peers = Arc::new(Peers {
+        by_uid: std::sync::Mutex::default(),
+        total_cap,
+    });
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;

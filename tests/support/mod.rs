@@ -69,7 +69,20 @@ pub fn alive(pid: u32) -> bool {
 /// `gpusweep` with everything it reads from its environment kept inside `dir`: no config, its own audit log
 /// and default socket, no hosts, token or CA file of the developer's.
 pub fn gpusweep(dir: &Path) -> Command {
-    let mut c = Command::new(BIN);
+    gpusweep_via(dir, &[])
+}
+
+/// The same, run through `wrapper` (a program and its arguments that end by running the binary named after
+/// them: `prlimit ... --`, `unshare ... sh -c 'exec "$0" "$@"'`).
+pub fn gpusweep_via(dir: &Path, wrapper: &[&str]) -> Command {
+    let mut c = match wrapper.split_first() {
+        Some((prog, args)) => {
+            let mut c = Command::new(prog);
+            c.args(args).arg(BIN);
+            c
+        }
+        None => Command::new(BIN),
+    };
     c.env("GPUSWEEP_CONFIG", dir.join("no-config.toml"))
         .env("GPUSWEEP_AUDIT_LOG", dir.join("actions.jsonl"))
         .env("GPUSWEEP_SOCKET", dir.join("default.sock"))
