@@ -394,7 +394,7 @@ fn missing_readings_are_none_and_gpu_state_is_unknown() {
 #[test]
 fn watch_verdicts_and_timing() {
     let dirty = analyzed(fork_leak(), &AnalyzeOptions::default());
-    match verdict(&dirty, &Scope::default(), 0) {
+    match verdict(&dirty, &Scope::default(), 0, &[]) {
         Verdict::Dirty(why) => assert!(
             why[0].contains("GPU 0") && why[0].contains("946"),
             "{why:?}"
@@ -415,7 +415,8 @@ fn watch_verdicts_and_timing() {
             &Scope {
                 gpus: Some(vec![1])
             },
-            0
+            0,
+            &[]
         ),
         Verdict::Clean
     );
@@ -426,13 +427,13 @@ fn watch_verdicts_and_timing() {
         vec![holder(5, &[0])],
     );
     assert!(matches!(
-        verdict(&no_gpu, &Scope::default(), 0),
+        verdict(&no_gpu, &Scope::default(), 0, &[]),
         Verdict::Dirty(_)
     ));
     let mut err = clean.clone();
     err.error = Some("unreachable".into());
     assert!(matches!(
-        verdict(&err, &Scope::default(), 0),
+        verdict(&err, &Scope::default(), 0, &[]),
         Verdict::Unknown(_)
     ));
 }
@@ -583,4 +584,37 @@ fn hosts_read_from_prometheus_keep_their_verdicts_and_are_never_called_leaking_o
     let mut g = gpu(0, 0, &[]);
     g.judged = Some(GpuState::Error);
     assert_eq!(gpusweep::analyze::gpu_clean(&g, 0), None);
+}
+
+#[test]
+fn a_gpu_held_only_by_what_was_there_before_counts_as_clean_for_the_job_and_a_reused_pid_does_not()
+{
+    // GPU 0: 10 GiB listed to pid 5, which held it before the job (start tick 1005).
+    let snap = host(
+        vec![gpu(0, 10_240, &[(5, 10_240)])],
+        vec![proc_(5, 1, 5, 'S', "python3 other.py")],
+        vec![],
+    );
+    let all = Scope::default();
+    assert!(matches!(verdict(&snap, &all, 0, &[]), Verdict::Dirty(_)));
+    assert_eq!(verdict(&snap, &all, 0, &[(5, 1005)]), Verdict::Clean);
+    // The PID now names another process (another start tick): not exempt.
+    assert!(matches!(
+        verdict(&snap, &all, 0, &[(5, 999)]),
+        Verdict::Dirty(_)
+    ));
+    // A second process beside it, not there before: the GPU still holds the job's.
+    let mut two = snap.clone();
+    two.gpus[0]
+        .processes
+        .push(gpusweep::core::model::ListedProcess {
+            pid: 6,
+            used_bytes: Some(MIB),
+            ..Default::default()
+        });
+    two.processes.push(proc_(6, 1, 6, 'S', "python3 job.py"));
+    assert!(matches!(
+        verdict(&two, &all, 0, &[(5, 1005)]),
+        Verdict::Dirty(_)
+    ));
 }

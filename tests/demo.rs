@@ -68,11 +68,14 @@ fn sweeping_gpu_b_drains_100ms_after_the_kill() {
     // Still draining at +50 ms, clean at +100 ms.
     t.store(5_050, Ordering::SeqCst);
     assert!(matches!(
-        verdict(&h.snapshot(), &Scope::default(), 0),
+        verdict(&h.snapshot(), &Scope::default(), 0, &[]),
         Verdict::Dirty(_)
     ));
     t.store(5_100, Ordering::SeqCst);
-    assert_eq!(verdict(&h.snapshot(), &Scope::default(), 0), Verdict::Clean);
+    assert_eq!(
+        verdict(&h.snapshot(), &Scope::default(), 0, &[]),
+        Verdict::Clean
+    );
 }
 
 #[test]

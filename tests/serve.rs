@@ -1411,8 +1411,8 @@ fn thousands_of_idle_connections_keep_neither_healthz_nor_the_socket_from_answer
         serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
     assert_eq!(doc["hosts"][0]["error"], serde_json::Value::Null, "{doc}");
     // The serve holds a bounded share of descriptors, not one per connection.
-    let fds = std::fs::read_dir(format!("/proc/{}/fd", serve.child.id()))
-        .map_or(0, Iterator::count);
+    let fds =
+        std::fs::read_dir(format!("/proc/{}/fd", serve.child.id())).map_or(0, Iterator::count);
     assert!(
         fds < 600,
         "the serve holds {fds} descriptors for {} idle connections",

@@ -50,8 +50,40 @@ fn dirty_gpu_line(snap: &HostSnapshot, g: &crate::core::model::Gpu) -> String {
     line
 }
 
-/// DESIGN's clean, for one host. Where no GPU can be read it judges by holders alone.
-pub fn verdict(snap: &HostSnapshot, scope: &Scope, tolerance: u64) -> Verdict {
+/// Whether the process `pid` of this reading is one of `exempt` (pid, start time): the same process, not a
+/// PID reused since.
+fn exempted(snap: &HostSnapshot, pid: u32, exempt: &[(u32, u64)]) -> bool {
+    snap.proc(pid)
+        .is_some_and(|p| exempt.contains(&(pid, p.start_time)))
+}
+
+/// Whether a GPU that is not clean is held only by exempt processes (`gpusweep run --no-preflight`: what held
+/// it before the job is not the job's to wait for).
+fn held_only_by(snap: &HostSnapshot, g: &crate::core::model::Gpu, exempt: &[(u32, u64)]) -> bool {
+    let listed = g.processes.iter().map(|p| p.pid);
+    let holders = snap
+        .holders
+        .iter()
+        .filter(|h| !h.benign && h.gpus.contains(&g.index))
+        .map(|h| h.pid);
+    let mut any = false;
+    for pid in listed.chain(holders) {
+        if !exempted(snap, pid, exempt) {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
+/// DESIGN's clean, for one host. Where no GPU can be read it judges by holders alone. A GPU that only
+/// `exempt` processes hold counts as clean for this verdict.
+pub fn verdict(
+    snap: &HostSnapshot,
+    scope: &Scope,
+    tolerance: u64,
+    exempt: &[(u32, u64)],
+) -> Verdict {
     if let Some(e) = &snap.error {
         return Verdict::Unknown(e.clone());
     }
@@ -74,6 +106,7 @@ pub fn verdict(snap: &HostSnapshot, scope: &Scope, tolerance: u64) -> Verdict {
             };
             match clean {
                 Some(true) => {}
+                Some(false) if held_only_by(snap, g, exempt) => {}
                 Some(false) => why.push(dirty_gpu_line(snap, g)),
                 None => unread.push(format!(
                     "GPU {}: no reading ({})",
@@ -83,7 +116,11 @@ pub fn verdict(snap: &HostSnapshot, scope: &Scope, tolerance: u64) -> Verdict {
             }
         }
     } else {
-        for h in snap.holders.iter().filter(|h| !h.benign) {
+        for h in snap
+            .holders
+            .iter()
+            .filter(|h| !h.benign && !exempted(snap, h.pid, exempt))
+        {
             if h.gpus.is_empty() || h.gpus.iter().any(|&g| scope.includes(g)) {
                 why.push(format!("holder {} ({})", h.pid, h.devices.join(" ")));
             }
@@ -189,6 +226,8 @@ pub struct Watch {
     pub hosts: BTreeMap<HostId, Verdict>,
     /// Hosts that must report before the watch can end, with their labels for messages.
     pub expected: Vec<(HostId, String)>,
+    /// Processes (pid, start time) not waited for: a GPU only they hold counts as clean.
+    pub exempt: Vec<(u32, u64)>,
 }
 
 impl Watch {
@@ -206,6 +245,7 @@ impl Watch {
             hosts: BTreeMap::new(),
             expected,
             per_host: BTreeMap::new(),
+            exempt: Vec::new(),
         }
     }
 
@@ -219,7 +259,7 @@ impl Watch {
             return false;
         }
         let scope = self.per_host.get(&host).unwrap_or(&self.scope);
-        let v = verdict(snap, scope, self.tolerance);
+        let v = verdict(snap, scope, self.tolerance, &self.exempt);
         self.hosts.insert(host, v);
         self.settle(now_ms)
     }

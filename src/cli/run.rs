@@ -245,6 +245,53 @@ struct Job {
     gpus: Option<Vec<GpuRef>>,
     scope: Vec<u32>,
     child: std::process::Child,
+    /// What held the job's GPUs before it started (only with --no-preflight): (pid, start time), and a line
+    /// naming them. Not the job's: never waited for at its end.
+    before: Vec<(u32, u64)>,
+    before_line: Option<String>,
+}
+
+/// The processes that hold or are listed on `scope`'s GPUs in `snap`, by (pid, start time), and a line that
+/// names them by GPU.
+fn held_before(snap: &HostSnapshot, scope: &[u32]) -> (Vec<(u32, u64)>, Option<String>) {
+    let mut ids = Vec::new();
+    let mut parts = Vec::new();
+    for g in snap.gpus.iter().filter(|g| scope.contains(&g.index)) {
+        let mut pids: Vec<u32> = g.processes.iter().map(|p| p.pid).collect();
+        pids.extend(
+            snap.holders
+                .iter()
+                .filter(|h| !h.benign && h.gpus.contains(&g.index))
+                .map(|h| h.pid),
+        );
+        pids.sort_unstable();
+        pids.dedup();
+        let known: Vec<u32> = pids
+            .into_iter()
+            .filter_map(|pid| {
+                let p = snap.proc(pid)?;
+                ids.push((pid, p.start_time));
+                Some(pid)
+            })
+            .collect();
+        if !known.is_empty() {
+            let list: Vec<String> = known.iter().map(u32::to_string).collect();
+            parts.push(format!("GPU {} by pid {}", g.index, list.join(", ")));
+        }
+    }
+    // Without GPU readings (--no-nvml), the holders of the stand-ins in scope.
+    if snap.gpus.is_empty() {
+        for h in snap.holders.iter().filter(|h| !h.benign) {
+            if let Some(p) = snap.proc(h.pid) {
+                ids.push((h.pid, p.start_time));
+                parts.push(format!("pid {} ({})", h.pid, h.devices.join(" ")));
+            }
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    let line = (!parts.is_empty()).then(|| parts.join("; "));
+    (ids, line)
 }
 
 /// Preflight (unless told not to), contain, start COMMAND.
@@ -270,6 +317,7 @@ fn start(s: &Settings, a: &RunArgs, fleet: &Fleet, snaps: &[HostSnapshot]) -> an
         .get(&HostId(0))
         .and_then(|sc| sc.gpus.clone())
         .unwrap_or_else(|| snap.gpus.iter().map(|g| g.index).collect());
+    let (before, before_line) = held_before(snap, &scope);
     let root = std::env::var_os("GPUSWEEP_CGROUP_ROOT");
     let contain = jobs::contain(me, root.as_deref().map(std::path::Path::new));
     jobs::become_subreaper()?;
@@ -294,6 +342,8 @@ fn start(s: &Settings, a: &RunArgs, fleet: &Fleet, snaps: &[HostSnapshot]) -> an
         gpus,
         scope,
         child,
+        before,
+        before_line,
     })
 }
 
@@ -361,20 +411,34 @@ pub fn supervise_job(s: &Settings, a: &RunArgs) -> anyhow::Result<i32> {
         bail!("job {me}: its GPUs could not be read after it ended: {e}");
     }
     let tolerance = s.fleet.analyze.tolerance;
-    let watch = watch_for(&fleet, &after, job.gpus.as_deref(), None, tolerance)?;
+    let mut watch = watch_for(&fleet, &after, job.gpus.as_deref(), None, tolerance)?;
+    // What held the GPUs before the job is not the job's (it could only start with --no-preflight): a GPU
+    // only that holds is the job's no longer.
+    watch.exempt.clone_from(&job.before);
     let (clean, watch) =
         rt.block_on(watch_until_clean(&mut fleet, watch, Some(a.timeout), ended))?;
     rt.shutdown_background();
     let code = status.unwrap_or(128 + libc::SIGKILL);
     let took = fmt_ms(millis(ended.elapsed()));
+    if let Some(line) = &job.before_line {
+        eprintln!(
+            "gpusweep run: job {me}: held before the job started, not the job's and not waited for: {line}"
+        );
+    }
     if clean && empty {
         let gpus = if job.scope.is_empty() {
             "-".into()
         } else {
             fmt_gpus(&job.scope)
         };
+        // Where something held the GPUs before, they may not read zero: only the job's share is gone.
+        let what = if job.before.is_empty() {
+            "read zero"
+        } else {
+            "hold nothing of the job's"
+        };
         eprintln!(
-            "gpusweep run: job {me}: COMMAND {}; GPU {gpus} read zero {took} after it ended",
+            "gpusweep run: job {me}: COMMAND {}; GPU {gpus} {what} {took} after it ended",
             status_words(status)
         );
         return Ok(code);
