@@ -1420,3 +1420,73 @@ fn thousands_of_idle_connections_keep_neither_healthz_nor_the_socket_from_answer
     );
     drop(idle);
 }
+
+/// Ask for a reading as fast as possible for argv[2] seconds over the socket argv[1]; print how many came.
+const POLL_FLOOD: &str = r#"
+import json, socket, sys, threading, time
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+secs = float(sys.argv[2])
+end = time.monotonic() + secs
+def flood():
+    while time.monotonic() < end:
+        try:
+            s.sendall(b'{"cmd":"poll"}\n')
+        except OSError:
+            return
+        time.sleep(0.002)
+threading.Thread(target=flood, daemon=True).start()
+f = s.makefile("rb")
+n = -1  # the first reading comes unasked
+s.settimeout(1)
+while time.monotonic() < end:
+    try:
+        line = f.readline()
+    except OSError:
+        continue
+    if not line:
+        break
+    if json.loads(line).get("type") in ("snapshot", "unchanged"):
+        n += 1
+print(n, flush=True)
+"#;
+
+#[test]
+fn an_unprivileged_poll_flood_gets_no_more_than_ten_readings_a_second() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test plays an unprivileged user with setpriv: run the suite as root"
+    );
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    std::fs::set_permissions(tmp, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let sock = tmp.join("serve.sock");
+    let sock_s = sock.to_str().expect("utf-8").to_string();
+    // Read every 10 s unless asked: what the flood gets is what its polls get.
+    let _serve = Serve::start(
+        tmp,
+        &[
+            "--demo",
+            "--hosts",
+            "gpu-b",
+            "--socket",
+            &sock_s,
+            "--interval",
+            "10s",
+        ],
+        &[],
+    );
+    let o = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .args(["/usr/bin/python3", "-c", POLL_FLOOD, &sock_s, "3"])
+        .output()
+        .expect("setpriv, python3");
+    let n: u32 = String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{}", text(&o)));
+    // 3 s at one reading per 100 ms is 30; a few more for the edges.
+    assert!(n <= 33, "{n} readings in 3 s for an unprivileged flood");
+    assert!(n >= 1, "polls are still answered: {n}");
+}

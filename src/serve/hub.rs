@@ -113,9 +113,9 @@ pub enum Ask {
         client: u64,
         every: Option<Duration>,
     },
-    PollNow {
-        host: usize,
-    },
+    /// A reading now. An unprivileged client's ask is taken at most once per `MIN_UNPRIVILEGED_POLL` for
+    /// all of them together (more would be a flood any local user could start).
+    PollNow { host: usize, privileged: bool },
     /// Carry out an action on this host (through the same delivery as every kill); the answer comes back.
     Act {
         host: usize,
@@ -173,7 +173,12 @@ pub struct Hub {
     asks: mpsc::Receiver<Ask>,
     next_id: u64,
     replies: HashMap<u64, oneshot::Sender<ActionAnswer>>,
+    /// When an unprivileged client's poll was last taken.
+    last_unprivileged_poll: Option<std::time::Instant>,
 }
+
+/// The most often unprivileged clients, all together, may have a host read now.
+pub const MIN_UNPRIVILEGED_POLL: Duration = Duration::from_millis(100);
 
 impl Hub {
     pub fn new(labels: &[String], interval: Duration, scheme: &'static str, modes: Modes) -> Hub {
@@ -226,6 +231,7 @@ impl Hub {
             asks,
             next_id: 1,
             replies: HashMap::new(),
+            last_unprivileged_poll: None,
         }
     }
 
@@ -355,7 +361,19 @@ impl Hub {
                     fleet.send(HostId(host), HostCmd::Interval(want));
                 }
             }
-            Ask::PollNow { host } => fleet.send(HostId(host), HostCmd::PollNow),
+            Ask::PollNow { host, privileged } => {
+                if !privileged {
+                    let now = std::time::Instant::now();
+                    if self
+                        .last_unprivileged_poll
+                        .is_some_and(|t| now.duration_since(t) < MIN_UNPRIVILEGED_POLL)
+                    {
+                        return;
+                    }
+                    self.last_unprivileged_poll = Some(now);
+                }
+                fleet.send(HostId(host), HostCmd::PollNow);
+            }
             Ask::Act { host, req, reply } => {
                 let id = self.next_id;
                 self.next_id += 1;

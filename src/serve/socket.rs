@@ -371,7 +371,10 @@ impl Conn<'_> {
         let ask = &self.shared.ask;
         match cmd {
             Command::Poll => {
-                let _ = ask.try_send(Ask::PollNow { host: HOST });
+                let _ = ask.try_send(Ask::PollNow {
+                    host: HOST,
+                    privileged: self.peer.trusted,
+                });
             }
             Command::Interval { ms, compact } => {
                 self.compact = compact;
