@@ -973,3 +973,39 @@ fn reducer_time_to_clean_counts_from_the_signal_that_freed_the_gpu_not_an_earlie
         assert!(v["after_ms"].as_u64().is_some_and(|ms| ms <= 1_000), "{j}");
     }
 }
+
+#[test]
+fn text_a_remote_host_sends_is_shown_escaped_in_every_field() {
+    let mut d = gpu_b();
+    // gpu-b as a hostile agent could send it: bidi overrides and escape sequences in its labels.
+    let mut s = d.hosts[1].snapshot();
+    s.driver_version = Some("580\u{202e}.1".into());
+    s.gpus[0].name = Some("H200\u{1b}[2J".into());
+    s.gpus[0].compute_capability = Some("9.0\u{202e}".into());
+    s.gpus[0].uuid = Some("GPU-\u{202e}x".into());
+    for p in &mut s.processes {
+        p.user = Some("bob\u{202e}".into());
+    }
+    d.feed(1, s);
+    let mut screens = vec![d.screen(160, 50)];
+    d.key(KeyCode::Tab);
+    screens.push(d.screen(160, 50));
+    d.key(KeyCode::Tab);
+    d.key(KeyCode::Enter);
+    screens.push(d.screen(160, 50));
+    d.key(KeyCode::Esc);
+    d.key(KeyCode::BackTab);
+    d.ch('K');
+    screens.push(d.screen(160, 50));
+    for sc in &screens {
+        assert!(
+            !sc.contains('\u{202e}') && !sc.contains('\u{1b}'),
+            "raw control text on screen:\n{sc}"
+        );
+    }
+    assert!(
+        screens.iter().any(|sc| sc.contains("\\u{202e}")),
+        "shown escaped:\n{}",
+        screens[0]
+    );
+}

@@ -85,6 +85,36 @@ pub fn check_query(q: &str) -> Result<(), JobQueryError> {
 }
 
 impl Job {
+    /// Its names with their control and bidi characters escaped (they come from a cgroup path a host
+    /// reported).
+    pub fn escape_labels(&mut self) {
+        let defang = |s: &mut String| {
+            if let std::borrow::Cow::Owned(e) = super::escape::escape(s) {
+                *s = e;
+            }
+        };
+        match self {
+            Job::Kubernetes { pod, container } => {
+                defang(pod);
+                if let Some(c) = container {
+                    defang(c);
+                }
+            }
+            Job::Docker { container } | Job::Podman { container } => defang(container),
+            Job::Container { runtime, container } => {
+                defang(runtime);
+                defang(container);
+            }
+            Job::Systemd { unit } => defang(unit),
+            Job::Slurm { step, .. } => {
+                if let Some(s) = step {
+                    defang(s);
+                }
+            }
+            Job::Run { .. } => {}
+        }
+    }
+
     /// Short, for a table column: `slurm:4711.0`, `k8s:3f2a9c1e`, `docker:9a8b7c6d5e4f`, `run:812`.
     pub fn short(&self) -> String {
         let cut = |s: &str, n: usize| s.chars().take(n).collect::<String>();

@@ -598,7 +598,58 @@ impl Gpu {
     }
 }
 
+/// A label made safe in place: its control and bidi characters written as escapes.
+fn defang(s: &mut String) {
+    if let std::borrow::Cow::Owned(e) = super::escape::escape(s) {
+        *s = e;
+    }
+}
+
+fn defang_opt(s: &mut Option<String>) {
+    if let Some(s) = s {
+        defang(s);
+    }
+}
+
 impl HostSnapshot {
+    /// Every label of a reading that a host (a remote agent, a serve, a driver) chose, with its control and
+    /// bidi characters escaped, once, where it enters: the driver version, GPU names, UUIDs, buses and
+    /// capabilities, users, process names and jobs, device paths, errors. Command lines stay whole (they
+    /// are escaped wherever shown: a kill's record names them as they are), and so do `/dev/shm` names (a
+    /// removal needs the real one).
+    pub fn escape_labels(&mut self) {
+        defang_opt(&mut self.error);
+        defang_opt(&mut self.gpu_error);
+        defang_opt(&mut self.driver_version);
+        defang_opt(&mut self.live_url);
+        for g in &mut self.gpus {
+            defang_opt(&mut g.name);
+            defang_opt(&mut g.uuid);
+            defang_opt(&mut g.pci_bus_id);
+            defang_opt(&mut g.compute_capability);
+            defang_opt(&mut g.error);
+            for p in &mut g.processes {
+                defang_opt(&mut p.name);
+            }
+        }
+        for p in &mut self.processes {
+            defang(&mut p.comm);
+            defang_opt(&mut p.user);
+            defang_opt(&mut p.wchan);
+            defang_opt(&mut p.cgroup);
+            if let Some(j) = &mut p.job {
+                j.escape_labels();
+            }
+        }
+        for h in &mut self.holders {
+            h.devices.iter_mut().for_each(defang);
+        }
+        for f in &mut self.findings {
+            defang(&mut f.detail);
+            defang(&mut f.action);
+        }
+    }
+
     /// Each GPU's gauges, in order.
     pub fn gauges(&self) -> Vec<Gauges> {
         self.gpus.iter().map(Gpu::gauges).collect()

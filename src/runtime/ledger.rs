@@ -172,6 +172,8 @@ impl Ledger {
     /// Judge a new reading: what it amounts to, and the events since the last one.
     pub fn reading(&mut self, mut snap: HostSnapshot) -> (Judgement, Vec<Event>) {
         snap.host.clone_from(&self.label);
+        // Whatever a host chose to call things reaches every front end escaped.
+        snap.escape_labels();
         if !self.resend
             && let Some(last) = &mut self.last
             && last.snap.same_input(&snap)
