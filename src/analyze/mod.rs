@@ -4,6 +4,7 @@
 
 pub mod events;
 pub mod findings;
+pub mod index;
 pub mod plan;
 pub mod state;
 pub mod watch;
@@ -33,6 +34,7 @@ impl Default for AnalyzeOptions {
 /// Every finding for one host, in a stable order (by severity, then GPU, then kind, then pid).
 pub fn analyze(snap: &HostSnapshot, opts: &AnalyzeOptions) -> Vec<Finding> {
     let mut out = findings::Findings::new(&snap.host);
+    let snap = &index::Indexed::new(snap);
     findings::gpu::find(snap, opts, &mut out);
     findings::orphan::find(snap, &mut out);
     findings::zombie::find(snap, &mut out);

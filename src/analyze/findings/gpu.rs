@@ -4,8 +4,9 @@
 
 use super::{Draft, Findings, list_pids, short_cmd, who};
 use crate::analyze::AnalyzeOptions;
+use crate::analyze::index::Indexed;
 use crate::core::format::fmt_bytes;
-use crate::core::model::{FindingKind, Gpu, HostSnapshot, Proc, Severity};
+use crate::core::model::{FindingKind, Gpu, Proc, Severity};
 
 /// Whether a listed PID is alive as the same process, from what the snapshot can tell.
 enum Liveness<'a> {
@@ -17,7 +18,7 @@ enum Liveness<'a> {
     NotVisible,
 }
 
-fn liveness(snap: &HostSnapshot, pid: u32) -> Liveness<'_> {
+fn liveness<'a>(snap: &Indexed<'a>, pid: u32) -> Liveness<'a> {
     match snap.proc(pid) {
         None if snap.in_child_pid_namespace => Liveness::NotVisible,
         None => Liveness::Gone,
@@ -42,7 +43,7 @@ struct Accounting {
     ghosts: Vec<(u32, Option<u64>, String)>,
 }
 
-fn listed(snap: &HostSnapshot, g: &Gpu, out: &mut Findings) -> Accounting {
+fn listed(snap: &Indexed<'_>, g: &Gpu, out: &mut Findings) -> Accounting {
     let mut l = Accounting {
         live_charged: 0,
         live_unknown: false,
@@ -93,17 +94,17 @@ fn listed(snap: &HostSnapshot, g: &Gpu, out: &mut Findings) -> Accounting {
 }
 
 /// Holders of this GPU that NVML does not list: the usual owners of memory nobody is charged for.
-fn hidden_holders(snap: &HostSnapshot, g: &Gpu) -> Vec<u32> {
+fn hidden_holders(snap: &Indexed<'_>, g: &Gpu) -> Vec<u32> {
     snap.holders
         .iter()
         .filter(|h| !h.benign && h.gpus.contains(&g.index))
-        .filter(|h| !g.processes.iter().any(|p| p.pid == h.pid))
+        .filter(|h| !snap.listed_on(g.index, h.pid))
         .filter(|h| snap.proc(h.pid).is_some_and(|p| !p.state.is_zombie()))
         .map(|h| h.pid)
         .collect()
 }
 
-pub fn find(snap: &HostSnapshot, opts: &AnalyzeOptions, out: &mut Findings) {
+pub fn find(snap: &Indexed<'_>, opts: &AnalyzeOptions, out: &mut Findings) {
     for g in &snap.gpus {
         let Some(used) = g.memory.used else { continue };
         let l = listed(snap, g, out);
@@ -155,7 +156,7 @@ pub fn find(snap: &HostSnapshot, opts: &AnalyzeOptions, out: &mut Findings) {
 }
 
 fn ghosts(
-    snap: &HostSnapshot,
+    snap: &Indexed<'_>,
     g: &Gpu,
     ghosts: &[(u32, Option<u64>, String)],
     hidden: &[u32],
@@ -200,7 +201,7 @@ fn ghosts(
 }
 
 /// What this reading could not see that may hold the memory, and how to see it: (what, action).
-fn blind_spot(snap: &HostSnapshot) -> Option<(String, String)> {
+fn blind_spot(snap: &Indexed<'_>) -> Option<(String, String)> {
     if snap.in_child_pid_namespace {
         return Some((
             "gpusweep runs inside a PID namespace (a container without host PIDs): the holder is outside it".into(),
@@ -221,7 +222,7 @@ fn blind_spot(snap: &HostSnapshot) -> Option<(String, String)> {
 
 #[allow(clippy::too_many_arguments)] // one GPU's whole accounting, computed once by `find`
 fn residual_finding(
-    snap: &HostSnapshot,
+    snap: &Indexed<'_>,
     g: &Gpu,
     used: u64,
     live_charged: u64,

@@ -7,7 +7,8 @@ pub mod smem;
 pub mod stuck;
 pub mod zombie;
 
-use crate::core::model::{FileRef, Finding, FindingKind, HostSnapshot, Proc, Severity};
+use crate::analyze::index::Indexed;
+use crate::core::model::{FileRef, Finding, FindingKind, Proc, Severity};
 
 /// The parts of a finding every kind fills, for `Findings::push`.
 pub struct Draft {
@@ -60,7 +61,7 @@ pub fn short_cmd(p: &Proc) -> String {
 }
 
 /// "946 (python3 worker.py)" (with its own PID where it lives in a PID namespace of its own), or the bare PID when the process is not in the snapshot.
-pub fn who(snap: &HostSnapshot, pid: u32) -> String {
+pub fn who(snap: &Indexed<'_>, pid: u32) -> String {
     match snap.proc(pid) {
         Some(p) => match p.ns_pid {
             Some(n) => format!("{pid} ({}; pid {n} in its container)", short_cmd(p)),
@@ -70,7 +71,7 @@ pub fn who(snap: &HostSnapshot, pid: u32) -> String {
     }
 }
 
-pub fn list_pids(snap: &HostSnapshot, pids: &[u32]) -> String {
+pub fn list_pids(snap: &Indexed<'_>, pids: &[u32]) -> String {
     pids.iter()
         .map(|&p| who(snap, p))
         .collect::<Vec<_>>()

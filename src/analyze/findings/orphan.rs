@@ -3,11 +3,12 @@
 //! supervisor is gone, a Slurm job whose step daemon (slurmstepd) is no longer above them.
 
 use super::{Draft, Findings, who};
+use crate::analyze::index::Indexed;
 use crate::core::job::Job;
-use crate::core::model::{FindingKind, HostSnapshot, Proc, Severity};
+use crate::core::model::{FindingKind, Proc, Severity};
 
 /// The ancestors of `p` the reading knows, nearest first.
-fn ancestors<'a>(snap: &'a HostSnapshot, p: &Proc) -> Vec<&'a Proc> {
+fn ancestors<'a>(snap: &Indexed<'a>, p: &Proc) -> Vec<&'a Proc> {
     let mut out = Vec::new();
     let mut cur = p.ppid;
     for _ in 0..64 {
@@ -22,7 +23,7 @@ fn ancestors<'a>(snap: &'a HostSnapshot, p: &Proc) -> Vec<&'a Proc> {
 }
 
 /// Why `p`'s job is over, when the reading shows it is.
-fn job_over(snap: &HostSnapshot, p: &Proc) -> Option<String> {
+fn job_over(snap: &Indexed<'_>, p: &Proc) -> Option<String> {
     let up = ancestors(snap, p);
     match p.job.as_ref()? {
         Job::Run { supervisor } => (!up.iter().any(|a| a.pid == *supervisor))
@@ -33,7 +34,7 @@ fn job_over(snap: &HostSnapshot, p: &Proc) -> Option<String> {
     }
 }
 
-pub fn find(snap: &HostSnapshot, out: &mut Findings) {
+pub fn find(snap: &Indexed<'_>, out: &mut Findings) {
     for h in snap.holders.iter().filter(|h| !h.benign) {
         let Some(p) = snap.proc(h.pid) else { continue };
         if p.state.is_zombie() {

@@ -1,6 +1,7 @@
 //! /dev/shm segments of the GPU stack that no live process has open or mapped.
 
 use super::{Draft, Findings};
+use crate::analyze::index::Indexed;
 use crate::core::format::{escape, fmt_bytes, fmt_secs, shell_quote};
 use crate::core::model::{FileRef, FindingKind, HostSnapshot, Severity};
 use crate::core::removal::ShmFile;
@@ -23,7 +24,7 @@ pub fn removable(s: &HostSnapshot) -> Vec<ShmFile> {
         .collect()
 }
 
-pub fn find(snap: &HostSnapshot, out: &mut Findings) {
+pub fn find(snap: &Indexed<'_>, out: &mut Findings) {
     let Some(shm) = &snap.shm else { return };
     for s in &shm.segments {
         // Only plain files nobody uses: a symlink or socket with such a name is not the stack's leftover.

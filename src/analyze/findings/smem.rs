@@ -3,10 +3,11 @@
 use std::collections::BTreeMap;
 
 use super::{Draft, Findings};
-use crate::core::model::{FindingKind, Gpu, HostSnapshot, Severity};
+use crate::analyze::index::Indexed;
+use crate::core::model::{FindingKind, Gpu, Severity};
 use crate::core::smem;
 
-pub fn find(snap: &HostSnapshot, out: &mut Findings) {
+pub fn find(snap: &Indexed<'_>, out: &mut Findings) {
     let mut by_cc: BTreeMap<String, Vec<&Gpu>> = BTreeMap::new();
     for g in &snap.gpus {
         if let Some(cc) = &g.compute_capability {

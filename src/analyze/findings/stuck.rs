@@ -1,9 +1,10 @@
 //! GPU holders in state D: asleep in the kernel where no signal reaches them until the I/O returns.
 
 use super::{Draft, Findings, who};
-use crate::core::model::{FindingKind, HostSnapshot, ProcState, Severity};
+use crate::analyze::index::Indexed;
+use crate::core::model::{FindingKind, ProcState, Severity};
 
-pub fn find(snap: &HostSnapshot, out: &mut Findings) {
+pub fn find(snap: &Indexed<'_>, out: &mut Findings) {
     for h in snap.holders.iter().filter(|h| !h.gpus.is_empty()) {
         let Some(p) = snap.proc(h.pid) else { continue };
         if p.state != ProcState::DiskSleep {

@@ -1,7 +1,8 @@
 //! Zombies: they hold no memory; the action is on the parent that does not reap them.
 
 use super::{Draft, Findings, who};
-use crate::core::model::{FindingKind, HostSnapshot, Severity};
+use crate::analyze::index::Indexed;
+use crate::core::model::{FindingKind, Severity};
 
 /// PID 1 programs that reap the children they adopt.
 fn reaps(comm: &str) -> bool {
@@ -22,7 +23,7 @@ fn reaps(comm: &str) -> bool {
     )
 }
 
-pub fn find(snap: &HostSnapshot, out: &mut Findings) {
+pub fn find(snap: &Indexed<'_>, out: &mut Findings) {
     for &z in &snap.zombies {
         let Some(p) = snap.proc(z) else { continue };
         let init = snap.proc(1).map(|i| i.comm.as_str());
