@@ -599,3 +599,33 @@ fn open_live_goes_only_to_a_scraped_target_and_never_takes_a_user_or_port_from_a
     let doc = snapshot_json(tmp, &format!("prom:{prom}?{{Hostname=\"gpu-a\"}}"));
     assert_eq!(doc["hosts"][0]["live_url"], format!("http://{a}"), "{doc}");
 }
+
+#[test]
+fn a_prometheus_answer_past_the_limit_is_an_error_not_a_memory_balloon() {
+    let dir = tempfile::tempdir().expect("tmp");
+    // A "Prometheus" whose answer never ends: the client stops at its limit and says so.
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = stream;
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf);
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n{{\"status\":\"success\",\"data\":{{\"resultType\":\"vector\",\"result\":["
+                );
+                let chunk = "{\"metric\":{\"Hostname\":\"n\"},\"value\":[1,\"1\"]},".repeat(20_000);
+                while s.write_all(chunk.as_bytes()).is_ok() {}
+            });
+        }
+    });
+    let out = gpusweep(dir.path())
+        .args(["snapshot", "--json", "--hosts", &format!("prom:{url}")])
+        .output()
+        .expect("snapshot");
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("larger than") && t.contains("MiB"), "{t}");
+}

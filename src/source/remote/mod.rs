@@ -64,11 +64,7 @@ impl RemoteTask {
                 HostSpec::Socket { path } => {
                     socket::run(&self, path, &mut cmds, &mut interval).await
                 }
-                HostSpec::Prom(p) => Err(format!(
-                    "Prometheus {} could not be asked which hosts it knows when gpusweep started \
-                     (or knows none); its hosts are read from it once it answers at start",
-                    p.url
-                )),
+                HostSpec::Prom(p) => Err(self.why_no_prom_hosts(p).await),
                 _ => Err("not a remote host".into()),
             };
             let reason = match ended {
@@ -83,6 +79,27 @@ impl RemoteTask {
             }
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
+    }
+
+    /// Why a Prometheus server stands as one unreadable host: it could not be asked which hosts it knows
+    /// when gpusweep started (asked again now, for the reason), or it knew none.
+    async fn why_no_prom_hosts(&self, p: &crate::core::host::PromSpec) -> String {
+        let now = match &self.opts.http {
+            Some(http) => {
+                match tokio::time::timeout(self.opts.ssh.connect_timeout, p.discover(http)).await
+                {
+                    Ok(Ok(names)) if names.is_empty() => "it knows no host with GPU series".into(),
+                    Ok(Ok(_)) => "it answers now: start gpusweep again to read its hosts".into(),
+                    Ok(Err(e)) => e,
+                    Err(_) => "it did not answer in time".into(),
+                }
+            }
+            None => "no HTTP client".into(),
+        };
+        format!(
+            "Prometheus {} could not be asked which hosts it knows when gpusweep started: {now}",
+            p.url
+        )
     }
 
     /// Wait before reconnecting, but keep answering: a signal to a down host fails at once; `r` reconnects

@@ -173,18 +173,35 @@ impl PromServer {
         format!("{name}{{{sel}}}")
     }
 
-    /// Ask one instant query; the answer's bytes.
+    /// Ask one instant query; the answer's bytes, at most `MAX_ANSWER` of them (a server, or whatever
+    /// answers at its address, could otherwise make the client hold any amount).
     async fn fetch(&self, http: &HttpClient, q: &str) -> Result<bytes::Bytes, String> {
-        let resp = http
+        let failed = |e: reqwest::Error| format!("Prometheus {}: {}", self.url, short(&e));
+        let mut resp = http
             .client
             .get(format!("{}/api/v1/query", self.url))
             .query(&[("query", q)])
             .send()
             .await
-            .map_err(|e| format!("Prometheus {}: {}", self.url, short(&e)))?;
-        resp.bytes()
-            .await
-            .map_err(|e| format!("Prometheus {}: {}", self.url, short(&e)))
+            .map_err(failed)?;
+        let too_big = || {
+            format!(
+                "Prometheus {}: an answer larger than {} MiB (narrow the fleet with ?{{...}})",
+                self.url,
+                MAX_ANSWER / (1024 * 1024)
+            )
+        };
+        if resp.content_length().is_some_and(|n| n > MAX_ANSWER as u64) {
+            return Err(too_big());
+        }
+        let mut body = bytes::BytesMut::new();
+        while let Some(chunk) = resp.chunk().await.map_err(failed)? {
+            if body.len() + chunk.len() > MAX_ANSWER {
+                return Err(too_big());
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body.freeze())
     }
 
     /// The samples of an answer, borrowed from it.
@@ -245,6 +262,10 @@ impl PromServer {
 
 /// How far back a host counts as part of the fleet (Prometheus keeps a dead target's last samples).
 const LOOKBACK: &str = "10m";
+
+/// The largest answer a query may have: every query is aggregated per host and GPU, so 10,000 hosts of 8
+/// GPUs answer in about 25 MiB.
+const MAX_ANSWER: usize = 128 * 1024 * 1024;
 
 fn short(e: &reqwest::Error) -> String {
     use std::error::Error as _;
