@@ -1768,3 +1768,78 @@ fn shm_clean_keeps_every_mapped_segment_whatever_its_name() {
     drop(user.stdin.take());
     let _ = user.wait();
 }
+
+/// A tmpfs of 64 KiB mounted on `dir/full` for one test, unmounted when dropped.
+struct TinyFs(PathBuf);
+
+impl TinyFs {
+    fn mount(dir: &Path) -> TinyFs {
+        let at = dir.join("full");
+        std::fs::create_dir(&at).expect("mkdir");
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
+            .arg(&at)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            ok,
+            "mounting a tmpfs needs root (scripts/test.sh runs the suite as root)"
+        );
+        TinyFs(at)
+    }
+}
+
+impl Drop for TinyFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_leaves_no_torn_audit_record_and_no_signal() {
+    let env = Env::new();
+    let fs = TinyFs::mount(env.dir.path());
+    let log = fs.0.join("actions.jsonl");
+    // Earlier records fill most of one page; then the disk is filled: the next record fits only in part.
+    // 50 bytes short of a page: a record (some 300 bytes) can only be written in part.
+    let mut pad = String::new();
+    for i in 0..39 {
+        pad.push_str(&format!("{{\"pad\":{i},\"x\":\"{}\"}}\n", "x".repeat(80)));
+    }
+    let rest = 4096 - 50 - pad.len() - "{\"pad\":\"\"}\n".len();
+    pad.push_str(&format!("{{\"pad\":\"{}\"}}\n", "y".repeat(rest)));
+    std::fs::write(&log, &pad).expect("earlier records");
+    let mut filler = std::fs::File::create(fs.0.join("filler")).expect("filler");
+    while std::io::Write::write_all(&mut filler, &[0u8; 4096]).is_ok() {}
+    drop(filler);
+    let mut victim = Command::new("sleep").arg("300").spawn().expect("sleep");
+    let pid = victim.id().to_string();
+    let o = env
+        .cmd(&["kill", &pid, "--yes", "--no-nvml"])
+        .env("GPUSWEEP_AUDIT_LOG", &log)
+        .output()
+        .expect("kill");
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "no record, no signal: {t}");
+    assert!(alive(victim.id()), "signalled without its record: {t}");
+    let after = std::fs::read_to_string(&log).expect("log");
+    assert!(
+        after == pad,
+        "the torn record was not rolled back: {:?} ({t})",
+        after.get(pad.len().min(after.len())..)
+    );
+    // Room again: the record is written whole, after the earlier ones, and the signal sent.
+    std::fs::remove_file(fs.0.join("filler")).expect("rm");
+    let o = env
+        .cmd(&["kill", &pid, "--yes", "--no-nvml"])
+        .env("GPUSWEEP_AUDIT_LOG", &log)
+        .output()
+        .expect("kill");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let after = std::fs::read_to_string(&log).expect("log");
+    for line in after.lines() {
+        serde_json::from_str::<serde_json::Value>(line)
+            .unwrap_or_else(|e| panic!("a line that is not a record ({e}): {line:?}"));
+    }
+    let _ = victim.wait();
+}

@@ -109,18 +109,28 @@ impl AuditLog {
     }
 
     fn append(&self, record: &serde_json::Value) -> Result<(), AuditError> {
-        let mut f = self.open()?;
+        let f = self.open()?;
         let mut line = record.to_string().into_bytes();
         line.push(b'\n');
-        let n = f
-            .write(&line)
-            .map_err(|e| AuditError::Write(e.to_string()))?;
-        if n != line.len() {
-            return Err(AuditError::Write(format!(
-                "short write ({n} of {} bytes)",
-                line.len()
-            )));
-        }
+        append_whole(&f, &line).map_err(|e| AuditError::Write(e.to_string()))?;
         f.sync_data().map_err(|e| AuditError::Write(e.to_string()))
     }
+}
+
+/// Append one record to a log opened for appending, all of it or none of it: under an exclusive lock (every
+/// gpusweep writing the log takes it), the file's length is noted, the line written, and on a short or
+/// failed write (a full disk) the file is cut back to that length, so no torn record is left for the next
+/// one to be glued to.
+pub fn append_whole(f: &fs::File, line: &[u8]) -> std::io::Result<()> {
+    use rustix::fs::{FlockOperation, flock};
+    flock(f, FlockOperation::LockExclusive)?;
+    let result = (|| {
+        let start = f.metadata()?.len();
+        let mut w = f;
+        w.write_all(line).inspect_err(|_| {
+            let _ = f.set_len(start);
+        })
+    })();
+    let _ = flock(f, FlockOperation::Unlock);
+    result
 }

@@ -2,7 +2,6 @@
 //! can be replayed or attached to a bug report even if gpusweep is killed.
 
 use std::fs::File;
-use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -48,11 +47,9 @@ impl EventLog {
     pub fn write(&mut self, e: &Event) -> Result<(), EventLogError> {
         let mut line = serde_json::to_vec(e)?;
         line.push(b'\n');
-        self.file
-            .write_all(&line)
-            .map_err(|source| EventLogError::Io {
-                path: self.path.display().to_string(),
-                source,
-            })
+        crate::act::audit::append_whole(&self.file, &line).map_err(|source| EventLogError::Io {
+            path: self.path.display().to_string(),
+            source,
+        })
     }
 }

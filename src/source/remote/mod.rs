@@ -86,8 +86,7 @@ impl RemoteTask {
     async fn why_no_prom_hosts(&self, p: &crate::core::host::PromSpec) -> String {
         let now = match &self.opts.http {
             Some(http) => {
-                match tokio::time::timeout(self.opts.ssh.connect_timeout, p.discover(http)).await
-                {
+                match tokio::time::timeout(self.opts.ssh.connect_timeout, p.discover(http)).await {
                     Ok(Ok(names)) if names.is_empty() => "it knows no host with GPU series".into(),
                     Ok(Ok(_)) => "it answers now: start gpusweep again to read its hosts".into(),
                     Ok(Err(e)) => e,
