@@ -210,19 +210,46 @@ pub fn cgroup_kill(leaf: &Path) -> Result<(), JobError> {
 
 /// Reap every child that has exited (a subreaper adopts orphans; their zombies are ours to reap). Returns
 /// the exit status of `main` if it was among them: the shell's convention, 128 + N for a signal.
-pub fn reap(main: u32) -> Option<i32> {
+/// How the job's command ended: its exit status, or the signal that killed it (an exit status of 255 is
+/// not a signal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    Exited(i32),
+    Signaled(i32),
+}
+
+impl Ended {
+    /// The status a shell would report: the exit status, or 128 + the signal.
+    pub fn code(self) -> i32 {
+        match self {
+            Ended::Exited(c) => c,
+            Ended::Signaled(s) => 128 + s,
+        }
+    }
+}
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Ended::Exited(c) => write!(f, "exit status {c}"),
+            Ended::Signaled(s) => write!(f, "killed by signal {s}"),
+        }
+    }
+}
+
+pub fn reap(main: u32) -> Option<Ended> {
     use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
     let mut status = None;
     loop {
         match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::Exited(p, code)) => {
                 if p.as_raw().cast_unsigned() == main {
-                    status = Some(code);
+                    status = Some(Ended::Exited(code));
                 }
             }
             Ok(WaitStatus::Signaled(p, sig, _)) => {
                 if p.as_raw().cast_unsigned() == main {
-                    status = Some(128 + sig as i32);
+                    status = Some(Ended::Signaled(sig as i32));
                 }
             }
             Ok(WaitStatus::StillAlive) | Err(_) => return status,
@@ -237,7 +264,7 @@ pub fn await_empty(
     supervisor: u32,
     main: u32,
     limit: Duration,
-) -> (bool, Option<i32>) {
+) -> (bool, Option<Ended>) {
     let deadline = Instant::now() + limit;
     let mut status = None;
     loop {

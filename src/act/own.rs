@@ -9,39 +9,38 @@ pub fn default_sigpipe() {
     }
 }
 
-/// Re-execute this binary as `gpusweep run [job PID spec-fd N]`, handing it `spec` through a pipe on fd N:
-/// the supervisor's `/proc/PID/cmdline` then holds nothing of the command it runs, so `pkill -f COMMAND`
-/// never hits it. Returns only on failure.
+/// The name of the file a supervisor's spec is handed over in (memfd names show as `/memfd:NAME`).
+const SPEC_NAME: &str = "gpusweep-run-spec";
+
+/// Re-execute this binary as `gpusweep run [job PID spec-fd N]`, handing it `spec` in an anonymous file
+/// (memfd) on fd N: the supervisor's `/proc/PID/cmdline` then holds nothing of the command it runs, so
+/// `pkill -f COMMAND` never hits it. A file, not a pipe: a pipe holds 64 KiB (one page for a user over
+/// `fs.pipe-user-pages-soft`), and nobody reads it before the exec. Returns only on failure.
 pub fn reexec_with_spec(spec: &[u8]) -> std::io::Error {
-    use std::io::Write;
+    use std::io::{Seek, Write};
     use std::os::fd::{AsRawFd, IntoRawFd};
-    let err = |e: nix::Error| std::io::Error::from_raw_os_error(e as i32);
-    // Without O_CLOEXEC: the read end must survive the exec; the write end is closed before it.
-    let (r, w) = match nix::unistd::pipe2(nix::fcntl::OFlag::empty()) {
-        Ok(p) => p,
-        Err(e) => return err(e),
+    // Without MFD_CLOEXEC: the file must survive the exec.
+    let fd = match rustix::fs::memfd_create(SPEC_NAME, rustix::fs::MemfdFlags::empty()) {
+        Ok(fd) => fd,
+        Err(e) => return e.into(),
     };
-    let mut w = std::fs::File::from(w);
-    if spec.len() > 60_000 {
-        return std::io::Error::other("the command line is too long to hand over");
-    }
-    if let Err(e) = w.write_all(spec) {
+    let mut f = std::fs::File::from(fd);
+    if let Err(e) = f.write_all(spec).and_then(|()| f.rewind()) {
         return e;
     }
-    drop(w);
-    let fd = r.as_raw_fd();
+    let raw = f.as_raw_fd();
     let argv = [
         c"gpusweep".to_owned(),
         c"run".to_owned(),
-        match std::ffi::CString::new(format!("[job {} spec-fd {fd}]", std::process::id())) {
+        match std::ffi::CString::new(format!("[job {} spec-fd {raw}]", std::process::id())) {
             Ok(c) => c,
             Err(e) => return std::io::Error::other(e),
         },
     ];
     // The fd is the exec'd program's now; it closes it once read.
-    let _ = r.into_raw_fd();
+    let _ = f.into_raw_fd();
     match nix::unistd::execv(c"/proc/self/exe", &argv) {
-        Err(e) => err(e),
+        Err(e) => std::io::Error::from_raw_os_error(e as i32),
         Ok(never) => match never {},
     }
 }
@@ -56,13 +55,15 @@ pub fn take_spec(arg: &str) -> Option<Vec<u8>> {
         return None;
     }
     let fd: i32 = fd.parse().ok()?;
-    // Only a pipe: never read whatever else a mistyped number names.
-    // SAFETY: the borrow lives for one fstat(2); a number that names no open fd is EBADF, nothing more.
-    let st = nix::sys::stat::fstat(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }).ok()?;
-    if st.st_mode & libc::S_IFMT != libc::S_IFIFO {
+    // Only the file `reexec_with_spec` made: never read whatever else a mistyped number names.
+    let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
+    if !link
+        .to_string_lossy()
+        .starts_with(&format!("/memfd:{SPEC_NAME}"))
+    {
         return None;
     }
-    // SAFETY: fd N was left open for us by `reexec_with_spec` and nothing else owns it; it is a pipe.
+    // SAFETY: fd N was left open for us by `reexec_with_spec` and nothing else owns it; it is its memfd.
     let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
     let mut buf = Vec::new();
     f.read_to_end(&mut buf).ok()?;

@@ -171,7 +171,7 @@ fn signals() -> mpsc::Receiver<Sig> {
 }
 
 /// Run COMMAND until it ends (or a forwarded signal and the grace after it); its exit status.
-fn supervise(child: u32, grace: Duration, sigs: &mpsc::Receiver<Sig>) -> Option<i32> {
+fn supervise(child: u32, grace: Duration, sigs: &mpsc::Receiver<Sig>) -> Option<jobs::Ended> {
     let pgid = nix::unistd::Pid::from_raw(child.cast_signed());
     let mut deadline: Option<Instant> = None;
     loop {
@@ -230,12 +230,11 @@ fn end_job(c: &Containment, me: u32, d: &Deliverer, grace: Duration) -> (usize, 
     )
 }
 
-fn status_words(st: Option<i32>) -> String {
-    match st {
-        Some(c) if c > 128 => format!("killed by signal {}", c - 128),
-        Some(c) => format!("exit status {c}"),
-        None => "did not end within the grace period after the signal".into(),
-    }
+fn status_words(st: Option<jobs::Ended>) -> String {
+    st.map_or_else(
+        || "did not end within the grace period after the signal".into(),
+        |e| e.to_string(),
+    )
 }
 
 /// A job started: its containment, its GPUs (the chosen references and the indices in scope), its pid.
@@ -352,9 +351,9 @@ fn end(
     s: &Settings,
     a: &RunArgs,
     job: &Job,
-    status: Option<i32>,
+    status: Option<jobs::Ended>,
     host: &str,
-) -> (Option<i32>, bool) {
+) -> (Option<jobs::Ended>, bool) {
     let Job { me, contain, .. } = job;
     let d = Deliverer {
         host: host.to_string(),
@@ -418,7 +417,7 @@ pub fn supervise_job(s: &Settings, a: &RunArgs) -> anyhow::Result<i32> {
     let (clean, watch) =
         rt.block_on(watch_until_clean(&mut fleet, watch, Some(a.timeout), ended))?;
     rt.shutdown_background();
-    let code = status.unwrap_or(128 + libc::SIGKILL);
+    let code = status.map_or(128 + libc::SIGKILL, jobs::Ended::code);
     let took = fmt_ms(millis(ended.elapsed()));
     if let Some(line) = &job.before_line {
         eprintln!(
