@@ -1843,3 +1843,49 @@ fn a_full_disk_leaves_no_torn_audit_record_and_no_signal() {
     }
     let _ = victim.wait();
 }
+
+#[test]
+fn events_are_written_by_every_command_that_reads_hosts_not_only_the_tui() {
+    let env = Env::new();
+    let file = env.dir.path().join("events.jsonl");
+    let f = file.to_str().expect("utf-8");
+    let mut victim = Command::new("sleep").arg("300").spawn().expect("sleep");
+    let pid = victim.id().to_string();
+    let o = env.run(&["kill", &pid, "--yes", "--no-nvml", "--events", f]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let _ = victim.wait();
+    let kinds = |path: &Path| -> Vec<String> {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v["event"].as_str().map(str::to_string))
+            .collect()
+    };
+    let k = kinds(&file);
+    assert!(
+        k.iter().any(|e| e == "signal_sent") && k.iter().any(|e| e == "signal_fate"),
+        "{k:?}"
+    );
+    // A demo sweep records what it did the same way.
+    let file2 = env.dir.path().join("sweep.jsonl");
+    let o = env.run(&[
+        "sweep",
+        "--demo",
+        "--hosts",
+        "gpu-b",
+        "--yes",
+        "--grace",
+        "1s",
+        "--timeout",
+        "20s",
+        "--events",
+        file2.to_str().expect("utf-8"),
+    ]);
+    let k = kinds(&file2);
+    assert!(
+        k.iter().any(|e| e == "signal_sent") && k.iter().any(|e| e == "gpu_clean"),
+        "{k:?} ({})",
+        text(&o)
+    );
+}

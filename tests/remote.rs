@@ -57,6 +57,7 @@ async fn fleet(command: &str, interval: Duration, audit: &Path) -> Fleet {
         http: HttpOptions::default(),
         serve_socket: None,
         acts: false,
+        events_file: None,
     };
     let spec = HostSpec::Command {
         command: command.to_string(),

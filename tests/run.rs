@@ -487,7 +487,10 @@ fn exit_255_is_an_exit_status_and_a_long_command_line_is_handed_over() {
     let o = env.run_cmd(&[], "exit 255").output().expect("run");
     let t = text(&o);
     assert_eq!(o.status.code(), Some(255), "{t}");
-    assert!(t.contains("exit status 255") && !t.contains("signal"), "{t}");
+    assert!(
+        t.contains("exit status 255") && !t.contains("signal"),
+        "{t}"
+    );
     // 100 KB of arguments: more than a pipe holds (the supervisor gets its argv through a file of its own).
     let long: Vec<String> = (0..10_000).map(|i| format!("arg{i:05}")).collect();
     let mut c = env.run_cmd(&[], "echo \"$#\" >count");
@@ -495,7 +498,9 @@ fn exit_255_is_an_exit_status_and_a_long_command_line_is_handed_over() {
     let o = c.output().expect("run");
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert_eq!(
-        std::fs::read_to_string(env.path("count")).expect("count").trim(),
+        std::fs::read_to_string(env.path("count"))
+            .expect("count")
+            .trim(),
         "10000"
     );
 }

@@ -530,6 +530,7 @@ async fn agent_killed_mid_stream_is_reported_and_reconnected() {
         http: HttpOptions::default(),
         serve_socket: None,
         acts: false,
+        events_file: None,
     };
     let spec = HostSpec::Ssh {
         user: Some("root".into()),

@@ -53,3 +53,32 @@ impl EventLog {
         })
     }
 }
+
+/// An events file shared by every host of a fleet: events are written as their ledgers produce them,
+/// whichever front end reads the fleet (and whether or not it reads them). A write that fails is said once,
+/// on stderr, and no more is written (a file missing events it says nothing of would mislead).
+pub struct Recorder {
+    log: std::sync::Mutex<Option<EventLog>>,
+}
+
+impl Recorder {
+    pub fn open(path: &Path) -> Result<Recorder, EventLogError> {
+        Ok(Recorder {
+            log: std::sync::Mutex::new(Some(EventLog::open(path)?)),
+        })
+    }
+
+    pub fn record(&self, events: &[Event]) {
+        let Ok(mut guard) = self.log.lock() else {
+            return;
+        };
+        let Some(log) = guard.as_mut() else { return };
+        for e in events {
+            if let Err(err) = log.write(e) {
+                eprintln!("gpusweep: {err}; no further events are written");
+                *guard = None;
+                return;
+            }
+        }
+    }
+}

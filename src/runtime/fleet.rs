@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc};
 
+use super::eventlog::Recorder;
 use super::ledger::{Judged, Judgement, Ledger};
 use super::poll;
 use crate::act::{AuditLog, Deliverer};
@@ -82,6 +83,8 @@ pub struct FleetOptions {
     /// This front end acts on the host (kills, removals): a serve that would refuse this user's actions
     /// (it takes them from root and its own user only) is not used, and this host is read in-process.
     pub acts: bool,
+    /// `--events FILE`: every host's events appended as its ledger produces them (the TUI writes its own).
+    pub events_file: Option<std::path::PathBuf>,
 }
 
 impl FleetOptions {
@@ -128,6 +131,7 @@ struct FleetSink {
     ledger: Arc<Mutex<Ledger>>,
     slot: Slot,
     tx: mpsc::UnboundedSender<Wire>,
+    log: Option<Arc<Recorder>>,
 }
 
 impl FleetSink {
@@ -146,7 +150,13 @@ impl FleetSink {
 
     /// Events go out before the reading they came with is taken: a front end records them, then shows it.
     fn events(&self, events: Vec<Event>) -> bool {
-        events.is_empty() || self.tx.send(Wire::Events(self.host, events)).is_ok()
+        if events.is_empty() {
+            return true;
+        }
+        if let Some(log) = &self.log {
+            log.record(&events);
+        }
+        self.tx.send(Wire::Events(self.host, events)).is_ok()
     }
 
     fn judged(&self, j: Judgement, events: Vec<Event>) -> bool {
@@ -225,6 +235,7 @@ pub struct Fleet {
     /// Kept to answer, at once, a signal request that a busy host's queue had no room for.
     tx: mpsc::UnboundedSender<Wire>,
     events: mpsc::UnboundedReceiver<Wire>,
+    log: Option<Arc<Recorder>>,
 }
 
 /// Why a host seen through Prometheus could not be opened live.
@@ -359,6 +370,14 @@ impl Fleet {
             None
         };
         let specs = expand(specs, http.as_ref(), opts.ssh.connect_timeout).await;
+        let log = match &opts.events_file {
+            Some(path) => {
+                Some(Arc::new(Recorder::open(path).map_err(|e| {
+                    crate::source::SourceError::Unreadable(e.to_string())
+                })?))
+            }
+            None => None,
+        };
         let (tx, events) = mpsc::unbounded_channel();
         let mut fleet = Fleet {
             labels: unique_labels(&specs),
@@ -377,6 +396,7 @@ impl Fleet {
             connect_limit: Arc::new(Semaphore::new(opts.ssh.max_connections.max(1))),
             tx,
             events,
+            log,
         };
         // Hosts of each Prometheus server, gathered to be polled together.
         let mut proms: BTreeMap<PromServer, PromGroup> = BTreeMap::new();
@@ -409,6 +429,7 @@ impl Fleet {
             ledger: ledger.clone(),
             slot: slot.clone(),
             tx: self.tx.clone(),
+            log: self.log.clone(),
         });
         self.slots.push(slot);
         self.ledgers.push(ledger);
@@ -561,6 +582,9 @@ impl Fleet {
                 .map(|l| l.lock().map(|mut l| l.sent(req, now_ms())))
             && !events.is_empty()
         {
+            if let Some(log) = &self.log {
+                log.record(&events);
+            }
             let _ = self.tx.send(Wire::Events(host, events));
         }
         let refused = match self.handles.get(host.0) {
@@ -705,6 +729,7 @@ mod tests {
             ledger: Arc::new(Mutex::new(Ledger::new("h", AnalyzeOptions::default()))),
             slot: Arc::default(),
             tx,
+            log: None,
         };
         (s, rx)
     }

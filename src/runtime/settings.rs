@@ -124,7 +124,8 @@ pub struct Overrides {
     /// No kill, sweep or removal (their keys hidden in the TUI): for shared monitoring screens. Config: readonly.
     #[arg(help_heading = "Global options", long, global = true)]
     pub readonly: bool,
-    /// TUI: append every timeline event to FILE as JSON lines (a session to replay or attach to a report).
+    /// Append every event (processes, findings, signals, GPUs turning clean, hosts up and down) to FILE as
+    /// JSON lines: a session to replay or attach to a report.
     #[arg(
         help_heading = "Global options",
         long,
@@ -340,6 +341,7 @@ pub fn resolve(o: &Overrides) -> Result<Settings, SettingsError> {
         // The front ends that may read through a running serve say so (`snapshot`, `wait`).
         serve_socket: None,
         acts: false,
+        events_file: o.events.clone(),
     };
     Ok(Settings {
         specs,

@@ -165,7 +165,12 @@ pub fn run(s: &Settings) -> anyhow::Result<i32> {
         .transpose()
         .map_err(|e| anyhow!(e))?;
     let res = rt.block_on(async {
-        let mut fleet = Fleet::start(&s.specs, &s.fleet).await?;
+        // The TUI writes the file itself, its own events (a watch's scope turning clean) among the hosts'.
+        let opts = crate::runtime::FleetOptions {
+            events_file: None,
+            ..s.fleet.clone()
+        };
+        let mut fleet = Fleet::start(&s.specs, &opts).await?;
         let specs: Vec<HostSpec> = fleet.ids().filter_map(|i| fleet.spec(i).cloned()).collect();
         let mut app = new_app(s, fleet.labels().to_vec(), &specs)?;
         if let Some(n) = note {
