@@ -33,6 +33,8 @@ fn emit(out: &Out, msg: &AgentMsg) -> bool {
 /// The agent's sink: every reading, error and outcome becomes one line on stdout.
 struct StdoutSink {
     out: Out,
+    /// Stdin closed: the client went away, and the next reading ends the loop (an answer still goes out).
+    closed: Arc<AtomicBool>,
     /// The client asked for `unchanged` in place of a snapshot that says nothing new but its gauges.
     compact: Arc<AtomicBool>,
     /// The last snapshot sent whole.
@@ -41,6 +43,9 @@ struct StdoutSink {
 
 impl Sink for StdoutSink {
     fn reading(&self, snap: HostSnapshot) -> bool {
+        if self.closed.load(Ordering::SeqCst) {
+            return false;
+        }
         let Ok(mut last) = self.last.lock() else {
             return false;
         };
@@ -76,7 +81,19 @@ impl Sink for StdoutSink {
 }
 
 /// Read commands from stdin until it closes; bad lines are answered with an error message.
-fn read_commands(out: &Out, tx: &mpsc::SyncSender<HostCmd>, compact: &AtomicBool) {
+fn read_commands(
+    out: &Out,
+    tx: &mpsc::SyncSender<HostCmd>,
+    compact: &AtomicBool,
+    closed: &AtomicBool,
+) {
+    read_until_closed(out, tx, compact);
+    // The loop ends at its next reading; ask for one now (after whatever commands came before).
+    closed.store(true, Ordering::SeqCst);
+    let _ = tx.send(HostCmd::PollNow);
+}
+
+fn read_until_closed(out: &Out, tx: &mpsc::SyncSender<HostCmd>, compact: &AtomicBool) {
     let stdin = std::io::stdin();
     let mut lock = stdin.lock();
     let mut buf = Vec::new();
@@ -145,9 +162,12 @@ pub fn serve(src: Box<dyn Source>, signals: Option<&Deliverer>, interval: Durati
     let reader_out = out.clone();
     let compact = Arc::new(AtomicBool::new(false));
     let reader_compact = compact.clone();
-    std::thread::spawn(move || read_commands(&reader_out, &tx, &reader_compact));
+    let closed = Arc::new(AtomicBool::new(false));
+    let reader_closed = closed.clone();
+    std::thread::spawn(move || read_commands(&reader_out, &tx, &reader_compact, &reader_closed));
     let sink: Arc<dyn Sink> = Arc::new(StdoutSink {
         out,
+        closed,
         compact,
         last: Mutex::new(None),
     });

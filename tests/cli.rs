@@ -1889,3 +1889,35 @@ fn events_are_written_by_every_command_that_reads_hosts_not_only_the_tui() {
         text(&o)
     );
 }
+
+#[test]
+fn the_agent_exits_when_its_stdin_closes() {
+    let env = Env::new();
+    // stdin at its end from the start, stdout a pipe that is read: only the closed stdin can end it.
+    let mut agent = env
+        .cmd(&["agent", "--demo", "--interval", "200ms"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("agent");
+    let mut out = agent.stdout.take().expect("stdout");
+    let drain = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut out, &mut v);
+        v
+    });
+    let mut status = None;
+    let exited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        await_cond("the agent to exit", 10, || {
+            status = agent.try_wait().ok().flatten();
+            status.is_some()
+        });
+    }));
+    if exited.is_err() {
+        let _ = agent.kill();
+        let _ = agent.wait();
+        panic!("the agent still runs with its stdin closed");
+    }
+    assert_eq!(status.and_then(|s| s.code()), Some(0));
+    let said = String::from_utf8_lossy(&drain.join().expect("drain")).into_owned();
+    assert!(said.contains("\"hello\""), "{said}");
+}
