@@ -77,13 +77,27 @@ fn main() {
     let code = match run(cli, supervisor.is_some()) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("gpusweep: error: {e:#}");
+            eprintln!("gpusweep: error: {}", report(&e));
             2
         }
     };
     trace("main", "exit");
     gpusweep::runtime::shutdown();
     std::process::exit(code);
+}
+
+/// An error and its causes on one line, each cause said once: a message that already quotes its cause (as
+/// `config: FILE: WHY` does) is not followed by it again.
+fn report(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !out.contains(&c) {
+            out.push_str(": ");
+            out.push_str(&c);
+        }
+    }
+    out
 }
 
 fn run(cli: Cli, supervised: bool) -> anyhow::Result<i32> {

@@ -1921,3 +1921,19 @@ fn the_agent_exits_when_its_stdin_closes() {
     let said = String::from_utf8_lossy(&drain.join().expect("drain")).into_owned();
     assert!(said.contains("\"hello\""), "{said}");
 }
+
+#[test]
+fn a_config_error_is_said_once() {
+    let env = Env::new();
+    let cfg = env.dir.path().join("bad.toml");
+    std::fs::write(&cfg, "interval = \"bogus\"\n").expect("config");
+    let o = env
+        .cmd(&["snapshot", "--demo"])
+        .env("GPUSWEEP_CONFIG", &cfg)
+        .output()
+        .expect("snapshot");
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert_eq!(t.matches("is not a duration").count(), 1, "{t}");
+    assert_eq!(t.lines().filter(|l| !l.trim().is_empty()).count(), 1, "{t}");
+}
