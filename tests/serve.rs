@@ -301,6 +301,12 @@ async fn the_api_and_the_event_stream_serve_the_json_contract_read_only() {
     assert_eq!(host0["error"], serde_json::Value::Null, "{doc}");
     assert_eq!(host0["source"], "http", "{doc}");
     assert!(
+        host0["missing_features"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|f| f == "actions")),
+        "read-only over HTTP, and it says so: {doc}"
+    );
+    assert!(
         host0["findings"]
             .as_array()
             .is_some_and(|f| f.iter().any(|f| f["kind"] == "ghost"))

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::RemoteTask;
 use crate::core::format::{escape, millis, truncate};
 use crate::core::host::HttpUrl;
-use crate::core::model::{HostSnapshot, SourceKind};
+use crate::core::model::{Feature, HostSnapshot, SourceKind};
 use crate::core::protocol::{MAX_LINE_BYTES, PROTOCOL};
 use crate::core::sse;
 use crate::source::{ConnStatus, HostCmd};
@@ -371,6 +371,10 @@ impl Stream<'_> {
                     }
                 };
                 snap.source = SourceKind::Http;
+                // Nothing is done over HTTP: the reading says so, as a Prometheus host's does.
+                if !snap.missing_features.contains(&Feature::Actions) {
+                    snap.missing_features.push(Feature::Actions);
+                }
                 self.heard() && self.task.sink.reading(snap)
             }
             Some(sse::Kind::Unchanged) => {
