@@ -1937,3 +1937,50 @@ fn a_config_error_is_said_once() {
     assert_eq!(t.matches("is not a duration").count(), 1, "{t}");
     assert_eq!(t.lines().filter(|l| !l.trim().is_empty()).count(), 1, "{t}");
 }
+
+#[test]
+fn a_target_that_ends_at_once_is_not_reported_as_taking_another_targets_grace() {
+    let env = Env::new();
+    let mut quick = Command::new("sleep").arg("300").spawn().expect("sleep");
+    // Ignores TERM: it takes the whole grace and then KILL.
+    let mut stubborn = Command::new("sh")
+        .args(["-c", "trap '' TERM; echo ready; while :; do sleep 1; done"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("sh");
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(stubborn.stdout.take().expect("stdout")),
+        &mut ready,
+    )
+    .expect("ready");
+    let (qp, sp) = (quick.id().to_string(), stubborn.id().to_string());
+    let o = env.run(&["kill", &qp, &sp, "--yes", "--grace", "5s", "--no-nvml"]);
+    let t = text(&o);
+    let line = t
+        .lines()
+        .find(|l| l.contains(&format!("{qp} sleep")))
+        .unwrap_or_else(|| panic!("{t}"));
+    let ms: f64 = line
+        .rsplit('(')
+        .next()
+        .and_then(|r| {
+            let r = r.trim_end_matches(')');
+            r.strip_suffix(" ms")
+                .map(|n| n.parse::<f64>().ok())
+                .or_else(|| {
+                    r.strip_suffix(" s")
+                        .map(|n| n.parse::<f64>().ok().map(|s| s * 1000.0))
+                })
+        })
+        .flatten()
+        .unwrap_or_else(|| panic!("no time in {line:?}"));
+    assert!(
+        ms < 4000.0,
+        "{qp} ended on TERM, reported after {ms} ms: {t}"
+    );
+    assert!(t.contains(&format!("{sp} sh")) && t.contains("KILL"), "{t}");
+    let _ = quick.wait();
+    let _ = stubborn.kill();
+    let _ = stubborn.wait();
+}

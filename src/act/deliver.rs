@@ -270,10 +270,10 @@ fn escalate(
     let mut survivors = Vec::new();
     for (l, done) in live.iter().zip(exited) {
         let fate = &mut outcomes[l.slot].fate;
-        if done {
+        if let Some(at) = done {
             *fate = Fate::Exited {
                 signal,
-                after_ms: millis(started.elapsed()),
+                after_ms: millis(at.saturating_duration_since(started)),
             };
         } else if signal == Sig::Kill {
             // KILL was the signal: it only needs the wait below.
@@ -297,10 +297,10 @@ fn escalate(
     // KILL cannot be caught; what remains after this is stuck in the kernel (state D).
     let exited = wait_live(&survivors, Instant::now() + AFTER_KILL);
     for (l, done) in survivors.iter().zip(exited) {
-        outcomes[l.slot].fate = if done {
+        outcomes[l.slot].fate = if let Some(at) = done {
             Fate::Exited {
                 signal: Sig::Kill,
-                after_ms: millis(started.elapsed()),
+                after_ms: millis(at.saturating_duration_since(started)),
             }
         } else {
             stuck(l.target.pid)
@@ -334,7 +334,7 @@ fn bare_gone(t: &TargetInfo) -> bool {
 
 /// Wait until each target exited or the deadline passed. Pidfds are polled by the kernel; targets held
 /// without one are looked up in /proc every 10 ms.
-fn wait_live(live: &[&Live], deadline: Instant) -> Vec<bool> {
+fn wait_live(live: &[&Live], deadline: Instant) -> Vec<Option<Instant>> {
     let fds: Vec<&PidFd> = live
         .iter()
         .filter_map(|l| match &l.pin {
@@ -345,15 +345,19 @@ fn wait_live(live: &[&Live], deadline: Instant) -> Vec<bool> {
     if fds.len() == live.len() {
         return wait_exits(&fds, deadline);
     }
+    let mut exited: Vec<Option<Instant>> = vec![None; live.len()];
     loop {
-        let exited: Vec<bool> = live
-            .iter()
-            .map(|l| match &l.pin {
+        let now = Instant::now();
+        for (l, e) in live.iter().zip(&mut exited) {
+            let gone = match &l.pin {
                 Pin::Fd(fd) => fd.exited(),
                 Pin::Bare => bare_gone(&l.target),
-            })
-            .collect();
-        if exited.iter().all(|e| *e) || Instant::now() >= deadline {
+            };
+            if e.is_none() && gone {
+                *e = Some(now);
+            }
+        }
+        if exited.iter().all(Option::is_some) || now >= deadline {
             return exited;
         }
         std::thread::sleep(Duration::from_millis(10));

@@ -37,7 +37,7 @@ impl PidFd {
 
     /// Whether the process has exited, without waiting.
     pub fn exited(&self) -> bool {
-        wait_exits(&[self], Instant::now())[0]
+        wait_exits(&[self], Instant::now())[0].is_some()
     }
 }
 
@@ -79,11 +79,12 @@ fn signal(sig: Sig) -> Signal {
     }
 }
 
-/// Wait until each pidfd is readable (its process exited) or the deadline passes. Returns which exited.
-pub fn wait_exits(fds: &[&PidFd], deadline: Instant) -> Vec<bool> {
-    let mut exited = vec![false; fds.len()];
+/// Wait until each pidfd is readable (its process exited) or the deadline passes. Returns when each was
+/// seen to exit (`None`: still running): a target that ends at once is not timed by one that takes the grace.
+pub fn wait_exits(fds: &[&PidFd], deadline: Instant) -> Vec<Option<Instant>> {
+    let mut exited = vec![None; fds.len()];
     loop {
-        let waiting: Vec<usize> = (0..fds.len()).filter(|&i| !exited[i]).collect();
+        let waiting: Vec<usize> = (0..fds.len()).filter(|&i| exited[i].is_none()).collect();
         if waiting.is_empty() {
             return exited;
         }
@@ -98,9 +99,10 @@ pub fn wait_exits(fds: &[&PidFd], deadline: Instant) -> Vec<bool> {
             Err(rustix::io::Errno::INTR) => continue,
             Err(_) => return exited,
         };
+        let now = Instant::now();
         for (p, &i) in polls.iter().zip(&waiting) {
             if !p.revents().is_empty() {
-                exited[i] = true;
+                exited[i] = Some(now);
             }
         }
         if n == 0 || Instant::now() >= deadline {
