@@ -13,7 +13,7 @@ use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::AuditLog;
-use crate::core::model::ShmInfo;
+use crate::core::model::{ShmInfo, ShmSegment};
 use crate::core::removal::{Removal, RemovalOutcome, RemovalRequest, ShmFile, plain_name};
 
 /// Remove what `req` names from `dir`, checked against `now` (a reading of that directory taken after the
@@ -31,6 +31,9 @@ pub fn remove(
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     );
+    // Each file is looked up in the reading by name once: a hundred thousand leftovers cost no more each.
+    let seen: std::collections::HashMap<&str, &ShmSegment> =
+        now.segments.iter().map(|s| (s.name.as_str(), s)).collect();
     req.files
         .iter()
         .map(|f| RemovalOutcome {
@@ -38,7 +41,7 @@ pub fn remove(
             dir: Some(dir.to_string_lossy().into_owned()),
             bytes: f.bytes,
             result: match &dirfd {
-                Ok(d) => remove_one(host, dir, d, f, now, audit),
+                Ok(d) => remove_one(host, dir, d, f, seen.get(f.name.as_str()).copied(), audit),
                 Err(e) => Removal::Failed {
                     error: format!("cannot open {}: {e}", dir.display()),
                 },
@@ -75,7 +78,7 @@ fn remove_one(
     dir: &Path,
     dirfd: &rustix::fd::OwnedFd,
     f: &ShmFile,
-    now: &ShmInfo,
+    seen: Option<&ShmSegment>,
     audit: &AuditLog,
 ) -> Removal {
     if !plain_name(&f.name) {
@@ -101,7 +104,7 @@ fn remove_one(
             "another file has this name now (device or inode changed since it was chosen)",
         );
     }
-    let Some(seg) = now.segments.iter().find(|s| s.name == f.name) else {
+    let Some(seg) = seen else {
         return refused(
             "not a GPU-stack leftover (nccl-*, torch_*, psm_*, sem.*, cuda.shm*, vllm*)",
         );

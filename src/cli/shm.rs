@@ -26,8 +26,13 @@ pub struct CleanArgs {
     pub yes: bool,
 }
 
-/// How long a host may take to answer a removal (a fresh scan of every process's fds and maps).
+/// How long a host may take to answer one part of a removal (a fresh scan of every process's fds and maps,
+/// then up to `PART` files); each answer gives the rest as long again.
 const ANSWER_LIMIT: Duration = Duration::from_secs(60);
+
+/// Files asked for in one request: a host answers part by part, so a slow one leaves unknown only the
+/// files of the parts it never answered, never the ones it removed.
+const PART: usize = 10_000;
 
 /// Exit 0: everything listed was removed (or was already gone), or there was nothing to remove; 1: a file
 /// was refused or could not be removed; 2: a host could not be read, or the removal was not confirmed.
@@ -113,58 +118,102 @@ pub fn run(s: &Settings, a: &CleanArgs) -> anyhow::Result<i32> {
     code
 }
 
-/// One removal request per host; a host that does not answer in time has each of its files reported as such.
-async fn remove_all(
-    fleet: &mut Fleet,
-    reqs: &[(HostId, RemovalRequest)],
-) -> Vec<(String, RemovalOutcome)> {
-    let mut waiting: Vec<Option<usize>> = Vec::new();
-    for (i, (host, req)) in reqs.iter().enumerate() {
-        let act = ActionRequest::Remove(req.clone());
+/// A host's parts still to ask, and the id of the one asked now.
+type HostParts = (
+    HostId,
+    std::collections::VecDeque<RemovalRequest>,
+    Option<u64>,
+);
+
+/// Ask a host for its next part, if it has one; `asked` keeps every part asked, by id - 1.
+fn ask_next(fleet: &Fleet, p: &mut HostParts, asked: &mut Vec<RemovalRequest>) {
+    p.2 = p.1.pop_front().map(|req| {
+        asked.push(req.clone());
+        let id = asked.len() as u64;
         fleet.send(
-            *host,
+            p.0,
             HostCmd::Act {
-                id: i as u64 + 1,
-                req: act,
+                id,
+                req: ActionRequest::Remove(req),
             },
         );
-        waiting.push(Some(i));
+        id
+    });
+}
+
+/// Each host's files asked for in parts of at most `PART`, one part at a time per host (hosts side by
+/// side), each part's answer reported as it comes; a part a host does not answer within `ANSWER_LIMIT` of
+/// the last answer has its files, and those of the parts not yet asked, reported as unknown or not done.
+async fn remove_all(
+    fleet: &mut Fleet,
+    whole: &[(HostId, RemovalRequest)],
+) -> Vec<(String, RemovalOutcome)> {
+    // Per host: its parts still to ask, and the id of the one asked now.
+    let mut parts: Vec<(
+        HostId,
+        std::collections::VecDeque<RemovalRequest>,
+        Option<u64>,
+    )> = whole
+        .iter()
+        .map(|(host, req)| {
+            let parts = req
+                .files
+                .chunks(PART)
+                .map(|files| RemovalRequest {
+                    files: files.to_vec(),
+                })
+                .collect();
+            (*host, parts, None)
+        })
+        .collect();
+    let mut asked: Vec<RemovalRequest> = Vec::new();
+    for p in &mut parts {
+        ask_next(fleet, p, &mut asked);
     }
     let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + ANSWER_LIMIT;
-    while waiting.iter().any(Option::is_some) {
-        match tokio::time::timeout_at(deadline, fleet.recv()).await {
-            Ok(Some(HostEvent::Answer {
-                host,
-                id,
-                answer: ActionAnswer::Remove(outcomes),
-            })) => {
-                let Some(slot) = usize::try_from(id)
-                    .ok()
-                    .and_then(|id| id.checked_sub(1))
-                    .filter(|&i| waiting.get(i).is_some_and(Option::is_some) && reqs[i].0 == host)
-                else {
-                    continue;
-                };
-                waiting[slot] = None;
-                let label = fleet.label(host).to_string();
-                out.extend(outcomes.into_iter().map(|o| (label.clone(), o)));
-            }
-            Ok(Some(_)) => {}
-            _ => break,
-        }
+    let mut deadline = tokio::time::Instant::now() + ANSWER_LIMIT;
+    while parts.iter().any(|p| p.2.is_some()) {
+        let Ok(Some(ev)) = tokio::time::timeout_at(deadline, fleet.recv()).await else {
+            break;
+        };
+        let HostEvent::Answer {
+            host,
+            id,
+            answer: ActionAnswer::Remove(outcomes),
+        } = ev
+        else {
+            continue;
+        };
+        let Some(p) = parts.iter_mut().find(|p| p.0 == host && p.2 == Some(id)) else {
+            continue;
+        };
+        deadline = tokio::time::Instant::now() + ANSWER_LIMIT;
+        let label = fleet.label(host).to_string();
+        out.extend(outcomes.into_iter().map(|o| (label.clone(), o)));
+        ask_next(fleet, p, &mut asked);
     }
-    for i in waiting.into_iter().flatten() {
-        let (host, req) = &reqs[i];
-        let label = fleet.label(*host).to_string();
-        out.extend(
-            all_failed(
-                req,
-                "no answer from the host: whether it was removed is unknown",
-            )
-            .into_iter()
-            .map(|o| (label.clone(), o)),
-        );
+    for (host, left, now) in parts {
+        let label = fleet.label(host).to_string();
+        if let Some(req) = now.and_then(|id| asked.get(usize::try_from(id).ok()?.checked_sub(1)?)) {
+            out.extend(
+                all_failed(
+                    req,
+                    "no answer from the host: whether it was removed is unknown",
+                )
+                .into_iter()
+                .map(|o| (label.clone(), o)),
+            );
+        }
+        for req in left {
+            out.extend(
+                all_failed(
+                    &req,
+                    "not asked: the host stopped answering before this part",
+                )
+                .into_iter()
+                .map(|o| (label.clone(), o)),
+            );
+        }
     }
     out
 }
