@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{BIN, gpusweep, gpusweep_via, set_nvml, standin_nvml, text};
+use crate::support::{BIN, await_cond, gpusweep, gpusweep_via, set_nvml, standin_nvml, text};
 
 /// A running `gpusweep serve`, stopped (SIGTERM) when dropped.
 struct Serve {
@@ -1495,4 +1495,62 @@ fn an_unprivileged_poll_flood_gets_no_more_than_ten_readings_a_second() {
     // 3 s at one reading per 100 ms is 30; a few more for the edges.
     assert!(n <= 33, "{n} readings in 3 s for an unprivileged flood");
     assert!(n >= 1, "polls are still answered: {n}");
+}
+
+#[test]
+fn an_event_stream_nobody_reads_is_let_go() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let serve = Serve::start(
+        dir.path(),
+        &[
+            "--demo",
+            "--hosts",
+            "gpu-b[0001-1000]",
+            "--no-socket",
+            "--interval",
+            "10s",
+        ],
+        &[],
+    );
+    // A client with a tiny receive buffer that asks for every host's stream and never reads a byte: the
+    // first snapshots (megabytes) cannot all be sent.
+    let addr: std::net::SocketAddr = serve.addr.as_deref().expect("http").parse().expect("addr");
+    let sock = rustix::net::socket(
+        rustix::net::AddressFamily::INET,
+        rustix::net::SocketType::STREAM,
+        None,
+    )
+    .expect("socket");
+    rustix::net::sockopt::set_socket_recv_buffer_size(&sock, 4096).expect("SO_RCVBUF");
+    rustix::net::connect(&sock, &addr).expect("connect");
+    let mut stream = std::net::TcpStream::from(sock);
+    let mine = stream.local_addr().expect("local").port();
+    std::io::Write::write_all(
+        &mut stream,
+        b"GET /api/v1/events HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .expect("ask");
+    // The serve's end of this connection, as the kernel lists it: established while the serve holds it.
+    let served = || {
+        std::fs::read_to_string("/proc/net/tcp")
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+            .any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let port = |a: &str| {
+                    a.rsplit(':')
+                        .next()
+                        .and_then(|p| u16::from_str_radix(p, 16).ok())
+                };
+                f.len() > 3
+                    && port(f[1]) == Some(addr.port())
+                    && port(f[2]) == Some(mine)
+                    && f[3] == "01"
+            })
+    };
+    await_cond("the stream to be served", 10, served);
+    // The serve gives up on it (30 s without a byte taken) and lets go of what it held for it.
+    await_cond("the stalled stream to be let go", 60, || !served());
+    drop(stream);
 }

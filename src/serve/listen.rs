@@ -23,6 +23,10 @@ use tokio_rustls::TlsAcceptor;
 /// How long a connection may take to send its request headers (and a TLS client its handshake).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A client that reads nothing of what it asked for (an event stream it never reads) for this long is let
+/// go: what waits for it would otherwise stay in the serve's memory. The socket's peers get the same.
+pub const WRITE_STALL: Duration = Duration::from_secs(30);
+
 /// How the serve's file descriptors are shared among what anyone can open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
@@ -164,14 +168,98 @@ pub async fn serve(
     }
 }
 
-/// One connection: one request, its headers within `HEADER_TIMEOUT`.
+/// One connection: one request, its headers within `HEADER_TIMEOUT`, and a client that takes nothing of the
+/// answer for `WRITE_STALL` let go.
 async fn one<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(io: I, svc: Marked) {
-    let _ = hyper::server::conn::http1::Builder::new()
+    let stalled = Arc::new(Mutex::new(None));
+    let io = Watched {
+        inner: io,
+        stalled: stalled.clone(),
+    };
+    let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
         .keep_alive(false)
-        .serve_connection(TokioIo::new(io), svc)
-        .await;
+        .serve_connection(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    let mut check = tokio::time::interval(WRITE_STALL / 6);
+    loop {
+        tokio::select! {
+            _ = &mut conn => return,
+            _ = check.tick() => {
+                let since = stalled.lock().ok().and_then(|s| *s);
+                if since.is_some_and(|t: std::time::Instant| t.elapsed() >= WRITE_STALL) {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A connection's stream, noting since when a write has been waiting for the client to read.
+struct Watched<I> {
+    inner: I,
+    stalled: Arc<Mutex<Option<std::time::Instant>>>,
+}
+
+impl<I> Watched<I> {
+    fn note(&self, pending: bool) {
+        if let Ok(mut s) = self.stalled.lock() {
+            match (pending, s.is_some()) {
+                (true, false) => *s = Some(std::time::Instant::now()),
+                (false, true) => *s = None,
+                _ => {}
+            }
+        }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.note(r.is_pending());
+        r
+    }
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.note(r.is_pending());
+        r
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_flush(cx);
+        self.note(r.is_pending());
+        r
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 #[cfg(test)]

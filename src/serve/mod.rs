@@ -180,9 +180,15 @@ pub fn run(s: &Settings, a: &ServeArgs) -> anyhow::Result<i32> {
 
 /// The first line a serve says: what it serves, where, and how.
 fn banner(labels: &[String], served: &[String], token: bool, demo: bool) -> String {
+    // A fleet's names are listed by /api/v1/snapshot; one line names a handful.
+    let hosts = match labels {
+        [first, .., last] if labels.len() > 4 => {
+            format!("{} hosts ({first} … {last})", labels.len())
+        }
+        _ => labels.join(", "),
+    };
     format!(
-        "gpusweep serve: {} on {}{}{}",
-        labels.join(", "),
+        "gpusweep serve: {hosts} on {}{}{}",
         served.join(" and "),
         if token { "; bearer token required" } else { "" },
         if demo { "; DEMO: simulated hosts" } else { "" }
