@@ -1554,3 +1554,77 @@ fn an_event_stream_nobody_reads_is_let_go() {
     await_cond("the stalled stream to be let go", 60, || !served());
     drop(stream);
 }
+
+/// A cgroup v2 group of this test's own, removed when dropped (its processes gone first).
+struct Group(std::path::PathBuf);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        let mut dirs: Vec<std::path::PathBuf> = std::fs::read_dir(&self.0)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .collect();
+        dirs.push(self.0.clone());
+        for d in dirs {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crafted_cgroup_name_cannot_forge_a_label_in_metrics() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let lib = standin_nvml(tmp);
+    std::fs::write(tmp.join("nvidia0"), b"").expect("stand-in device");
+    // A unit whose name closes the label value and opens another: the job label of its process.
+    let mount = std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("mountinfo")
+        .lines()
+        .find(|l| l.contains(" - cgroup2 "))
+        .and_then(|l| l.split_whitespace().nth(4).map(std::path::PathBuf::from))
+        .expect("a cgroup v2 mount");
+    let group = Group(mount.join(crate::support::unique("gpusweep-test")));
+    let leaf = group.0.join("evil\",Hostname=\"spoofed\\x.service");
+    std::fs::create_dir_all(&leaf).expect("a cgroup v2 group (run the suite as root)");
+    let mut holder = Command::new("sleep")
+        .arg("300")
+        .stdin(std::fs::File::open(tmp.join("nvidia0")).expect("open"))
+        .spawn()
+        .expect("holder");
+    std::fs::write(leaf.join("cgroup.procs"), holder.id().to_string()).expect("move in");
+    set_nvml(tmp, &format!("512 {}:512\n", holder.id()));
+    let glob = format!("{}/nvidia*", tmp.display());
+    let env = [
+        ("GPUSWEEP_NVML_LIBRARY", lib.as_path()),
+        ("STANDIN_NVML_STATE", &tmp.join("nvml")),
+    ];
+    let serve = Serve::start(tmp, &["--no-socket", "--device-glob", &glob], &env);
+    let (_, _, m) = get(&serve.url("/metrics")).await;
+    let line = m
+        .lines()
+        .find(|l| l.starts_with("gpusweep_process_gpu_memory_bytes{") && l.contains("evil"))
+        .unwrap_or_else(|| panic!("the holder's series: {m}"));
+    assert!(!line.contains("Hostname=\"spoofed"), "{line}");
+    // Prometheus's own checker reads the whole exposition.
+    let mut check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package)");
+    std::io::Write::write_all(&mut check.stdin.take().expect("stdin"), m.as_bytes())
+        .expect("write");
+    let o = check.wait_with_output().expect("promtool");
+    let said = text(&o);
+    assert!(
+        !said.contains("error parsing") && !said.contains("text format parsing error"),
+        "{said}\n{line}"
+    );
+    let _ = holder.kill();
+    let _ = holder.wait();
+}

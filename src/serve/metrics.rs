@@ -56,7 +56,25 @@ fn with(mut l: Labels, k: &'static str, v: impl Into<String>) -> Labels {
 }
 
 fn set(f: &Gauges, l: &Labels, v: f64) {
-    f.get_or_create(l).set(v);
+    f.get_or_create(&escaped(l)).set(v);
+}
+
+/// Label values as the exposition format spells them (`\\`, `\"`, `\n`): prometheus-client writes them as
+/// given, and a value a host chose (a unit or container name from a cgroup path) could otherwise close its
+/// quote and add labels or lines.
+fn escaped(l: &Labels) -> Labels {
+    l.iter()
+        .map(|(k, v)| {
+            let v = if v.contains(['\\', '"', '\n']) {
+                v.replace('\\', "\\\\")
+                    .replace('"', "\\\"")
+                    .replace('\n', "\\n")
+            } else {
+                v.clone()
+            };
+            (*k, v)
+        })
+        .collect()
 }
 
 #[derive(Default)]
@@ -85,7 +103,7 @@ impl Families {
                     (m::L_HOSTNAME, host.to_string()),
                     ("after", after.to_string()),
                 ];
-                self.time_to_clean.0.push((l, h.clone()));
+                self.time_to_clean.0.push((escaped(&l), h.clone()));
             }
         }
         let hl: Labels = vec![(m::L_HOSTNAME, host.to_string())];
