@@ -33,7 +33,8 @@ fn emit(out: &Out, msg: &AgentMsg) -> bool {
 /// The agent's sink: every reading, error and outcome becomes one line on stdout.
 struct StdoutSink {
     out: Out,
-    /// Stdin closed: the client went away, and the next reading ends the loop (an answer still goes out).
+    /// Stdin closed: the client went away (or never spoke: `agent </dev/null` is a one-off reading), and the
+    /// next reading is the last (an answer still goes out).
     closed: Arc<AtomicBool>,
     /// The client asked for `unchanged` in place of a snapshot that says nothing new but its gauges.
     compact: Arc<AtomicBool>,
@@ -43,9 +44,22 @@ struct StdoutSink {
 
 impl Sink for StdoutSink {
     fn reading(&self, snap: HostSnapshot) -> bool {
-        if self.closed.load(Ordering::SeqCst) {
-            return false;
+        self.emit_reading(snap) && !self.closed.load(Ordering::SeqCst)
+    }
+    fn status(&self, status: ConnStatus) -> bool {
+        match status {
+            ConnStatus::Down(message) => emit(&self.out, &AgentMsg::Error { message }),
+            ConnStatus::Up | ConnStatus::Connecting | ConnStatus::Stale { .. } => true,
         }
+    }
+    fn answer(&self, id: u64, answer: ActionAnswer) -> bool {
+        emit(&self.out, &AgentMsg::answer(id, answer))
+    }
+}
+
+impl StdoutSink {
+    /// One reading on stdout: whole, or `unchanged` to a client that asked for it.
+    fn emit_reading(&self, snap: HostSnapshot) -> bool {
         let Ok(mut last) = self.last.lock() else {
             return false;
         };
@@ -68,15 +82,6 @@ impl Sink for StdoutSink {
         );
         *last = Some(snap);
         ok
-    }
-    fn status(&self, status: ConnStatus) -> bool {
-        match status {
-            ConnStatus::Down(message) => emit(&self.out, &AgentMsg::Error { message }),
-            ConnStatus::Up | ConnStatus::Connecting | ConnStatus::Stale { .. } => true,
-        }
-    }
-    fn answer(&self, id: u64, answer: ActionAnswer) -> bool {
-        emit(&self.out, &AgentMsg::answer(id, answer))
     }
 }
 

@@ -1919,7 +1919,10 @@ fn the_agent_exits_when_its_stdin_closes() {
     }
     assert_eq!(status.and_then(|s| s.code()), Some(0));
     let said = String::from_utf8_lossy(&drain.join().expect("drain")).into_owned();
+    // A one-off reading: the hello and a snapshot (two if one was under way when stdin was found closed).
     assert!(said.contains("\"hello\""), "{said}");
+    let n = said.matches("\"type\":\"snapshot\"").count();
+    assert!((1..=2).contains(&n), "{n} snapshots: {said}");
 }
 
 #[test]
