@@ -1987,3 +1987,27 @@ fn a_target_that_ends_at_once_is_not_reported_as_taking_another_targets_grace() 
     let _ = stubborn.kill();
     let _ = stubborn.wait();
 }
+
+#[test]
+fn jq_1_6_round_trips_the_json_and_every_field_a_reader_needs_is_there() {
+    let env = Env::new();
+    let o = env.run(&["snapshot", "--json", "--demo"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let ours: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    // jq 1.6 reads numbers as doubles: any integer past 2^53 would come back changed.
+    let mut jq = Command::new("jq")
+        .arg(".")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("jq (Debian's jq package)");
+    std::io::Write::write_all(&mut jq.stdin.take().expect("stdin"), &o.stdout).expect("write");
+    let back = jq.wait_with_output().expect("jq");
+    let theirs: serde_json::Value = serde_json::from_slice(&back.stdout).expect("jq's json");
+    assert_eq!(ours, theirs, "jq changed the document");
+    for h in ours["hosts"].as_array().expect("hosts") {
+        assert!(h["missing_features"].is_array(), "always present: {h}");
+        let shm = &h["shm"];
+        assert!(shm["shmmax"].is_null() && shm["shmmax_unlimited"] == true, "{shm}");
+    }
+}

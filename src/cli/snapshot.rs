@@ -199,7 +199,7 @@ fn notes(o: &mut String, snap: &HostSnapshot) {
             fmt_bytes(shm.used),
             fmt_bytes(shm.total),
             shm.segments.len(),
-            fmt_opt(shm.shmmax),
+            crate::core::format::fmt_limit(shm.shmmax, shm.shmmax_unlimited),
             fmt_opt(shm.shmmni)
         );
     }

@@ -70,6 +70,15 @@ pub fn fmt_opt<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or_else(|| "N/A".into(), |v| v.to_string())
 }
 
+/// A kernel limit: its number, "unlimited", or "N/A" when unread.
+pub fn fmt_limit(v: Option<u64>, unlimited: bool) -> String {
+    if unlimited {
+        "unlimited".into()
+    } else {
+        fmt_opt(v)
+    }
+}
+
 /// 75 -> "1m15s", 4000 -> "1h06m".
 pub fn fmt_secs(s: u64) -> String {
     if s < 60 {

@@ -242,7 +242,7 @@ pub struct HostSnapshot {
     /// True when this reader runs in a child PID namespace (a container): NVML's host PIDs may not be visible.
     pub in_child_pid_namespace: bool,
     /// Features this host's source lacks (agentless hosts cannot see shared-memory users, for example).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub missing_features: Vec<Feature>,
     /// Filled by `analyze`; present in JSON output.
     pub findings: Vec<Finding>,
@@ -387,14 +387,32 @@ pub struct ShmInfo {
     pub used: Option<u64>,
     pub free: Option<u64>,
     pub segments: Vec<ShmSegment>,
+    /// SysV limits; `null` with `shmmax_unlimited`/`shmall_unlimited` set where the kernel's value is past
+    /// 2^53 (its default, 2^64 - 2^24, means "no limit", and no JSON reader holds it exactly).
     pub shmmax: Option<u64>,
     pub shmall: Option<u64>,
     pub shmmni: Option<u64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shmmax_unlimited: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shmall_unlimited: bool,
     pub sysv_segments: Vec<SysvSegment>,
     /// The directory read: `/dev/shm`, or what `--shm-dir` named (a container may mount the host's
     /// elsewhere). Absent from older agents, whose directory was `/dev/shm`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dir: Option<String>,
+}
+
+/// The largest integer every JSON reader holds exactly (JavaScript's, jq 1.6's): 2^53 - 1.
+pub const JSON_SAFE_MAX: u64 = (1 << 53) - 1;
+
+/// A kernel limit as a reading carries it: the number where a JSON reader holds it exactly, else `None`
+/// and `true` (past 2^53 a limit is "none": the kernel's defaults are near 2^64).
+pub fn limit(v: Option<u64>) -> (Option<u64>, bool) {
+    match v {
+        Some(n) if n > JSON_SAFE_MAX => (None, true),
+        other => (other, false),
+    }
 }
 
 /// Where the shared-memory directory is when a reading does not say.
@@ -708,6 +726,8 @@ impl HostSnapshot {
                     && x.free == y.free
                     && x.shmmax == y.shmmax
                     && x.shmall == y.shmall
+                    && x.shmmax_unlimited == y.shmmax_unlimited
+                    && x.shmall_unlimited == y.shmall_unlimited
                     && x.shmmni == y.shmmni
                     && x.sysv_segments == y.sysv_segments
                     && x.segments.len() == y.segments.len()

@@ -517,8 +517,11 @@ impl DemoHost {
                 used: Some(shm_used),
                 free: Some(128 * GIB - shm_used),
                 segments: self.shm.clone(),
-                shmmax: Some(18_446_744_073_692_774_399),
-                shmall: Some(18_446_744_073_692_774_399),
+                // The kernel's defaults (2^64 - 2^24): no limit.
+                shmmax: None,
+                shmall: None,
+                shmmax_unlimited: true,
+                shmall_unlimited: true,
                 shmmni: Some(4096),
                 sysv_segments: vec![],
                 dir: None,

@@ -82,6 +82,9 @@ impl Default for ProcfsConfig {
     }
 }
 
+/// shmmax, shmall, shmmni and the System V segments, as last read.
+type SysvState = (Option<u64>, Option<u64>, Option<u64>, Vec<SysvSegment>);
+
 /// What one fd walk found for one process.
 #[derive(Debug, Clone, Default)]
 struct FdInfo {
@@ -155,7 +158,7 @@ pub struct ProcScanner {
     buf: String,
     path_buf: String,
     /// System V limits and segments, re-read on full scans only.
-    sysv: (Option<u64>, Option<u64>, Option<u64>, Vec<SysvSegment>),
+    sysv: SysvState,
     /// Mapped-shm users from the last full scan (mapping outlives the fd).
     shm_mapped: HashMap<(u64, u64), Vec<u32>>,
 }
@@ -641,34 +644,8 @@ impl ProcScanner {
             info.free = Some(free);
             info.used = Some(total.saturating_sub(free));
         }
-        let now = std::time::SystemTime::now();
-        let mut names = Vec::new();
-        if let Ok(dir) = fs::read_dir(&self.cfg.shm_dir) {
-            for e in dir.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if !SHM_PATTERNS.iter().any(|p| name.starts_with(p)) {
-                    continue;
-                }
-                let Ok(md) = e.metadata() else { continue };
-                let age_s = md
-                    .modified()
-                    .ok()
-                    .and_then(|m| now.duration_since(m).ok())
-                    .map(|d| d.as_secs());
-                names.push(name.clone());
-                // A DirEntry's metadata is the entry's own (lstat): a symlink is seen as one.
-                info.segments.push(ShmSegment {
-                    name,
-                    bytes: md.len(),
-                    age_s,
-                    users: None,
-                    dev: Some(md.dev()),
-                    ino: Some(md.ino()),
-                    special: !md.file_type().is_file(),
-                });
-            }
-        }
-        if table.full && !names.is_empty() {
+        info.segments = self.list_segments();
+        if table.full && !info.segments.is_empty() {
             let wanted: HashSet<(u64, u64)> = info
                 .segments
                 .iter()
@@ -676,7 +653,7 @@ impl ProcScanner {
                 .collect();
             self.shm_mapped = self.read_shm_maps(table, &wanted);
         }
-        let shm_open = if names.is_empty() {
+        let shm_open = if info.segments.is_empty() {
             HashMap::new()
         } else {
             self.shm_open(table)
@@ -696,23 +673,63 @@ impl ProcScanner {
         }
         info.segments.sort_by(|a, b| a.name.cmp(&b.name));
         if table.full {
-            let sys = self.cfg.proc_root.join("sys/kernel");
-            let read_u64 = |f: &str| {
-                fs::read_to_string(sys.join(f))
-                    .ok()
-                    .and_then(|s| s.trim().parse().ok())
-            };
-            self.sysv = (
-                read_u64("shmmax"),
-                read_u64("shmall"),
-                read_u64("shmmni"),
-                fs::read_to_string(self.cfg.proc_root.join("sysvipc/shm"))
-                    .map(|s| parse_sysvipc_shm(&s))
-                    .unwrap_or_default(),
-            );
+            self.sysv = self.sysv_now();
         }
-        (info.shmmax, info.shmall, info.shmmni, info.sysv_segments) = self.sysv.clone();
+        let (max, all, mni, sysv) = self.sysv.clone();
+        (info.shmmax, info.shmmax_unlimited) = crate::core::model::limit(max);
+        (info.shmall, info.shmall_unlimited) = crate::core::model::limit(all);
+        (info.shmmni, info.sysv_segments) = (mni, sysv);
         info
+    }
+
+    /// The GPU stack's files in the shared-memory directory, each as it is (lstat: a symlink is one), users
+    /// not yet known.
+    fn list_segments(&self) -> Vec<ShmSegment> {
+        let now = std::time::SystemTime::now();
+        let mut out = Vec::new();
+        let Ok(dir) = fs::read_dir(&self.cfg.shm_dir) else {
+            return out;
+        };
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !SHM_PATTERNS.iter().any(|p| name.starts_with(p)) {
+                continue;
+            }
+            let Ok(md) = e.metadata() else { continue };
+            let age_s = md
+                .modified()
+                .ok()
+                .and_then(|m| now.duration_since(m).ok())
+                .map(|d| d.as_secs());
+            out.push(ShmSegment {
+                name,
+                bytes: md.len(),
+                age_s,
+                users: None,
+                dev: Some(md.dev()),
+                ino: Some(md.ino()),
+                special: !md.file_type().is_file(),
+            });
+        }
+        out
+    }
+
+    /// The System V limits and segments now.
+    fn sysv_now(&self) -> SysvState {
+        let sys = self.cfg.proc_root.join("sys/kernel");
+        let read_u64 = |f: &str| {
+            fs::read_to_string(sys.join(f))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+        };
+        (
+            read_u64("shmmax"),
+            read_u64("shmall"),
+            read_u64("shmmni"),
+            fs::read_to_string(self.cfg.proc_root.join("sysvipc/shm"))
+                .map(|s| parse_sysvipc_shm(&s))
+                .unwrap_or_default(),
+        )
     }
 
     /// Which processes map each of the `wanted` files, by (device, inode): `/proc/PID/maps` names a file by

@@ -133,8 +133,8 @@ fn shm_lines(app: &App) -> Vec<Line<'static>> {
         fmt_bytes(shm.used),
         fmt_bytes(shm.total),
         fmt_bytes(shm.free),
-        fmt_opt(shm.shmmax),
-        fmt_opt(shm.shmall),
+        crate::core::format::fmt_limit(shm.shmmax, shm.shmmax_unlimited),
+        crate::core::format::fmt_limit(shm.shmall, shm.shmall_unlimited),
         fmt_opt(shm.shmmni),
         shm.sysv_segments.len()
     ))];
