@@ -31,8 +31,13 @@ enum Command {
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff): `gpusweep man > ~/.local/share/man/man1/gpusweep.1`.
-    Man,
+    /// Print the man page (roff), or with --dir write one per command (gpusweep-serve.1...):
+    /// `gpusweep man --dir ~/.local/share/man/man1`.
+    Man {
+        /// Write every page into DIR (created), one per command, where `man` finds them.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<std::path::PathBuf>,
+    },
     /// The node daemon: Prometheus metrics (dcgm-exporter's names), the JSON API and its event stream over
     /// HTTP, and a local socket that `snapshot`, `wait`, `sweep` and `kill` use. Read-only over HTTP.
     #[command(after_help = gpusweep::serve::SERVE_HELP)]
@@ -104,13 +109,22 @@ fn run(cli: Cli, supervised: bool) -> anyhow::Result<i32> {
     // Generated from these definitions, before any setting is read.
     match &cli.command {
         Some(Command::Completions { shell }) => {
-            let mut cmd = <Cli as clap::CommandFactory>::command();
-            clap_complete::generate(*shell, &mut cmd, "gpusweep", &mut std::io::stdout());
+            let cmd = <Cli as clap::CommandFactory>::command();
+            gpusweep::cli::completions::write(*shell, cmd, &mut std::io::stdout())?;
             return Ok(0);
         }
-        Some(Command::Man) => {
-            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
-                .render(&mut std::io::stdout())?;
+        Some(Command::Man { dir }) => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            match dir {
+                Some(dir) => {
+                    for p in gpusweep::cli::manpages::write_all(cmd, dir)
+                        .map_err(|e| anyhow::anyhow!("--dir {}: {e}", dir.display()))?
+                    {
+                        println!("{}", p.display());
+                    }
+                }
+                None => gpusweep::cli::manpages::render(&cmd, &mut std::io::stdout())?,
+            }
             return Ok(0);
         }
         _ => {}
@@ -143,6 +157,6 @@ fn run(cli: Cli, supervised: bool) -> anyhow::Result<i32> {
             gpusweep::cli::run::supervise_job(&s, &a)
         }
         Some(Command::Cli(cmd)) => gpusweep::cli::run(&s, &cmd, explicit_hosts),
-        Some(Command::Completions { .. } | Command::Man) => Ok(0),
+        Some(Command::Completions { .. } | Command::Man { .. }) => Ok(0),
     }
 }

@@ -2008,6 +2008,86 @@ fn jq_1_6_round_trips_the_json_and_every_field_a_reader_needs_is_there() {
     for h in ours["hosts"].as_array().expect("hosts") {
         assert!(h["missing_features"].is_array(), "always present: {h}");
         let shm = &h["shm"];
-        assert!(shm["shmmax"].is_null() && shm["shmmax_unlimited"] == true, "{shm}");
+        assert!(
+            shm["shmmax"].is_null() && shm["shmmax_unlimited"] == true,
+            "{shm}"
+        );
     }
+}
+
+#[test]
+fn the_readmes_install_lines_work_on_a_fresh_home_and_man_fish_and_bash_read_what_they_wrote() {
+    let env = Env::new();
+    let home = env.dir.path().join("home");
+    let bin = env.dir.path().join("bin");
+    std::fs::create_dir_all(&home).expect("home");
+    std::fs::create_dir_all(&bin).expect("bin");
+    std::os::unix::fs::symlink(BIN, bin.join("gpusweep")).expect("link");
+    let path = format!("{}:/usr/bin:/bin", bin.display());
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README");
+    let block = readme
+        .split("Completions and the man pages come from")
+        .nth(1)
+        .and_then(|r| r.split("```\n").nth(1))
+        .expect("the install block");
+    let sh = |script: &str| {
+        Command::new("bash")
+            .args(["-c", script])
+            .env_clear()
+            .env("HOME", &home)
+            .env("PATH", &path)
+            .env("GPUSWEEP_CONFIG", env.dir.path().join("no-config.toml"))
+            .env("MANWIDTH", "80")
+            .output()
+            .expect("bash")
+    };
+    for line in block.lines().filter(|l| !l.trim().is_empty()) {
+        let o = sh(line);
+        assert!(o.status.success(), "{line}: {}", text(&o));
+    }
+    // fish finds the file it was told to, and completes shells and subcommands, not file names.
+    let fish = |line: &str| {
+        let o = Command::new("fish")
+            .args(["-c", &format!("complete -C '{line}'")])
+            .env_clear()
+            .env("HOME", &home)
+            .env("PATH", &path)
+            .output()
+            .expect("fish (Debian's fish package)");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let shells = fish("gpusweep completions ");
+    assert!(
+        shells.lines().any(|l| l == "bash") && shells.contains("zsh"),
+        "{shells}"
+    );
+    assert!(!shells.contains("Cargo.toml"), "files offered: {shells}");
+    let subs = fish("gpusweep help ");
+    assert!(subs.lines().any(|l| l.starts_with("serve")), "{subs}");
+    // bash loads the script it was given.
+    let o =
+        sh("source ~/.local/share/bash-completion/completions/gpusweep && complete -p gpusweep");
+    assert!(
+        o.status.success() && text(&o).contains("gpusweep"),
+        "{}",
+        text(&o)
+    );
+    // man finds gpusweep-serve where the README put it; every page fits 80 columns.
+    let o = sh("MANPATH=~/.local/share/man: man gpusweep-serve");
+    let page = text(&o);
+    assert!(
+        page.contains("--listen") && page.contains("--token-file"),
+        "{page}"
+    );
+    let pages = std::fs::read_dir(home.join(".local/share/man/man1")).expect("man1");
+    let mut n = 0;
+    for p in pages.flatten() {
+        n += 1;
+        let o = sh(&format!("man -l {}", p.path().display()));
+        for l in text(&o).lines() {
+            assert!(l.chars().count() <= 80, "{}: {l:?}", p.path().display());
+        }
+    }
+    assert!(n >= 14, "a page per command: {n}");
 }

@@ -63,33 +63,39 @@ pub(crate) fn signal_arg(s: &str) -> Result<Sig, crate::core::signal::UnknownSig
 
 pub const EXIT_CODES: &str = "\
 Exit codes:
-  0  success; `wait`, `sweep`: every chosen GPU of every host was read and
-     is clean; `smem --tile`: the tile fits every capability shown
+  0  success; `wait`, `sweep`: every chosen GPU of every host was
+     read and is clean; `smem --tile`: the tile fits every capability
   1  `wait`/`sweep` timed out with memory still held (the holders are
-     printed); `sweep --no-wait`, `kill`: a target could not be signalled
-     (refused, failed, still there after KILL); `smem --tile`: it does not fit
-  2  error: bad arguments or config; a host that could not be read; GPUs that
-     cannot be read (no driver) unless --no-nvml; a GPU a host lacks; the
-     action was not confirmed; --readonly refused it
+     printed); `sweep --no-wait`, `kill`: a target could not be
+     signalled (refused, failed, still there after KILL);
+     `smem --tile`: it does not fit
+  2  error: bad arguments or config; a host that could not be read;
+     GPUs that cannot be read (no driver) unless --no-nvml; a GPU a
+     host lacks; a --job that names no process; the action was not
+     confirmed; --readonly refused it
   129/130/143  ended by HUP, INT or TERM (128 + the signal)
 
 Findings:
-  ghost          NVML charges memory to a PID that is gone: kill the holder
-                 it names
-  hidden_holder  a live process holds the GPU, unlisted, and memory is
-                 unexplained: kill it
-  residual       used memory no live listed process accounts for: sweep it
-  orphan         a GPU holder whose launcher died (reparented to PID 1): kill
-                 it if its job is over
-  orphaned_job   a GPU holder of a job that is over: `gpusweep sweep --job JOB`
-  zombie         state Z, holds nothing: its parent (named) must reap it
-  unkillable     a GPU holder in state D: no signal ends it until its I/O
-                 returns
-  shm_leftover   a /dev/shm nccl-*/torch_*/psm_*/sem.* file nobody has open
-                 or mapped: `gpusweep shm clean`
-  smem_limit     less shared memory per block than Hopper's 227 KB: check
-                 tiles with `gpusweep smem`
-  not_visible    a listed PID in another PID namespace: run gpusweep there";
+  ghost          NVML charges memory to a PID that is gone: kill
+                 the holder it names
+  hidden_holder  a live process holds the GPU, unlisted, and memory
+                 is unexplained: kill it
+  residual       used memory no live listed process accounts for:
+                 sweep it
+  orphan         a GPU holder whose launcher died (reparented to
+                 PID 1): kill it if its job is over
+  orphaned_job   a GPU holder of a job that is over:
+                 `gpusweep sweep --job JOB`
+  zombie         state Z, holds nothing: its parent (named) must
+                 reap it
+  unkillable     a GPU holder in state D: no signal ends it until
+                 its I/O returns
+  shm_leftover   a /dev/shm nccl-*/torch_*/psm_*/sem.* file nobody
+                 has open or mapped: `gpusweep shm clean`
+  smem_limit     less shared memory per block than Hopper's 227 KB:
+                 check tiles with `gpusweep smem`
+  not_visible    a listed PID in another PID namespace: run gpusweep
+                 there";
 
 pub const ABOUT: &str = "Who holds this GPU memory, and is it gone yet?";
 pub const LONG_ABOUT: &str = "Watches GPU memory on one or many hosts, explains every MiB (which live process \

@@ -3,8 +3,10 @@
 
 pub mod args;
 pub mod common;
+pub mod completions;
 pub mod early;
 pub mod kill;
+pub mod manpages;
 pub mod run;
 pub mod shm;
 pub mod slurm;

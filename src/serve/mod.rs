@@ -27,17 +27,22 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9401";
 /// What `gpusweep serve --help` says after the options.
 pub const SERVE_HELP: &str = "\
 Endpoints (every one a GET; nothing over HTTP can signal or remove):
-  /metrics          OpenMetrics: DCGM_FI_DEV_FB_USED/FREE/RESERVED (MiB, with
-                    dcgm-exporter's labels) and gpusweep_* (clean, findings,
-                    unexplained bytes, process memory, time to clean)
+  /metrics          OpenMetrics: dcgm-exporter's counters and labels
+                    (DCGM_FI_DEV_FB_USED/FREE/RESERVED in MiB...) and
+                    gpusweep_* (clean, findings, unexplained bytes,
+                    process memory, time to clean)
   /api/v1/snapshot  the JSON contract of `gpusweep snapshot --json`
-  /api/v1/events    server-sent events: hello, snapshot, unchanged, event,
-                    status; ?interval=DUR polls faster while open (>= 100ms)
-  /healthz          200 ok, or 503 naming the host without a fresh reading
+  /api/v1/events    server-sent events: hello, snapshot, unchanged,
+                    event, status; ?interval=DUR polls faster while
+                    open (>= 100ms)
+  /healthz          200 ok, or 503 naming the host without a fresh
+                    reading, or whose GPUs cannot be read
   /hosts/NAME/...   the same for one host of several (--demo)
-The socket speaks the agent protocol; only root and the serve's own user may
-signal through it. `gpusweep snapshot`, `wait`, `sweep` and `kill` reach this
-host through it when one answers (--no-serve reads NVML in-process).";
+
+The socket speaks the agent protocol; only root and the serve's own user
+may signal through it. `gpusweep snapshot`, `wait`, `sweep` and `kill`
+reach this host through it when one answers (--no-serve reads NVML
+in-process).";
 
 /// `gpusweep serve`'s own flags.
 #[derive(Debug, Clone, Default, clap::Args)]

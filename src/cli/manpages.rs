@@ -1,0 +1,85 @@
+//! Man pages, one per command (`gpusweep(1)`, `gpusweep-serve(1)`, `gpusweep-shm-clean(1)`...), generated from
+//! the same clap definitions as `--help`. clap_mangen writes every section but the text after the options,
+//! which it fills as one paragraph: a table there (exit codes, findings) would be run together. Here a block
+//! whose lines are indented after a `Title:` line is a table, set unfilled under its own heading; any other
+//! paragraph is filled.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use roff::{Roff, roman};
+
+/// Every page of `cmd` and its visible subcommands, written into `dir` (created); the paths written.
+pub fn write_all(cmd: clap::Command, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let mut cmd = cmd.disable_help_subcommand(true);
+    cmd.build();
+    let mut out = Vec::new();
+    write_tree(&cmd, dir, &mut out)?;
+    Ok(out)
+}
+
+fn write_tree(cmd: &clap::Command, dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        write_tree(sub, dir, out)?;
+    }
+    let man = clap_mangen::Man::new(cmd.clone());
+    let path = dir.join(man.get_filename());
+    let mut f = std::fs::File::create(&path)?;
+    render(cmd, &mut f)?;
+    f.flush()?;
+    out.push(path);
+    Ok(())
+}
+
+/// One command's page.
+pub fn render(cmd: &clap::Command, w: &mut dyn Write) -> std::io::Result<()> {
+    let mut cmd = cmd.clone();
+    cmd.build();
+    let man = clap_mangen::Man::new(cmd.clone());
+    man.render_title(w)?;
+    man.render_name_section(w)?;
+    man.render_synopsis_section(w)?;
+    man.render_description_section(w)?;
+    if cmd.get_arguments().any(|a| !a.is_hide_set()) {
+        man.render_options_section(w)?;
+    }
+    if cmd.get_subcommands().any(|s| !s.is_hide_set()) {
+        man.render_subcommands_section(w)?;
+    }
+    if let Some(after) = cmd.get_after_long_help().or_else(|| cmd.get_after_help()) {
+        notes(&after.to_string()).to_writer(w)?;
+    }
+    if cmd.get_version().is_some() {
+        man.render_version_section(w)?;
+    }
+    Ok(())
+}
+
+/// The text after the options: tables unfilled under their headings, paragraphs filled.
+fn notes(text: &str) -> Roff {
+    let mut r = Roff::new();
+    r.control("SH", ["NOTES"]);
+    for block in text.split("\n\n") {
+        let mut lines = block.lines();
+        let Some(first) = lines.next() else { continue };
+        let rest: Vec<&str> = lines.collect();
+        let table = first.trim_end().ends_with(':')
+            && !rest.is_empty()
+            && rest.iter().all(|l| l.starts_with(' '));
+        if table {
+            r.control("SS", [first.trim_end().trim_end_matches(':')]);
+            r.control("nf", []);
+            for l in rest {
+                r.text([roman(l.strip_prefix("  ").unwrap_or(l))]);
+            }
+            r.control("fi", []);
+        } else {
+            r.control("PP", []);
+            r.text([roman(
+                block.split_whitespace().collect::<Vec<_>>().join(" "),
+            )]);
+        }
+    }
+    r
+}
