@@ -2091,3 +2091,40 @@ fn the_readmes_install_lines_work_on_a_fresh_home_and_man_fish_and_bash_read_wha
     }
     assert!(n >= 14, "a page per command: {n}");
 }
+
+#[test]
+fn the_systemd_unit_is_hardened_to_at_most_5_0_and_keeps_what_the_serve_needs() {
+    let unit = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/gpusweep.service");
+    // systemd's own judge (Debian's systemd package): exit non-zero above 5.0 ("threshold" is 10x).
+    let o = Command::new("systemd-analyze")
+        .args(["security", "--offline=true", "--threshold=50"])
+        .arg(&unit)
+        .output()
+        .expect("systemd-analyze");
+    let said = text(&o);
+    assert!(o.status.success(), "{said}");
+    let overall = said
+        .lines()
+        .find(|l| l.contains("Overall exposure level"))
+        .unwrap_or_else(|| panic!("{said}"));
+    let text = std::fs::read_to_string(&unit).expect("unit");
+    // What the serve cannot do without: every process's fds, the GPUs' device files, the socket in /run.
+    for needed in [
+        "CAP_SYS_PTRACE",
+        "CAP_KILL",
+        "CAP_FOWNER",
+        "DeviceAllow=char-nvidia* rw",
+        "ReadWritePaths=/run",
+        "LogsDirectory=gpusweep",
+    ] {
+        assert!(text.contains(needed), "{needed} ({overall})");
+    }
+    assert!(
+        !text.lines().any(|l| l.starts_with("ProtectProc=") || l.starts_with("PrivateIPC=")),
+        "every holder, every SysV segment must stay visible"
+    );
+    // The install comment creates the token's directory before writing into it.
+    let install = text.find("install -d -m 700 /etc/gpusweep").expect("the directory made");
+    let token = text.find("> /etc/gpusweep/token").expect("the token written");
+    assert!(install < token);
+}
