@@ -2120,11 +2120,146 @@ fn the_systemd_unit_is_hardened_to_at_most_5_0_and_keeps_what_the_serve_needs() 
         assert!(text.contains(needed), "{needed} ({overall})");
     }
     assert!(
-        !text.lines().any(|l| l.starts_with("ProtectProc=") || l.starts_with("PrivateIPC=")),
+        !text
+            .lines()
+            .any(|l| l.starts_with("ProtectProc=") || l.starts_with("PrivateIPC=")),
         "every holder, every SysV segment must stay visible"
     );
     // The install comment creates the token's directory before writing into it.
-    let install = text.find("install -d -m 700 /etc/gpusweep").expect("the directory made");
-    let token = text.find("> /etc/gpusweep/token").expect("the token written");
+    let install = text
+        .find("install -d -m 700 /etc/gpusweep")
+        .expect("the directory made");
+    let token = text
+        .find("> /etc/gpusweep/token")
+        .expect("the token written");
     assert!(install < token);
+}
+
+/// Start `program ARGS` with its stdout piped and wait for its "ready" line.
+fn started(program: &Path, args: &[&Path]) -> std::process::Child {
+    let mut c = Command::new(program)
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("fixture");
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(c.stdout.take().expect("stdout")),
+        &mut ready,
+    )
+    .expect("ready");
+    assert_eq!(ready.trim(), "ready");
+    c
+}
+
+#[test]
+fn a_holder_whose_main_thread_exited_or_whose_thread_hides_its_fds_is_seen_and_ended() {
+    let env = Env::new();
+    let dev = env.device();
+    let leader_exit = crate::support::fixture_program(env.dir.path(), "leader_exit.c");
+    let private_fds = crate::support::fixture_program(env.dir.path(), "private_fds.c");
+    let mut exited = started(&leader_exit, &[&dev]);
+    let mut hiding = started(&private_fds, &[&dev]);
+    let (ep, hp) = (exited.id(), hiding.id());
+    await_cond("the leader to exit", 10, || {
+        stat_field(ep, 0).as_deref() == Some("Z")
+    });
+    // Both hold the GPU: the snapshot lists them, alive, and `wait` does not call it clean.
+    let o = env.local_snapshot();
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+    let holders: Vec<u64> = v["hosts"][0]["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .filter_map(|h| h["pid"].as_u64())
+        .collect();
+    assert!(
+        holders.contains(&u64::from(ep)) && holders.contains(&u64::from(hp)),
+        "{holders:?} holds neither {ep} nor {hp}: {v}"
+    );
+    let o = env.run(&[
+        "wait",
+        "--no-nvml",
+        "--device-glob",
+        &env.glob(),
+        "--timeout",
+        "1s",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    // A kill ends the leader-less one: its pidfd reaches the thread group.
+    let o = env.run(&[
+        "kill",
+        &ep.to_string(),
+        "--yes",
+        "--no-nvml",
+        "--grace",
+        "2s",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let _ = exited.wait();
+    let _ = hiding.kill();
+    let _ = hiding.wait();
+}
+
+#[test]
+fn shm_clean_keeps_a_segment_used_through_a_thread_or_another_path() {
+    let env = Env::new();
+    let shm = env.dir.path().join("shm");
+    let alias = env.dir.path().join("alias");
+    std::fs::create_dir(&shm).expect("dir");
+    std::fs::create_dir(&alias).expect("dir");
+    let mk = |name: &str| {
+        let p = shm.join(name);
+        std::fs::write(&p, vec![0u8; 8192]).expect("write");
+        p
+    };
+    let mapped = mk("nccl-mapped-by-a-thread");
+    let in_thread = mk("nccl-open-in-a-private-table");
+    let via_alias = mk("nccl-open-through-a-bind-mount");
+    let free = mk("nccl-free");
+    let bound = Command::new("mount")
+        .args(["--bind"])
+        .arg(&shm)
+        .arg(&alias)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(bound, "a bind mount needs root (the suite runs as root)");
+    // Unmounted however the test ends.
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(alias.clone());
+    let leader_exit = crate::support::fixture_program(env.dir.path(), "leader_exit.c");
+    let private_fds = crate::support::fixture_program(env.dir.path(), "private_fds.c");
+    let dev = env.device();
+    let mut leaderless = started(&leader_exit, &[&dev, &mapped]);
+    let mut private = started(&private_fds, &[&in_thread]);
+    let mut through_alias = Command::new("sh")
+        .args(["-c", "exec sleep 300 3<\"$1\"", "sh"])
+        .arg(alias.join("nccl-open-through-a-bind-mount"))
+        .spawn()
+        .expect("sh");
+    let alias_pid = through_alias.id();
+    await_cond("the alias open", 10, || {
+        std::fs::read_link(format!("/proc/{alias_pid}/fd/3")).is_ok()
+    });
+    let dir = shm.display().to_string();
+    let out = env.run(&["shm", "clean", "--no-nvml", "--shm-dir", &dir, "--yes"]);
+    let said = text(&out);
+    assert!(!free.exists(), "{said}");
+    for p in [&mapped, &in_thread, &via_alias] {
+        assert!(
+            p.exists(),
+            "{} is in use and was removed: {said}",
+            p.display()
+        );
+    }
+    for child in [&mut leaderless, &mut private, &mut through_alias] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }

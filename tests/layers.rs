@@ -125,6 +125,12 @@ fn the_check_catches_what_it_should() {
     assert!(rank("core") < rank("act"));
 }
 
+/// Files outside act/ allowed one `unsafe` block, each for a syscall no safe crate wraps.
+const UNSAFE_OUTSIDE_ACT: &[(&str, &str)] = &[(
+    "source/local/tasks.rs",
+    "kcmp(2), to tell a thread's private fd table from its leader's",
+)];
+
 #[test]
 fn unsafe_code_lives_in_act_only() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -133,11 +139,21 @@ fn unsafe_code_lives_in_act_only() {
     let mut found = Vec::new();
     for f in &files {
         let text = std::fs::read_to_string(f).expect("readable");
+        let rel = f
+            .strip_prefix(&src)
+            .expect("under src")
+            .to_string_lossy()
+            .into_owned();
         let in_act = layer_of(&src, f).as_deref() == Some("act");
+        let allowed = UNSAFE_OUTSIDE_ACT.iter().any(|(file, _)| *file == rel);
+        let mut blocks = 0;
         for (n, line) in text.lines().enumerate() {
             let code = line.split("//").next().unwrap_or("");
             if (code.contains("unsafe ") || code.contains("unsafe{")) && !in_act {
-                found.push(format!("{}:{}", f.display(), n + 1));
+                blocks += 1;
+                if !allowed || blocks > 1 {
+                    found.push(format!("{}:{}", f.display(), n + 1));
+                }
             }
         }
     }

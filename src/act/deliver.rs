@@ -15,7 +15,7 @@ use super::pidfd::{PidFd, no_pidfd, wait_exits};
 use super::protect;
 use crate::core::format::millis;
 use crate::core::model::{Proc, ProcState};
-use crate::core::procstat::{parse_cmdline, parse_stat};
+use crate::core::procstat::{dead_zombie, parse_cmdline, parse_stat};
 use crate::core::signal::{Fate, Outcome, Protected, Sig, SignalRequest, TargetInfo};
 
 /// How long a process may take to vanish after KILL before it is reported as stuck in the kernel.
@@ -23,9 +23,9 @@ const AFTER_KILL: Duration = Duration::from_secs(5);
 
 /// What `/proc/PID/stat` shows now. `Ok(None)` only when the process is gone (ENOENT/ESRCH); any other
 /// failure (out of file descriptors, a permission) is an error, never "gone".
-fn stat_now(pid: u32) -> std::io::Result<Option<Proc>> {
+fn stat_now(pid: u32) -> std::io::Result<Option<(Proc, bool)>> {
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => Ok(parse_stat(&s)),
+        Ok(s) => Ok(parse_stat(&s).map(|p| (p, dead_zombie(&s)))),
         Err(e)
             if e.kind() == std::io::ErrorKind::NotFound
                 || e.raw_os_error() == Some(libc::ESRCH) =>
@@ -106,7 +106,7 @@ fn pin(
             });
         }
         Ok(None) => return Err(Fate::AlreadyGone),
-        Ok(Some(now)) if now.start_time != t.start_time => {
+        Ok(Some((now, _))) if now.start_time != t.start_time => {
             return Err(Fate::Refused {
                 reason: format!(
                     "PID reused: it started at tick {}, the target at {}",
@@ -114,8 +114,9 @@ fn pin(
                 ),
             });
         }
-        // A zombie has exited and holds nothing; a signal would be recorded and "sent" to no effect.
-        Ok(Some(now)) if now.state.is_zombie() => {
+        // A zombie has exited and holds nothing; a signal would be recorded and "sent" to no effect. (A
+        // leader in state Z whose other threads run is alive: the pidfd signals its thread group.)
+        Ok(Some((now, true))) => {
             return Err(Fate::Refused {
                 reason: format!(
                     "a zombie: dead already, it holds nothing; its parent {} must reap it",
@@ -150,7 +151,7 @@ fn pin(
 /// kill(2) for a target held without a pidfd: the start time is checked once more right before.
 fn kill_bare(t: &TargetInfo, sig: Sig) -> std::io::Result<()> {
     match stat_now(t.pid)? {
-        Some(now) if now.start_time == t.start_time => {}
+        Some((now, _)) if now.start_time == t.start_time => {}
         _ => return Err(std::io::Error::from_raw_os_error(libc::ESRCH)),
     }
     let pid = nix::unistd::Pid::from_raw(

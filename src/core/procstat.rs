@@ -36,6 +36,23 @@ pub fn parse_stat(s: &str) -> Option<Proc> {
     })
 }
 
+/// The number of live threads `/proc/PID/stat` counts (field 20). A true zombie counts 1; a thread group
+/// whose leader exited (state Z) while others run counts them: it is alive.
+pub fn parse_threads(s: &str) -> Option<u32> {
+    let close = s.rfind(')')?;
+    // After ')': field 3 is the state; field 20 is the 18th.
+    s[close + 1..]
+        .split_ascii_whitespace()
+        .nth(17)?
+        .parse()
+        .ok()
+}
+
+/// Whether a stat line is a zombie that is really dead: state Z and no thread left running.
+pub fn dead_zombie(s: &str) -> bool {
+    parse_stat(s).is_some_and(|p| p.state.is_zombie()) && parse_threads(s).is_none_or(|n| n <= 1)
+}
+
 /// `/proc/PID/cmdline` bytes as one line: NULs become spaces, trailing space trimmed.
 pub fn parse_cmdline(raw: &[u8]) -> String {
     let mut s: String = String::from_utf8_lossy(raw).replace('\0', " ");
@@ -58,6 +75,21 @@ pub fn device_minor(path: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_zombie_leader_whose_threads_run_is_not_dead() {
+        // Real lines: a leader that called pthread_exit with one thread running, and a true zombie.
+        let leader =
+            "26135 (leaderexit) Z 1 26135 26135 0 -1 4194564 100 0 0 0 0 0 0 0 20 0 2 0 610897 0 0";
+        let zombie =
+            "26200 (python3) Z 1 26200 26200 0 -1 4227084 100 0 0 0 0 0 0 0 20 0 1 0 610999 0 0";
+        assert_eq!(parse_threads(leader), Some(2));
+        assert!(!dead_zombie(leader));
+        assert!(dead_zombie(zombie));
+        assert!(!dead_zombie(
+            "1 (init) S 0 1 1 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 1 0 0"
+        ));
+    }
 
     #[test]
     fn stat_with_spaces_and_parens_in_comm() {

@@ -109,6 +109,22 @@ fn fixture_library(dir: &Path, source: &str) -> PathBuf {
     lib
 }
 
+/// Build the program `tests/fixtures/SOURCE` (C, with threads) into `dir`; its path.
+pub fn fixture_program(dir: &Path, source: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(source);
+    let exe = dir.join(source.trim_end_matches(".c"));
+    let o = Command::new("cc")
+        .args(["-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("cc (a C compiler is part of the Rust toolchain's needs)");
+    assert!(o.status.success(), "{}", text(&o));
+    exe
+}
+
 /// Build the file-driven stand-in NVML (tests/fixtures/standin_nvml.c) into `dir`; its state is the file
 /// `dir/nvml` (see [`set_nvml`]).
 pub fn standin_nvml(dir: &Path) -> PathBuf {

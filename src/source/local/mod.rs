@@ -4,6 +4,8 @@ pub mod early;
 pub mod exits;
 pub mod nvml;
 pub mod procfs;
+#[allow(unsafe_code)] // kcmp(2), which rustix and nix do not wrap: integers in, an integer out
+pub mod tasks;
 pub mod watchdog;
 
 use std::collections::{HashMap, HashSet};

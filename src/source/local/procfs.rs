@@ -13,8 +13,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::tasks;
 use crate::core::model::{Proc, ProcState, ShmInfo, ShmSegment, SysvSegment};
-use crate::core::procstat::{parse_cmdline, parse_stat};
+use crate::core::procstat::{dead_zombie, parse_cmdline, parse_stat, parse_threads};
 use crate::source::SourceError;
 
 /// At most this many PIDs handed out since the last listing are read one by one; past that (or when the PIDs
@@ -102,6 +103,10 @@ struct FdInfo {
 #[derive(Debug, Clone, Default)]
 struct Cached {
     start_time: u64,
+    /// Live threads, as its stat counts them.
+    threads: u32,
+    /// A live thread whose fds and maps stand for a leader that exited (state Z, threads running).
+    files_task: Option<u32>,
     /// Its last fd walk; `None` if it was never walked (a kernel thread, or not yet).
     fds: Option<FdInfo>,
     /// (NSpid's innermost PID, pidfs inode): fixed for the life of a process, so read once.
@@ -161,6 +166,54 @@ pub struct ProcScanner {
     sysv: SysvState,
     /// Mapped-shm users from the last full scan (mapping outlives the fd).
     shm_mapped: HashMap<(u64, u64), Vec<u32>>,
+    /// The device files the globs name, by what they are: an fd is a GPU's whatever path it was opened by.
+    devices: DeviceIds,
+    /// The shared-memory directory's file system: an fd on a file there is a segment's, whatever its path.
+    shm_dev: Option<u64>,
+    /// When the device files were last looked up (at each full scan: a driver may create them late).
+    resolved: bool,
+}
+
+/// The files the device globs name, by identity: a character device by its device number (any node of it,
+/// anywhere: a bind mount, a copy made with mknod), any other file (a test's stand-in) by device and inode.
+#[derive(Debug, Default)]
+struct DeviceIds {
+    by_rdev: HashMap<u64, String>,
+    by_file: HashMap<(u64, u64), String>,
+}
+
+impl DeviceIds {
+    fn resolve(globs: &[String]) -> DeviceIds {
+        use std::os::unix::fs::FileTypeExt;
+        let mut ids = DeviceIds::default();
+        for g in globs {
+            for path in glob::glob(g).into_iter().flatten().flatten() {
+                let Ok(md) = fs::metadata(&path) else {
+                    continue;
+                };
+                let name = path.to_string_lossy().into_owned();
+                if md.file_type().is_char_device() {
+                    ids.by_rdev.entry(md.rdev()).or_insert(name);
+                } else {
+                    ids.by_file.entry((md.dev(), md.ino())).or_insert(name);
+                }
+            }
+        }
+        ids
+    }
+
+    /// The device file an fd is open on, by what `stat` says of it.
+    fn of(&self, st: &rustix::fs::Stat) -> Option<&str> {
+        let chr = rustix::fs::FileType::from_raw_mode(st.st_mode)
+            == rustix::fs::FileType::CharacterDevice;
+        if chr {
+            self.by_rdev.get(&st.st_rdev).map(String::as_str)
+        } else {
+            self.by_file
+                .get(&(st.st_dev, st.st_ino))
+                .map(String::as_str)
+        }
+    }
 }
 
 impl ProcScanner {
@@ -207,6 +260,9 @@ impl ProcScanner {
             path_buf: String::with_capacity(64),
             sysv: (None, None, None, Vec::new()),
             shm_mapped: HashMap::new(),
+            devices: DeviceIds::default(),
+            shm_dev: None,
+            resolved: false,
         })
     }
 
@@ -256,67 +312,23 @@ impl ProcScanner {
         if depth == Depth::Full {
             self.last_full = Some(Instant::now());
         }
+        if depth == Depth::Full || !self.resolved {
+            self.devices = DeviceIds::resolve(&self.cfg.device_globs);
+            self.shm_dev = fs::metadata(&self.cfg.shm_dir).ok().map(|m| m.dev());
+            self.resolved = true;
+        }
         let Some(to_read) = self.choose(table, depth, always) else {
             return;
         };
         // Their stat: which still exist, as which process, in which state; then whose fds to walk.
         let mut walk: Vec<u32> = Vec::new();
         for pid in to_read {
-            let Some(mut p) = self.read_stat(pid) else {
-                table.forget(pid);
-                self.cache.remove(&pid);
-                continue;
-            };
-            let same = self
-                .cache
-                .get(&pid)
-                .is_some_and(|c| c.start_time == p.start_time);
-            if same {
-                // The same process: what was read of it once stays (its command line, user, identity).
-                if let Some(old) = table.procs.get(&pid) {
-                    keep_details(&mut p, old);
-                }
-            } else {
-                // A new process, or the PID was reused: nothing of the old one applies.
-                table.forget(pid);
-                self.cache.insert(
-                    pid,
-                    Cached {
-                        start_time: p.start_time,
-                        ..Default::default()
-                    },
-                );
+            if self.refresh(table, pid, depth, always) {
+                walk.push(pid);
             }
-            if p.state.is_zombie() {
-                // A zombie has no fds and no memory.
-                table.holders.remove(&pid);
-                table.unreadable.remove(&pid);
-                if let Some(c) = self.cache.get_mut(&pid) {
-                    c.fds = None;
-                }
-            } else if !p.kernel_thread {
-                // A GPU process has hundreds of fds: between listings only its stat is read (it lives, in
-                // which state, under which parent); its fds are walked again at each listing.
-                let never_walked = self.cache.get(&pid).is_none_or(|c| c.fds.is_none());
-                let walk_it = match depth {
-                    Depth::Full => true,
-                    Depth::Listing => {
-                        !same
-                            || never_walked
-                            || table.holders.contains_key(&pid)
-                            || table.unreadable.contains(&pid)
-                            || always.contains(&pid)
-                    }
-                    Depth::Known => !same || never_walked,
-                };
-                if walk_it {
-                    walk.push(pid);
-                }
-            }
-            table.procs.insert(pid, p);
         }
         // Their fds, on several threads when there are many (a full scan of a busy node).
-        for (pid, fds) in self.walk_all(&walk) {
+        for (pid, fds) in self.walk_all(&walk, depth == Depth::Full) {
             if fds.vanished {
                 table.forget(pid);
                 self.cache.remove(&pid);
@@ -338,6 +350,82 @@ impl ProcScanner {
                 c.fds = Some(fds);
             }
         }
+    }
+
+    /// Read one process's stat into `table` (forgetting it when gone, and all that was known of an earlier
+    /// process under its PID); true when its fds are to be walked this time.
+    fn refresh(
+        &mut self,
+        table: &mut ProcTable,
+        pid: u32,
+        depth: Depth,
+        always: &HashSet<u32>,
+    ) -> bool {
+        let Some((mut p, threads)) = self.read_stat(pid) else {
+            table.forget(pid);
+            self.cache.remove(&pid);
+            return false;
+        };
+        let same = self
+            .cache
+            .get(&pid)
+            .is_some_and(|c| c.start_time == p.start_time);
+        if same {
+            // The same process: what was read of it once stays (its command line, user, identity).
+            if let Some(old) = table.procs.get(&pid) {
+                keep_details(&mut p, old);
+            }
+        } else {
+            // A new process, or the PID was reused: nothing of the old one applies.
+            table.forget(pid);
+            self.cache.insert(
+                pid,
+                Cached {
+                    start_time: p.start_time,
+                    ..Default::default()
+                },
+            );
+        }
+        // A leader that exited while its threads run: alive, in its threads' state, its fds and maps
+        // theirs.
+        let files_task = if p.state.is_zombie() && threads > 1 {
+            tasks::live_thread(&self.cfg.proc_root, pid).map(|(tid, state)| {
+                p.state = state;
+                tid
+            })
+        } else {
+            None
+        };
+        if let Some(c) = self.cache.get_mut(&pid) {
+            c.threads = threads;
+            c.files_task = files_task;
+        }
+        let mut walk_it = false;
+        if p.state.is_zombie() {
+            // A zombie has no fds and no memory.
+            table.holders.remove(&pid);
+            table.unreadable.remove(&pid);
+            if let Some(c) = self.cache.get_mut(&pid) {
+                c.fds = None;
+            }
+        } else if !p.kernel_thread {
+            // A GPU process has hundreds of fds: between listings only its stat is read (it lives, in
+            // which state, under which parent); its fds are walked again at each listing.
+            let never_walked = self.cache.get(&pid).is_none_or(|c| c.fds.is_none());
+            walk_it = match depth {
+                Depth::Full => true,
+                Depth::Listing => {
+                    !same
+                        || never_walked
+                        || table.holders.contains_key(&pid)
+                        || table.unreadable.contains(&pid)
+                        || always.contains(&pid)
+                }
+                Depth::Known => !same || never_walked,
+            };
+        }
+        table.procs.insert(pid, p);
+        walk_it
     }
 
     /// Which processes this scan reads: those known to matter, or (listing /proc, dropping the gone) also the
@@ -527,7 +615,8 @@ impl ProcScanner {
         is_benign_program(&p.comm, exe.as_deref(), &self.cfg.benign)
     }
 
-    fn read_stat(&mut self, pid: u32) -> Option<Proc> {
+    /// A process's stat, and how many threads it counts.
+    fn read_stat(&mut self, pid: u32) -> Option<(Proc, u32)> {
         use std::fmt::Write as _;
         // One reused buffer for the path: this runs for every process on every poll.
         let mut path = std::mem::take(&mut self.path_buf);
@@ -544,23 +633,28 @@ impl ProcScanner {
         }
         let mut p = parse_stat(&self.buf)?;
         p.started_at = self.boot_time.map(|b| b + p.start_time / self.clk_tck);
-        Some(p)
+        let threads = parse_threads(&self.buf).unwrap_or(1);
+        Some((p, threads))
     }
 
     /// Walk the fds of `pids`, splitting the work over up to 8 threads when there is enough of it.
-    fn walk_all(&self, pids: &[u32]) -> HashMap<u32, FdInfo> {
+    fn walk_all(&self, pids: &[u32], full: bool) -> HashMap<u32, FdInfo> {
         let threads = std::thread::available_parallelism()
             .map_or(1, std::num::NonZero::get)
             .min(8);
         if threads < 2 || pids.len() < 64 {
-            return pids.iter().map(|&p| (p, self.read_fds(p))).collect();
+            return pids.iter().map(|&p| (p, self.read_fds(p, full))).collect();
         }
         let chunk = pids.len().div_ceil(threads);
         std::thread::scope(|s| {
             let handles: Vec<_> = pids
                 .chunks(chunk)
                 .map(|c| {
-                    s.spawn(move || c.iter().map(|&p| (p, self.read_fds(p))).collect::<Vec<_>>())
+                    s.spawn(move || {
+                        c.iter()
+                            .map(|&p| (p, self.read_fds(p, full)))
+                            .collect::<Vec<_>>()
+                    })
                 })
                 .collect();
             handles
@@ -570,33 +664,58 @@ impl ProcScanner {
         })
     }
 
-    /// Walk one process's fds: each link read relative to its fd directory (no path walked per fd), nothing
-    /// allocated for the sockets, pipes and anon inodes that are most of them.
-    fn read_fds(&self, pid: u32) -> FdInfo {
-        use rustix::fs::{Dir, Mode, OFlags, openat, readlinkat_raw};
-        use std::os::unix::ffi::OsStrExt;
+    /// Walk one process's fds: its fd table (a live thread's, where the leader exited), and on full scans
+    /// the tables of threads that unshared theirs. Each link is read relative to its fd directory (no path
+    /// walked per fd), nothing allocated for the sockets, pipes and anon inodes that are most of them.
+    fn read_fds(&self, pid: u32, full: bool) -> FdInfo {
         let mut info = FdInfo::default();
-        let Some(proc_fd) = &self.proc_fd else {
-            return info;
+        let (files_task, threads) = self
+            .cache
+            .get(&pid)
+            .map_or((None, 1), |c| (c.files_task, c.threads));
+        let main = match files_task {
+            Some(tid) => format!("{pid}/task/{tid}/fd"),
+            None => format!("{pid}/fd"),
         };
-        let opened = openat(
-            proc_fd,
-            format!("{pid}/fd"),
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        );
-        let dir = match opened.and_then(Dir::new) {
-            Ok(dir) => dir,
+        match self.walk_fd_dir(&main, &mut info) {
+            Ok(()) => info.readable = true,
             Err(e) => {
                 // Only a permission error is something we could not see; a missing directory is an exit.
                 info.vanished = e == rustix::io::Errno::NOENT || e == rustix::io::Errno::SRCH;
                 return info;
             }
-        };
-        info.readable = true;
-        let shm = self.cfg.shm_dir.as_os_str().as_bytes();
+        }
+        if full && threads > 1 {
+            let reference = files_task.unwrap_or(pid);
+            for tid in tasks::private_fd_tables(&self.cfg.proc_root, pid, reference) {
+                if self
+                    .walk_fd_dir(&format!("{pid}/task/{tid}/fd"), &mut info)
+                    .is_err_and(|e| e != rustix::io::Errno::NOENT)
+                {
+                    info.readable = false;
+                }
+            }
+        }
+        info.devices.sort();
+        info.devices.dedup();
+        info
+    }
+
+    /// One fd directory's GPU devices and shared-memory files, added to `info`. A file is matched by what it
+    /// is (`stat` through the link), so a bind mount or another namespace's path to a GPU or a segment hides
+    /// nothing; a path the globs match is taken without a `stat`.
+    fn walk_fd_dir(&self, rel: &str, info: &mut FdInfo) -> Result<(), rustix::io::Errno> {
+        use rustix::fs::{AtFlags, Dir, Mode, OFlags, openat, readlinkat_raw, statat};
+        use std::os::unix::ffi::OsStrExt;
+        let proc_fd = self.proc_fd.as_ref().ok_or(rustix::io::Errno::NOENT)?;
+        let fd = openat(
+            proc_fd,
+            rel,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let mut dir = Dir::new(fd)?;
         let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
-        let mut dir = dir;
         while let Some(entry) = dir.read() {
             let Ok(entry) = entry else { break };
             let name = entry.file_name();
@@ -613,23 +732,28 @@ impl ProcScanner {
                 continue;
             }
             let path = Path::new(std::ffi::OsStr::from_bytes(bytes));
-            if bytes.starts_with(shm) {
-                // The file the fd is open on (the link followed), whatever its name says.
-                if let Ok(st) = rustix::fs::statat(dfd, name, rustix::fs::AtFlags::empty()) {
-                    info.shm_open.push((st.st_dev, st.st_ino));
-                }
-                continue;
-            }
             if self.patterns.iter().any(|p| p.matches_path(path)) {
                 info.device_fds += 1;
                 let t = path.to_string_lossy().into_owned();
                 if !info.devices.contains(&t) {
                     info.devices.push(t);
                 }
+                continue;
+            }
+            // The file the fd is open on (the link followed), whatever its path says.
+            let Ok(st) = statat(dfd, name, AtFlags::empty()) else {
+                continue;
+            };
+            if let Some(dev) = self.devices.of(&st) {
+                info.device_fds += 1;
+                if !info.devices.iter().any(|d| d == dev) {
+                    info.devices.push(dev.to_string());
+                }
+            } else if Some(st.st_dev) == self.shm_dev {
+                info.shm_open.push((st.st_dev, st.st_ino));
             }
         }
-        info.devices.sort();
-        info
+        Ok(())
     }
 
     /// Shared-memory state. `table` tells which live processes have segments open; on full scans the maps of
@@ -745,7 +869,13 @@ impl ProcScanner {
             if p.state.is_zombie() {
                 continue;
             }
-            let Ok(maps) = fs::read(self.cfg.proc_root.join(pid.to_string()).join("maps")) else {
+            // A leader that exited has no memory map of its own: its threads' is the one they share.
+            let dir = self.cfg.proc_root.join(pid.to_string());
+            let maps = match self.cache.get(&pid).and_then(|c| c.files_task) {
+                Some(tid) => dir.join("task").join(tid.to_string()).join("maps"),
+                None => dir.join("maps"),
+            };
+            let Ok(maps) = fs::read(maps) else {
                 continue;
             };
             for key in maps.split(|b| *b == b'\n').filter_map(mapped_file) {
@@ -924,11 +1054,9 @@ pub fn slurm_job_pids(proc_root: &Path, job: u64, job_uid: Option<u32>) -> Vec<u
             continue;
         };
         let d = e.path();
-        let zombie = fs::read_to_string(d.join("stat"))
-            .ok()
-            .and_then(|s| parse_stat(&s))
-            .is_none_or(|p| p.state.is_zombie());
-        if zombie {
+        // Gone, or dead; a leader in state Z whose threads run is the job's still.
+        let dead = fs::read_to_string(d.join("stat")).is_ok_and(|s| dead_zombie(&s));
+        if dead || !d.join("stat").exists() {
             continue;
         }
         let by_cgroup = fs::read_to_string(d.join("cgroup")).is_ok_and(|s| {
