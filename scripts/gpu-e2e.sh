@@ -240,6 +240,21 @@ if [ -n "$CG" ] && wait_line "$W/hold4.out" READY 90 && mkdir "$CG/gpusweep-e2e-
   rmdir "$CG/gpusweep-e2e-frozen" 2>>"$LOG"
 else fail "frozen: no cgroup v2 leaf or hold.py did not start"; fi
 
+say "12. holders whose GPU fds are not in /proc/PID/fd: a leader that exited, a thread with its own fd table"
+for mode in leader_exit private; do
+  bg "$W/threads-$mode.out" python3 $G/threads.py "$mode" 6; P=$BGPID
+  if wait_line "$W/threads-$mode.out" READY 90; then
+    [ "$mode" = leader_exit ] && { i=0; while [ "$(stat_state "$P")" != Z ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; }
+    say "$mode: pid $P, leader state $(stat_state "$P"), threads $(ls /proc/$P/task | wc -l), fds on /dev/nvidia* in the leader's table: $(ls -l /proc/$P/fd 2>/dev/null | grep -c /dev/nvidia)"
+    "$BIN" snapshot --json >"$W/threads.json" 2>>"$LOG"; "$BIN" snapshot >>"$LOG" 2>&1
+    check "$mode: pid $P is a holder of GPU 0 (its fds seen through a thread)" jcheck "$W/threads.json" "any(x['pid'] == $P and 0 in x['gpus'] for x in h['holders'])"
+    check "$mode: pid $P is alive (not a zombie, not a ghost)" jcheck "$W/threads.json" "not K('zombie', $P) and not K('ghost', $P) and any(q['pid'] == $P and q['state'] != 'Z' for q in h['processes'])"
+    check "$mode: gpusweep kill ends it" "$BIN" kill "$P" --yes --grace 5s
+    check "$mode: then wait sees 0 MiB" "$BIN" wait --timeout 20s
+    rm -f "$W/threads.json"
+  else fail "$mode: threads.py did not start"; cat "$W/threads-$mode.out" >>"$LOG"; fi
+done
+
 say "summary"
 cat "$SUM"
 grep -q '^FAIL' "$SUM" && exit 1 || exit 0
