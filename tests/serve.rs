@@ -1337,6 +1337,19 @@ fn a_reader_of_the_serve_sees_no_more_than_its_own_proc_shows_it() {
     assert!(!hidden.to_string().contains("s3cret"), "{hidden}");
     assert_eq!(h["comm"], "hidden", "{h}");
     assert!(h["user"].is_null() && h["uid"].is_null(), "{h}");
+    // A user who makes namespaces of their own (user, PID, mount) and mounts a /proc there that hides
+    // nothing sees only their own namespace's processes in it: no more through the serve.
+    let o = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .args(["unshare", "-Urpf", "--mount-proc"])
+        .args(["/usr/bin/python3", "-c", READ_ONE_SNAPSHOT, &sock_s])
+        .output()
+        .expect("setpriv, unshare, python3");
+    let own_ns = serde_json::from_slice::<serde_json::Value>(&o.stdout)
+        .unwrap_or_else(|_| panic!("{}", text(&o)))["snapshot"]
+        .clone();
+    assert!(!own_ns.to_string().contains("s3cret"), "{own_ns}");
+    assert_eq!(holder_of(&own_ns)["comm"], "hidden", "{own_ns}");
     // Root still reads it whole through the same socket.
     let out = gpusweep(tmp)
         .args(["snapshot", "--json", "--hosts", &format!("unix:{sock_s}")])
@@ -1427,6 +1440,73 @@ fn thousands_of_idle_connections_keep_neither_healthz_nor_the_socket_from_answer
     drop(idle);
 }
 
+#[test]
+fn event_streams_take_half_the_places_and_healthz_still_answers() {
+    use std::io::{BufRead, Write};
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    // 1,024 descriptors: 256 HTTP places, 128 of them for event streams.
+    let serve = Serve::start_as(
+        gpusweep_via(tmp, &["prlimit", "--nofile=1024:1024", "--"]),
+        &["--demo", "--hosts", "gpu-b", "--no-socket"],
+        &[],
+    );
+    let addr: std::net::SocketAddr = serve.addr.as_deref().expect("http").parse().expect("addr");
+    // 300 clients open an event stream each and keep it open, reading as a browser would.
+    let mut streams = Vec::new();
+    let (mut open, mut turned_away) = (0, 0);
+    for _ in 0..300 {
+        let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
+            continue;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        write!(s, "GET /api/v1/events HTTP/1.1\r\nHost: t\r\n\r\n").expect("ask");
+        let mut status = String::new();
+        let mut r = std::io::BufReader::new(s);
+        let _ = r.read_line(&mut status);
+        if status.contains(" 200 ") {
+            open += 1;
+        } else if status.contains(" 503 ") {
+            turned_away += 1;
+        }
+        streams.push(r);
+    }
+    assert_eq!(
+        open, 128,
+        "half of the 256 places ({turned_away} turned away)"
+    );
+    assert!(turned_away >= 150, "{turned_away} told to come back later");
+    // With every stream place taken, /healthz and a scrape still answer.
+    let ask = |path: &str| {
+        use std::io::Read;
+        let mut s =
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect");
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        write!(s, "GET {path} HTTP/1.0\r\n\r\n").expect("ask");
+        let mut r = String::new();
+        let _ = s.read_to_string(&mut r);
+        r
+    };
+    let health = ask("/healthz");
+    assert!(health.starts_with("HTTP/1.0 200"), "{health}");
+    assert!(ask("/metrics").contains("DCGM_FI_DEV_FB_USED"));
+    // A place given back is a place for the next stream.
+    drop(streams.remove(0));
+    let first_line = |path: &str| {
+        let mut s =
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect");
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        write!(s, "GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").expect("ask");
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(s).read_line(&mut line);
+        line
+    };
+    crate::support::await_cond("a stream place given back", 10, || {
+        first_line("/api/v1/events").contains(" 200 ")
+    });
+    drop(streams);
+}
+
 /// Ask for a reading as fast as possible for argv[2] seconds over the socket argv[1]; print how many came.
 const POLL_FLOOD: &str = r#"
 import json, socket, sys, threading, time
@@ -1495,6 +1575,101 @@ fn an_unprivileged_poll_flood_gets_no_more_than_ten_readings_a_second() {
     // 3 s at one reading per 100 ms is 30; a few more for the edges.
     assert!(n <= 33, "{n} readings in 3 s for an unprivileged flood");
     assert!(n >= 1, "polls are still answered: {n}");
+}
+
+/// argv[2] connections to the socket argv[1], each writing 200 polls at a time for argv[3] seconds (reading
+/// what comes back); prints "flooding" once they all write.
+const POLL_SPAM: &str = r#"
+import socket, sys, threading, time
+path, n, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+lines = b'{"cmd":"poll"}\n' * 200
+started = threading.Barrier(n + 1)
+def run():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    def drain():
+        try:
+            while s.recv(1 << 20):
+                pass
+        except OSError:
+            pass
+    threading.Thread(target=drain, daemon=True).start()
+    s.sendall(lines)
+    started.wait()
+    end = time.time() + secs
+    try:
+        while time.time() < end:
+            s.sendall(lines)
+    except OSError:
+        pass
+ts = [threading.Thread(target=run) for _ in range(n)]
+[t.start() for t in ts]
+started.wait()
+print("flooding", flush=True)
+[t.join() for t in ts]
+"#;
+
+/// argv[3] signal requests for PID argv[2] (as the process it is not: a start time it never had, so nothing
+/// is sent) over the socket argv[1], one connection each; prints how many were answered "busy".
+const ACT_MANY: &str = r#"
+import json, socket, sys
+path, pid, k = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+busy = 0
+for i in range(k):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    f = s.makefile("rb")
+    f.readline()
+    req = {"cmd": "signal", "id": i, "request": {"targets": [{"pid": pid, "start_time": 1}], "signal": "TERM"}}
+    s.sendall((json.dumps(req) + "\n").encode())
+    for line in f:
+        m = json.loads(line)
+        if m.get("type") == "outcomes":
+            busy += "busy" in line.decode()
+            break
+    s.close()
+print(busy, flush=True)
+"#;
+
+#[test]
+fn a_poll_flood_keeps_no_action_of_root_from_the_serve() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test plays an unprivileged user with setpriv: run the suite as root"
+    );
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    std::fs::set_permissions(tmp, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let sock = tmp.join("serve.sock");
+    let sock_s = sock.to_str().expect("utf-8").to_string();
+    let _serve = Serve::start(
+        tmp,
+        &["--demo", "--hosts", "gpu-b", "--socket", &sock_s],
+        &[],
+    );
+    let mut flood = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .args(["/usr/bin/python3", "-c", POLL_SPAM, &sock_s, "8", "6"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("setpriv, python3");
+    let mut line = String::new();
+    BufReader::new(flood.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("the flood");
+    assert_eq!(line.trim(), "flooding");
+    let o = Command::new("/usr/bin/python3")
+        .args(["-c", ACT_MANY, &sock_s, "7340", "50"])
+        .output()
+        .expect("python3");
+    let busy: u32 = String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{}", text(&o)));
+    assert_eq!(busy, 0, "root's requests answered busy during a poll flood");
+    let _ = flood.kill();
+    let _ = flood.wait();
 }
 
 #[test]

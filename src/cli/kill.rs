@@ -94,7 +94,7 @@ pub fn run(s: &Settings, a: &KillArgs) -> anyhow::Result<i32> {
                 .or_else(|| local.then(|| local_identity(pid)).flatten());
             match found {
                 Some(t) => targets.push(t),
-                None => println!("  {}: {pid}: no such process", snap.host),
+                None => println!("  {}: {pid}: no such process", escape(&snap.host)),
             }
         }
         if targets.is_empty() {

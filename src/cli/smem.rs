@@ -63,9 +63,11 @@ fn capabilities(
         for snap in &snaps {
             for g in &snap.gpus {
                 if let Some(cc) = &g.compute_capability {
-                    by.entry(cc.clone())
-                        .or_default()
-                        .push(format!("{}:{}", snap.host, g.index));
+                    by.entry(cc.clone()).or_default().push(format!(
+                        "{}:{}",
+                        crate::core::escape::escape(&snap.host),
+                        g.index
+                    ));
                 }
             }
         }

@@ -86,8 +86,8 @@ pub fn unusable(snap: &HostSnapshot, load_nvml: bool) -> Option<String> {
     if load_nvml && judged_by_holders_only(snap) {
         return Some(format!(
             "{}: no GPU can be read ({}); no verdict without the driver (--no-nvml judges by holders alone)",
-            snap.host,
-            snap.gpu_error.as_deref().unwrap_or("no GPUs")
+            escape(&snap.host),
+            escape(snap.gpu_error.as_deref().unwrap_or("no GPUs"))
         ));
     }
     None
@@ -254,8 +254,8 @@ pub fn run(s: &Settings, a: &WaitArgs) -> anyhow::Result<i32> {
         for snap in snaps.iter().filter(|h| judged_by_holders_only(h)) {
             eprintln!(
                 "gpusweep: {}: no GPU can be read ({}); judging by holders alone (--no-nvml)",
-                snap.host,
-                snap.gpu_error.as_deref().unwrap_or("no GPUs")
+                escape(&snap.host),
+                escape(snap.gpu_error.as_deref().unwrap_or("no GPUs"))
             );
         }
         let watch = watch_for(
@@ -307,5 +307,25 @@ pub fn run(s: &Settings, a: &WaitArgs) -> anyhow::Result<i32> {
         }
         // Something could not be read: an error, never "still held".
         Ok(if undecided { 2 } else { 1 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn why_a_host_cannot_be_judged_is_said_with_its_texts_escaped() {
+        let snap = HostSnapshot {
+            host: "gpu-b\u{1b}]0;owned\u{7}".into(),
+            gpu_error: Some("driver \u{1b}[2J gone".into()),
+            ..Default::default()
+        };
+        let said = unusable(&snap, true).expect("no GPU read: no verdict");
+        assert!(
+            !said.contains('\u{1b}') && !said.contains('\u{7}'),
+            "{said:?}"
+        );
+        assert!(said.contains("gpu-b\\x1b]0;owned\\x07"), "{said:?}");
     }
 }

@@ -25,7 +25,7 @@ use axum::routing::get;
 use futures::Stream;
 use tokio::sync::broadcast;
 
-use super::hub::{Ask, Reading, Shared};
+use super::hub::{Reading, Shared};
 use crate::core::format::fmt_ms;
 use crate::core::model::now_ms;
 use crate::core::parse::parse_duration;
@@ -43,6 +43,9 @@ pub struct Web {
     pub shared: Arc<Shared>,
     /// The bearer token every request but /healthz must carry.
     pub token: Option<Arc<str>>,
+    /// Places for event streams: half of the HTTP connections, so streams that stay open never leave
+    /// `/healthz` and a scrape without one.
+    pub streams: Arc<tokio::sync::Semaphore>,
 }
 
 pub fn router(web: Web) -> Router {
@@ -257,21 +260,19 @@ async fn host_events(
     }
 }
 
-/// Withdraws a stream's interval requests when the stream ends (the client went away).
+/// Withdraws a stream's interval requests, and gives its place back, when the stream ends (the client
+/// went away).
 struct Asked {
     shared: Arc<Shared>,
     client: u64,
     hosts: Vec<usize>,
+    _place: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl Drop for Asked {
     fn drop(&mut self) {
         for &host in &self.hosts {
-            let _ = self.shared.ask.try_send(Ask::Interval {
-                host,
-                client: self.client,
-                every: None,
-            });
+            self.shared.wants.interval(host, self.client, None);
         }
     }
 }
@@ -284,20 +285,27 @@ fn events(web: Web, hosts: &[usize], q: &EventsQuery) -> Response {
             return (StatusCode::BAD_REQUEST, format!("interval: {e}\n")).into_response();
         }
     };
+    let Ok(place) = web.streams.clone().try_acquire_owned() else {
+        let mut r = (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "every place for an event stream is taken; try again later\n",
+        )
+            .into_response();
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("10"));
+        return r;
+    };
     let client = web.shared.client_id();
     if let Some(d) = interval {
         for &host in hosts {
-            let _ = web.shared.ask.try_send(Ask::Interval {
-                host,
-                client,
-                every: Some(d),
-            });
+            web.shared.wants.interval(host, client, Some(d));
         }
     }
     let asked = Asked {
         shared: web.shared.clone(),
         client,
         hosts: hosts.to_vec(),
+        _place: place,
     };
     Sse::new(stream(web.shared, hosts, asked))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))

@@ -3,13 +3,13 @@
 //! from those events, and the polling rate its clients ask for. One loop (`run`) writes it; the HTTP
 //! endpoints, the Unix socket and the metrics only read it, each reader waking only for the hosts it follows.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::metrics::histogram::Histogram;
-use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio::sync::{Notify, broadcast, mpsc, oneshot, watch};
 
 use super::redact::{self, View, redact};
 use crate::core::action::{ActionAnswer, ActionRequest};
@@ -104,24 +104,87 @@ pub struct HostChannel {
     pub events: broadcast::Sender<Arc<str>>,
 }
 
-/// What clients ask of the loop that owns the fleet.
+/// An action a privileged client asks the loop that owns the fleet to carry out (through the same delivery
+/// as every kill); the answer comes back.
 #[derive(Debug)]
-pub enum Ask {
-    /// Poll this host at least this often while `client` is connected (`None`: it left).
-    Interval {
-        host: usize,
-        client: u64,
-        every: Option<Duration>,
-    },
-    /// A reading now. An unprivileged client's ask is taken at most once per `MIN_UNPRIVILEGED_POLL` for
-    /// all of them together (more would be a flood any local user could start).
-    PollNow { host: usize, privileged: bool },
-    /// Carry out an action on this host (through the same delivery as every kill); the answer comes back.
-    Act {
-        host: usize,
-        req: ActionRequest,
-        reply: oneshot::Sender<ActionAnswer>,
-    },
+pub struct ActAsk {
+    pub host: usize,
+    pub req: ActionRequest,
+    pub reply: oneshot::Sender<ActionAnswer>,
+}
+
+/// What clients want of the polling, kept as state, not sent as messages: any number of asks changes a few
+/// values and fills no queue, so a flood of polls from one client never keeps another's action or a
+/// stream's goodbye from the loop.
+#[derive(Default)]
+pub struct Wants {
+    pending: Mutex<Pending>,
+    changed: Notify,
+}
+
+#[derive(Default)]
+struct Pending {
+    /// Interval asked for, per host, by client.
+    intervals: HashMap<usize, HashMap<u64, Duration>>,
+    /// Hosts whose intervals changed since the loop last looked.
+    dirty: HashSet<usize>,
+    /// Hosts to read now, and whether a privileged client asked.
+    polls: HashMap<usize, bool>,
+}
+
+impl Wants {
+    /// Poll `host` at least this often while `client` is connected (`None`: it left).
+    pub fn interval(&self, host: usize, client: u64, every: Option<Duration>) {
+        if let Ok(mut p) = self.pending.lock() {
+            let of_host = p.intervals.entry(host).or_default();
+            match every {
+                Some(d) => of_host.insert(client, d),
+                None => of_host.remove(&client),
+            };
+            if of_host.is_empty() {
+                p.intervals.remove(&host);
+            }
+            p.dirty.insert(host);
+        }
+        self.changed.notify_one();
+    }
+
+    /// A reading of `host` now. An unprivileged client's ask is taken at most once per
+    /// `MIN_UNPRIVILEGED_POLL` for all of them together (more would be a flood any local user could start).
+    pub fn poll_now(&self, host: usize, privileged: bool) {
+        if let Ok(mut p) = self.pending.lock() {
+            *p.polls.entry(host).or_default() |= privileged;
+        }
+        self.changed.notify_one();
+    }
+
+    /// What changed since the last call.
+    fn take(&self) -> Changes {
+        let Ok(mut p) = self.pending.lock() else {
+            return Changes::default();
+        };
+        let dirty: Vec<usize> = p.dirty.drain().collect();
+        let intervals = dirty
+            .into_iter()
+            .map(|h| {
+                let fastest = p.intervals.get(&h).and_then(|c| c.values().min().copied());
+                (h, fastest)
+            })
+            .collect();
+        Changes {
+            intervals,
+            polls: p.polls.drain().collect(),
+        }
+    }
+}
+
+/// What clients' wants changed since the loop last looked.
+#[derive(Default)]
+struct Changes {
+    /// (host, the fastest interval asked, `None` when none is) for each host whose asks changed.
+    intervals: Vec<(usize, Option<Duration>)>,
+    /// Hosts to read now, and whether a privileged client asked.
+    polls: Vec<(usize, bool)>,
 }
 
 /// Everything the readers share.
@@ -131,7 +194,10 @@ pub struct Shared {
     pub readings: broadcast::Sender<usize>,
     /// Every host's events, for readers of several hosts at once.
     pub all_events: broadcast::Sender<Arc<str>>,
-    pub ask: mpsc::Sender<Ask>,
+    /// Actions of privileged clients, to the loop.
+    pub act: mpsc::Sender<ActAsk>,
+    /// What clients want of the polling.
+    pub wants: Wants,
     /// Per host, by index.
     pub time_to_clean: Vec<TimeToClean>,
     /// The poll interval when no client asks for a faster one.
@@ -162,15 +228,13 @@ impl Shared {
 struct Writer {
     latest: watch::Sender<Option<Arc<Reading>>>,
     status: watch::Sender<ConnStatus>,
-    /// Interval asked for, by client.
-    asked: HashMap<u64, Duration>,
     interval: Duration,
 }
 
 pub struct Hub {
     shared: Arc<Shared>,
     writers: Vec<Writer>,
-    asks: mpsc::Receiver<Ask>,
+    acts: mpsc::Receiver<ActAsk>,
     next_id: u64,
     replies: HashMap<u64, oneshot::Sender<ActionAnswer>>,
     /// When an unprivileged client's poll was last taken.
@@ -187,7 +251,7 @@ impl Hub {
             expect_gpus,
             http_view,
         } = modes;
-        let (ask, asks) = mpsc::channel(1024);
+        let (act, acts) = mpsc::channel(1024);
         let mut hosts = Vec::new();
         let mut writers = Vec::new();
         for label in labels {
@@ -202,7 +266,6 @@ impl Hub {
             writers.push(Writer {
                 latest: latest_tx,
                 status: status_tx,
-                asked: HashMap::new(),
                 interval,
             });
         }
@@ -210,7 +273,8 @@ impl Hub {
             hosts,
             readings: broadcast::channel(EVENT_BACKLOG.max(labels.len() * 2)).0,
             all_events: broadcast::channel(EVENT_BACKLOG).0,
-            ask,
+            act,
+            wants: Wants::default(),
             time_to_clean: labels
                 .iter()
                 .map(|_| TimeToClean {
@@ -228,7 +292,7 @@ impl Hub {
         Hub {
             shared,
             writers,
-            asks,
+            acts,
             next_id: 1,
             replies: HashMap::new(),
             last_unprivileged_poll: None,
@@ -242,16 +306,19 @@ impl Hub {
     /// Own the fleet: take every reading and every client's request, until the fleet or every client
     /// handle is gone.
     pub async fn run(mut self, mut fleet: Fleet) {
+        let shared = self.shared.clone();
+        let wants = &shared.wants;
         loop {
             tokio::select! {
                 ev = fleet.recv() => match ev {
                     Some(ev) => self.on_event(ev),
                     None => return,
                 },
-                ask = self.asks.recv() => match ask {
-                    Some(ask) => self.on_ask(&fleet, ask),
+                ask = self.acts.recv() => match ask {
+                    Some(ask) => self.on_act(&fleet, ask),
                     None => return,
                 },
+                () = wants.changed.notified() => self.on_wants(&fleet),
             }
         }
     }
@@ -335,51 +402,40 @@ impl Hub {
         }
     }
 
-    fn on_ask(&mut self, fleet: &Fleet, ask: Ask) {
-        match ask {
-            Ask::Interval {
-                host,
-                client,
-                every,
-            } => {
-                let base = self.shared.interval;
-                let Some(w) = self.writers.get_mut(host) else {
-                    return;
-                };
-                match every {
-                    Some(d) => w.asked.insert(client, d),
-                    None => w.asked.remove(&client),
-                };
-                let want = w
-                    .asked
-                    .values()
-                    .copied()
-                    .min()
-                    .map_or(base, |d| d.min(base));
-                if want != w.interval {
-                    w.interval = want;
-                    fleet.send(HostId(host), HostCmd::Interval(want));
-                }
-            }
-            Ask::PollNow { host, privileged } => {
-                if !privileged {
-                    let now = std::time::Instant::now();
-                    if self
-                        .last_unprivileged_poll
-                        .is_some_and(|t| now.duration_since(t) < MIN_UNPRIVILEGED_POLL)
-                    {
-                        return;
-                    }
-                    self.last_unprivileged_poll = Some(now);
-                }
-                fleet.send(HostId(host), HostCmd::PollNow);
-            }
-            Ask::Act { host, req, reply } => {
-                let id = self.next_id;
-                self.next_id += 1;
-                self.replies.insert(id, reply);
-                fleet.send(HostId(host), HostCmd::Act { id, req });
+    fn on_wants(&mut self, fleet: &Fleet) {
+        let Changes { intervals, polls } = self.shared.wants.take();
+        let base = self.shared.interval;
+        for (host, fastest) in intervals {
+            let Some(w) = self.writers.get_mut(host) else {
+                continue;
+            };
+            let want = fastest.map_or(base, |d| d.min(base));
+            if want != w.interval {
+                w.interval = want;
+                fleet.send(HostId(host), HostCmd::Interval(want));
             }
         }
+        let now = std::time::Instant::now();
+        let unprivileged_ok = self
+            .last_unprivileged_poll
+            .is_none_or(|t| now.duration_since(t) >= MIN_UNPRIVILEGED_POLL);
+        let mut took_unprivileged = false;
+        for (host, privileged) in polls {
+            if privileged || unprivileged_ok {
+                took_unprivileged |= !privileged;
+                fleet.send(HostId(host), HostCmd::PollNow);
+            }
+        }
+        if took_unprivileged {
+            self.last_unprivileged_poll = Some(now);
+        }
+    }
+
+    fn on_act(&mut self, fleet: &Fleet, ask: ActAsk) {
+        let ActAsk { host, req, reply } = ask;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.replies.insert(id, reply);
+        fleet.send(HostId(host), HostCmd::Act { id, req });
     }
 }

@@ -5,7 +5,8 @@
 //! its request headers within `HEADER_TIMEOUT`, one request per connection. When every place is taken, a
 //! new connection takes the place of the oldest one that has not sent a request yet, so connections that
 //! send nothing cannot keep `/healthz` or a scrape out; only when every place serves a request is the new
-//! one closed at once.
+//! one closed at once. Event streams, which stay open, may take half of the places (the rest are answered
+//! 503 with `Retry-After`), so the other half is always there for short requests.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,6 +33,8 @@ pub const WRITE_STALL: Duration = Duration::from_secs(30);
 pub struct Budget {
     /// HTTP connections open at once.
     pub http: usize,
+    /// Of those, event streams (which stay open): half.
+    pub streams: usize,
     /// Socket connections of unprivileged users together.
     pub socket: usize,
 }
@@ -41,8 +44,10 @@ impl Budget {
     /// 512); the other half stays for NVML, /proc, pidfds and root's own socket connections.
     pub fn of(fd_limit: u64) -> Budget {
         let quarter = usize::try_from(fd_limit / 4).unwrap_or(usize::MAX).max(16);
+        let http = quarter.min(65_536);
         Budget {
-            http: quarter.min(65_536),
+            http,
+            streams: http / 2,
             socket: quarter.min(512),
         }
     }
@@ -272,6 +277,7 @@ mod tests {
             Budget::of(1024),
             Budget {
                 http: 256,
+                streams: 128,
                 socket: 256
             }
         );
@@ -279,6 +285,7 @@ mod tests {
             Budget::of(1_048_576),
             Budget {
                 http: 65_536,
+                streams: 32_768,
                 socket: 512
             }
         );

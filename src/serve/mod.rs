@@ -242,13 +242,14 @@ async fn serve(s: &Settings, a: &ServeArgs, plan: Plan) -> anyhow::Result<i32> {
         served.push(format!("socket {}", file.0.display()));
     }
     eprintln!("{}", banner(&labels, &served, token.is_some(), s.demo));
+    // What anyone may open is a share of the descriptors (main raised the soft limit to the hard one).
+    let budget = listen::Budget::of(crate::runtime::raise_fd_limit().unwrap_or(1024));
     let router = http::router(http::Web {
         shared: shared.clone(),
         token,
+        streams: Arc::new(tokio::sync::Semaphore::new(budget.streams)),
     });
     let hub_task = tokio::spawn(hub.run(fleet));
-    // What anyone may open is a share of the descriptors (main raised the soft limit to the hard one).
-    let budget = listen::Budget::of(crate::runtime::raise_fd_limit().unwrap_or(1024));
     if let Some(l) = http {
         tokio::spawn(listen::serve(l, tls, router, budget));
     }

@@ -3,11 +3,11 @@
 //! A root serve reads every process. A node that mounts `/proc` with `hidepid` hides other users' processes
 //! from unprivileged users; the serve must not hand them back what the kernel hides. A socket peer is judged
 //! by the `/proc` of its own mount namespace (a container's, a `ProtectProc=` unit's), read through
-//! `/proc/PEER/mountinfo`; an HTTP reader without a token could be anyone, so it is judged by the serve's own
-//! `/proc`. Hidden processes keep what NVML would tell anyone (PID, GPU memory) and lose what `/proc` holds
-//! (command line, name, user, cgroup and job, kernel wait channel); the findings say the same things with
-//! those texts hidden. Verdicts are the serve's, taken on the whole reading: a redacted reading is never
-//! judged again.
+//! `/proc/PEER/mountinfo`, and sees only its own processes when it is in PID or user namespaces of its own;
+//! an HTTP reader without a token could be anyone, so it is judged by the serve's own `/proc`. Hidden
+//! processes keep what NVML would tell anyone (PID, GPU memory) and lose what `/proc` holds (command line,
+//! name, user, cgroup and job, kernel wait channel); the findings say the same things with those texts
+//! hidden. Verdicts are the serve's, taken on the whole reading: a redacted reading is never judged again.
 
 use std::collections::HashSet;
 
@@ -76,6 +76,11 @@ pub fn peer_view(pid: Option<i32>, uid: Option<u32>, gid: Option<u32>, trusted: 
     let Some(pid) = pid.filter(|p| *p > 0) else {
         return View::Own(uid);
     };
+    // In PID or user namespaces of its own, the peer's `/proc` (whatever its options) shows its own
+    // namespace's processes, none of the serve's: it reads its own processes, no more.
+    if !shares_namespaces(pid) {
+        return View::Own(uid);
+    }
     let Ok(mountinfo) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) else {
         return View::Own(uid);
     };
@@ -86,6 +91,15 @@ pub fn peer_view(pid: Option<i32>, uid: Option<u32>, gid: Option<u32>, trusted: 
         }) if in_group(pid, gid, g) => View::Whole,
         Some(_) => View::Own(uid),
     }
+}
+
+/// Whether the process is in the serve's own PID and user namespaces (false when that cannot be read).
+fn shares_namespaces(pid: i32) -> bool {
+    ["pid", "user"].iter().all(|ns| {
+        let theirs = std::fs::read_link(format!("/proc/{pid}/ns/{ns}"));
+        let ours = std::fs::read_link(format!("/proc/self/ns/{ns}"));
+        matches!((theirs, ours), (Ok(a), Ok(b)) if a == b)
+    })
 }
 
 /// Whether the process is in group `g` (its primary group, or one of its supplementary groups).
@@ -124,12 +138,18 @@ pub fn redact(snap: &HostSnapshot, view: View) -> Option<HostSnapshot> {
         return None;
     }
     let mut out = snap.clone();
-    // A finding names a process by its cut command line (`short_cmd`): the same text, hidden.
+    // A finding names a process by its cut command line (`short_cmd`), by "PID (name)", and by its PID in a
+    // container: the same texts, hidden.
     let mut names: Vec<(String, String)> = Vec::new();
     for p in out.processes.iter_mut().filter(|p| !view.shows(p)) {
         let before = crate::analyze::findings::short_cmd(p);
+        let named = format!("{} ({})", p.pid, crate::core::escape::escape(&p.comm));
+        if let Some(n) = p.ns_pid {
+            names.push((format!("; pid {n} in its container"), String::new()));
+        }
         hide(p);
         names.push((before, crate::analyze::findings::short_cmd(p)));
+        names.push((named, format!("{} ({HIDDEN})", p.pid)));
     }
     // Longest first, so a command line that is part of another is not half-replaced.
     names.sort_by_key(|(b, _)| std::cmp::Reverse(b.len()));
@@ -230,6 +250,49 @@ mod tests {
             cmdline: cmd.into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn the_analyzers_texts_name_no_hidden_process() {
+        // Root's zombie, its parent in a container, under PID 1 that is a plain program: every text that
+        // names them, as the analyzers write it.
+        let mut init = proc(1, 0, "");
+        "entry-secret-init".clone_into(&mut init.comm);
+        let mut parent = proc(20, 0, "python3 launch.py --token s3cret");
+        parent.ns_pid = Some(4711);
+        let mut zombie = proc(21, 0, "");
+        zombie.ppid = 20;
+        "rank-s3cret".clone_into(&mut zombie.comm);
+        zombie.state = crate::core::model::ProcState::Zombie;
+        let mut orphan_zombie = proc(22, 0, "");
+        orphan_zombie.ppid = 1;
+        "other-s3cret".clone_into(&mut orphan_zombie.comm);
+        orphan_zombie.state = crate::core::model::ProcState::Zombie;
+        let mut snap = HostSnapshot {
+            processes: vec![
+                init,
+                parent,
+                zombie,
+                orphan_zombie,
+                proc(30, 1000, "mine.py"),
+            ],
+            zombies: vec![21, 22],
+            ..Default::default()
+        };
+        snap.findings = crate::analyze::analyze(&snap, &crate::analyze::AnalyzeOptions::default());
+        assert!(
+            snap.findings
+                .iter()
+                .any(|f| f.detail.contains("rank-s3cret")),
+            "the analyzers name it: {:?}",
+            snap.findings
+        );
+        let seen = redact(&snap, View::Own(1000)).expect("redacted");
+        let texts = format!("{:?}", seen.findings);
+        for secret in ["s3cret", "entry-secret", "4711"] {
+            assert!(!texts.contains(secret), "{secret} in {texts}");
+        }
+        assert!(texts.contains("21 (hidden)"), "{texts}");
     }
 
     #[test]

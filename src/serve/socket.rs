@@ -14,7 +14,7 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
-use super::hub::{Ask, Reading, Shared};
+use super::hub::{ActAsk, Reading, Shared};
 use super::redact::{View, peer_view};
 use crate::core::protocol::{AgentCmd, AgentMsg, Command, MAX_LINE_BYTES, MIN_INTERVAL, PROTOCOL};
 use crate::source::remote::stream::read_line_bounded;
@@ -368,14 +368,8 @@ impl Conn<'_> {
                 return Some(msg(&AgentMsg::Error { message }));
             }
         };
-        let ask = &self.shared.ask;
         match cmd {
-            Command::Poll => {
-                let _ = ask.try_send(Ask::PollNow {
-                    host: HOST,
-                    privileged: self.peer.trusted,
-                });
-            }
+            Command::Poll => self.shared.wants.poll_now(HOST, self.peer.trusted),
             Command::Interval { ms, compact } => {
                 self.compact = compact;
                 let floor = if self.peer.trusted {
@@ -384,12 +378,7 @@ impl Conn<'_> {
                     MIN_UNPRIVILEGED_INTERVAL
                 };
                 let every = Some(Duration::from_millis(ms).max(floor));
-                let client = self.client;
-                let _ = ask.try_send(Ask::Interval {
-                    host: HOST,
-                    client,
-                    every,
-                });
+                self.shared.wants.interval(HOST, self.client, every);
             }
             Command::Act { id, req } => {
                 // Refused at once, without a task: a peer that may not act costs the serve nothing more.
@@ -397,8 +386,10 @@ impl Conn<'_> {
                     return Some(msg(&AgentMsg::answer(id, req.refuse(&why))));
                 }
                 let (tx, rx) = oneshot::channel();
-                let asked = ask
-                    .try_send(Ask::Act {
+                let asked = self
+                    .shared
+                    .act
+                    .try_send(ActAsk {
                         host: HOST,
                         req: req.clone(),
                         reply: tx,
@@ -452,10 +443,6 @@ struct Withdraw {
 
 impl Drop for Withdraw {
     fn drop(&mut self) {
-        let _ = self.shared.ask.try_send(Ask::Interval {
-            host: 0,
-            client: self.client,
-            every: None,
-        });
+        self.shared.wants.interval(HOST, self.client, None);
     }
 }
