@@ -8,7 +8,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{free_port, gpusweep, text};
+use crate::support::{free_port, gpusweep, gpusweep_via, text};
+use std::sync::Arc;
 
 /// A child killed when dropped.
 struct Proc(Child);
@@ -628,4 +629,74 @@ fn a_prometheus_answer_past_the_limit_is_an_error_not_a_memory_balloon() {
     let t = text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
     assert!(t.contains("larger than") && t.contains("MiB"), "{t}");
+}
+
+/// Run the program after it and print its peak resident set (KiB) as the last line of stderr.
+const PEAK_RSS: &str = "import resource, subprocess, sys
+r = subprocess.run(sys.argv[1:], capture_output=True)
+sys.stdout.buffer.write(r.stdout); sys.stderr.buffer.write(r.stderr)
+print('peak_rss_kib', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr)
+sys.exit(r.returncode)";
+
+#[test]
+fn answers_of_tiny_samples_cannot_make_the_client_hold_gigabytes() {
+    let dir = tempfile::tempdir().expect("tmp");
+    // A "Prometheus" that knows one host and answers every other query with 40 MiB of tiny samples for it
+    // (900,000 of them): within the size of an answer, ten times that once parsed.
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let sample = "{\"metric\":{\"Hostname\":\"n\",\"gpu\":\"0\"},\"value\":[1,\"1\"]},";
+    let many: Arc<str> = format!(
+        "{{\"status\":\"success\",\"data\":{{\"resultType\":\"vector\",\"result\":[{}{}]}}}}",
+        sample.repeat(40 * 1024 * 1024 / sample.len()),
+        "{\"metric\":{},\"value\":[1,\"1\"]}"
+    )
+    .into();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let many = many.clone();
+            std::thread::spawn(move || {
+                let mut s = stream;
+                let mut req = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => req.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let req = String::from_utf8_lossy(&req);
+                let body: &str = if req.contains("max+by+%28Hostname%2C+instance%29") {
+                    "{\"status\":\"success\",\"data\":{\"resultType\":\"vector\",\"result\":[{\"metric\":{\"Hostname\":\"n\",\"instance\":\"n:9400\"},\"value\":[1,\"1\"]}]}}"
+                } else if req.contains("up") && req.contains("%3D%3D+0") {
+                    "{\"status\":\"success\",\"data\":{\"resultType\":\"vector\",\"result\":[]}}"
+                } else {
+                    &many
+                };
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(body.as_bytes());
+            });
+        }
+    });
+    let out = gpusweep_via(dir.path(), &["/usr/bin/python3", "-c", PEAK_RSS])
+        .args(["snapshot", "--json", "--hosts", &format!("prom:{url}")])
+        .output()
+        .expect("snapshot");
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("series in one answer"), "{t}");
+    let peak_kib: u64 = t
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("peak_rss_kib ")?.trim().parse().ok())
+        .expect("the peak");
+    assert!(
+        peak_kib < 600 * 1024,
+        "the client held {} MiB for answers of 40 MiB",
+        peak_kib / 1024
+    );
 }

@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
@@ -40,8 +40,42 @@ struct Answer<'a> {
 
 #[derive(Deserialize)]
 struct Data<'a> {
-    #[serde(borrow)]
+    #[serde(borrow, deserialize_with = "at_most_max_series")]
     result: Vec<Sample<'a>>,
+}
+
+/// The most series one answer may hold. Every query is aggregated per host and GPU: 10,000 hosts of 8 GPUs
+/// answer with 80,000. A sample costs ~340 bytes once parsed, ten times its text, so an answer of tiny
+/// samples would otherwise turn 128 MiB into gigabytes.
+const MAX_SERIES: usize = 500_000;
+
+/// An answer's samples, refused past `MAX_SERIES` before more are held.
+fn at_most_max_series<'de: 'a, 'a, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<Sample<'a>>, D::Error> {
+    struct Capped<'a>(std::marker::PhantomData<Sample<'a>>);
+    impl<'de: 'a, 'a> serde::de::Visitor<'de> for Capped<'a> {
+        type Value = Vec<Sample<'a>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "at most {MAX_SERIES} samples")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+            while let Some(x) = seq.next_element()? {
+                if out.len() == MAX_SERIES {
+                    return Err(serde::de::Error::custom(format!(
+                        "more than {MAX_SERIES} series in one answer"
+                    )));
+                }
+                out.push(x);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_seq(Capped(std::marker::PhantomData))
 }
 
 /// A string of an answer, borrowed from it unless it holds an escape. (`#[serde(borrow)]` does not reach
@@ -173,9 +207,15 @@ impl PromServer {
         format!("{name}{{{sel}}}")
     }
 
-    /// Ask one instant query; the answer's bytes, at most `MAX_ANSWER` of them (a server, or whatever
-    /// answers at its address, could otherwise make the client hold any amount).
-    async fn fetch(&self, http: &HttpClient, q: &str) -> Result<bytes::Bytes, String> {
+    /// Ask one instant query; the answer's bytes, at most `MAX_ANSWER` of them, and at most what is left of
+    /// `spent`'s share of `MAX_ROUND` for the queries asked together (a server, or whatever answers at its
+    /// address, could otherwise make the client hold any amount).
+    async fn fetch(
+        &self,
+        http: &HttpClient,
+        q: &str,
+        spent: &AtomicUsize,
+    ) -> Result<bytes::Bytes, String> {
         let failed = |e: reqwest::Error| format!("Prometheus {}: {}", self.url, short(&e));
         let mut resp = http
             .client
@@ -196,7 +236,8 @@ impl PromServer {
         }
         let mut body = bytes::BytesMut::new();
         while let Some(chunk) = resp.chunk().await.map_err(failed)? {
-            if body.len() + chunk.len() > MAX_ANSWER {
+            let before = spent.fetch_add(chunk.len(), Ordering::Relaxed);
+            if body.len() + chunk.len() > MAX_ANSWER || before + chunk.len() > MAX_ROUND {
                 return Err(too_big());
             }
             body.extend_from_slice(&chunk);
@@ -206,7 +247,13 @@ impl PromServer {
 
     /// The samples of an answer, borrowed from it.
     fn samples<'a>(&self, body: &'a [u8]) -> Result<Vec<Sample<'a>>, String> {
-        let a: Answer = serde_json::from_slice(body).map_err(|_| {
+        let a: Answer = serde_json::from_slice(body).map_err(|e| {
+            if e.to_string().contains("series in one answer") {
+                return format!(
+                    "Prometheus {}: more than {MAX_SERIES} series in one answer (narrow the fleet with ?{{...}})",
+                    self.url
+                );
+            }
             format!(
                 "Prometheus {}: not an answer of its API: {:?}",
                 self.url,
@@ -238,7 +285,11 @@ impl PromServer {
                 .unwrap_or_default()
         );
         let down = format!("{} == 0", self.sel("up"));
-        let (seen, down) = tokio::join!(self.fetch(http, &seen), self.fetch(http, &down));
+        let spent = AtomicUsize::new(0);
+        let (seen, down) = tokio::join!(
+            self.fetch(http, &seen, &spent),
+            self.fetch(http, &down, &spent)
+        );
         let (seen, down) = (seen?, down.unwrap_or_default());
         let seen = self.samples(&seen)?;
         let down = self.samples(&down).unwrap_or_default();
@@ -266,6 +317,9 @@ const LOOKBACK: &str = "10m";
 /// The largest answer a query may have: every query is aggregated per host and GPU, so 10,000 hosts of 8
 /// GPUs answer in about 25 MiB.
 const MAX_ANSWER: usize = 128 * 1024 * 1024;
+
+/// The most that the queries asked together (a poll's seven, identities' four) may answer in all.
+const MAX_ROUND: usize = 192 * 1024 * 1024;
 
 fn short(e: &reqwest::Error) -> String {
     use std::error::Error as _;
@@ -302,9 +356,10 @@ struct Identities {
     gpus: HashMap<(String, u32), Ident>,
     /// Per host: its scrape target, and where its serve's API answers (scheme, path) where it runs one.
     instance: HashMap<String, String>,
-    serve: HashMap<String, (String, String)>,
-    /// Hosts whose serve says its readings are simulated (a demo serve).
-    simulated: std::collections::HashSet<String>,
+    /// By (host, the scrape target that said it): a target speaks only for the host it is.
+    serve: HashMap<(String, String), (String, String)>,
+    /// (host, scrape target) whose serve says its readings are simulated (a demo serve).
+    simulated: std::collections::HashSet<(String, String)>,
     read_at: Option<Instant>,
 }
 
@@ -314,6 +369,8 @@ struct HostData {
     gpus: BTreeMap<u32, GpuData>,
     /// Any gpusweep series: the host's verdicts come from its own serve.
     gpusweep: bool,
+    /// Its serve says NVML or one of its GPUs does not answer (`gpusweep_gpus_readable` 0).
+    gpus_unreadable: bool,
     taken_s: Option<f64>,
     /// (kind, severity) -> count, for kinds other than the per-GPU unexplained ones.
     counts: Vec<(String, String, f64)>,
@@ -389,9 +446,12 @@ fn gpu(name: &str, index: u32, g: &GpuData, d: &HostData, ids: &Identities) -> G
         .cloned()
         .unwrap_or_default();
     let reserved = mib(id.reserved_mib);
-    // What the host's serve says; the runtime believes a "clean" only where these bytes agree.
+    // What the host's serve says; the runtime believes a "clean" only where these bytes agree. A serve that
+    // says it cannot read its GPUs judges none of them clean, whatever else it sends.
     let judged = d.gpusweep.then_some(match g.clean {
-        Some(c) if c >= 1.0 => GpuState::Clean,
+        _ if d.gpus_unreadable && (g.unreadable || g.used.is_none()) => GpuState::Error,
+        Some(c) if c >= 1.0 && !d.gpus_unreadable => GpuState::Clean,
+        Some(c) if c >= 1.0 => GpuState::Unknown,
         Some(_) if !g.unexplained.is_empty() => GpuState::Leak,
         Some(_) => GpuState::InUse,
         None if g.unreadable => GpuState::Error,
@@ -450,10 +510,10 @@ fn live_url(
     ids: &Identities,
     up: &HashMap<String, f64>,
 ) -> Option<String> {
-    let serve = ids.serve.get(name).and_then(|(scheme, path)| {
-        let [target] = Vec::from_iter(&d.targets)[..] else {
-            return None;
-        };
+    let serve = own_target(d).and_then(|target| {
+        let (scheme, path) = ids
+            .serve
+            .get(&(name.to_string(), target.instance.clone()))?;
         let authority =
             |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']');
         let inst = &target.instance;
@@ -461,6 +521,15 @@ fn live_url(
             .then(|| format!("{scheme}://{inst}{path}"))
     });
     serve.or_else(|| crate::core::host::is_bare_host(name).then(|| format!("ssh://{name}")))
+}
+
+/// The one scrape target that speaks for the host (none when several or none do).
+fn own_target(d: &HostData) -> Option<&Target> {
+    let mut targets = d.targets.iter();
+    match (targets.next(), targets.next()) {
+        (Some(t), None) => Some(t),
+        _ => None,
+    }
 }
 
 /// The snapshot of one host from what Prometheus holds of it.
@@ -484,11 +553,19 @@ fn snapshot(
         missing.push(Feature::ProcessList);
     }
     let live_url = live_url(name, d, ids, up);
+    let gpu_error = d.gpus_unreadable.then(|| {
+        "its gpusweep serve says the driver or one of its GPUs does not answer (gpusweep_gpus_readable 0)"
+            .to_string()
+    });
     HostSnapshot {
         host: name.to_string(),
+        gpu_error,
         taken_at_ms: d.taken_at_ms(polled_ms),
         source: SourceKind::Prometheus,
-        simulated: ids.simulated.contains(name),
+        simulated: own_target(d).is_some_and(|t| {
+            ids.simulated
+                .contains(&(name.to_string(), t.instance.clone()))
+        }),
         gpus,
         missing_features: missing,
         findings,
@@ -515,7 +592,13 @@ impl Queries {
         Queries {
             used: by_gpu(m::FB_USED),
             clean: by_gpu(m::GPU_CLEAN),
-            unreadable: format!("{} == 0", by_gpu(m::GPU_READABLE)),
+            // A GPU its serve could not read; and (without a `gpu` label) a host whose serve says the
+            // driver or one of its GPUs does not answer.
+            unreadable: format!(
+                "({} == 0) or (max by (Hostname, job, instance) ({}) == 0)",
+                by_gpu(m::GPU_READABLE),
+                p.sel(m::GPUS_READABLE)
+            ),
             unexplained: format!(
                 "max by (Hostname, job, instance, gpu, kind) ({})",
                 p.sel(m::UNEXPLAINED_BYTES)
@@ -567,11 +650,12 @@ fn identity_queries(p: &PromServer) -> [String; 4] {
 /// Read identities: GPU UUIDs, models, buses; each host's scrape target and serve.
 async fn identities(p: &PromServer, http: &HttpClient) -> Result<Identities, String> {
     let [gpus_q, serve_q, usable_q, reserved_q] = identity_queries(p);
+    let spent = AtomicUsize::new(0);
     let (gpu_body, serve_body, usable_body, reserved_body) = tokio::join!(
-        p.fetch(http, &gpus_q),
-        p.fetch(http, &serve_q),
-        p.fetch(http, &usable_q),
-        p.fetch(http, &reserved_q)
+        p.fetch(http, &gpus_q, &spent),
+        p.fetch(http, &serve_q, &spent),
+        p.fetch(http, &usable_q, &spent),
+        p.fetch(http, &reserved_q, &spent)
     );
     let (gpu_body, serve_body) = (gpu_body?, serve_body?);
     let (usable_body, reserved_body) = (usable_body?, reserved_body?);
@@ -640,8 +724,12 @@ impl Identities {
                 Some("https") => "https",
                 _ => "http",
             };
+            let said_by = (
+                host.to_string(),
+                x.label("instance").unwrap_or("").to_string(),
+            );
             if x.label("simulated") == Some("true") {
-                self.simulated.insert(host.to_string());
+                self.simulated.insert(said_by.clone());
             }
             let path = x.label("api_path").unwrap_or("").to_string();
             let name_ok = |n: &str| {
@@ -650,8 +738,7 @@ impl Identities {
             };
             let ok = path.is_empty() || path.strip_prefix("/hosts/").is_some_and(name_ok);
             if ok {
-                self.serve
-                    .insert(host.to_string(), (scheme.to_string(), path));
+                self.serve.insert(said_by, (scheme.to_string(), path));
             }
         }
     }
@@ -711,14 +798,15 @@ async fn poll(
     queries: &Queries,
     names: &Names,
 ) -> Result<Polled, String> {
+    let spent = AtomicUsize::new(0);
     let bodies = tokio::join!(
-        server.fetch(http, &queries.used),
-        server.fetch(http, &queries.clean),
-        server.fetch(http, &queries.unreadable),
-        server.fetch(http, &queries.unexplained),
-        server.fetch(http, &queries.findings),
-        server.fetch(http, &queries.taken),
-        server.fetch(http, &queries.up),
+        server.fetch(http, &queries.used, &spent),
+        server.fetch(http, &queries.clean, &spent),
+        server.fetch(http, &queries.unreadable, &spent),
+        server.fetch(http, &queries.unexplained, &spent),
+        server.fetch(http, &queries.findings, &spent),
+        server.fetch(http, &queries.taken, &spent),
+        server.fetch(http, &queries.up, &spent),
     );
     let answers = [
         bodies.0?, bodies.1?, bodies.2?, bodies.3?, bodies.4?, bodies.5?, bodies.6?,
@@ -744,26 +832,20 @@ fn table(
     names: &Names,
     answers: &[bytes::Bytes; 7],
 ) -> Result<Polled, String> {
+    // Each answer parsed, folded in and let go before the next: one answer's samples are held at a time.
     let [used, clean, unreadable, unexplained, findings, taken, up] = answers;
-    let (used, clean) = (server.samples(used), server.samples(clean));
-    let (unreadable, unexplained, findings) = (
-        server.samples(unreadable),
-        server.samples(unexplained),
-        server.samples(findings),
-    );
-    let (taken, up) = (server.samples(taken), server.samples(up));
     let mut hosts: Vec<Option<HostData>> =
         std::iter::repeat_with(|| None).take(names.len()).collect();
-    for (samples, set, gpusweep) in [
+    for (body, set, gpusweep) in [
         (
-            used?,
+            used,
             (|g, x| g.used = x.value()) as fn(&mut GpuData, &Sample),
             false,
         ),
-        (clean?, |g, x| g.clean = x.value(), true),
-        (unreadable?, |g, _| g.unreadable = true, true),
+        (clean, |g, x| g.clean = x.value(), true),
+        (unreadable, |g, _| g.unreadable = true, true),
         (
-            unexplained?,
+            unexplained,
             |g, x| {
                 if let (Some(k), Some(v)) = (x.label("kind"), x.value()) {
                     g.unexplained.push((k.to_string(), v));
@@ -772,8 +854,15 @@ fn table(
             true,
         ),
     ] {
-        for sample in samples {
-            let Some(gpu) = sample.gpu() else { continue };
+        let whole_host = std::ptr::eq(body, unreadable);
+        for sample in server.samples(body)? {
+            let Some(gpu) = sample.gpu() else {
+                if whole_host && let Some(data) = of(&mut hosts, names, &sample) {
+                    data.gpusweep = true;
+                    data.gpus_unreadable = true;
+                }
+                continue;
+            };
             let Some(data) = of(&mut hosts, names, &sample) else {
                 continue;
             };
@@ -781,7 +870,7 @@ fn table(
             set(data.gpus.entry(gpu).or_default(), &sample);
         }
     }
-    for sample in findings? {
+    for sample in server.samples(findings)? {
         let (Some(kind), Some(sev), Some(n)) = (
             sample.label("kind"),
             sample.label("severity"),
@@ -795,7 +884,7 @@ fn table(
         data.gpusweep = true;
         data.counts.push((kind.to_string(), sev.to_string(), n));
     }
-    for sample in taken? {
+    for sample in server.samples(taken)? {
         let Some(data) = of(&mut hosts, names, &sample) else {
             continue;
         };
@@ -812,7 +901,8 @@ fn table(
             g.unexplained.sort_by(|a, b| a.0.cmp(&b.0));
         }
     }
-    let up: HashMap<String, f64> = up?
+    let up: HashMap<String, f64> = server
+        .samples(up)?
         .iter()
         .filter_map(|sample| Some((sample.label("instance")?.to_string(), sample.value()?)))
         .collect();
@@ -1195,6 +1285,71 @@ mod tests {
             (Some(0), Some(1), None)
         );
         assert_eq!(names.len(), 2);
+    }
+
+    #[test]
+    fn a_serve_that_says_it_cannot_read_its_gpus_has_no_clean_gpu() {
+        let p = server("http://p:9090", "");
+        let answer = |result: &str| -> bytes::Bytes {
+            format!(
+                r#"{{"status":"success","data":{{"resultType":"vector","result":[{result}]}}}}"#
+            )
+            .into_bytes()
+            .into()
+        };
+        let t = r#""Hostname":"node1","job":"gpusweep","instance":"10.0.0.1:9401""#;
+        let answers = [
+            answer(&format!(
+                r#"{{"metric":{{{t},"gpu":"0"}},"value":[1,"0"]}}"#
+            )),
+            answer(&format!(
+                r#"{{"metric":{{{t},"gpu":"0"}},"value":[1,"1"]}}"#
+            )),
+            // gpusweep_gpus_readable 0: no `gpu` label.
+            answer(&format!(r#"{{"metric":{{{t}}},"value":[1,"0"]}}"#)),
+            answer(""),
+            answer(""),
+            answer(""),
+            answer(""),
+        ];
+        let hosts = [PromHost {
+            name: "node1".into(),
+            sink: Arc::new(Deaf),
+            detached: Arc::default(),
+        }];
+        let (table, _) = table(&p, &Names::new(&hosts), &answers).expect("a table");
+        let d = table[0].as_ref().expect("node1's data");
+        assert!(d.gpus_unreadable);
+        let s = snapshot("node1", d, &Identities::default(), &HashMap::new(), 5);
+        assert_ne!(s.gpus[0].judged, Some(GpuState::Clean), "{s:?}");
+        assert!(
+            s.gpu_error
+                .as_deref()
+                .is_some_and(|e| e.contains("gpus_readable")),
+            "{s:?}"
+        );
+    }
+
+    #[test]
+    fn another_target_cannot_mark_a_host_demo_nor_move_its_api() {
+        let p = server("http://p:9090", "");
+        let body = br#"{"status":"success","data":{"resultType":"vector","result":[
+            {"metric":{"Hostname":"gpu-b","instance":"10.0.0.2:9401","scheme":"http","api_path":""},"value":[1,"1"]},
+            {"metric":{"Hostname":"gpu-b","instance":"10.0.0.66:9400","scheme":"https","api_path":"/hosts/x","simulated":"true"},"value":[1,"1"]}]}}"#;
+        let mut ids = Identities::default();
+        ids.serves_from(&p.samples(body).expect("an answer"));
+        let mut d = HostData {
+            gpusweep: true,
+            ..Default::default()
+        };
+        d.targets.insert(Target {
+            job: "gpusweep".into(),
+            instance: "10.0.0.2:9401".into(),
+        });
+        let up: HashMap<String, f64> = [("10.0.0.2:9401".to_string(), 1.0)].into();
+        let s = snapshot("gpu-b", &d, &ids, &up, 5);
+        assert!(!s.simulated, "marked DEMO by another target");
+        assert_eq!(s.live_url.as_deref(), Some("http://10.0.0.2:9401"));
     }
 
     #[test]
