@@ -39,6 +39,13 @@ fn agent_lines(dir: &Path) -> (String, String) {
 }
 
 async fn fleet(command: &str, interval: Duration, audit: &Path) -> Fleet {
+    let spec = HostSpec::Command {
+        command: command.to_string(),
+    };
+    fleet_of(spec, interval, audit).await
+}
+
+async fn fleet_of(spec: HostSpec, interval: Duration, audit: &Path) -> Fleet {
     let opts = FleetOptions {
         interval,
         analyze: AnalyzeOptions::default(),
@@ -58,9 +65,6 @@ async fn fleet(command: &str, interval: Duration, audit: &Path) -> Fleet {
         serve_socket: None,
         acts: false,
         events_file: None,
-    };
-    let spec = HostSpec::Command {
-        command: command.to_string(),
     };
     Fleet::start(&[spec], &opts).await.expect("fleet")
 }
@@ -363,4 +367,64 @@ fn a_snapshot_table_prints_each_host_as_it_answers_while_one_hangs() {
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("TERM");
     assert_eq!(child.wait().expect("wait").code(), Some(143));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpusweeps_own_client_resumes_its_stream_where_it_was() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().expect("tmp");
+    let demo = Command::new(BIN)
+        .args(["snapshot", "--demo", "--hosts", "gpu-a", "--json"])
+        .env("GPUSWEEP_CONFIG", dir.path().join("none.toml"))
+        .output()
+        .expect("demo");
+    let doc: serde_json::Value = serde_json::from_slice(&demo.stdout).expect("json");
+    let host = doc["hosts"][0].to_string();
+    // A "serve" whose first stream ends after its hello (id 5-7); the second is answered with a reading.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = asked.clone();
+    std::thread::spawn(move || {
+        for (n, stream) in listener.incoming().flatten().enumerate() {
+            let mut s = stream;
+            let mut req = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => req.extend_from_slice(&buf[..k]),
+                }
+            }
+            seen.lock()
+                .expect("lock")
+                .push(String::from_utf8_lossy(&req).to_lowercase());
+            let hello = r#"{"protocol":1,"version":"0.1.0","hosts":["gpu-a"],"interval_ms":1000}"#;
+            let mut body = format!("event: hello\ndata: {hello}\nid: 5-7\n\n");
+            if n > 0 {
+                body.push_str(&format!("event: snapshot\ndata: {host}\nid: 5-8\n\n"));
+            }
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n{body}"
+            );
+            if n > 0 {
+                std::thread::sleep(Duration::from_secs(5));
+            }
+        }
+    });
+    let spec = HostSpec::Http {
+        url: gpusweep::core::host::HttpUrl::parse(&format!("http://{addr}")).expect("url"),
+    };
+    let mut fleet = fleet_of(spec, Duration::from_secs(1), &dir.path().join("audit")).await;
+    // The first stream ends (the host is down a moment), the second brings the reading.
+    loop {
+        if let HostEvent::Reading { .. } = next_event(&mut fleet, Duration::from_secs(20)).await {
+            break;
+        }
+    }
+    let asked = asked.lock().expect("lock").clone();
+    assert!(asked.len() >= 2, "{asked:?}");
+    assert!(!asked[0].contains("last-event-id"), "{}", asked[0]);
+    assert!(asked[1].contains("last-event-id: 5-7"), "{}", asked[1]);
 }

@@ -1803,3 +1803,168 @@ async fn a_crafted_cgroup_name_cannot_forge_a_label_in_metrics() {
     let _ = holder.kill();
     let _ = holder.wait();
 }
+
+/// Read a stream until its first snapshot event is whole.
+async fn read_through_snapshot(events: &mut reqwest::Response, got: &mut String) {
+    read_until(events, got, "event: snapshot").await;
+    let t = Instant::now();
+    while !got
+        .split_once("event: snapshot")
+        .is_some_and(|(_, rest)| rest.contains("\n\n"))
+    {
+        assert!(t.elapsed() < Duration::from_secs(20), "{got}");
+        let chunk = tokio::time::timeout(Duration::from_secs(20), events.chunk())
+            .await
+            .expect("the snapshot's end within 20 s")
+            .expect("chunk")
+            .expect("open");
+        got.push_str(&String::from_utf8_lossy(&chunk));
+    }
+}
+
+/// The whole events of a stream's text: (id, name, data), in order.
+fn sse_events(text: &str) -> Vec<(String, String, String)> {
+    let whole = &text[..text.rfind("\n\n").map_or(0, |i| i + 2)];
+    whole
+        .split("\n\n")
+        .filter_map(|block| {
+            let (mut id, mut name, mut data) = (String::new(), String::new(), String::new());
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id: ") {
+                    id = v.to_string();
+                } else if let Some(v) = line.strip_prefix("event: ") {
+                    name = v.to_string();
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data.push_str(v);
+                }
+            }
+            (!name.is_empty()).then_some((id, name, data))
+        })
+        .collect()
+}
+
+/// The sequence number of an event id (`EPOCH-SEQ`).
+fn seq_of(id: &str) -> u64 {
+    id.split_once('-')
+        .and_then(|(_, s)| s.parse().ok())
+        .unwrap_or_else(|| panic!("an id EPOCH-SEQ: {id:?}"))
+}
+
+/// Sweep the demo's gpu-b through the serve's socket.
+fn sweep_through(tmp: &std::path::Path, sock: &str) {
+    let out = gpusweep(tmp)
+        .args(["sweep", "--hosts", &format!("unix:{sock}"), "--yes"])
+        .args(["--grace", "1s", "--timeout", "20s"])
+        .output()
+        .expect("sweep");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_reconnects_with_its_last_event_id_gets_every_event_it_missed() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let sock = tmp.join("serve.sock").to_str().expect("utf-8").to_string();
+    let serve = Serve::start(
+        tmp,
+        &[
+            "--demo",
+            "--hosts",
+            "gpu-b",
+            "--socket",
+            &sock,
+            "--interval",
+            "200ms",
+        ],
+        &[],
+    );
+    let c = client();
+    // A stays connected throughout; B reads its first events and leaves.
+    let mut a = c.get(serve.url("/api/v1/events")).send().await.expect("a");
+    let mut got_a = String::new();
+    read_until(&mut a, &mut got_a, "event: snapshot").await;
+    let mut b = c.get(serve.url("/api/v1/events")).send().await.expect("b");
+    let mut got_b = String::new();
+    read_through_snapshot(&mut b, &mut got_b).await;
+    drop(b);
+    let first = sse_events(&got_b);
+    assert_eq!(first[0].1, "hello", "{got_b}");
+    assert!(got_b.contains("retry: "), "a reconnect delay: {got_b}");
+    assert!(
+        first.iter().all(|(id, ..)| !id.is_empty()),
+        "an id on every event: {got_b}"
+    );
+    let left_at = first.last().expect("events").0.clone();
+    // While B is away, a sweep.
+    sweep_through(tmp, &sock);
+    read_until(&mut a, &mut got_a, r#""event":"all_clean""#).await;
+    // B comes back from where it was: every timeline event A saw since, in order, then the state now.
+    let mut b = c
+        .get(serve.url("/api/v1/events"))
+        .header("Last-Event-ID", &left_at)
+        .send()
+        .await
+        .expect("b again");
+    let mut got_b = String::new();
+    read_through_snapshot(&mut b, &mut got_b).await;
+    let missed: Vec<(String, String)> = sse_events(&got_a)
+        .into_iter()
+        .filter(|(id, name, _)| name == "event" && seq_of(id) > seq_of(&left_at))
+        .map(|(id, _, data)| (id, data))
+        .collect();
+    assert!(missed.len() >= 3, "the sweep's events: {got_a}");
+    let again = sse_events(&got_b);
+    let replayed: Vec<(String, String)> = again
+        .iter()
+        .take_while(|(_, name, _)| name != "snapshot")
+        .filter(|(_, name, _)| name == "event")
+        .map(|(id, _, data)| (id.clone(), data.clone()))
+        .collect();
+    assert_eq!(replayed, missed, "{got_b}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_further_behind_than_the_serve_keeps_is_told_so() {
+    let c = client();
+    // A serve that keeps 4 events: a client further behind is told what is gone, then given what is kept.
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let sock = tmp.join("serve.sock").to_str().expect("utf-8").to_string();
+    let serve = Serve::start(
+        tmp,
+        &[
+            "--demo", "--hosts", "gpu-b", "--socket", &sock, "--replay", "4",
+        ],
+        &[],
+    );
+    let mut b = c.get(serve.url("/api/v1/events")).send().await.expect("b");
+    let mut got_b = String::new();
+    read_through_snapshot(&mut b, &mut got_b).await;
+    drop(b);
+    let left_at = sse_events(&got_b).last().expect("events").0.clone();
+    sweep_through(tmp, &sock);
+    let behind = |id: String| {
+        let c = c.clone();
+        let url = serve.url("/api/v1/events");
+        async move {
+            let mut r = c
+                .get(url)
+                .header("Last-Event-ID", id)
+                .send()
+                .await
+                .expect("again");
+            let mut got = String::new();
+            read_through_snapshot(&mut r, &mut got).await;
+            sse_events(&got)
+        }
+    };
+    let again = behind(left_at).await;
+    assert_eq!(again[1].1, "gap", "{again:?}");
+    assert!(again[1].2.contains("no longer kept"), "{again:?}");
+    let kept = again.iter().filter(|(_, name, _)| name == "event").count();
+    assert!((1..=4).contains(&kept), "{again:?}");
+    // An id of another serve's life: everything before this one's start is gone, and said so.
+    let again = behind("1-3".to_string()).await;
+    assert_eq!(again[1].1, "gap", "{again:?}");
+    assert!(again[1].2.contains("restarted"), "{again:?}");
+}

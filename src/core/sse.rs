@@ -18,15 +18,18 @@ pub enum Kind {
     Event,
     /// A host's connection changed: `Status`.
     Status,
+    /// A reconnecting stream asked (`Last-Event-ID`) for events the serve no longer keeps: `Gap`.
+    Gap,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 6] = [
         Kind::Hello,
         Kind::Snapshot,
         Kind::Unchanged,
         Kind::Event,
         Kind::Status,
+        Kind::Gap,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -36,6 +39,7 @@ impl Kind {
             Kind::Unchanged => "unchanged",
             Kind::Event => "event",
             Kind::Status => "status",
+            Kind::Gap => "gap",
         }
     }
 
@@ -80,6 +84,15 @@ pub struct Status {
     pub status: Conn,
     pub reason: Option<String>,
 }
+
+/// Events a reconnecting stream missed and cannot be given: why. The events still kept follow it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gap {
+    pub reason: String,
+}
+
+/// How soon a client should reconnect after a stream ends (`retry:`).
+pub const RETRY_MS: u64 = 1000;
 
 #[cfg(test)]
 mod tests {

@@ -6,7 +6,9 @@
 //! /metrics             OpenMetrics text: dcgm-exporter's memory gauges and gpusweep's own
 //! /api/v1/snapshot     the JSON contract of `gpusweep snapshot --json`
 //! /api/v1/events       server-sent events: hello, snapshot (when a reading says something new), unchanged
-//!                      (a reading that says the same; only its time), event (the timeline), status
+//!                      (a reading that says the same; only its time), event (the timeline), status, gap;
+//!                      each with an id (EPOCH-SEQ), so a client that reconnects with Last-Event-ID is
+//!                      given the timeline events it missed
 //! /healthz             200 when every host has a fresh reading, 503 saying why not
 //! /hosts/NAME/...      the same, for one of several hosts (a demo fleet)
 //! ```
@@ -25,7 +27,7 @@ use axum::routing::get;
 use futures::Stream;
 use tokio::sync::broadcast;
 
-use super::hub::{Reading, Shared};
+use super::hub::{Logged, Missed, Reading, Shared};
 use crate::core::format::fmt_ms;
 use crate::core::model::now_ms;
 use crate::core::parse::parse_duration;
@@ -245,19 +247,32 @@ pub struct EventsQuery {
     interval: Option<String>,
 }
 
-async fn all_events(State(web): State<Web>, Query(q): Query<EventsQuery>) -> Response {
-    events(web.clone(), &every(&web), &q)
+async fn all_events(
+    State(web): State<Web>,
+    Query(q): Query<EventsQuery>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    events(web.clone(), &every(&web), &q, last_event_id(&headers))
 }
 
 async fn host_events(
     State(web): State<Web>,
     Path(name): Path<String>,
     Query(q): Query<EventsQuery>,
+    headers: axum::http::HeaderMap,
 ) -> Response {
     match web.shared.host_index(&name) {
-        Some(i) => events(web, &[i], &q),
+        Some(i) => events(web, &[i], &q, last_event_id(&headers)),
         None => no_such_host(&web, &name),
     }
+}
+
+/// The `Last-Event-ID` a reconnecting client sends: (epoch, sequence number). One that is not this serve's
+/// form is none (the client is given the stream as new).
+fn last_event_id(headers: &axum::http::HeaderMap) -> Option<(u64, u64)> {
+    let v = headers.get("last-event-id")?.to_str().ok()?;
+    let (epoch, seq) = v.trim().split_once('-')?;
+    Some((epoch.parse().ok()?, seq.parse().ok()?))
 }
 
 /// Withdraws a stream's interval requests, and gives its place back, when the stream ends (the client
@@ -277,7 +292,7 @@ impl Drop for Asked {
     }
 }
 
-fn events(web: Web, hosts: &[usize], q: &EventsQuery) -> Response {
+fn events(web: Web, hosts: &[usize], q: &EventsQuery, resume: Option<(u64, u64)>) -> Response {
     let interval = match q.interval.as_deref().map(parse_duration) {
         None => None,
         Some(Ok(d)) => Some(d.max(MIN_HTTP_INTERVAL)),
@@ -307,10 +322,14 @@ fn events(web: Web, hosts: &[usize], q: &EventsQuery) -> Response {
         hosts: hosts.to_vec(),
         _place: place,
     };
-    Sse::new(stream(web.shared, hosts, asked))
+    Sse::new(stream(web.shared, hosts, asked, resume))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
 }
+
+/// An event not yet sent, and the sequence number its id will carry (the timeline's position of the stream
+/// when it was made; a timeline event's own).
+type Queued = (SseEvent, u64);
 
 fn event(kind: sse::Kind, data: &impl serde::Serialize) -> SseEvent {
     SseEvent::default()
@@ -409,16 +428,75 @@ struct StreamState {
     /// One host: its own channels, so readings of other hosts never wake this stream.
     single: Option<OneHost>,
     readings: broadcast::Receiver<usize>,
-    events: broadcast::Receiver<Arc<str>>,
-    queue: std::collections::VecDeque<SseEvent>,
+    events: broadcast::Receiver<Arc<Logged>>,
+    queue: std::collections::VecDeque<Queued>,
+    /// The last timeline event this stream has given (or that was there when it began): what its ids say.
+    pos: u64,
+    epoch: u64,
     _asked: Asked,
 }
 
-fn stream(
+impl StreamState {
+    fn wants(&self, host: usize) -> bool {
+        self.follows.iter().any(|f| f.host == host)
+    }
+
+    /// Events made now, at the stream's position.
+    fn extend(&mut self, out: Vec<SseEvent>) {
+        let pos = self.pos;
+        self.queue.extend(out.into_iter().map(|e| (e, pos)));
+    }
+
+    /// A timeline event, unless the stream gave it already (from the journal).
+    fn timeline(&mut self, l: &Logged) {
+        if l.seq > self.pos && self.wants(l.host) {
+            self.pos = l.seq;
+            let e = SseEvent::default()
+                .event(sse::Kind::Event.as_str())
+                .data(&*l.json);
+            self.queue.push_back((e, l.seq));
+        }
+    }
+
+    /// What the stream missed after `after` (in `epoch`), from the journal: the events, or a gap and what
+    /// is kept. Its position is then the journal's last event.
+    fn catch_up(&mut self, epoch: u64, after: u64) {
+        let Ok(journal) = self.shared.journal.lock() else {
+            return;
+        };
+        let hosts: Vec<usize> = self.follows.iter().map(|f| f.host).collect();
+        let missed = journal.since(epoch, after, |h| hosts.contains(&h));
+        let last = journal.last();
+        // From another serve's epoch, every event kept is new to the stream.
+        let from = if epoch == journal.epoch {
+            after.min(last)
+        } else {
+            0
+        };
+        drop(journal);
+        let kept = match missed {
+            Missed::Replay(kept) => kept,
+            Missed::Gap { why, kept } => {
+                let gap = event(sse::Kind::Gap, &sse::Gap { reason: why });
+                self.queue.push_back((gap, from));
+                kept
+            }
+        };
+        self.pos = from;
+        for l in &kept {
+            self.timeline(l);
+        }
+        self.pos = self.pos.max(last);
+    }
+}
+
+/// A new stream's state: subscribed, its hello, what it missed (in order), then what is there now.
+fn begin(
     shared: Arc<Shared>,
     hosts: &[usize],
     asked: Asked,
-) -> impl Stream<Item = Result<SseEvent, Infallible>> + use<> {
+    resume: Option<(u64, u64)>,
+) -> StreamState {
     // Receivers that have seen what is there now: the first events below say it.
     let single = match hosts {
         [i] => shared.hosts.get(*i).map(|h| {
@@ -433,9 +511,7 @@ fn stream(
         [i] if shared.hosts.get(*i).is_some() => shared.hosts[*i].events.subscribe(),
         _ => shared.all_events.subscribe(),
     };
-    let mut queue = std::collections::VecDeque::new();
-    queue.push_back(hello(&shared, hosts));
-    let mut follows: Vec<Follow> = hosts
+    let follows: Vec<Follow> = hosts
         .iter()
         .map(|&host| Follow {
             host,
@@ -444,23 +520,49 @@ fn stream(
             gauges: Vec::new(),
         })
         .collect();
-    let mut first = Vec::new();
-    for f in &mut follows {
-        reading_events(&shared, f, &mut first);
-    }
-    queue.extend(first);
-    let st = StreamState {
+    // Subscribed above before the journal is read: an event in both is given once.
+    let (epoch, last) = shared
+        .journal
+        .lock()
+        .map(|j| (j.epoch, j.last()))
+        .unwrap_or_default();
+    let mut st = StreamState {
         readings: shared.readings.subscribe(),
         shared,
-        follows,
+        follows: Vec::new(),
         single,
         events,
-        queue,
+        queue: std::collections::VecDeque::new(),
+        pos: last,
+        epoch,
         _asked: asked,
     };
+    let hello = hello(&st.shared, hosts).retry(Duration::from_millis(sse::RETRY_MS));
+    st.queue.push_back((hello, last));
+    st.follows = follows;
+    // Hello, what was missed (in order), then what is there now.
+    if let Some((epoch, after)) = resume {
+        st.catch_up(epoch, after);
+    }
+    let mut first = Vec::new();
+    for f in &mut st.follows {
+        reading_events(&st.shared, f, &mut first);
+    }
+    st.extend(first);
+    st
+}
+
+fn stream(
+    shared: Arc<Shared>,
+    hosts: &[usize],
+    asked: Asked,
+    resume: Option<(u64, u64)>,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> + use<> {
+    let st = begin(shared, hosts, asked, resume);
     futures::stream::unfold(st, |mut st| async move {
         loop {
-            if let Some(e) = st.queue.pop_front() {
+            if let Some((e, seq)) = st.queue.pop_front() {
+                let e = e.id(format!("{}-{seq}", st.epoch));
                 return Some((Ok(e), st));
             }
             let mut out = Vec::new();
@@ -475,7 +577,7 @@ fn stream(
                             r.ok()?;
                             reading_events(&st.shared, &mut st.follows[0], &mut out);
                         }
-                        e = st.events.recv() => push_event(e, &mut out)?,
+                        e = st.events.recv() => on_timeline(&mut st, e)?,
                     }
                 }
                 None => {
@@ -494,31 +596,24 @@ fn stream(
                             }
                             Err(broadcast::error::RecvError::Closed) => return None,
                         },
-                        e = st.events.recv() => push_event(e, &mut out)?,
+                        e = st.events.recv() => on_timeline(&mut st, e)?,
                     }
                 }
             }
-            st.queue.extend(out);
+            st.extend(out);
         }
     })
 }
 
-/// A timeline event for the stream; `None` once the serve is going away.
-fn push_event(
-    e: Result<Arc<str>, broadcast::error::RecvError>,
-    out: &mut Vec<SseEvent>,
+/// A timeline event for the stream; `None` once the serve is going away. A stream that fell behind the
+/// broadcast catches up from the journal.
+fn on_timeline(
+    st: &mut StreamState,
+    e: Result<Arc<Logged>, broadcast::error::RecvError>,
 ) -> Option<()> {
     match e {
-        Ok(json) => out.push(
-            SseEvent::default()
-                .event(sse::Kind::Event.as_str())
-                .data(&*json),
-        ),
-        Err(broadcast::error::RecvError::Lagged(n)) => {
-            out.push(
-                SseEvent::default().comment(format!("{n} events skipped: this stream fell behind")),
-            );
-        }
+        Ok(l) => st.timeline(&l),
+        Err(broadcast::error::RecvError::Lagged(_)) => st.catch_up(st.epoch, st.pos),
         Err(broadcast::error::RecvError::Closed) => return None,
     }
     Some(())

@@ -37,8 +37,100 @@ pub fn histogram() -> Histogram {
     Histogram::new(BUCKETS)
 }
 
-/// Events kept for subscribers that fall behind; one that lags further skips ahead and is told so.
+/// Events kept for subscribers that fall behind; one that lags further catches up from the journal.
 const EVENT_BACKLOG: usize = 1024;
+
+/// Timeline events a serve keeps for streams that reconnect, unless `--replay` says otherwise.
+pub const DEFAULT_REPLAY: usize = 10_000;
+
+/// One timeline event as served: its place in the serve's sequence, its host, its JSON (as HTTP readers may
+/// see it).
+#[derive(Debug)]
+pub struct Logged {
+    pub seq: u64,
+    pub host: usize,
+    pub json: Arc<str>,
+}
+
+/// The last timeline events, for streams that reconnect with `Last-Event-ID` (`EPOCH-SEQ`). The epoch is
+/// this serve's start: an id of another epoch is from a serve that is gone, and its events with it.
+pub struct Journal {
+    pub epoch: u64,
+    /// The sequence number the next event gets (the first is 1; 0 stands for "none yet").
+    next: u64,
+    kept: std::collections::VecDeque<Arc<Logged>>,
+    cap: usize,
+}
+
+/// What a reconnecting stream may be given of what it missed.
+#[derive(Debug)]
+pub enum Missed {
+    /// Every event after its last one (for its hosts), in order.
+    Replay(Vec<Arc<Logged>>),
+    /// Some are gone: why, and what is kept (from the oldest still here).
+    Gap { why: String, kept: Vec<Arc<Logged>> },
+}
+
+impl Journal {
+    fn new(cap: usize) -> Journal {
+        Journal {
+            epoch: crate::core::model::now_ms(),
+            next: 1,
+            kept: std::collections::VecDeque::new(),
+            cap,
+        }
+    }
+
+    fn push(&mut self, host: usize, json: Arc<str>) -> Arc<Logged> {
+        let logged = Arc::new(Logged {
+            seq: self.next,
+            host,
+            json,
+        });
+        self.next += 1;
+        if self.cap > 0 {
+            if self.kept.len() == self.cap {
+                self.kept.pop_front();
+            }
+            self.kept.push_back(logged.clone());
+        }
+        logged
+    }
+
+    /// The sequence number of the last event so far (0: none).
+    pub fn last(&self) -> u64 {
+        self.next - 1
+    }
+
+    /// The events after `after` (for the hosts `wanted` picks), or what is kept where some are gone.
+    pub fn since(&self, epoch: u64, after: u64, wanted: impl Fn(usize) -> bool) -> Missed {
+        let pick = |from: u64| -> Vec<Arc<Logged>> {
+            self.kept
+                .iter()
+                .filter(|l| l.seq > from && wanted(l.host))
+                .cloned()
+                .collect()
+        };
+        if epoch != self.epoch {
+            return Missed::Gap {
+                why: "the serve restarted: the events before its start are gone".into(),
+                kept: pick(0),
+            };
+        }
+        let oldest = self.kept.front().map_or(self.next, |l| l.seq);
+        if after + 1 < oldest && after < self.last() {
+            return Missed::Gap {
+                why: format!(
+                    "{} events after {after} are no longer kept (the serve keeps the last {})",
+                    oldest - after - 1,
+                    self.cap
+                ),
+                kept: pick(after),
+            };
+        }
+        Missed::Replay(pick(after))
+    }
+}
 
 /// One reading as served.
 #[derive(Debug)]
@@ -101,7 +193,7 @@ pub struct HostChannel {
     pub latest: watch::Receiver<Option<Arc<Reading>>>,
     pub status: watch::Receiver<ConnStatus>,
     /// Events of this host, as JSON (`core::event::Event`).
-    pub events: broadcast::Sender<Arc<str>>,
+    pub events: broadcast::Sender<Arc<Logged>>,
 }
 
 /// An action a privileged client asks the loop that owns the fleet to carry out (through the same delivery
@@ -193,7 +285,9 @@ pub struct Shared {
     /// Host indices as their readings arrive, for readers of several hosts at once.
     pub readings: broadcast::Sender<usize>,
     /// Every host's events, for readers of several hosts at once.
-    pub all_events: broadcast::Sender<Arc<str>>,
+    pub all_events: broadcast::Sender<Arc<Logged>>,
+    /// The last events, for streams that reconnect.
+    pub journal: Mutex<Journal>,
     /// Actions of privileged clients, to the loop.
     pub act: mpsc::Sender<ActAsk>,
     /// What clients want of the polling.
@@ -245,7 +339,13 @@ pub struct Hub {
 pub const MIN_UNPRIVILEGED_POLL: Duration = Duration::from_millis(100);
 
 impl Hub {
-    pub fn new(labels: &[String], interval: Duration, scheme: &'static str, modes: Modes) -> Hub {
+    pub fn new(
+        labels: &[String],
+        interval: Duration,
+        scheme: &'static str,
+        modes: Modes,
+        replay: usize,
+    ) -> Hub {
         let Modes {
             readonly,
             expect_gpus,
@@ -273,6 +373,7 @@ impl Hub {
             hosts,
             readings: broadcast::channel(EVENT_BACKLOG.max(labels.len() * 2)).0,
             all_events: broadcast::channel(EVENT_BACKLOG).0,
+            journal: Mutex::new(Journal::new(replay)),
             act,
             wants: Wants::default(),
             time_to_clean: labels
@@ -392,12 +493,16 @@ impl Hub {
                 }
             }
             // Events go only to HTTP streams: as HTTP readers may see them.
+            // Kept in the journal first, then sent: a stream that subscribes in between finds it in both
+            // and keeps one (by its sequence number).
             if let Ok(json) =
                 serde_json::to_string(redact::event(e, self.shared.http_view).as_ref())
+                && let Ok(mut journal) = self.shared.journal.lock()
             {
-                let json: Arc<str> = json.into();
-                let _ = ch.events.send(json.clone());
-                let _ = self.shared.all_events.send(json);
+                let logged = journal.push(i, json.into());
+                drop(journal);
+                let _ = ch.events.send(logged.clone());
+                let _ = self.shared.all_events.send(logged);
             }
         }
     }

@@ -71,6 +71,10 @@ pub struct ServeArgs {
     /// The certificate's private key (PEM).
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Timeline events kept for event streams that reconnect with `Last-Event-ID` (a client further
+    /// behind is told what it missed is gone).
+    #[arg(long, value_name = "N", default_value_t = hub::DEFAULT_REPLAY)]
+    pub replay: usize,
 }
 
 /// The bearer token: the file's first line, trimmed. A file others may read is refused: the token would not
@@ -216,7 +220,7 @@ async fn serve(s: &Settings, a: &ServeArgs, plan: Plan) -> anyhow::Result<i32> {
         expect_gpus: s.fleet.load_nvml,
         http_view: redact::http_view(token.is_some()),
     };
-    let hub = hub::Hub::new(&labels, s.fleet.interval, scheme, modes);
+    let hub = hub::Hub::new(&labels, s.fleet.interval, scheme, modes, a.replay);
     let shared = hub.shared();
     let http = if a.no_http {
         None

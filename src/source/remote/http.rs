@@ -106,6 +106,8 @@ impl HttpOptions {
 struct SseEvent {
     event: String,
     data: String,
+    /// Its `id:`, where it has one.
+    id: Option<String>,
 }
 
 /// Server-sent events out of a byte stream, each at most `MAX_LINE_BYTES`. Lines are read where they
@@ -164,6 +166,10 @@ impl SseParser {
         let value = value.strip_prefix(' ').unwrap_or(value);
         match field {
             "event" => value.clone_into(&mut self.cur.event),
+            // An id is short (EPOCH-SEQ); a longer one is none (it goes back out as a header).
+            "id" if value.len() <= 64 && !value.contains('\0') => {
+                self.cur.id = Some(value.to_string());
+            }
             "data" => {
                 if !self.cur.data.is_empty() {
                     self.cur.data.push('\n');
@@ -198,6 +204,7 @@ pub async fn run(
     base: &HttpUrl,
     cmds: &mut mpsc::Receiver<HostCmd>,
     interval: &mut Duration,
+    resume: &mut Option<String>,
 ) -> Result<(), String> {
     let http = task
         .opts
@@ -205,7 +212,7 @@ pub async fn run(
         .clone()
         .ok_or_else(|| "no HTTP client".to_string())?;
     loop {
-        match stream(task, base, &http, cmds, interval).await {
+        match stream(task, base, &http, cmds, interval, resume).await {
             Ended::Interval => {}
             Ended::Failed(e) => return Err(e),
             Ended::Stopped => return Ok(()),
@@ -213,12 +220,14 @@ pub async fn run(
     }
 }
 
-/// Open the event stream, asking for this interval; a refusal says why (and where a token goes).
+/// Open the event stream, asking for this interval, from where it was (`Last-Event-ID`); a refusal says why
+/// (and where a token goes).
 async fn connect(
     task: &RemoteTask,
     base: &HttpUrl,
     http: &HttpClient,
     interval: Duration,
+    resume: Option<&str>,
 ) -> Result<reqwest::Response, String> {
     let connect_timeout = task.opts.ssh.connect_timeout;
     let mut req = http
@@ -228,6 +237,9 @@ async fn connect(
         .header(reqwest::header::ACCEPT, "text/event-stream");
     if let Some(t) = &http.token {
         req = req.bearer_auth(t);
+    }
+    if let Some(id) = resume.and_then(|r| reqwest::header::HeaderValue::from_str(r).ok()) {
+        req = req.header("last-event-id", id);
     }
     let resp = match tokio::time::timeout(connect_timeout, req.send()).await {
         Err(_) => return Err(format!("no answer within {}s", connect_timeout.as_secs())),
@@ -259,6 +271,8 @@ async fn connect(
 struct Stream<'t> {
     task: &'t RemoteTask,
     base: &'t HttpUrl,
+    /// The last event's id: where the next connection resumes.
+    resume: &'t mut Option<String>,
     said_hello: bool,
     /// The serve's own interval, once its hello says it; readings come at the faster of it and ours.
     serve_interval: Option<Duration>,
@@ -346,6 +360,9 @@ impl Stream<'_> {
     /// One event of the stream. Readings go to the sink as they are: whether one says anything new is the
     /// runtime's to decide.
     fn on_event(&mut self, ev: &SseEvent) -> Step {
+        if let Some(id) = &ev.id {
+            id.clone_into(self.resume.get_or_insert_default());
+        }
         let kind = sse::Kind::parse(&ev.event);
         if kind == Some(sse::Kind::Hello) {
             return match self.on_hello(&ev.data) {
@@ -402,9 +419,10 @@ impl Stream<'_> {
                     true
                 }
             }
-            // The timeline's events: the client's ledger makes its own from the snapshots. A name this
-            // version does not know is a newer serve's: left alone.
-            Some(sse::Kind::Event | sse::Kind::Hello) | None => true,
+            // The timeline's events: the client's ledger makes its own from the snapshots (a gap in them
+            // loses it nothing: the snapshot that follows says what is there now). A name this version does
+            // not know is a newer serve's: left alone.
+            Some(sse::Kind::Event | sse::Kind::Hello | sse::Kind::Gap) | None => true,
         };
         if sent {
             Step::Go
@@ -442,8 +460,9 @@ async fn stream(
     http: &HttpClient,
     cmds: &mut mpsc::Receiver<HostCmd>,
     interval: &mut Duration,
+    resume: &mut Option<String>,
 ) -> Ended {
-    let mut resp = match connect(task, base, http, *interval).await {
+    let mut resp = match connect(task, base, http, *interval, resume.as_deref()).await {
         Ok(r) => r,
         Err(e) => return Ended::Failed(e),
     };
@@ -452,6 +471,7 @@ async fn stream(
     let mut st = Stream {
         task,
         base,
+        resume,
         said_hello: false,
         serve_interval: None,
         last: Instant::now(),
@@ -518,7 +538,7 @@ mod tests {
             .expect("ok");
         assert!(out.is_empty());
         p.feed(
-            b":1}\r\n\r\n: keep-alive\n\nevent:snapshot\ndata:x\ndata:y\n\n",
+            b":1}\r\n\r\n: keep-alive\n\nevent:snapshot\nid: 7-3\ndata:x\ndata:y\n\n",
             &mut out,
         )
         .expect("ok");
@@ -527,11 +547,13 @@ mod tests {
             vec![
                 SseEvent {
                     event: "hello".into(),
-                    data: "{\"a\":1}".into()
+                    data: "{\"a\":1}".into(),
+                    id: None
                 },
                 SseEvent {
                     event: "snapshot".into(),
-                    data: "x\ny".into()
+                    data: "x\ny".into(),
+                    id: Some("7-3".into())
                 }
             ]
         );
@@ -548,7 +570,8 @@ mod tests {
             out,
             vec![SseEvent {
                 event: "unchanged".into(),
-                data: "{\"taken_at_ms\":5}".into()
+                data: "{\"taken_at_ms\":5}".into(),
+                id: None
             }]
         );
         assert_eq!(p.partial.capacity(), 0, "nothing kept between events");
