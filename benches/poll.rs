@@ -17,6 +17,7 @@ use gpusweep::analyze::{AnalyzeOptions, analyzed};
 use gpusweep::source::Source;
 use gpusweep::source::demo::{DemoClock, DemoHost};
 use gpusweep::source::local::LocalSource;
+use gpusweep::source::local::nvml::Readout;
 use gpusweep::source::local::procfs::ProcfsConfig;
 
 /// `sleep` processes started for the measurement; `GPUSWEEP_BENCH_PROCS` asks for another number (5000 for a
@@ -49,7 +50,12 @@ fn bench(c: &mut Criterion) {
             .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
             .count()
     });
-    let mut src = match LocalSource::new("bench".into(), ProcfsConfig::default(), true, true) {
+    let mut src = match LocalSource::new(
+        "bench".into(),
+        ProcfsConfig::default(),
+        true,
+        Readout::Gauges,
+    ) {
         Ok(s) => s,
         Err(e) => panic!("local source: {e}"),
     };
@@ -66,11 +72,27 @@ fn bench(c: &mut Criterion) {
     c.bench_function(&format!("poll_incremental_{procs}_procs"), |b| {
         b.iter(|| src.poll());
     });
+    // The serve's reading: the same, with dcgm-exporter's counters (clocks, energy, GPM...); the verdict
+    // readers (`wait`, `sweep`) read neither.
+    for readout in [Readout::Verdict, Readout::Counters] {
+        let mut other =
+            match LocalSource::new("bench".into(), ProcfsConfig::default(), true, readout) {
+                Ok(s) => s,
+                Err(e) => panic!("local source: {e}"),
+            };
+        let _ = other.poll();
+        c.bench_function(
+            &format!("poll_incremental_{procs}_procs_{readout:?}"),
+            |b| {
+                b.iter(|| other.poll());
+            },
+        );
+    }
     let full_cfg = ProcfsConfig {
         full_scan_every: Duration::ZERO,
         ..ProcfsConfig::default()
     };
-    let mut full = match LocalSource::new("bench".into(), full_cfg, true, true) {
+    let mut full = match LocalSource::new("bench".into(), full_cfg, true, Readout::Gauges) {
         Ok(s) => s,
         Err(e) => panic!("local source: {e}"),
     };

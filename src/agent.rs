@@ -209,7 +209,7 @@ pub fn run(s: &crate::runtime::Settings, a: &AgentArgs) -> anyhow::Result<i32> {
         host.clone(),
         s.fleet.procfs.clone(),
         s.fleet.load_nvml,
-        true,
+        crate::source::local::nvml::Readout::Gauges,
     )?;
     let d = Deliverer {
         host,

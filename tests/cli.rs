@@ -2136,7 +2136,7 @@ fn the_systemd_unit_is_hardened_to_at_most_5_0_and_keeps_what_the_serve_needs() 
 }
 
 /// Start `program ARGS` with its stdout piped and wait for its "ready" line.
-fn started(program: &Path, args: &[&Path]) -> std::process::Child {
+fn started(program: &Path, args: &[&Path]) -> crate::support::Reaped {
     let mut c = Command::new(program)
         .args(args)
         .stdout(Stdio::piped())
@@ -2149,7 +2149,7 @@ fn started(program: &Path, args: &[&Path]) -> std::process::Child {
     )
     .expect("ready");
     assert_eq!(ready.trim(), "ready");
-    c
+    crate::support::Reaped(c)
 }
 
 #[test]
@@ -2159,12 +2159,13 @@ fn a_holder_whose_main_thread_exited_or_whose_thread_hides_its_fds_is_seen_and_e
     let leader_exit = crate::support::fixture_program(env.dir.path(), "leader_exit.c");
     let private_fds = crate::support::fixture_program(env.dir.path(), "private_fds.c");
     let mut exited = started(&leader_exit, &[&dev]);
-    let mut hiding = started(&private_fds, &[&dev]);
-    let (ep, hp) = (exited.id(), hiding.id());
+    let hiding = started(&private_fds, &[&dev]);
+    let (ep, hp) = (exited.0.id(), hiding.0.id());
     await_cond("the leader to exit", 10, || {
         stat_field(ep, 0).as_deref() == Some("Z")
     });
-    // Both hold the GPU: the snapshot lists them, alive, and `wait` does not call it clean.
+    // Both hold the GPU: the snapshot lists them, alive, and `wait` does not call it clean at any of its
+    // polls (full scans and the listings between them alike).
     let o = env.local_snapshot();
     let v: serde_json::Value =
         serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
@@ -2183,8 +2184,10 @@ fn a_holder_whose_main_thread_exited_or_whose_thread_hides_its_fds_is_seen_and_e
         "--no-nvml",
         "--device-glob",
         &env.glob(),
+        "--poll",
+        "100ms",
         "--timeout",
-        "1s",
+        "3s",
     ]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     // A kill ends the leader-less one: its pidfd reaches the thread group.
@@ -2197,9 +2200,7 @@ fn a_holder_whose_main_thread_exited_or_whose_thread_hides_its_fds_is_seen_and_e
         "2s",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let _ = exited.wait();
-    let _ = hiding.kill();
-    let _ = hiding.wait();
+    let _ = exited.0.wait();
 }
 
 #[test]
@@ -2236,14 +2237,16 @@ fn shm_clean_keeps_a_segment_used_through_a_thread_or_another_path() {
     let leader_exit = crate::support::fixture_program(env.dir.path(), "leader_exit.c");
     let private_fds = crate::support::fixture_program(env.dir.path(), "private_fds.c");
     let dev = env.device();
-    let mut leaderless = started(&leader_exit, &[&dev, &mapped]);
-    let mut private = started(&private_fds, &[&in_thread]);
-    let mut through_alias = Command::new("sh")
-        .args(["-c", "exec sleep 300 3<\"$1\"", "sh"])
-        .arg(alias.join("nccl-open-through-a-bind-mount"))
-        .spawn()
-        .expect("sh");
-    let alias_pid = through_alias.id();
+    let _leaderless = started(&leader_exit, &[&dev, &mapped]);
+    let _private = started(&private_fds, &[&in_thread]);
+    let through_alias = crate::support::Reaped(
+        Command::new("sh")
+            .args(["-c", "exec sleep 300 3<\"$1\"", "sh"])
+            .arg(alias.join("nccl-open-through-a-bind-mount"))
+            .spawn()
+            .expect("sh"),
+    );
+    let alias_pid = through_alias.0.id();
     await_cond("the alias open", 10, || {
         std::fs::read_link(format!("/proc/{alias_pid}/fd/3")).is_ok()
     });
@@ -2257,9 +2260,5 @@ fn shm_clean_keeps_a_segment_used_through_a_thread_or_another_path() {
             "{} is in use and was removed: {said}",
             p.display()
         );
-    }
-    for child in [&mut leaderless, &mut private, &mut through_alias] {
-        let _ = child.kill();
-        let _ = child.wait();
     }
 }

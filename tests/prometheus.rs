@@ -652,36 +652,8 @@ fn answers_of_tiny_samples_cannot_make_the_client_hold_gigabytes() {
         "{\"metric\":{},\"value\":[1,\"1\"]}"
     )
     .into();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let many = many.clone();
-            std::thread::spawn(move || {
-                let mut s = stream;
-                let mut req = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => req.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let req = String::from_utf8_lossy(&req);
-                let body: &str = if req.contains("max+by+%28Hostname%2C+instance%29") {
-                    "{\"status\":\"success\",\"data\":{\"resultType\":\"vector\",\"result\":[{\"metric\":{\"Hostname\":\"n\",\"instance\":\"n:9400\"},\"value\":[1,\"1\"]}]}}"
-                } else if req.contains("up") && req.contains("%3D%3D+0") {
-                    "{\"status\":\"success\",\"data\":{\"resultType\":\"vector\",\"result\":[]}}"
-                } else {
-                    &many
-                };
-                let _ = write!(
-                    s,
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    body.len()
-                );
-                let _ = s.write_all(body.as_bytes());
-            });
-        }
-    });
+    let discovery: Arc<str> = "{\"status\":\"success\",\"data\":{\"resultType\":\"vector\",\"result\":[{\"metric\":{\"Hostname\":\"n\",\"instance\":\"n:9400\"},\"value\":[1,\"1\"]}]}}".into();
+    fake_prometheus(listener, discovery, many);
     let out = gpusweep_via(dir.path(), &["/usr/bin/python3", "-c", PEAK_RSS])
         .args(["snapshot", "--json", "--hosts", &format!("prom:{url}")])
         .output()
@@ -699,4 +671,197 @@ fn answers_of_tiny_samples_cannot_make_the_client_hold_gigabytes() {
         "the client held {} MiB for answers of 40 MiB",
         peak_kib / 1024
     );
+}
+
+/// What a dcgm-exporter of the new label spelling (`hostname`, after its PR #655) exposes for one GPU of a
+/// node without gpusweep: its default fields, as recorded in the exposition format.
+const DCGM_NEW_SPELLING: &str = "\
+# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).
+# TYPE DCGM_FI_DEV_GPU_TEMP gauge
+DCGM_FI_DEV_GPU_TEMP{gpu=\"0\",UUID=\"GPU-n0\",pci_bus_id=\"00000000:07:00.0\",device=\"nvidia0\",modelName=\"NVIDIA H100 80GB HBM3\",hostname=\"new-node\",DCGM_FI_DRIVER_VERSION=\"580.105.08\"} 33
+# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).
+# TYPE DCGM_FI_DEV_POWER_USAGE gauge
+DCGM_FI_DEV_POWER_USAGE{gpu=\"0\",UUID=\"GPU-n0\",pci_bus_id=\"00000000:07:00.0\",device=\"nvidia0\",modelName=\"NVIDIA H100 80GB HBM3\",hostname=\"new-node\",DCGM_FI_DRIVER_VERSION=\"580.105.08\"} 71.5
+# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).
+# TYPE DCGM_FI_DEV_FB_USED gauge
+DCGM_FI_DEV_FB_USED{gpu=\"0\",UUID=\"GPU-n0\",pci_bus_id=\"00000000:07:00.0\",device=\"nvidia0\",modelName=\"NVIDIA H100 80GB HBM3\",hostname=\"new-node\",DCGM_FI_DRIVER_VERSION=\"580.105.08\"} 0
+# HELP DCGM_FI_DEV_FB_FREE Framebuffer memory free (in MiB).
+# TYPE DCGM_FI_DEV_FB_FREE gauge
+DCGM_FI_DEV_FB_FREE{gpu=\"0\",UUID=\"GPU-n0\",pci_bus_id=\"00000000:07:00.0\",device=\"nvidia0\",modelName=\"NVIDIA H100 80GB HBM3\",hostname=\"new-node\",DCGM_FI_DRIVER_VERSION=\"580.105.08\"} 81000
+";
+
+/// Grafana's value of a multi-value variable set to All (no `allValue`): every value, as one regex.
+fn all_of(values: &[(serde_json::Value, f64)], label: &str) -> String {
+    let mut v: Vec<String> = values
+        .iter()
+        .filter_map(|(m, _)| m[label].as_str().map(str::to_string))
+        .collect();
+    v.sort();
+    v.dedup();
+    v.iter()
+        .map(|s| s.replace('.', "\\\\.").replace(':', "\\\\:"))
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+#[test]
+fn nvidias_dcgm_exporter_dashboard_shows_data_in_every_panel() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let (_serve, gpusweep_at) = serve(tmp, "gpu-a,gpu-b", &[]);
+    let newer = static_target(DCGM_NEW_SPELLING.to_string());
+    let (_prom, prom) = prometheus(
+        tmp,
+        &[
+            ("gpusweep", vec![gpusweep_at.clone()]),
+            ("dcgm", vec![newer.clone()]),
+        ],
+    );
+    let http = Http::new();
+    // The dashboard's two variables, as Grafana asks for them: label_values(DCGM_FI_DEV_GPU_TEMP, instance)
+    // and label_values(DCGM_FI_DEV_GPU_TEMP, gpu), each set to All.
+    let instances = await_query(
+        &http,
+        &prom,
+        "group by (instance) (DCGM_FI_DEV_GPU_TEMP)",
+        "both targets' temperatures",
+        |r| r.len() == 2,
+    );
+    assert!(
+        instances
+            .iter()
+            .any(|(m, _)| m["instance"] == gpusweep_at.as_str()),
+        "gpusweep's target is in the dashboard's instance list: {instances:?}"
+    );
+    let instance = all_of(&instances, "instance");
+    let gpus = query(&http, &prom, "group by (gpu) (DCGM_FI_DEV_GPU_TEMP)");
+    let gpu = all_of(&gpus, "gpu");
+    let sel = format!("{{instance=~\"{instance}\", gpu=~\"{gpu}\"}}");
+    // Every panel of NVIDIA's "NVIDIA DCGM Exporter Dashboard" (grafana/dcgm-exporter-dashboard.json of
+    // dcgm-exporter 4.5.3-4.8.2, version 1), with the variables resolved.
+    let panels = [
+        ("GPU Temperature", format!("DCGM_FI_DEV_GPU_TEMP{sel}")),
+        ("GPU Avg. Temp", format!("avg(DCGM_FI_DEV_GPU_TEMP{sel})")),
+        ("GPU Power Usage", format!("DCGM_FI_DEV_POWER_USAGE{sel}")),
+        (
+            "GPU Power Total",
+            format!("sum(DCGM_FI_DEV_POWER_USAGE{sel})"),
+        ),
+        (
+            "GPU SM Clocks",
+            format!("DCGM_FI_DEV_SM_CLOCK{sel} * 1000000"),
+        ),
+        ("GPU Utilization", format!("DCGM_FI_DEV_GPU_UTIL{sel}")),
+        (
+            "GPU Framebuffer Mem Used",
+            format!("DCGM_FI_DEV_FB_USED{sel}"),
+        ),
+        (
+            "Tensor Core Utilization",
+            format!("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{sel}"),
+        ),
+    ];
+    for (title, expr) in &panels {
+        let r = await_query(&http, &prom, expr, title, |r| !r.is_empty());
+        assert!(r.iter().all(|(_, v)| v.is_finite()), "{title}: {r:?}");
+    }
+    // gpusweep's series carry both spellings of the host and the driver's version.
+    let temp = query(
+        &http,
+        &prom,
+        &format!("DCGM_FI_DEV_GPU_TEMP{{instance=\"{gpusweep_at}\"}}"),
+    );
+    assert_eq!(temp.len(), 16, "8 GPUs of gpu-a and gpu-b: {temp:?}");
+    for (m, _) in &temp {
+        assert_eq!(m["Hostname"], m["hostname"], "{m}");
+        assert!(
+            m["DCGM_FI_DRIVER_VERSION"]
+                .as_str()
+                .is_some_and(|v| !v.is_empty()),
+            "{m}"
+        );
+    }
+    reads_both_spellings(tmp, &http, &prom);
+}
+
+/// gpusweep's prom: reader reads both kinds of host: its own serve's, and a newer exporter's by `hostname`.
+fn reads_both_spellings(tmp: &Path, http: &Http, prom: &str) {
+    await_query(
+        http,
+        prom,
+        "DCGM_FI_DEV_FB_USED",
+        "every host's memory",
+        |r| r.len() == 17,
+    );
+    let doc = snapshot_json(tmp, &format!("prom:{prom}"));
+    let hosts: Vec<&str> = doc["hosts"]
+        .as_array()
+        .expect("hosts")
+        .iter()
+        .filter_map(|h| h["host"].as_str())
+        .collect();
+    assert_eq!(hosts, ["gpu-a", "gpu-b", "new-node"], "{doc}");
+    let new_node = &doc["hosts"][2];
+    assert_eq!(new_node["gpus"][0]["memory"]["used"], 0, "{new_node}");
+    assert_eq!(new_node["gpus"][0]["uuid"], "GPU-n0", "{new_node}");
+}
+
+/// A "Prometheus" on `listener`: `discovery` answers the fleet's discovery query, nothing the query for
+/// targets that are down, `rest` every other query.
+fn fake_prometheus(listener: TcpListener, discovery: Arc<str>, rest: Arc<str>) {
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let (discovery, rest) = (discovery.clone(), rest.clone());
+            std::thread::spawn(move || {
+                let mut s = stream;
+                let mut req = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => req.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let req = String::from_utf8_lossy(&req);
+                let body: &str = if req.contains("max+by+%28Hostname%2C+hostname%2C+instance%29") {
+                    &discovery
+                } else if req.contains("up") && req.contains("%3D%3D+0") {
+                    "{\"status\":\"success\",\"data\":{\"resultType\":\"vector\",\"result\":[]}}"
+                } else {
+                    &rest
+                };
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(body.as_bytes());
+            });
+        }
+    });
+}
+
+#[test]
+fn a_prometheus_that_names_more_hosts_than_a_client_reads_is_an_error() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let hosts: Vec<String> = (0..20_001)
+        .map(|i| format!("{{\"metric\":{{\"Hostname\":\"n{i}\"}},\"value\":[1,\"1\"]}}"))
+        .collect();
+    let discovery: Arc<str> = format!(
+        "{{\"status\":\"success\",\"data\":{{\"resultType\":\"vector\",\"result\":[{}]}}}}",
+        hosts.join(",")
+    )
+    .into();
+    let empty: Arc<str> =
+        "{\"status\":\"success\",\"data\":{\"resultType\":\"vector\",\"result\":[]}}".into();
+    fake_prometheus(listener, discovery, empty);
+    let out = gpusweep(dir.path())
+        .args(["snapshot", "--json", "--hosts", &format!("prom:{url}")])
+        .output()
+        .expect("snapshot");
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("20001 hosts, more than the 20000"), "{t}");
 }

@@ -52,6 +52,7 @@ async fn fleet_of(spec: HostSpec, interval: Duration, audit: &Path) -> Fleet {
         procfs: ProcfsConfig::default(),
         load_nvml: false,
         gauges: true,
+        counters: false,
         audit: AuditLog {
             path: Some(audit.to_path_buf()),
         },

@@ -1968,3 +1968,61 @@ async fn a_stream_further_behind_than_the_serve_keeps_is_told_so() {
     assert_eq!(again[1].1, "gap", "{again:?}");
     assert!(again[1].2.contains("restarted"), "{again:?}");
 }
+
+#[test]
+fn a_thread_with_its_own_fd_table_holds_the_gpu_at_every_reading_not_only_at_full_scans() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let dev = tmp.join("nvidia0");
+    std::fs::write(&dev, b"").expect("device");
+    let glob = tmp.join("nvidia*").to_str().expect("utf-8").to_string();
+    let private_fds = crate::support::fixture_program(tmp, "private_fds.c");
+    let mut holder = crate::support::Reaped(
+        Command::new(&private_fds)
+            .arg(&dev)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("fixture"),
+    );
+    let mut ready = String::new();
+    BufReader::new(holder.0.stdout.take().expect("stdout"))
+        .read_line(&mut ready)
+        .expect("ready");
+    let pid = holder.0.id();
+    let serve = Serve::start(
+        tmp,
+        &[
+            "--no-nvml",
+            "--device-glob",
+            &glob,
+            "--no-socket",
+            "--interval",
+            "100ms",
+        ],
+        &[],
+    );
+    // Thirty readings, 100 ms apart: one full scan, then listings; every one names the holder.
+    let mut missing = 0;
+    for _ in 0..30 {
+        let body = {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(serve.addr.as_deref().expect("http"))
+                .expect("connect");
+            write!(s, "GET /api/v1/snapshot HTTP/1.0\r\n\r\n").expect("ask");
+            let mut r = String::new();
+            s.read_to_string(&mut r).expect("snapshot");
+            r
+        };
+        let json = body.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        let doc: serde_json::Value = serde_json::from_str(json).expect("json");
+        let held = doc["hosts"][0]["holders"]
+            .as_array()
+            .is_some_and(|hs| hs.iter().any(|h| h["pid"] == pid));
+        missing += u32::from(!held);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        missing, 0,
+        "the holder {pid} was missing from {missing} of 30 readings"
+    );
+}

@@ -15,6 +15,108 @@ pub const L_PCI_BUS_ID: &str = "pci_bus_id";
 pub const L_DEVICE: &str = "device";
 pub const L_MODEL: &str = "modelName";
 pub const L_HOSTNAME: &str = "Hostname";
+/// The same, as dcgm-exporter spells it since its PR #655 (to join with Slurm's metrics): series carry both.
+pub const L_HOSTNAME_NEW: &str = "hostname";
+/// The driver's version, a label of every per-GPU series (dcgm-exporter's).
+pub const L_DRIVER: &str = "DCGM_FI_DRIVER_VERSION";
+
+/// A GPU's reading as one of dcgm-exporter's default fields, in its units: `None` where it was not read.
+pub type Field = fn(&crate::core::model::Gpu) -> Option<f64>;
+
+/// dcgm-exporter's default counters (its `etc/default-counters.csv`) that gpusweep reads without DCGM, with
+/// its names and HELP texts, besides the framebuffer's. Exported as gauges: OpenMetrics would rename a
+/// counter `..._total`, and dashboards ask for dcgm-exporter's names.
+pub const DCGM_FIELDS: &[(&str, &str, Field)] = &[
+    (
+        "DCGM_FI_DEV_SM_CLOCK",
+        "SM clock frequency (in MHz).",
+        |g| c(g)?.sm_clock_mhz.map(f64::from),
+    ),
+    (
+        "DCGM_FI_DEV_MEM_CLOCK",
+        "Memory clock frequency (in MHz).",
+        |g| c(g)?.mem_clock_mhz.map(f64::from),
+    ),
+    (
+        "DCGM_FI_DEV_MEMORY_TEMP",
+        "Memory temperature (in C).",
+        |g| c(g)?.memory_temp_c.map(f64::from),
+    ),
+    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", |g| {
+        g.temperature_c.map(f64::from)
+    }),
+    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", |g| {
+        g.power_mw.map(|mw| f64::from(mw) / 1000.0)
+    }),
+    (
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "Total energy consumption since boot (in mJ).",
+        |g| c(g)?.energy_mj.map(|x| x as f64),
+    ),
+    (
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "Total number of PCIe retries.",
+        |g| c(g)?.pcie_replays.map(|x| x as f64),
+    ),
+    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", |g| {
+        g.utilization.map(f64::from)
+    }),
+    (
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "Memory utilization (in %).",
+        |g| c(g)?.mem_copy_util.map(f64::from),
+    ),
+    ("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", |g| {
+        c(g)?.enc_util.map(f64::from)
+    }),
+    ("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", |g| {
+        c(g)?.dec_util.map(f64::from)
+    }),
+    (
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "Number of remapped rows for uncorrectable errors",
+        |g| c(g)?.remapped_rows_uncorrectable.map(|x| x as f64),
+    ),
+    (
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "Number of remapped rows for correctable errors",
+        |g| c(g)?.remapped_rows_correctable.map(|x| x as f64),
+    ),
+    (
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "Whether remapping of rows has failed",
+        |g| c(g)?.row_remap_failure.map(|f| f64::from(u8::from(f))),
+    ),
+    (
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "Ratio of time the graphics engine is active.",
+        |g| c(g)?.gr_engine_active,
+    ),
+    (
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "Ratio of cycles the tensor (HMMA) pipe is active.",
+        |g| c(g)?.tensor_active,
+    ),
+    (
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "Ratio of cycles the device memory interface is active sending or receiving data.",
+        |g| c(g)?.dram_active,
+    ),
+    (
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
+        |g| c(g)?.pcie_tx_bytes_per_s,
+    ),
+    (
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+        "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
+        |g| c(g)?.pcie_rx_bytes_per_s,
+    ),
+];
+
+fn c(g: &crate::core::model::Gpu) -> Option<&crate::core::model::Counters> {
+    g.counters.as_deref()
+}
 
 /// 1 when the GPU is clean (used at or under the tolerance, nothing listed); 0 when not; absent when it could
 /// not be read.

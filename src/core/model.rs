@@ -276,6 +276,9 @@ pub struct Gpu {
     pub utilization: Option<u32>,
     pub temperature_c: Option<u32>,
     pub power_mw: Option<u32>,
+    /// dcgm-exporter's counters, where the reading asked for them (`serve`); each `None` where unread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counters: Option<Box<Counters>>,
     /// "9.0", "12.0".
     pub compute_capability: Option<String>,
     pub mig_enabled: Option<bool>,
@@ -564,11 +567,51 @@ pub struct Target {
 
 /// What a GPU's gauges read: they move at every reading of a busy GPU without saying anything new about who
 /// holds its memory. A reading that differs from the last only in these travels as them alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct Gauges {
     pub utilization: Option<u32>,
     pub temperature_c: Option<u32>,
     pub power_mw: Option<u32>,
+    /// Where read: they move with every reading, like the gauges, and are refreshed with them. Not sent
+    /// on event streams (a client reads the serve's `/metrics` for them).
+    #[serde(skip)]
+    pub counters: Option<Box<Counters>>,
+}
+
+/// Equal when what an event stream carries of them is: the counters move at every reading and travel only
+/// in-process.
+impl PartialEq for Gauges {
+    fn eq(&self, b: &Gauges) -> bool {
+        (self.utilization, self.temperature_c, self.power_mw)
+            == (b.utilization, b.temperature_c, b.power_mw)
+    }
+}
+
+impl Eq for Gauges {}
+
+/// What dcgm-exporter's default counters say that NVML can give without DCGM, in its units. `None`: not read
+/// (the part or driver does not support it), never 0.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Counters {
+    pub sm_clock_mhz: Option<u32>,
+    pub mem_clock_mhz: Option<u32>,
+    pub memory_temp_c: Option<u32>,
+    /// Since the driver was loaded, millijoules.
+    pub energy_mj: Option<u64>,
+    pub pcie_replays: Option<u64>,
+    /// Percent of time the memory (copy engine) was busy.
+    pub mem_copy_util: Option<u32>,
+    pub enc_util: Option<u32>,
+    pub dec_util: Option<u32>,
+    pub remapped_rows_correctable: Option<u64>,
+    pub remapped_rows_uncorrectable: Option<u64>,
+    pub row_remap_failure: Option<bool>,
+    /// GPM, between this reading and the last (ratios 0..1, bytes per second).
+    pub gr_engine_active: Option<f64>,
+    pub tensor_active: Option<f64>,
+    pub dram_active: Option<f64>,
+    pub pcie_tx_bytes_per_s: Option<f64>,
+    pub pcie_rx_bytes_per_s: Option<f64>,
 }
 
 impl Gpu {
@@ -577,6 +620,7 @@ impl Gpu {
             utilization: self.utilization,
             temperature_c: self.temperature_c,
             power_mw: self.power_mw,
+            counters: self.counters.clone(),
         }
     }
 
@@ -593,6 +637,7 @@ impl Gpu {
             utilization: _,
             temperature_c: _,
             power_mw: _,
+            counters: _,
             compute_capability,
             mig_enabled,
             persistence_mode,
@@ -680,6 +725,9 @@ impl HostSnapshot {
             for (g, v) in self.gpus.iter_mut().zip(gauges) {
                 (g.utilization, g.temperature_c, g.power_mw) =
                     (v.utilization, v.temperature_c, v.power_mw);
+                if v.counters.is_some() {
+                    g.counters.clone_from(&v.counters);
+                }
             }
         }
     }

@@ -70,6 +70,8 @@ pub struct FleetOptions {
     pub load_nvml: bool,
     /// Read utilization, temperature and power of this host's GPUs (readers of the verdict alone skip them).
     pub gauges: bool,
+    /// And dcgm-exporter's counters (clocks, energy, engines, GPM ratios...): the serve's, at its interval.
+    pub counters: bool,
     pub audit: AuditLog,
     /// Signal with kill(2) after a start-time check where this host has no pidfd (opt-in).
     pub kill_without_pidfd: bool,
@@ -438,7 +440,10 @@ impl Fleet {
         let handle = match &spec {
             HostSpec::Local => self.local(i, &label, sink, opts)?,
             HostSpec::Demo(name) => {
-                let src = DemoHost::new(name, opts.demo_clock.clone());
+                let mut src = DemoHost::new(name, opts.demo_clock.clone());
+                if opts.counters {
+                    src = src.with_counters();
+                }
                 Handle::Thread(spawn_thread(i, Box::new(src), None, sink, opts.interval))
             }
             HostSpec::PromHost { server, name } => {
@@ -484,7 +489,7 @@ impl Fleet {
             label.to_string(),
             opts.procfs.clone(),
             opts.load_nvml,
-            opts.gauges,
+            crate::source::local::nvml::Readout::of(opts.gauges, opts.counters),
         )?;
         let d = Deliverer {
             host: label.to_string(),
@@ -760,6 +765,7 @@ mod tests {
             utilization: Some(util),
             temperature_c: Some(60),
             power_mw: Some(300_000),
+            counters: None,
         }]
     }
 

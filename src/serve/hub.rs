@@ -250,6 +250,12 @@ impl Wants {
         self.changed.notify_one();
     }
 
+    /// The fastest interval asked for `host` now, if any.
+    fn fastest(&self, host: usize) -> Option<Duration> {
+        let p = self.pending.lock().ok()?;
+        p.intervals.get(&host)?.values().min().copied()
+    }
+
     /// What changed since the last call.
     fn take(&self) -> Changes {
         let Ok(mut p) = self.pending.lock() else {
@@ -267,6 +273,14 @@ impl Wants {
             intervals,
             polls: p.polls.drain().collect(),
         }
+    }
+}
+
+/// Until `at`, or forever.
+async fn wait_until(at: Option<std::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -323,6 +337,22 @@ struct Writer {
     latest: watch::Sender<Option<Arc<Reading>>>,
     status: watch::Sender<ConnStatus>,
     interval: Duration,
+    /// When its interval was last changed: clients may ask for changes at any rate, the host gets one
+    /// per `MIN_INTERVAL_CHANGE` (each is a command in its queue, where kills wait too).
+    changed_at: Option<std::time::Instant>,
+}
+
+/// The most often a host's polling interval is changed, whatever clients ask.
+const MIN_INTERVAL_CHANGE: Duration = Duration::from_secs(1);
+
+/// Whether an interval change asked now may go to the host, or when it may.
+fn pace(
+    changed_at: Option<std::time::Instant>,
+    now: std::time::Instant,
+) -> Option<std::time::Instant> {
+    changed_at
+        .map(|t| t + MIN_INTERVAL_CHANGE)
+        .filter(|next| *next > now)
 }
 
 pub struct Hub {
@@ -333,6 +363,9 @@ pub struct Hub {
     replies: HashMap<u64, oneshot::Sender<ActionAnswer>>,
     /// When an unprivileged client's poll was last taken.
     last_unprivileged_poll: Option<std::time::Instant>,
+    /// Hosts whose interval change waits for its pace, and when the first may go.
+    deferred: HashSet<usize>,
+    recheck: Option<std::time::Instant>,
 }
 
 /// The most often unprivileged clients, all together, may have a host read now.
@@ -367,6 +400,7 @@ impl Hub {
                 latest: latest_tx,
                 status: status_tx,
                 interval,
+                changed_at: None,
             });
         }
         let shared = Arc::new(Shared {
@@ -397,6 +431,8 @@ impl Hub {
             next_id: 1,
             replies: HashMap::new(),
             last_unprivileged_poll: None,
+            deferred: HashSet::new(),
+            recheck: None,
         }
     }
 
@@ -420,6 +456,13 @@ impl Hub {
                     None => return,
                 },
                 () = wants.changed.notified() => self.on_wants(&fleet),
+                () = wait_until(self.recheck) => {
+                    self.recheck = None;
+                    let hosts: Vec<usize> = self.deferred.drain().collect();
+                    for host in hosts {
+                        self.set_interval(&fleet, host, wants.fastest(host));
+                    }
+                }
             }
         }
     }
@@ -509,16 +552,8 @@ impl Hub {
 
     fn on_wants(&mut self, fleet: &Fleet) {
         let Changes { intervals, polls } = self.shared.wants.take();
-        let base = self.shared.interval;
         for (host, fastest) in intervals {
-            let Some(w) = self.writers.get_mut(host) else {
-                continue;
-            };
-            let want = fastest.map_or(base, |d| d.min(base));
-            if want != w.interval {
-                w.interval = want;
-                fleet.send(HostId(host), HostCmd::Interval(want));
-            }
+            self.set_interval(fleet, host, fastest);
         }
         let now = std::time::Instant::now();
         let unprivileged_ok = self
@@ -536,11 +571,59 @@ impl Hub {
         }
     }
 
+    /// The host's interval as the fastest ask wants it, at most one change per `MIN_INTERVAL_CHANGE` (a
+    /// change asked sooner waits, and is taken as the asks stand then).
+    fn set_interval(&mut self, fleet: &Fleet, host: usize, fastest: Option<Duration>) {
+        let base = self.shared.interval;
+        let Some(w) = self.writers.get_mut(host) else {
+            return;
+        };
+        let want = fastest.map_or(base, |d| d.min(base));
+        if want == w.interval {
+            return;
+        }
+        let now = std::time::Instant::now();
+        if let Some(next) = pace(w.changed_at, now) {
+            self.deferred.insert(host);
+            self.recheck = Some(self.recheck.map_or(next, |r| r.min(next)));
+            return;
+        }
+        w.interval = want;
+        w.changed_at = Some(now);
+        fleet.send(HostId(host), HostCmd::Interval(want));
+    }
+
     fn on_act(&mut self, fleet: &Fleet, ask: ActAsk) {
         let ActAsk { host, req, reply } = ask;
         let id = self.next_id;
         self.next_id += 1;
         self.replies.insert(id, reply);
         fleet.send(HostId(host), HostCmd::Act { id, req });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hosts_interval_changes_at_most_once_a_second_whatever_clients_ask() {
+        let t0 = std::time::Instant::now();
+        assert_eq!(pace(None, t0), None, "the first change goes at once");
+        let mut changed_at = Some(t0);
+        let mut sent = 1;
+        // A thousand asks over two seconds, as a client toggling its interval sends them.
+        for i in 1..=1000u64 {
+            let now = t0 + Duration::from_millis(i * 2);
+            if pace(changed_at, now).is_none() {
+                changed_at = Some(now);
+                sent += 1;
+            }
+        }
+        assert_eq!(sent, 3, "at 0 s, 1 s and 2 s");
+        assert_eq!(
+            pace(Some(t0), t0 + Duration::from_millis(300)),
+            Some(t0 + MIN_INTERVAL_CHANGE)
+        );
     }
 }

@@ -39,7 +39,7 @@ const SEVERITIES: [(Severity, &str); 3] = [
 ];
 
 /// dcgm-exporter's labels for one GPU, in its order: gpu, UUID, pci_bus_id, device, modelName, Hostname.
-fn gpu_labels(host: &str, g: &Gpu) -> Labels {
+fn gpu_labels(host: &str, driver: Option<&str>, g: &Gpu) -> Labels {
     vec![
         (m::L_GPU, g.index.to_string()),
         (m::L_UUID, g.uuid.clone().unwrap_or_default()),
@@ -47,6 +47,8 @@ fn gpu_labels(host: &str, g: &Gpu) -> Labels {
         (m::L_DEVICE, format!("nvidia{}", g.minor.unwrap_or(g.index))),
         (m::L_MODEL, g.name.clone().unwrap_or_default()),
         (m::L_HOSTNAME, host.to_string()),
+        (m::L_HOSTNAME_NEW, host.to_string()),
+        (m::L_DRIVER, driver.unwrap_or_default().to_string()),
     ]
 }
 
@@ -92,6 +94,8 @@ struct Families {
     taken: Gauges,
     info: Gauges,
     time_to_clean: TimeToCleanView,
+    /// dcgm-exporter's fields, in `DCGM_FIELDS`' order.
+    dcgm: Vec<Gauges>,
 }
 
 impl Families {
@@ -162,7 +166,12 @@ impl Families {
     /// Each GPU's memory gauges, whether it was read, and the ledger's verdict.
     fn add_gpus(&self, host: &str, snap: &HostSnapshot) {
         for g in &snap.gpus {
-            let l = gpu_labels(host, g);
+            let l = gpu_labels(host, snap.driver_version.as_deref(), g);
+            for ((_, _, field), family) in m::DCGM_FIELDS.iter().zip(&self.dcgm) {
+                if let Some(v) = field(g) {
+                    set(family, &l, v);
+                }
+            }
             set(
                 &self.readable,
                 &l,
@@ -216,7 +225,11 @@ impl Families {
         for (kind, map) in [("ghost", &ghost), ("residual", &residual)] {
             for (gpu, bytes) in map {
                 let Some(g) = snap.gpu(*gpu) else { continue };
-                let l = with(gpu_labels(host, g), "kind", kind);
+                let l = with(
+                    gpu_labels(host, snap.driver_version.as_deref(), g),
+                    "kind",
+                    kind,
+                );
                 set(&self.unexplained, &l, bytes.map_or(f64::NAN, |b| b as f64));
             }
         }
@@ -267,6 +280,9 @@ impl Families {
 
     fn register(self) -> Registry {
         let mut r = Registry::default();
+        for ((name, help, _), family) in m::DCGM_FIELDS.iter().zip(self.dcgm) {
+            r.register(*name, *help, family);
+        }
         r.register(m::FB_USED, "Framebuffer memory used (in MiB)", self.fb_used);
         r.register(m::FB_FREE, "Framebuffer memory free (in MiB)", self.fb_free);
         r.register(
@@ -354,7 +370,10 @@ impl EncodeMetric for TimeToCleanView {
 
 /// The metrics of these hosts (by index), each reading with the API path it is served under.
 pub fn render(shared: &Shared, hosts: &[(usize, String)]) -> String {
-    let mut fam = Families::default();
+    let mut fam = Families {
+        dcgm: m::DCGM_FIELDS.iter().map(|_| Gauges::default()).collect(),
+        ..Families::default()
+    };
     for (i, api_path) in hosts {
         let Some(ch) = shared.hosts.get(*i) else {
             continue;

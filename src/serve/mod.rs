@@ -212,7 +212,12 @@ async fn serve(s: &Settings, a: &ServeArgs, plan: Plan) -> anyhow::Result<i32> {
         socket,
         listen,
     } = plan;
-    let fleet = Fleet::start(&s.specs, &s.fleet).await?;
+    // The serve exports dcgm-exporter's counters: read them at its interval.
+    let opts = crate::runtime::FleetOptions {
+        counters: true,
+        ..s.fleet.clone()
+    };
+    let fleet = Fleet::start(&s.specs, &opts).await?;
     let labels = fleet.labels().to_vec();
     let scheme = if tls.is_some() { "https" } else { "http" };
     let modes = hub::Modes {

@@ -161,6 +161,21 @@ pub fn redact(snap: &HostSnapshot, view: View) -> Option<HostSnapshot> {
         .map(|p| p.pid)
         .collect();
     for f in &mut out.findings {
+        // A finding about a hidden process says what and where, not what /proc said of it (its job, where it
+        // waits, its parent): written anew.
+        let about = f
+            .pid
+            .filter(|p| hidden.contains(p))
+            .or(f.target_pid.filter(|p| hidden.contains(p)));
+        if let Some(pid) = about {
+            let gpu = f.gpu.map_or(String::new(), |g| format!(" on GPU {g}"));
+            f.detail = format!(
+                "{}{gpu}, PID {pid}: the details are hidden from you (this node's /proc hides other users' processes)",
+                f.kind.as_str()
+            );
+            "its owner or root can see it and act".clone_into(&mut f.action);
+            continue;
+        }
         for (before, after) in &names {
             if !before.is_empty() && f.detail.contains(before.as_str()) {
                 f.detail = f.detail.replace(before.as_str(), after);
@@ -292,7 +307,10 @@ mod tests {
         for secret in ["s3cret", "entry-secret", "4711"] {
             assert!(!texts.contains(secret), "{secret} in {texts}");
         }
-        assert!(texts.contains("21 (hidden)"), "{texts}");
+        assert!(
+            texts.contains("zombie, PID 21: the details are hidden"),
+            "{texts}"
+        );
     }
 
     #[test]
@@ -309,12 +327,12 @@ mod tests {
             severity: crate::core::model::Severity::Leak,
             host: "h".into(),
             gpu: Some(0),
-            pid: Some(10),
+            pid: Some(11),
             bytes: None,
             detail: "held by 10 (python3 serve.py --api-key s3cret) and 11 (python3 mine.py)"
                 .into(),
             action: "kill 10 (python3 serve.py --api-key s3cret)".into(),
-            target_pid: Some(10),
+            target_pid: Some(11),
             file: None,
         });
         assert!(redact(&snap, View::Whole).is_none());

@@ -145,6 +145,33 @@ pub struct DemoHost {
     ghosts: Vec<Ghost>,
     shm: Vec<ShmSegment>,
     clock: DemoClock,
+    /// dcgm-exporter's counters too (a demo serve's dashboard has them to show).
+    counters: bool,
+}
+
+/// Plausible counters for a demo GPU at `util` percent, `t` ms into the demo: clocks of an H200 (or a
+/// Blackwell workstation part), energy that grows with power, tensor activity with utilization.
+fn demo_counters(cc: &str, util: u32, t: u64, i: u32) -> crate::core::model::Counters {
+    let busy = f64::from(util) / 100.0;
+    let watts = if cc == "12.0" { 38.0 } else { 76.0 } + f64::from(util) * 5.5;
+    crate::core::model::Counters {
+        sm_clock_mhz: Some(if util > 0 { 1980 } else { 345 }),
+        mem_clock_mhz: Some(if cc == "12.0" { 14_001 } else { 2619 }),
+        memory_temp_c: Some(35 + util / 4),
+        energy_mj: Some(7_200_000_000 + u64::from(i) * 1_000_000 + (watts * t as f64) as u64),
+        pcie_replays: Some(0),
+        mem_copy_util: Some(util / 2),
+        enc_util: Some(0),
+        dec_util: Some(0),
+        remapped_rows_correctable: Some(0),
+        remapped_rows_uncorrectable: Some(0),
+        row_remap_failure: Some(false),
+        gr_engine_active: Some(busy * 0.95),
+        tensor_active: Some(busy * 0.6),
+        dram_active: Some(busy * 0.4),
+        pcie_tx_bytes_per_s: Some(2.0e6 + busy * 1.5e9),
+        pcie_rx_bytes_per_s: Some(3.0e6 + busy * 2.5e9),
+    }
 }
 
 fn sp(pid: u32, ppid: u32, sid: u32, comm: &'static str, cmdline: &str) -> SimProc {
@@ -184,6 +211,13 @@ fn persistenced() -> SimProc {
 impl DemoHost {
     /// A demo host by name: "gpu-a...", "gpu-b..." or "gpu-c..." tells its story (`gpu-b0042` is one more host
     /// just after a pkill, for a demo fleet of any size); any other name gets gpu-b's story.
+    /// The same, with plausible dcgm-exporter counters in every reading.
+    #[must_use]
+    pub fn with_counters(mut self) -> DemoHost {
+        self.counters = true;
+        self
+    }
+
     pub fn new(name: &str, clock: DemoClock) -> DemoHost {
         if name.starts_with("gpu-a") {
             Self::warming_up(name, clock)
@@ -221,6 +255,7 @@ impl DemoHost {
             ghosts: vec![],
             shm: vec![],
             clock,
+            counters: false,
         }
     }
 
@@ -421,9 +456,13 @@ impl DemoHost {
         } else {
             0
         };
+        let counters = self
+            .counters
+            .then(|| Box::new(demo_counters(self.cc, util, t, i)));
         Gpu {
             judged: None,
             state: None,
+            counters,
             index: i,
             uuid: Some(format!(
                 "GPU-{:08x}-{:04x}-4e0f-9a31-{:012x}",

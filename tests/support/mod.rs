@@ -141,3 +141,14 @@ pub fn set_nvml(dir: &Path, state: &str) {
     std::fs::write(dir.join("nvml.tmp"), state).expect("state");
     std::fs::rename(dir.join("nvml.tmp"), dir.join("nvml")).expect("rename");
 }
+
+/// A child process killed and reaped however the test ends (a panicking test would otherwise leave it
+/// holding the test's output pipes open).
+pub struct Reaped(pub std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

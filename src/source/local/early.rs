@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, sync_channel};
 use std::time::Duration;
 
-use super::nvml::NvmlReader;
+use super::nvml::{NvmlReader, Readout};
 
 pub type Loading = Receiver<Result<NvmlReader, String>>;
 
@@ -16,12 +16,12 @@ static EARLY: Mutex<Option<(bool, Loading)>> = Mutex::new(None);
 
 /// Start loading NVML on its own thread. A thread that cannot start drops the sender: the first poll then
 /// says the loader failed.
-pub fn spawn(gauges: bool) -> Loading {
+pub fn spawn(readout: Readout) -> Loading {
     let (tx, rx) = sync_channel(1);
     let _ = std::thread::Builder::new()
         .name("nvml-load".into())
         .spawn(move || {
-            let _ = tx.send(NvmlReader::open(gauges));
+            let _ = tx.send(NvmlReader::open(readout));
         });
     rx
 }
@@ -31,7 +31,7 @@ pub fn start(gauges: bool) {
     if let Ok(mut e) = EARLY.lock()
         && e.is_none()
     {
-        *e = Some((gauges, spawn(gauges)));
+        *e = Some((gauges, spawn(Readout::of(gauges, false))));
         crate::core::trace("nvml", "loading started early");
     }
 }

@@ -47,19 +47,24 @@ pub struct LocalSource {
     drain: Option<Drain>,
     self_pid: u32,
     in_child_ns: bool,
-    /// Utilization, temperature and power are read (not by readers that only want the verdict).
-    gauges: bool,
+    /// How much of each GPU is read.
+    readout: nvml::Readout,
 }
 
 impl LocalSource {
     /// `load_nvml: false` never touches the driver (tests, and hosts where only holders matter);
-    /// `gauges: false` reads only what the verdict needs (memory, processes, identity).
+    /// `Readout::Verdict` reads only what the verdict needs (memory, processes, identity).
     pub fn new(
         host: String,
         procfs: ProcfsConfig,
         load_nvml: bool,
-        gauges: bool,
+        readout: nvml::Readout,
     ) -> Result<Self, SourceError> {
+        // A load started early is for a one-shot reader (never the counters).
+        let gauges = readout == nvml::Readout::Gauges;
+        let early = (readout != nvml::Readout::Counters)
+            .then(|| early::take(gauges))
+            .flatten();
         let in_child_ns = procfs::in_child_pid_namespace(&procfs.proc_root);
         Ok(LocalSource {
             host,
@@ -68,7 +73,7 @@ impl LocalSource {
             } else {
                 "NVML disabled (--no-nvml)".into()
             }),
-            loader: load_nvml.then(|| early::take(gauges).unwrap_or_else(|| early::spawn(gauges))),
+            loader: load_nvml.then(|| early.unwrap_or_else(|| early::spawn(readout))),
             deadline: watchdog::DEFAULT_DEADLINE,
             scanner: ProcScanner::new(procfs)?,
             table: ProcTable::default(),
@@ -79,7 +84,7 @@ impl LocalSource {
             drain: None,
             self_pid: std::process::id(),
             in_child_ns,
-            gauges,
+            readout,
         })
     }
 }
@@ -132,7 +137,7 @@ impl Source for LocalSource {
         if self.table.full {
             self.unexplained_at_full = unexplained;
         }
-        let gauges_unread = !self.gauges && self.nvml.is_ok();
+        let gauges_unread = self.readout == nvml::Readout::Verdict && self.nvml.is_ok();
         let mut snap = build_snapshot(
             &self.host,
             &mut self.scanner,

@@ -7,12 +7,15 @@
 use std::ffi::OsStr;
 
 use nvml_wrapper::Nvml;
+use nvml_wrapper::enum_wrappers::device::Clock;
 use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::gpm::GpmSample;
 
 use super::watchdog::GpuReader;
-use crate::core::model::{Gpu, ListedProcess, Memory, ProcessKind};
+use crate::core::model::{Counters, Gpu, ListedProcess, Memory, ProcessKind};
 use crate::core::trace;
 
 /// What identifies a GPU and how it is set up: read with the first reading and again every `IDENT_EVERY`
@@ -29,14 +32,38 @@ type Ident = (
 
 const IDENT_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How much of each GPU a reading reads, beyond what the verdict needs (memory, processes, identity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readout {
+    /// The verdict alone (`wait`, `sweep`, `snapshot --no-gauges`).
+    Verdict,
+    /// And utilization, temperature and power (the TUI, `snapshot`).
+    Gauges,
+    /// And dcgm-exporter's counters: clocks, energy, PCIe replays, engines, remapped rows, GPM's activity
+    /// ratios (`serve`, at its interval).
+    Counters,
+}
+
+impl Readout {
+    pub fn of(gauges: bool, counters: bool) -> Readout {
+        match (gauges, counters) {
+            (_, true) => Readout::Counters,
+            (true, false) => Readout::Gauges,
+            (false, false) => Readout::Verdict,
+        }
+    }
+}
+
 pub struct NvmlReader {
-    nvml: Nvml,
+    nvml: &'static Nvml,
     /// Per GPU index: its identity and when it was read.
     idents: std::sync::Mutex<std::collections::HashMap<u32, (std::time::Instant, Ident)>>,
     /// Read once when NVML is loaded: GPUs do not come and go while it runs.
     pub count: u32,
-    /// Whether utilization, temperature and power are read (not when only the verdict is wanted).
-    gauges: bool,
+    /// How much of each GPU is read.
+    readout: Readout,
+    /// Per GPU index: its last GPM sample (GPM's ratios are the difference of two samples).
+    gpm: std::sync::Mutex<std::collections::HashMap<u32, (std::time::Instant, GpmSample<'static>)>>,
     pub driver_version: Option<String>,
 }
 
@@ -55,7 +82,7 @@ pub fn describe_init_error(e: &NvmlError) -> String {
 impl NvmlReader {
     /// Load `libnvidia-ml.so.1` (the name the driver installs; the unversioned name needs the -dev package),
     /// or the library `GPUSWEEP_NVML_LIBRARY` names (a driver installed off the loader's path).
-    pub(super) fn open(gauges: bool) -> Result<Self, String> {
+    pub(super) fn open(readout: Readout) -> Result<Self, String> {
         let mut last = None;
         let chosen = std::env::var_os("GPUSWEEP_NVML_LIBRARY");
         let libs: Vec<&OsStr> = match &chosen {
@@ -69,6 +96,8 @@ impl NvmlReader {
             match Nvml::builder().lib_path(lib).init() {
                 Ok(nvml) => {
                     trace("nvml", "initialized");
+                    // Loaded once for the process's life: GPM samples borrow it for as long.
+                    let nvml: &'static Nvml = Box::leak(Box::new(nvml));
                     let count = nvml
                         .device_count()
                         .map_err(|e| format!("NVML device count: {e}"))?;
@@ -83,7 +112,8 @@ impl NvmlReader {
                         nvml,
                         idents: std::sync::Mutex::default(),
                         count,
-                        gauges,
+                        readout,
+                        gpm: std::sync::Mutex::default(),
                         driver_version,
                     });
                 }
@@ -145,7 +175,9 @@ impl GpuReader for NvmlReader {
         let procs = read_processes(&dev);
         trace("nvml", "processes read");
         let id = self.identity(index, &dev);
-        let (util, temp, power_mw) = if self.gauges {
+        let (util, temp, power_mw) = if self.readout == Readout::Verdict {
+            (None, None, None)
+        } else {
             let g = (
                 dev.utilization_rates().ok().map(|u| u.gpu),
                 dev.temperature(TemperatureSensor::Gpu).ok(),
@@ -153,8 +185,6 @@ impl GpuReader for NvmlReader {
             );
             trace("nvml", "utilization, temperature and power read");
             g
-        } else {
-            (None, None, None)
         };
         match mem {
             Ok(m) => {
@@ -183,6 +213,10 @@ impl GpuReader for NvmlReader {
         gpu.utilization = util;
         gpu.temperature_c = temp;
         gpu.power_mw = power_mw;
+        if self.readout == Readout::Counters {
+            gpu.counters = Some(Box::new(self.counters(index, &dev)));
+            trace("nvml", "counters read");
+        }
         match procs {
             Ok(p) => gpu.processes = p,
             Err(e) => gpu.error = Some(format!("process list: {e}")),
@@ -222,4 +256,98 @@ fn read_processes(dev: &nvml_wrapper::Device) -> Result<Vec<ListedProcess>, Stri
         }
     }
     Ok(procs)
+}
+
+/// How far apart two GPM samples must be for their ratios to mean something.
+const GPM_MIN_GAP: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl NvmlReader {
+    /// dcgm-exporter's counters that NVML gives: each call on its own, a field the part lacks `None`.
+    fn counters(&self, index: u32, dev: &nvml_wrapper::Device<'static>) -> Counters {
+        use nvml_wrapper::enums::device::SampleValue;
+        use nvml_wrapper::structs::device::FieldId;
+        use nvml_wrapper::sys_exports::field_id as fi;
+        let mut c = Counters {
+            sm_clock_mhz: dev.clock_info(Clock::SM).ok(),
+            mem_clock_mhz: dev.clock_info(Clock::Memory).ok(),
+            energy_mj: dev.total_energy_consumption().ok(),
+            pcie_replays: dev.pcie_replay_counter().ok().map(u64::from),
+            mem_copy_util: dev.utilization_rates().ok().map(|u| u.memory),
+            enc_util: dev.encoder_utilization().ok().map(|u| u.utilization),
+            dec_util: dev.decoder_utilization().ok().map(|u| u.utilization),
+            ..Counters::default()
+        };
+        let ids = [
+            FieldId(fi::NVML_FI_DEV_MEMORY_TEMP),
+            FieldId(fi::NVML_FI_DEV_REMAPPED_COR),
+            FieldId(fi::NVML_FI_DEV_REMAPPED_UNC),
+            FieldId(fi::NVML_FI_DEV_REMAPPED_FAILURE),
+        ];
+        let whole = |v: &SampleValue| -> Option<u64> {
+            match *v {
+                SampleValue::U32(x) => Some(u64::from(x)),
+                SampleValue::U64(x) => Some(x),
+                SampleValue::I64(x) => u64::try_from(x).ok(),
+                SampleValue::F64(_) => None,
+            }
+        };
+        if let Ok(values) = dev.field_values_for(&ids) {
+            let read: Vec<Option<u64>> = values
+                .iter()
+                .map(|r| r.as_ref().ok()?.value.as_ref().ok().and_then(whole))
+                .collect();
+            if let [temp, cor, unc, fail] = read[..] {
+                c.memory_temp_c = temp.and_then(|t| u32::try_from(t).ok()).filter(|t| *t > 0);
+                c.remapped_rows_correctable = cor;
+                c.remapped_rows_uncorrectable = unc;
+                c.row_remap_failure = fail.map(|f| f != 0);
+            }
+        }
+        self.gpm(index, dev, &mut c);
+        c
+    }
+
+    /// GPM's activity ratios (Hopper and later), from this sample and the last one of this GPU.
+    fn gpm(&self, index: u32, dev: &nvml_wrapper::Device<'static>, c: &mut Counters) {
+        if !dev.gpm_support().unwrap_or(false) {
+            return;
+        }
+        let Ok(now) = dev.gpm_sample() else { return };
+        let Ok(mut kept) = self.gpm.lock() else {
+            return;
+        };
+        let previous = kept.insert(index, (std::time::Instant::now(), now));
+        let (Some((at, before)), Some((_, now))) = (previous, kept.get(&index)) else {
+            return;
+        };
+        if at.elapsed() < GPM_MIN_GAP {
+            return;
+        }
+        let ids = [
+            GpmMetricId::GraphicsUtil,
+            GpmMetricId::AnyTensorUtil,
+            GpmMetricId::DramBwUtil,
+            GpmMetricId::PcieTxPerSec,
+            GpmMetricId::PcieRxPerSec,
+        ];
+        let Ok(results) = nvml_wrapper::gpm::gpm_metrics_get(self.nvml, &before, now, &ids) else {
+            return;
+        };
+        let v: Vec<Option<f64>> = results
+            .into_iter()
+            .map(|r| {
+                r.ok()
+                    .map(|m| m.value)
+                    .filter(|x| x.is_finite() && *x >= 0.0)
+            })
+            .collect();
+        if let [gr, tensor, dram, tx, rx] = v[..] {
+            // Percent to dcgm-exporter's ratios; MiB/s to its bytes per second.
+            c.gr_engine_active = gr.map(|x| x / 100.0);
+            c.tensor_active = tensor.map(|x| x / 100.0);
+            c.dram_active = dram.map(|x| x / 100.0);
+            c.pcie_tx_bytes_per_s = tx.map(|x| x * 1_048_576.0);
+            c.pcie_rx_bytes_per_s = rx.map(|x| x * 1_048_576.0);
+        }
+    }
 }

@@ -97,6 +97,9 @@ struct FdInfo {
     readable: bool,
     /// The process exited between its stat and its fd walk: not a blind spot, just gone.
     vanished: bool,
+    /// Threads found with an fd table of their own (by kcmp, on a full scan): walked at every walk until
+    /// the next full scan looks again.
+    private_tables: Vec<u32>,
 }
 
 /// What is kept of a process between scans, beside its `Proc` in the table.
@@ -664,15 +667,22 @@ impl ProcScanner {
         })
     }
 
-    /// Walk one process's fds: its fd table (a live thread's, where the leader exited), and on full scans
-    /// the tables of threads that unshared theirs. Each link is read relative to its fd directory (no path
+    /// Walk one process's fds: its fd table (a live thread's, where the leader exited), and the tables of
+    /// threads that unshared theirs (found on full scans, walked at every walk). Each link is read relative to its fd directory (no path
     /// walked per fd), nothing allocated for the sockets, pipes and anon inodes that are most of them.
     fn read_fds(&self, pid: u32, full: bool) -> FdInfo {
         let mut info = FdInfo::default();
-        let (files_task, threads) = self
-            .cache
-            .get(&pid)
-            .map_or((None, 1), |c| (c.files_task, c.threads));
+        let (files_task, threads, known_private) =
+            self.cache.get(&pid).map_or((None, 1, Vec::new()), |c| {
+                (
+                    c.files_task,
+                    c.threads,
+                    c.fds
+                        .as_ref()
+                        .map(|f| f.private_tables.clone())
+                        .unwrap_or_default(),
+                )
+            });
         let main = match files_task {
             Some(tid) => format!("{pid}/task/{tid}/fd"),
             None => format!("{pid}/fd"),
@@ -685,17 +695,21 @@ impl ProcScanner {
                 return info;
             }
         }
-        if full && threads > 1 {
+        let private = if full && threads > 1 {
             let reference = files_task.unwrap_or(pid);
-            for tid in tasks::private_fd_tables(&self.cfg.proc_root, pid, reference) {
-                if self
-                    .walk_fd_dir(&format!("{pid}/task/{tid}/fd"), &mut info)
-                    .is_err_and(|e| e != rustix::io::Errno::NOENT)
-                {
-                    info.readable = false;
-                }
+            tasks::private_fd_tables(&self.cfg.proc_root, pid, reference)
+        } else {
+            known_private
+        };
+        for &tid in &private {
+            if self
+                .walk_fd_dir(&format!("{pid}/task/{tid}/fd"), &mut info)
+                .is_err_and(|e| e != rustix::io::Errno::NOENT)
+            {
+                info.readable = false;
             }
         }
+        info.private_tables = private;
         info.devices.sort();
         info.devices.dedup();
         info

@@ -97,6 +97,9 @@ struct Sample<'a> {
 struct Labels<'a> {
     #[serde(borrow, rename = "Hostname")]
     hostname: Option<Text<'a>>,
+    /// dcgm-exporter's spelling since its PR #655.
+    #[serde(borrow, rename = "hostname")]
+    hostname_new: Option<Text<'a>>,
     #[serde(borrow)]
     instance: Option<Text<'a>>,
     #[serde(borrow)]
@@ -128,6 +131,7 @@ impl Sample<'_> {
         let l = &self.metric;
         let text = match k {
             "Hostname" => &l.hostname,
+            "hostname" => &l.hostname_new,
             "instance" => &l.instance,
             "job" => &l.job,
             "gpu" => &l.gpu,
@@ -147,10 +151,12 @@ impl Sample<'_> {
     fn value(&self) -> Option<f64> {
         self.value.1.0.parse::<f64>().ok()
     }
-    /// The host it belongs to: its `Hostname` (dcgm-exporter's and gpusweep's label), else `instance`.
+    /// The host it belongs to: its `Hostname` (dcgm-exporter's and gpusweep's label), else `hostname`
+    /// (newer dcgm-exporters'), else `instance`.
     fn host(&self) -> Option<&str> {
         self.label(m::L_HOSTNAME)
             .filter(|h| !h.is_empty())
+            .or_else(|| self.label(m::L_HOSTNAME_NEW).filter(|h| !h.is_empty()))
             .or_else(|| self.label("instance"))
     }
     fn gpu(&self) -> Option<u32> {
@@ -276,7 +282,7 @@ impl PromServer {
     /// ever named.
     pub async fn discover(&self, http: &HttpClient) -> Result<Vec<String>, String> {
         let seen = format!(
-            "max by (Hostname, instance) (last_over_time({{__name__=~\"{}|{}\"{}}}[{LOOKBACK}]))",
+            "max by (Hostname, hostname, instance) (last_over_time({{__name__=~\"{}|{}\"{}}}[{LOOKBACK}]))",
             m::FB_USED,
             m::READING_TIMESTAMP,
             self.selector
@@ -307,6 +313,13 @@ impl PromServer {
         );
         names.sort();
         names.dedup();
+        if names.len() > MAX_HOSTS {
+            return Err(format!(
+                "Prometheus {}: {} hosts, more than the {MAX_HOSTS} one client reads (narrow the fleet with ?{{...}})",
+                self.url,
+                names.len()
+            ));
+        }
         Ok(names)
     }
 }
@@ -317,6 +330,10 @@ const LOOKBACK: &str = "10m";
 /// The largest answer a query may have: every query is aggregated per host and GPU, so 10,000 hosts of 8
 /// GPUs answer in about 25 MiB.
 const MAX_ANSWER: usize = 128 * 1024 * 1024;
+
+/// The most hosts one `prom:` fleet may name: each is a host of its own in the client (its ledger, its
+/// channel), so a Prometheus could otherwise make the client build millions.
+const MAX_HOSTS: usize = 20_000;
 
 /// The most that the queries asked together (a poll's seven, identities' four) may answer in all.
 const MAX_ROUND: usize = 192 * 1024 * 1024;
@@ -587,28 +604,32 @@ struct Queries {
 
 impl Queries {
     fn new(p: &PromServer) -> Queries {
-        let by_gpu =
-            |name: &str| format!("max by (Hostname, job, instance, gpu) ({})", p.sel(name));
+        let by_gpu = |name: &str| {
+            format!(
+                "max by (Hostname, hostname, job, instance, gpu) ({})",
+                p.sel(name)
+            )
+        };
         Queries {
             used: by_gpu(m::FB_USED),
             clean: by_gpu(m::GPU_CLEAN),
             // A GPU its serve could not read; and (without a `gpu` label) a host whose serve says the
             // driver or one of its GPUs does not answer.
             unreadable: format!(
-                "({} == 0) or (max by (Hostname, job, instance) ({}) == 0)",
+                "({} == 0) or (max by (Hostname, hostname, job, instance) ({}) == 0)",
                 by_gpu(m::GPU_READABLE),
                 p.sel(m::GPUS_READABLE)
             ),
             unexplained: format!(
-                "max by (Hostname, job, instance, gpu, kind) ({})",
+                "max by (Hostname, hostname, job, instance, gpu, kind) ({})",
                 p.sel(m::UNEXPLAINED_BYTES)
             ),
             findings: format!(
-                "max by (Hostname, job, instance, kind, severity) ({}) > 0",
+                "max by (Hostname, hostname, job, instance, kind, severity) ({}) > 0",
                 p.sel(m::FINDINGS)
             ),
             taken: format!(
-                "max by (Hostname, job, instance) ({} or timestamp({}))",
+                "max by (Hostname, hostname, job, instance) ({} or timestamp({}))",
                 p.sel(m::READING_TIMESTAMP),
                 p.sel(m::FB_USED)
             ),
@@ -628,20 +649,20 @@ impl Queries {
 fn identity_queries(p: &PromServer) -> [String; 4] {
     [
         format!(
-            "max by (Hostname, instance, gpu, UUID, modelName, pci_bus_id, device) (last_over_time({}[{LOOKBACK}]))",
+            "max by (Hostname, hostname, instance, gpu, UUID, modelName, pci_bus_id, device) (last_over_time({}[{LOOKBACK}]))",
             p.sel(m::FB_USED)
         ),
         format!(
-            "max by (Hostname, instance, scheme, api_path, simulated) (last_over_time({}[{LOOKBACK}]))",
+            "max by (Hostname, hostname, instance, scheme, api_path, simulated) (last_over_time({}[{LOOKBACK}]))",
             p.sel(m::SERVE_INFO)
         ),
         format!(
-            "max by (Hostname, gpu) (last_over_time({}[{LOOKBACK}]) + last_over_time({}[{LOOKBACK}]))",
+            "max by (Hostname, hostname, gpu) (last_over_time({}[{LOOKBACK}]) + last_over_time({}[{LOOKBACK}]))",
             p.sel(m::FB_FREE),
             p.sel(m::FB_USED)
         ),
         format!(
-            "max by (Hostname, gpu) (last_over_time({}[{LOOKBACK}]))",
+            "max by (Hostname, hostname, gpu) (last_over_time({}[{LOOKBACK}]))",
             p.sel(m::FB_RESERVED)
         ),
     ]
@@ -1358,7 +1379,7 @@ mod tests {
         let q = Queries::new(&p);
         assert_eq!(
             q.used,
-            r#"max by (Hostname, job, instance, gpu) (DCGM_FI_DEV_FB_USED{job="gpu"})"#
+            r#"max by (Hostname, hostname, job, instance, gpu) (DCGM_FI_DEV_FB_USED{job="gpu"})"#
         );
         assert!(q.up.starts_with("max by (instance) (up and on (instance)"));
         assert!(q.up.contains(r#"DCGM_FI_DEV_FB_USED{job="gpu"}[10m]"#));
