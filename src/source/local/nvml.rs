@@ -64,6 +64,9 @@ pub struct NvmlReader {
     readout: Readout,
     /// Per GPU index: its last GPM sample (GPM's ratios are the difference of two samples).
     gpm: std::sync::Mutex<std::collections::HashMap<u32, (std::time::Instant, GpmSample<'static>)>>,
+    /// Per GPU index: its counters and when they were read (they cost ~4.7 ms a GPU on an H200, a hundred
+    /// times a verdict's reading, so they are read at most every `COUNTERS_EVERY`).
+    counters: std::sync::Mutex<std::collections::HashMap<u32, (std::time::Instant, Counters)>>,
     pub driver_version: Option<String>,
 }
 
@@ -114,6 +117,7 @@ impl NvmlReader {
                         count,
                         readout,
                         gpm: std::sync::Mutex::default(),
+                        counters: std::sync::Mutex::default(),
                         driver_version,
                     });
                 }
@@ -214,8 +218,7 @@ impl GpuReader for NvmlReader {
         gpu.temperature_c = temp;
         gpu.power_mw = power_mw;
         if self.readout == Readout::Counters {
-            gpu.counters = Some(Box::new(self.counters(index, &dev)));
-            trace("nvml", "counters read");
+            gpu.counters = Some(Box::new(self.counters_now(index, &dev)));
         }
         match procs {
             Ok(p) => gpu.processes = p,
@@ -258,10 +261,32 @@ fn read_processes(dev: &nvml_wrapper::Device) -> Result<Vec<ListedProcess>, Stri
     Ok(procs)
 }
 
+/// How often a GPU's counters are read again (dcgm-exporter collects every 30 s by default; Prometheus
+/// scrapes every 15 s by default).
+const COUNTERS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// How far apart two GPM samples must be for their ratios to mean something.
 const GPM_MIN_GAP: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl NvmlReader {
+    /// The GPU's counters: as last read while fresh, else read now.
+    fn counters_now(&self, index: u32, dev: &nvml_wrapper::Device<'static>) -> Counters {
+        let fresh = self.counters.lock().ok().and_then(|m| {
+            m.get(&index)
+                .filter(|(at, _)| at.elapsed() < COUNTERS_EVERY)
+                .map(|(_, c)| c.clone())
+        });
+        if let Some(c) = fresh {
+            return c;
+        }
+        let c = self.counters(index, dev);
+        trace("nvml", "counters read");
+        if let Ok(mut m) = self.counters.lock() {
+            m.insert(index, (std::time::Instant::now(), c.clone()));
+        }
+        c
+    }
+
     /// dcgm-exporter's counters that NVML gives: each call on its own, a field the part lacks `None`.
     fn counters(&self, index: u32, dev: &nvml_wrapper::Device<'static>) -> Counters {
         use nvml_wrapper::enums::device::SampleValue;
