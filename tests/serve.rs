@@ -2026,3 +2026,30 @@ fn a_thread_with_its_own_fd_table_holds_the_gpu_at_every_reading_not_only_at_ful
         "the holder {pid} was missing from {missing} of 30 readings"
     );
 }
+
+#[test]
+fn counters_stay_with_the_serve_that_reads_them_and_never_age_in_a_client() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let serve = Serve::start(tmp, &["--demo", "--hosts", "gpu-a", "--no-socket"], &[]);
+    // The serve's own reading carries them (its /metrics exports them)...
+    let url = format!("http://{}", serve.addr.as_deref().expect("http"));
+    let own = {
+        use std::io::{Read, Write};
+        let mut s =
+            std::net::TcpStream::connect(serve.addr.as_deref().expect("http")).expect("connect");
+        write!(s, "GET /api/v1/snapshot HTTP/1.0\r\n\r\n").expect("ask");
+        let mut r = String::new();
+        s.read_to_string(&mut r).expect("snapshot");
+        r
+    };
+    assert!(own.contains(r#""counters":{"sm_clock_mhz""#), "{own}");
+    // ...a client reading it over HTTP keeps none: unchanged readings would not refresh them.
+    let out = gpusweep(tmp)
+        .args(["snapshot", "--json", "--hosts", &url])
+        .output()
+        .expect("snapshot");
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(!t.contains("\"counters\""), "{t}");
+}

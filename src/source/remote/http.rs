@@ -388,6 +388,11 @@ impl Stream<'_> {
                     }
                 };
                 snap.source = SourceKind::Http;
+                // Counters are refreshed only in full snapshots here (an `unchanged` carries the gauges
+                // alone): kept, they would read as current while they age. The serve's /metrics has them.
+                for g in &mut snap.gpus {
+                    g.counters = None;
+                }
                 // Nothing is done over HTTP: the reading says so, as a Prometheus host's does.
                 if !snap.missing_features.contains(&Feature::Actions) {
                     snap.missing_features.push(Feature::Actions);
