@@ -79,6 +79,16 @@ impl Serve {
         }
         serve
     }
+    /// The whole HTTP/1.0 answer to `GET path`, status line and headers included.
+    fn raw_get(&self, path: &str) -> String {
+        use std::io::{Read, Write};
+        let mut s =
+            std::net::TcpStream::connect(self.addr.as_deref().expect("http")).expect("connect");
+        write!(s, "GET {path} HTTP/1.0\r\n\r\n").expect("ask");
+        let mut r = String::new();
+        s.read_to_string(&mut r).expect("an answer");
+        r
+    }
     fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr.as_deref().expect("http"))
     }
@@ -1368,15 +1378,7 @@ fn a_reader_of_the_serve_sees_no_more_than_its_own_proc_shows_it() {
         &["--no-nvml", "--device-glob", &glob, "--no-socket"],
         &[],
     );
-    let body = {
-        use std::io::{Read, Write};
-        let mut s =
-            std::net::TcpStream::connect(serve.addr.as_deref().expect("http")).expect("connect");
-        write!(s, "GET /api/v1/snapshot HTTP/1.0\r\n\r\n").expect("ask");
-        let mut r = String::new();
-        s.read_to_string(&mut r).expect("snapshot over HTTP");
-        r
-    };
+    let body = serve.raw_get("/api/v1/snapshot");
     assert!(body.contains(&format!("\"pid\":{hpid}")), "{body}");
     assert!(!body.contains("s3cret"), "{body}");
     let _ = holder.kill();
@@ -2004,15 +2006,7 @@ fn a_thread_with_its_own_fd_table_holds_the_gpu_at_every_reading_not_only_at_ful
     // Thirty readings, 100 ms apart: one full scan, then listings; every one names the holder.
     let mut missing = 0;
     for _ in 0..30 {
-        let body = {
-            use std::io::{Read, Write};
-            let mut s = std::net::TcpStream::connect(serve.addr.as_deref().expect("http"))
-                .expect("connect");
-            write!(s, "GET /api/v1/snapshot HTTP/1.0\r\n\r\n").expect("ask");
-            let mut r = String::new();
-            s.read_to_string(&mut r).expect("snapshot");
-            r
-        };
+        let body = serve.raw_get("/api/v1/snapshot");
         let json = body.split_once("\r\n\r\n").map_or("", |(_, b)| b);
         let doc: serde_json::Value = serde_json::from_str(json).expect("json");
         let held = doc["hosts"][0]["holders"]
@@ -2034,15 +2028,7 @@ fn counters_stay_with_the_serve_that_reads_them_and_never_age_in_a_client() {
     let serve = Serve::start(tmp, &["--demo", "--hosts", "gpu-a", "--no-socket"], &[]);
     // The serve's own reading carries them (its /metrics exports them)...
     let url = format!("http://{}", serve.addr.as_deref().expect("http"));
-    let own = {
-        use std::io::{Read, Write};
-        let mut s =
-            std::net::TcpStream::connect(serve.addr.as_deref().expect("http")).expect("connect");
-        write!(s, "GET /api/v1/snapshot HTTP/1.0\r\n\r\n").expect("ask");
-        let mut r = String::new();
-        s.read_to_string(&mut r).expect("snapshot");
-        r
-    };
+    let own = serve.raw_get("/api/v1/snapshot");
     assert!(own.contains(r#""counters":{"sm_clock_mhz""#), "{own}");
     // ...a client reading it over HTTP keeps none: unchanged readings would not refresh them.
     let out = gpusweep(tmp)

@@ -179,11 +179,11 @@ impl GpuReader for NvmlReader {
         let procs = read_processes(&dev);
         trace("nvml", "processes read");
         let id = self.identity(index, &dev);
-        let (util, temp, power_mw) = if self.readout == Readout::Verdict {
+        let (rates, temp, power_mw) = if self.readout == Readout::Verdict {
             (None, None, None)
         } else {
             let g = (
-                dev.utilization_rates().ok().map(|u| u.gpu),
+                dev.utilization_rates().ok(),
                 dev.temperature(TemperatureSensor::Gpu).ok(),
                 dev.power_usage().ok(),
             );
@@ -214,11 +214,14 @@ impl GpuReader for NvmlReader {
             gpu.mig_enabled,
             gpu.persistence_mode,
         ) = id;
-        gpu.utilization = util;
+        gpu.utilization = rates.as_ref().map(|u| u.gpu);
         gpu.temperature_c = temp;
         gpu.power_mw = power_mw;
         if self.readout == Readout::Counters {
-            gpu.counters = Some(Box::new(self.counters_now(index, &dev)));
+            let mut c = self.counters_now(index, &dev);
+            // Memory-copy utilization came with the gauges' call: as fresh as they are.
+            c.mem_copy_util = rates.as_ref().map(|u| u.memory);
+            gpu.counters = Some(Box::new(c));
         }
         match procs {
             Ok(p) => gpu.processes = p,
@@ -297,7 +300,6 @@ impl NvmlReader {
             mem_clock_mhz: dev.clock_info(Clock::Memory).ok(),
             energy_mj: dev.total_energy_consumption().ok(),
             pcie_replays: dev.pcie_replay_counter().ok().map(u64::from),
-            mem_copy_util: dev.utilization_rates().ok().map(|u| u.memory),
             enc_util: dev.encoder_utilization().ok().map(|u| u.utilization),
             dec_util: dev.decoder_utilization().ok().map(|u| u.utilization),
             ..Counters::default()

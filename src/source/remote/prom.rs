@@ -857,14 +857,17 @@ fn table(
     let [used, clean, unreadable, unexplained, findings, taken, up] = answers;
     let mut hosts: Vec<Option<HostData>> =
         std::iter::repeat_with(|| None).take(names.len()).collect();
-    for (body, set, gpusweep) in [
+    // (answer, what a GPU's sample sets, whether only gpusweep sends it, whether a sample without a `gpu`
+    // speaks for the whole host: `gpusweep_gpus_readable == 0`).
+    for (body, set, gpusweep, whole_host) in [
         (
             used,
             (|g, x| g.used = x.value()) as fn(&mut GpuData, &Sample),
             false,
+            false,
         ),
-        (clean, |g, x| g.clean = x.value(), true),
-        (unreadable, |g, _| g.unreadable = true, true),
+        (clean, |g, x| g.clean = x.value(), true, false),
+        (unreadable, |g, _| g.unreadable = true, true, true),
         (
             unexplained,
             |g, x| {
@@ -873,9 +876,9 @@ fn table(
                 }
             },
             true,
+            false,
         ),
     ] {
-        let whole_host = std::ptr::eq(body, unreadable);
         for sample in server.samples(body)? {
             let Some(gpu) = sample.gpu() else {
                 if whole_host && let Some(data) = of(&mut hosts, names, &sample) {
