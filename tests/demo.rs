@@ -105,3 +105,170 @@ fn demo_refuses_pid_1_and_reused_pids() {
     assert!(matches!(&out[0].fate, Fate::Refused { reason } if reason.contains("PID 1")));
     assert!(matches!(&out[1].fate, Fate::Refused { reason } if reason.contains("reused")));
 }
+
+/// A demo host read by a ledger every second from `from` to `to` (simulated ms): every event, and the last
+/// judged reading.
+fn watch_demo(
+    h: &DemoHost,
+    t: &std::sync::atomic::AtomicU64,
+    ledger: &mut gpusweep::runtime::ledger::Ledger,
+    from: u64,
+    to: u64,
+) -> Vec<gpusweep::core::event::Event> {
+    let mut events = Vec::new();
+    let mut at = from;
+    while at <= to {
+        t.store(at, Ordering::SeqCst);
+        events.extend(ledger.reading(h.snapshot()).1);
+        at += 1_000;
+    }
+    events
+}
+
+#[test]
+fn gpu_a_warms_up_through_its_phases_with_rank_5_straggling() {
+    use gpusweep::core::event::EventKind;
+    use gpusweep::core::job::Phase;
+    let (clock, t) = DemoClock::manual(0);
+    let h = DemoHost::new("gpu-a", clock);
+    let mut l = gpusweep::runtime::ledger::Ledger::new("gpu-a", AnalyzeOptions::default());
+    let events = watch_demo(&h, &t, &mut l, 0, 30_000);
+    let last = l.last().expect("read");
+    let job = &last.snap.jobs[0];
+    assert_eq!(job.id, "sglang-ep8.service");
+    assert_eq!(job.ranks.len(), 8);
+    assert_eq!(job.phase, Phase::Loading);
+    let straggler: Vec<_> = last
+        .snap
+        .findings
+        .iter()
+        .filter(|f| f.kind == FindingKind::Straggler)
+        .collect();
+    assert_eq!(straggler.len(), 1, "{:?}", last.snap.findings);
+    assert_eq!(straggler[0].gpu, Some(5));
+    assert!(
+        events.iter().any(|e| matches!(
+            &e.what,
+            EventKind::JobPhase {
+                phase: Phase::Loading,
+                ..
+            }
+        )),
+        "{events:?}"
+    );
+    // Rank 5 takes its KV cache at 90 s; a minute flat after that, the job is settled.
+    let events = watch_demo(&h, &t, &mut l, 31_000, 160_000);
+    let settled = events.iter().find_map(|e| match &e.what {
+        EventKind::JobPhase {
+            phase: Phase::Settled,
+            warmup_ms,
+            ..
+        } => Some((e.at_ms, *warmup_ms)),
+        _ => None,
+    });
+    let (at, warmup) = settled.expect("settled");
+    let start = l.last().expect("read").snap.jobs[0].started_ms;
+    assert_eq!(
+        warmup,
+        Some(90_000),
+        "from the ranks' start to the last rise"
+    );
+    assert_eq!(at - start, 150_000, "a minute after memory stopped rising");
+    assert!(
+        !l.last()
+            .expect("read")
+            .snap
+            .findings
+            .iter()
+            .any(|f| f.kind == FindingKind::Straggler),
+        "no straggler once settled"
+    );
+}
+
+#[test]
+#[allow(clippy::too_many_lines)] // one story: the loss, its finding, the sweep, the end
+fn gpu_d_loses_rank_3_and_a_sweep_of_the_job_ends_the_seven_left() {
+    use gpusweep::core::event::EventKind;
+    let (clock, t) = DemoClock::manual(0);
+    let mut h = DemoHost::new("gpu-d", clock);
+    let mut l = gpusweep::runtime::ledger::Ledger::new("gpu-d", AnalyzeOptions::default());
+    let events = watch_demo(&h, &t, &mut l, 0, 23_000);
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e.what, EventKind::RankLost { .. }))
+    );
+    let events = watch_demo(&h, &t, &mut l, 24_000, 24_000);
+    let lost = events
+        .iter()
+        .find_map(|e| match &e.what {
+            EventKind::RankLost {
+                pid,
+                gpus,
+                left,
+                left_bytes,
+                ..
+            } => Some((*pid, gpus.clone(), *left, *left_bytes)),
+            _ => None,
+        })
+        .expect("rank lost within one reading");
+    assert_eq!(lost.0, 6123);
+    assert_eq!(lost.1, [3]);
+    assert_eq!(lost.2, 7);
+    assert!(lost.3.is_some_and(|b| b > 7 * 80 * 1024 * 1024 * 1024));
+    let snap = l.last().expect("read").snap.clone();
+    let finding = snap
+        .findings
+        .iter()
+        .find(|f| f.kind == FindingKind::LostRank)
+        .expect("lost_rank");
+    assert!(
+        finding.detail.contains("SM120") && finding.detail.contains("shared memory"),
+        "{}",
+        finding.detail
+    );
+    assert!(
+        finding.action.contains("sweep --job tree:6100"),
+        "{}",
+        finding.action
+    );
+    // A sweep of the job: its seven ranks, nothing else.
+    let ranks = gpusweep::analyze::watch::job_processes(&snap, "tree:6100");
+    assert_eq!(
+        ranks.iter().map(|r| r.0).collect::<Vec<_>>(),
+        [6120, 6121, 6122, 6124, 6125, 6126, 6127]
+    );
+    let targets = ranks
+        .iter()
+        .map(|(pid, _)| {
+            let p = snap.proc(*pid).expect("proc");
+            gpusweep::core::signal::TargetInfo {
+                pid: *pid,
+                start_time: p.start_time,
+                cmdline: p.cmdline.clone(),
+                pidfs_ino: None,
+            }
+        })
+        .collect();
+    let out = h.signal(&gpusweep::core::signal::SignalRequest {
+        targets,
+        signal: Sig::Term,
+        grace_ms: Some(10_000),
+        purpose: Some(gpusweep::core::action::Purpose::Sweep),
+    });
+    assert!(
+        out.iter().all(|o| matches!(o.fate, Fate::Exited { .. })),
+        "{out:?}"
+    );
+    let events = watch_demo(&h, &t, &mut l, 25_000, 25_000);
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(&e.what, EventKind::JobEnded { job, .. } if job == "tree:6100")),
+        "{events:?}"
+    );
+    assert_eq!(
+        verdict(&l.last().expect("read").snap, &Scope::default(), 0, &[]),
+        Verdict::Clean
+    );
+}

@@ -5,6 +5,7 @@
 pub mod events;
 pub mod findings;
 pub mod index;
+pub mod jobs;
 pub mod plan;
 pub mod state;
 pub mod watch;
@@ -20,6 +21,8 @@ pub struct AnalyzeOptions {
     /// While live processes are listed, used memory beyond what they are charged is normal up to this much
     /// (context overhead is not charged: a real H200 read 19692 MiB used for 19684 MiB charged).
     pub residual_slack: u64,
+    /// The windows a job's phases are told by (read by the ledger's job book).
+    pub jobs: jobs::JobOptions,
 }
 
 impl Default for AnalyzeOptions {
@@ -27,6 +30,7 @@ impl Default for AnalyzeOptions {
         AnalyzeOptions {
             tolerance: 0,
             residual_slack: 256 * MIB,
+            jobs: jobs::JobOptions::default(),
         }
     }
 }
@@ -42,6 +46,12 @@ pub fn analyze(snap: &HostSnapshot, opts: &AnalyzeOptions) -> Vec<Finding> {
     findings::shm::find(snap, &mut out);
     findings::smem::find(snap, &mut out);
     let mut out = out.out;
+    order(&mut out);
+    out
+}
+
+/// Findings in their stable order: by severity, then GPU, then kind, then pid.
+pub fn order(out: &mut [Finding]) {
     out.sort_by(|a, b| {
         b.severity
             .cmp(&a.severity)
@@ -49,7 +59,6 @@ pub fn analyze(snap: &HostSnapshot, opts: &AnalyzeOptions) -> Vec<Finding> {
             .then(a.kind.cmp(&b.kind))
             .then(a.pid.cmp(&b.pid))
     });
-    out
 }
 
 /// The snapshot judged: its findings, then each GPU's state. A host read from Prometheus keeps the findings

@@ -146,13 +146,27 @@ pub fn judged_by_holders_only(snap: &HostSnapshot) -> bool {
 /// Which GPUs of each host `refs` names: an index stands for that GPU on every host and must exist on every
 /// host whose GPUs could be read; a UUID must name a GPU of some host. Hosts that none of them name are left
 /// out of the map. `Err` says which GPU is missing and what the host has.
-/// The PIDs of a host's reading that belong to the job `query` names (see `Job::matches`) and hold or are
-/// listed on a GPU, with the GPUs they hold.
+/// Whether a process belongs to the job `query` names: by its cgroup's job (see `Job::matches`), or as a
+/// rank of the launcher tree the reading's jobs call `tree:PID`.
+pub fn of_job(snap: &HostSnapshot, p: &crate::core::model::Proc, query: &str) -> bool {
+    p.job.as_ref().is_some_and(|j| j.matches(query))
+        || snap.jobs.iter().any(|j| {
+            j.job.is_none() && j.id == query.trim() && j.ranks.iter().any(|r| r.pid == p.pid)
+        })
+}
+
+/// Whether any process of the reading belongs to the job `query` names.
+pub fn job_seen(snap: &HostSnapshot, query: &str) -> bool {
+    snap.processes.iter().any(|p| of_job(snap, p, query))
+}
+
+/// The PIDs of a host's reading that belong to the job `query` names and hold or are listed on a GPU, with
+/// the GPUs they hold.
 pub fn job_processes(snap: &HostSnapshot, query: &str) -> Vec<(u32, Vec<u32>)> {
     let mut out: Vec<(u32, Vec<u32>)> = snap
         .processes
         .iter()
-        .filter(|p| p.job.as_ref().is_some_and(|j| j.matches(query)))
+        .filter(|p| of_job(snap, p, query))
         .filter_map(|p| {
             let mut gpus = snap.listed_gpus(p.pid);
             if let Some(h) = snap.holder(p.pid).filter(|h| !h.benign) {

@@ -113,11 +113,9 @@ pub fn watch_for(
         }
         crate::core::job::check_query(q)?;
         // A gate never passes on a job it cannot find: a typo is an error, not "nothing to wait for".
-        let seen = readable.iter().any(|(_, s)| {
-            s.processes
-                .iter()
-                .any(|p| p.job.as_ref().is_some_and(|j| j.matches(q)))
-        });
+        let seen = readable
+            .iter()
+            .any(|(_, s)| crate::analyze::watch::job_seen(s, q));
         if !seen {
             bail!(
                 "--job {}: no process of it on any host that was read (`gpusweep snapshot` shows each \

@@ -5,7 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::format::{escape, fmt_bytes, fmt_gpus, fmt_ms};
+use super::format::{escape, fmt_bytes, fmt_gpus, fmt_ms, fmt_span};
+use super::job::{LostHow, Phase};
 use super::model::{FindingKind, Severity};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -87,6 +88,38 @@ pub enum EventKind {
     HostUp {
         first: bool,
     },
+    /// A job's first GPU process was seen (`job` as `--job` takes it, or `tree:PID`).
+    JobStarted {
+        job: String,
+        name: String,
+        ranks: usize,
+        gpus: Vec<u32>,
+    },
+    /// A job changed phase; `after_ms`: how long it was in the one before. `warmup_ms` when it settled after
+    /// being seen loading: from its start to when its memory stopped rising.
+    JobPhase {
+        job: String,
+        phase: Phase,
+        after_ms: u64,
+        bytes: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        warmup_ms: Option<u64>,
+    },
+    /// A rank ended while its peers still hold GPU memory.
+    RankLost {
+        job: String,
+        pid: u32,
+        gpus: Vec<u32>,
+        how: LostHow,
+        /// Ranks left alive, and what they hold.
+        left: usize,
+        left_bytes: Option<u64>,
+    },
+    /// No GPU process of the job is left on this host.
+    JobEnded {
+        job: String,
+        lived_ms: u64,
+    },
 }
 
 impl Event {
@@ -155,6 +188,69 @@ impl Event {
             EventKind::HostDown { reason } => format!("✗ host down: {}", escape(reason)),
             EventKind::HostUp { first: true } => "host up: first reading".to_string(),
             EventKind::HostUp { first: false } => "host back up".to_string(),
+            EventKind::JobStarted { .. }
+            | EventKind::JobPhase { .. }
+            | EventKind::RankLost { .. }
+            | EventKind::JobEnded { .. } => self.describe_job(),
+        }
+    }
+
+    /// A job's event, for people.
+    fn describe_job(&self) -> String {
+        match &self.what {
+            EventKind::JobStarted {
+                job,
+                name,
+                ranks,
+                gpus,
+            } => format!(
+                "+ job {} on GPU {}: {ranks} process(es), {}",
+                escape(job),
+                fmt_gpus(gpus),
+                escape(name)
+            ),
+            EventKind::JobPhase {
+                job,
+                phase,
+                after_ms,
+                bytes,
+                warmup_ms,
+            } => {
+                let held = bytes.map(|b| format!(" at {}", fmt_bytes(Some(b))));
+                match (phase, warmup_ms) {
+                    (Phase::Settled, Some(w)) => format!(
+                        "= job {} settled{} after a {} warm-up",
+                        escape(job),
+                        held.unwrap_or_default(),
+                        fmt_span(*w)
+                    ),
+                    _ => format!(
+                        "~ job {} now {}{}, after {} in its phase before",
+                        escape(job),
+                        phase.as_str(),
+                        held.unwrap_or_default(),
+                        fmt_span(*after_ms)
+                    ),
+                }
+            }
+            EventKind::RankLost {
+                job,
+                pid,
+                gpus,
+                how,
+                left,
+                left_bytes,
+            } => format!(
+                "✗ job {}: rank {pid} on GPU {} {}; {left} rank(s) left holding {}",
+                escape(job),
+                fmt_gpus(gpus),
+                how.describe(),
+                fmt_bytes(*left_bytes)
+            ),
+            EventKind::JobEnded { job, lived_ms } => {
+                format!("- job {} ended after {}", escape(job), fmt_span(*lived_ms))
+            }
+            _ => String::new(),
         }
     }
 
@@ -163,7 +259,7 @@ impl Event {
         match &self.what {
             EventKind::FindingAppeared { severity, .. } => *severity == Severity::Leak,
             EventKind::SignalFate { ok, .. } | EventKind::ShmRemoved { ok, .. } => !ok,
-            EventKind::HostDown { .. } => true,
+            EventKind::HostDown { .. } | EventKind::RankLost { .. } => true,
             _ => false,
         }
     }

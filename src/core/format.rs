@@ -103,6 +103,38 @@ pub fn fmt_ms(ms: u64) -> String {
     }
 }
 
+/// A span for people: "850 ms", "12.3 s" under a minute, then "4m12s", "1h06m".
+pub fn fmt_span(ms: u64) -> String {
+    if ms < 60_000 {
+        fmt_ms(ms)
+    } else {
+        fmt_secs(ms / 1000)
+    }
+}
+
+/// `HH:MM:SS.mmm` of a Unix time in milliseconds, UTC.
+pub fn fmt_clock_ms(ms: u64) -> String {
+    let day = ms % 86_400_000;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        day / 3_600_000,
+        day / 60_000 % 60,
+        day / 1000 % 60,
+        day % 1000
+    )
+}
+
+/// `HH:MM:SS UTC` of a Unix time in milliseconds.
+pub fn fmt_clock(ms: u64) -> String {
+    let day = ms % 86_400_000;
+    format!(
+        "{:02}:{:02}:{:02} UTC",
+        day / 3_600_000,
+        day / 60_000 % 60,
+        day / 1000 % 60
+    )
+}
+
 /// A duration's milliseconds, saturating (a `Duration` can hold more than `u64` milliseconds).
 pub fn millis(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)

@@ -43,7 +43,7 @@ pub enum Job {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum JobQueryError {
     #[error(
-        "--job needs a job: a Slurm job (4711, slurm:4711.0), a pod or container ID, a unit, run:PID"
+        "--job needs a job: a Slurm job (4711, slurm:4711.0), a pod or container ID, a unit, run:PID, tree:PID"
     )]
     Empty,
     #[error(
@@ -77,7 +77,11 @@ pub fn check_query(q: &str) -> Result<(), JobQueryError> {
             q.to_string(),
             "a run job is its supervisor's PID (run:812)",
         )),
-        "slurm" | "run" | "systemd" => Ok(()),
+        "tree" if !number(id) => Err(JobQueryError::Malformed(
+            q.to_string(),
+            "a launcher tree is its launcher's PID (tree:4100)",
+        )),
+        "slurm" | "run" | "systemd" | "tree" => Ok(()),
         "" if slurm(id) || unit(id) => Ok(()),
         _ if id.chars().count() < 4 => Err(JobQueryError::TooShort(q.to_string())),
         _ => Ok(()),
@@ -170,6 +174,128 @@ impl Job {
             }
         }
     }
+}
+
+/// How a job's warm-up stands, from what gpusweep sees: its GPU processes and the memory NVML charges them.
+/// Never "ready": that is the server's to say (its health endpoint), not its memory's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Its ranks are alive and hold a GPU, no memory charged yet.
+    Starting,
+    /// Its memory rose within the settle window.
+    Loading,
+    /// It holds memory that was not seen rising (first seen after its warm-up, or started too long ago to
+    /// tell): it becomes `settled` once flat for the settle window.
+    Holding,
+    /// Its memory was flat for the settle window with every rank alive.
+    Settled,
+    /// A rank ended (exited, turned zombie, or stuck in state D) while other ranks still hold GPU memory.
+    LostRank,
+    /// What its ranks are charged cannot be read (no NVML, MIG): no phase can be told.
+    Unknown,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Starting => "starting",
+            Phase::Loading => "loading",
+            Phase::Holding => "holding",
+            Phase::Settled => "settled",
+            Phase::LostRank => "lost_rank",
+            Phase::Unknown => "unknown",
+        }
+    }
+    pub const ALL: [Phase; 6] = [
+        Phase::Starting,
+        Phase::Loading,
+        Phase::Holding,
+        Phase::Settled,
+        Phase::LostRank,
+        Phase::Unknown,
+    ];
+}
+
+/// One GPU process of a job (a rank: EP/TP/DP ranks each hold their GPU).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rank {
+    pub pid: u32,
+    pub gpus: Vec<u32>,
+    /// What NVML charges it over its GPUs; `null` where unread.
+    pub bytes: Option<u64>,
+    /// Its state letter (R, S, D...).
+    pub state: super::model::ProcState,
+    /// Lagging its peers while loading for longer than the straggler window.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub straggler: bool,
+}
+
+/// How a rank was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LostHow {
+    Exited,
+    Zombie,
+    /// In state D (uninterruptible) past the window: no signal reaches it.
+    StuckD,
+}
+
+impl LostHow {
+    pub fn describe(self) -> &'static str {
+        match self {
+            LostHow::Exited => "exited",
+            LostHow::Zombie => "turned zombie",
+            LostHow::StuckD => "is stuck in state D",
+        }
+    }
+}
+
+/// A rank that ended while its peers held on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostRank {
+    pub pid: u32,
+    pub gpus: Vec<u32>,
+    pub how: LostHow,
+    /// When it was seen lost (Unix ms): within one reading of when it happened.
+    pub at_ms: u64,
+    /// What it was charged when last seen alive.
+    pub bytes: Option<u64>,
+    pub cmdline: String,
+}
+
+/// A job as one host sees it: its GPU processes, their memory, and its phase.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobReport {
+    /// What `--job` takes to name it (`slurm:4711`, `k8s:3f2a9c1e`, `run:812`), or `tree:PID` for a
+    /// launcher's process tree (no job of a scheduler or container): unique on its host, and the same on
+    /// every host for a scheduler's job.
+    pub id: String,
+    /// The job its cgroup names; `null` for a launcher tree.
+    pub job: Option<Job>,
+    /// The launcher its ranks descend from (the top of the tree below a shell, a terminal or PID 1).
+    pub launcher: Option<u32>,
+    /// The launcher's command line, or the first rank's, cut and escaped.
+    pub name: String,
+    pub ranks: Vec<Rank>,
+    /// Every GPU its live ranks hold or are listed on.
+    pub gpus: Vec<u32>,
+    /// What NVML charges its live ranks, over every GPU; `null` when no rank's charge is known.
+    pub bytes: Option<u64>,
+    /// When its first process started (Unix ms), where the boot time is known; else when first seen.
+    pub started_ms: u64,
+    pub phase: Phase,
+    /// Since when it is in this phase (Unix ms).
+    pub phase_since_ms: u64,
+    /// From its start to when its memory stopped rising, once it settled after being seen loading.
+    pub warmup_ms: Option<u64>,
+    /// What it held when it settled.
+    pub settled_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost: Vec<LostRank>,
+    /// Declared kept on purpose (config `keep`): shown, never swept, never a leak.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kept: bool,
 }
 
 fn hex_id(s: &str) -> Option<String> {

@@ -7,6 +7,7 @@
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 pub const MIB: u64 = 1024 * 1024;
+pub const GIB: u64 = 1024 * MIB;
 
 /// A host's identity inside one run: its place in the fleet. Labels are for people; routing (signals,
 /// re-watches, plans) goes by this.
@@ -246,6 +247,10 @@ pub struct HostSnapshot {
     pub missing_features: Vec<Feature>,
     /// Filled by `analyze`; present in JSON output.
     pub findings: Vec<Finding>,
+    /// Its jobs: the GPU processes that belong together, with their phase. Filled by the host's ledger
+    /// (it remembers the readings before); present in JSON output.
+    #[serde(default)]
+    pub jobs: Vec<super::job::JobReport>,
     /// Where live readings of a host seen through Prometheus can be had: its serve's API
     /// (`http://node:9401`), or `ssh://node` where only dcgm-exporter's metrics exist.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -480,6 +485,10 @@ pub enum FindingKind {
     /// A process of a job that is over (its `gpusweep run` supervisor or its Slurm step is gone) still
     /// holds a GPU.
     OrphanedJob,
+    /// A job's rank ended (exited, zombie, stuck in D) while its other ranks still hold GPU memory.
+    LostRank,
+    /// While a job loads, one rank's memory lags its peers' median past the margin and window.
+    Straggler,
 }
 
 impl FindingKind {
@@ -495,6 +504,8 @@ impl FindingKind {
             FindingKind::NotVisible => "not_visible",
             FindingKind::Unkillable => "unkillable",
             FindingKind::OrphanedJob => "orphaned_job",
+            FindingKind::LostRank => "lost_rank",
+            FindingKind::Straggler => "straggler",
         }
     }
 }
@@ -764,6 +775,7 @@ impl HostSnapshot {
             in_child_pid_namespace,
             missing_features,
             findings,
+            jobs,
             live_url,
             simulated,
         } = a;
@@ -802,7 +814,7 @@ impl HostSnapshot {
             && *in_child_pid_namespace == b.in_child_pid_namespace
             && *missing_features == b.missing_features
             && *simulated == b.simulated
-            && (!findings_too || same_findings(findings, &b.findings))
+            && (!findings_too || (same_findings(findings, &b.findings) && *jobs == b.jobs))
             && *live_url == b.live_url
     }
 

@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 
 use crate::analyze::events::{between, gpus_of_targets, released_by_deaths};
+use crate::analyze::jobs::{JobBook, JobChange};
 use crate::analyze::{AnalyzeOptions, analyzed};
 use crate::core::action::{ActionAnswer, ActionRequest};
 use crate::core::event::{Event, EventKind};
@@ -135,6 +136,8 @@ pub struct Ledger {
     exited: HashMap<u32, u64>,
     /// The first signal since the host was last all clean that could free one of its GPUs.
     first_signal: Option<u64>,
+    /// Its jobs, reading after reading (phases, lost ranks, stragglers).
+    jobs: JobBook,
 }
 
 impl Ledger {
@@ -149,6 +152,7 @@ impl Ledger {
             signalled: HashMap::new(),
             exited: HashMap::new(),
             first_signal: None,
+            jobs: JobBook::new(opts.jobs),
         }
     }
 
@@ -181,6 +185,10 @@ impl Ledger {
             let gauges = snap.gauges();
             last.snap.refresh(snap.taken_at_ms, &gauges);
             let taken_at_ms = last.snap.taken_at_ms;
+            // Time alone may settle a job or name a straggler: then the reading says something new.
+            if let Some(again) = self.jobs_moved(taken_at_ms) {
+                return again;
+            }
             return (
                 Judgement::Same {
                     taken_at_ms,
@@ -190,6 +198,54 @@ impl Ledger {
             );
         }
         let snap = analyzed(snap, &self.opts);
+        let at = snap.taken_at_ms;
+        let (snap, changes) = self.with_jobs(snap, at);
+        self.judge(snap, changes)
+    }
+
+    /// The last reading with its jobs seen again at `at`, when that changes what they say.
+    fn jobs_moved(&mut self, at: u64) -> Option<(Judgement, Vec<Event>)> {
+        if !self.jobs.timed() {
+            return None;
+        }
+        let last = self.last.as_ref()?;
+        let seen = self.jobs.observe(&last.snap, at);
+        let same_findings = {
+            let old: Vec<_> = last
+                .snap
+                .findings
+                .iter()
+                .filter(|f| is_job_finding(f.kind))
+                .map(crate::core::model::Finding::subject)
+                .collect();
+            let new: Vec<_> = seen
+                .findings
+                .iter()
+                .map(crate::core::model::Finding::subject)
+                .collect();
+            old == new
+        };
+        if seen.changes.is_empty() && same_findings && seen.reports == last.snap.jobs {
+            return None;
+        }
+        let mut snap = last.snap.clone();
+        put_jobs(&mut snap, seen.reports, seen.findings);
+        Some(self.judge(snap, seen.changes))
+    }
+
+    /// The reading's jobs, seen by the book: reports and findings put in, and what changed.
+    fn with_jobs(&mut self, mut snap: HostSnapshot, at: u64) -> (HostSnapshot, Vec<JobChange>) {
+        // A host read from Prometheus carries no processes: its jobs are its own gpusweep's to tell.
+        if snap.source.judged_remotely() {
+            return (snap, Vec::new());
+        }
+        let seen = self.jobs.observe(&snap, at);
+        put_jobs(&mut snap, seen.reports, seen.findings);
+        (snap, seen.changes)
+    }
+
+    /// An analyzed reading with its jobs: judged, its events made, kept as the last.
+    fn judge(&mut self, snap: HostSnapshot, changes: Vec<JobChange>) -> (Judgement, Vec<Event>) {
         let changed = self
             .last
             .as_ref()
@@ -198,7 +254,9 @@ impl Ledger {
             self.content += 1;
         }
         let judged = Judged::of(snap, self.content);
-        let events = self.events(&judged);
+        let mut events = self.events(&judged);
+        let at = judged.snap.taken_at_ms;
+        events.extend(changes.into_iter().map(|c| self.event(at, job_event(c))));
         self.resend = false;
         self.last = Some(judged.clone());
         (Judgement::New(Box::new(judged)), events)
@@ -211,9 +269,11 @@ impl Ledger {
         taken_at_ms: u64,
         gauges: Vec<Gauges>,
     ) -> Option<(Judgement, Vec<Event>)> {
-        let last = self.last.as_mut()?;
-        last.snap.refresh(taken_at_ms, &gauges);
+        self.last.as_mut()?.snap.refresh(taken_at_ms, &gauges);
         if !self.resend {
+            if let Some(again) = self.jobs_moved(taken_at_ms) {
+                return Some(again);
+            }
             return Some((
                 Judgement::Same {
                     taken_at_ms,
@@ -223,7 +283,7 @@ impl Ledger {
             ));
         }
         self.resend = false;
-        let whole = Box::new(last.clone());
+        let whole = Box::new(self.last.clone()?);
         let mut events = Vec::new();
         if self.down {
             self.down = false;
@@ -372,6 +432,68 @@ impl Ledger {
     }
 }
 
+fn is_job_finding(k: crate::core::model::FindingKind) -> bool {
+    use crate::core::model::FindingKind;
+    matches!(k, FindingKind::LostRank | FindingKind::Straggler)
+}
+
+/// Replace a reading's jobs and job findings with the book's.
+fn put_jobs(
+    snap: &mut HostSnapshot,
+    reports: Vec<crate::core::job::JobReport>,
+    findings: Vec<crate::core::model::Finding>,
+) {
+    snap.jobs = reports;
+    snap.findings.retain(|f| !is_job_finding(f.kind));
+    if !findings.is_empty() {
+        snap.findings.extend(findings);
+        crate::analyze::order(&mut snap.findings);
+    }
+}
+
+fn job_event(c: JobChange) -> EventKind {
+    match c {
+        JobChange::Started {
+            job,
+            name,
+            ranks,
+            gpus,
+        } => EventKind::JobStarted {
+            job,
+            name,
+            ranks,
+            gpus,
+        },
+        JobChange::Phase {
+            job,
+            phase,
+            after_ms,
+            bytes,
+            warmup_ms,
+        } => EventKind::JobPhase {
+            job,
+            phase,
+            after_ms,
+            bytes,
+            warmup_ms,
+        },
+        JobChange::RankLost {
+            job,
+            lost,
+            left,
+            left_bytes,
+        } => EventKind::RankLost {
+            job,
+            pid: lost.pid,
+            gpus: lost.gpus,
+            how: lost.how,
+            left,
+            left_bytes,
+        },
+        JobChange::Ended { job, lived_ms } => EventKind::JobEnded { job, lived_ms },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,7 +581,19 @@ mod tests {
         assert_eq!(j.snap.gpus[0].state, Some(GpuState::InUse));
         assert_eq!(j.counts.in_use, 1);
         assert!(!j.all_clean);
-        assert_eq!(kinds(&ev), [&EventKind::HostUp { first: true }]);
+        assert_eq!(
+            kinds(&ev),
+            [
+                &EventKind::HostUp { first: true },
+                &EventKind::JobStarted {
+                    job: "tree:40".into(),
+                    name: "[]".into(),
+                    ranks: 1,
+                    gpus: vec![0]
+                }
+            ]
+        );
+        assert_eq!(j.snap.jobs[0].phase, crate::core::job::Phase::Loading);
         let (j2, ev) = l.reading(reading(2_001, true));
         assert!(
             matches!(&j2, Judgement::Same { taken_at_ms: 2_001, gauges } if gauges[0].utilization == Some(1)),
@@ -513,6 +647,42 @@ mod tests {
                 }
             ]
         );
+    }
+
+    #[test]
+    fn time_alone_settles_a_job_and_the_reading_says_so() {
+        let mut l = Ledger::new(
+            "gpu-x",
+            AnalyzeOptions {
+                jobs: crate::analyze::jobs::JobOptions {
+                    settle_ms: 5_000,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        );
+        l.reading(reading(1_000, true));
+        let (j, ev) = l.reading(reading(3_000, true));
+        assert!(matches!(j, Judgement::Same { .. }), "{j:?}");
+        assert!(ev.is_empty());
+        // The same reading, 5 s after memory last rose: settled, a new reading with its event.
+        let (j, ev) = l.fresh(6_000, Vec::new()).expect("a reading");
+        let Judgement::New(j) = j else {
+            panic!("{j:?}")
+        };
+        assert_eq!(j.snap.jobs[0].phase, crate::core::job::Phase::Settled);
+        assert!(
+            matches!(
+                kinds(&ev)[..],
+                [EventKind::JobPhase {
+                    phase: crate::core::job::Phase::Settled,
+                    ..
+                }]
+            ),
+            "{ev:?}"
+        );
+        let (j, _) = l.fresh(7_000, Vec::new()).expect("a reading");
+        assert!(matches!(j, Judgement::Same { .. }), "settled once: {j:?}");
     }
 
     #[test]

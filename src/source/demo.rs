@@ -1,9 +1,12 @@
 //! The deterministic simulated cluster: anyone can see the product without a GPU, and every test drives it.
 //!
-//! - `gpu-a`: 8 x H200 warming up an EP8 inference server (weights load, then the KV cache is allocated).
+//! - `gpu-a`: 8 x H200 warming up an EP8 inference server (weights load, then the KV cache is allocated); rank
+//!   5 loads at about half its peers' pace (a straggler).
 //! - `gpu-b`: 8 x H200 just after a careless `pkill`: an orphaned TP worker still listed on GPU 6, a ghost PID
 //!   on GPU 7 whose context a forked child keeps alive, a zombie whose parent never reaps, nccl leftovers.
 //! - `gpu-c`: 8 x RTX PRO 6000 Blackwell (CC 12.0, 99 KB shared memory per block) serving a small model.
+//! - `gpu-d`: 8 x RTX PRO 6000 Blackwell whose EP8 warm-up lost rank 3 at 24 s (a kernel tile larger than
+//!   the part's shared memory per block) while the seven other ranks keep their memory and wait on it.
 //!
 //! The state is a pure function of simulated time and the signals received. Killed processes vanish at
 //! once; their memory drains 0.1 s later, as a real H200 did after SIGKILL.
@@ -28,7 +31,7 @@ use crate::core::model::{
 use crate::core::removal::{Removal, RemovalOutcome, RemovalRequest};
 use crate::core::signal::{Fate, Outcome, Sig, SignalRequest};
 
-pub const DEMO_HOSTS: &[&str] = &["gpu-a", "gpu-b", "gpu-c"];
+pub const DEMO_HOSTS: &[&str] = &["gpu-a", "gpu-b", "gpu-c", "gpu-d"];
 
 /// Simulated time. `Manual` is advanced by tests; `Real` follows the wall clock from creation.
 #[derive(Debug, Clone)]
@@ -120,7 +123,10 @@ struct SimProc {
     listed_on: Option<u32>,
     mem: Mem,
     benign: bool,
+    /// When it died (killed, or of itself in the story), in simulated ms.
     killed_at: Option<u64>,
+    /// When it started, in simulated ms (a warm-up's ranks start with the demo); else ten minutes before.
+    born_ms: Option<u64>,
     /// Its cgroup path, which names its job.
     cgroup: Option<String>,
 }
@@ -189,6 +195,7 @@ fn sp(pid: u32, ppid: u32, sid: u32, comm: &'static str, cmdline: &str) -> SimPr
         mem: Mem::None,
         benign: false,
         killed_at: None,
+        born_ms: None,
         cgroup: None,
     }
 }
@@ -223,6 +230,8 @@ impl DemoHost {
             Self::warming_up(name, clock)
         } else if name.starts_with("gpu-c") {
             Self::blackwell(name, clock)
+        } else if name.starts_with("gpu-d") {
+            Self::lost_rank(name, clock)
         } else {
             Self::after_pkill(name, clock)
         }
@@ -282,12 +291,22 @@ impl DemoHost {
             w.holds = vec![i];
             w.listed_on = Some(i);
             w.cgroup = Some("/system.slice/sglang-ep8.service".into());
-            // Each rank loads at a slightly different pace, as real ranks do.
+            w.born_ms = Some(0);
+            // Each rank loads at a slightly different pace, as real ranks do; rank 5 at half the pace.
+            let slow = i == 5;
             w.mem = Mem::WarmUp {
                 weights: 84 * GIB + u64::from(i) * 64 * MIB,
-                load_ms: 40_000 + u64::from(i) * 1_500,
+                load_ms: if slow {
+                    85_000
+                } else {
+                    40_000 + u64::from(i) * 1_500
+                },
                 kv: 46 * GIB,
-                kv_at_ms: 55_000 + u64::from(i) * 700,
+                kv_at_ms: if slow {
+                    90_000
+                } else {
+                    55_000 + u64::from(i) * 700
+                },
             };
             h.procs.push(w);
         }
@@ -400,18 +419,65 @@ impl DemoHost {
         h
     }
 
+    /// An EP8 warm-up on SM120 parts: the ranks load their shards, then rank 3's first DeepGEMM kernel asks
+    /// for more shared memory per block than the part has and the rank dies; the seven others keep their
+    /// memory, waiting on it in a collective until NCCL's watchdog fires.
+    fn lost_rank(name: &str, clock: DemoClock) -> Self {
+        let mut h = Self::base(
+            name,
+            clock,
+            "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+            "12.0",
+            PRO6000_TOTAL,
+            PRO6000_RESERVED,
+        );
+        h.procs.push(sp(6090, 1, 6090, "bash", "-bash"));
+        let mut launcher = sp(
+            6100,
+            6090,
+            6090,
+            "python3",
+            "python3 -m sglang.launch_server --model-path Qwen/Qwen3-235B-A22B-FP8 --tp 8 --ep 8 --enable-deepep-moe",
+        );
+        launcher.born_ms = Some(0);
+        h.procs.push(launcher);
+        for i in 0..8u32 {
+            let mut w = sp(
+                6120 + i,
+                6100,
+                6090,
+                "python3",
+                &format!("sglang::scheduler_TP{i}_EP{i}"),
+            );
+            w.holds = vec![i];
+            w.listed_on = Some(i);
+            w.born_ms = Some(0);
+            w.mem = Mem::WarmUp {
+                weights: 29 * GIB + u64::from(i) * 32 * MIB,
+                load_ms: 18_000 + u64::from(i) * 400,
+                kv: 52 * GIB,
+                kv_at_ms: 22_000,
+            };
+            if i == 3 {
+                w.killed_at = Some(24_000);
+            }
+            h.procs.push(w);
+        }
+        h
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
 
-    fn alive(p: &SimProc) -> bool {
-        p.killed_at.is_none()
+    fn alive(p: &SimProc, t: u64) -> bool {
+        p.killed_at.is_none_or(|k| t < k)
     }
 
     /// Memory still charged for a process: live, or killed less than DRAIN_MS ago.
     fn charged(p: &SimProc, t: u64) -> Option<u64> {
         let draining = p.killed_at.is_some_and(|k| t < k + DRAIN_MS);
-        (Self::alive(p) || draining).then(|| p.mem.at(t))
+        (Self::alive(p, t) || draining).then(|| p.mem.at(t))
     }
 
     fn killed_for(&self, pid: u32, t: u64) -> bool {
@@ -490,18 +556,21 @@ impl DemoHost {
     }
 
     /// The live processes as /proc would show them, the GPU holders among them, and the zombies.
-    fn procs(&self, base_s: u64) -> (Vec<Proc>, Vec<Holder>, Vec<u32>) {
+    fn procs(&self, base_s: u64, t: u64) -> (Vec<Proc>, Vec<Holder>, Vec<u32>) {
         let mut processes = Vec::new();
         let mut holders = Vec::new();
         let mut zombies = Vec::new();
-        for p in self.procs.iter().filter(|p| Self::alive(p)) {
+        for p in self.procs.iter().filter(|p| Self::alive(p, t)) {
             processes.push(Proc {
                 pid: p.pid,
                 ppid: p.ppid,
                 sid: p.sid,
                 state: p.state,
                 start_time: 10_000 + u64::from(p.pid) * 3,
-                started_at: Some(base_s - 600 + u64::from(p.pid) / 100),
+                started_at: Some(
+                    p.born_ms
+                        .map_or(base_s - 600 + u64::from(p.pid) / 100, |b| base_s + b / 1000),
+                ),
                 uid: Some(p.uid),
                 user: Some(p.user.to_string()),
                 comm: p.comm.to_string(),
@@ -536,7 +605,7 @@ impl DemoHost {
     pub fn snapshot(&self) -> HostSnapshot {
         let t = self.clock.now_ms();
         let gpus = (0..8u32).map(|i| self.gpu(i, t)).collect();
-        let (processes, holders, zombies) = self.procs(self.clock.base_unix_ms() / 1000);
+        let (processes, holders, zombies) = self.procs(self.clock.base_unix_ms() / 1000, t);
         let shm_used: u64 = self.shm.iter().map(|s| s.bytes).sum();
         HostSnapshot {
             live_url: None,
@@ -569,6 +638,7 @@ impl DemoHost {
             in_child_pid_namespace: false,
             missing_features: vec![],
             findings: vec![],
+            jobs: vec![],
         }
     }
 
@@ -633,7 +703,7 @@ impl DemoHost {
             let Some(idx) = self
                 .procs
                 .iter()
-                .position(|p| p.pid == target.pid && Self::alive(p))
+                .position(|p| p.pid == target.pid && Self::alive(p, t))
             else {
                 out.push(o);
                 continue;
@@ -674,7 +744,7 @@ impl DemoHost {
         let children: Vec<u32> = self
             .procs
             .iter()
-            .filter(|p| p.ppid == pid && Self::alive(p))
+            .filter(|p| p.ppid == pid && Self::alive(p, t))
             .map(|p| p.pid)
             .collect();
         if let Some(p) = self.procs.iter_mut().find(|p| p.pid == pid) {

@@ -390,5 +390,6 @@ pub fn build_snapshot(
         in_child_pid_namespace: in_child_ns,
         missing_features: Vec::new(),
         findings: Vec::new(),
+        jobs: Vec::new(),
     }
 }

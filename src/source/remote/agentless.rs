@@ -338,6 +338,7 @@ pub fn agentless_snapshot(label: &str, out: &str, benign: &[String]) -> HostSnap
         in_child_pid_namespace: false,
         missing_features: vec![Feature::Signals, Feature::Shm, Feature::Sensors],
         findings: vec![],
+        jobs: vec![],
     }
 }
 

@@ -12,14 +12,7 @@ use crate::tui::app::App;
 
 /// `HH:MM:SS.mmm` of a Unix time in milliseconds, UTC.
 pub fn clock(ms: u64) -> String {
-    let day = ms % 86_400_000;
-    format!(
-        "{:02}:{:02}:{:02}.{:03}",
-        day / 3_600_000,
-        day / 60_000 % 60,
-        day / 1000 % 60,
-        day % 1000
-    )
+    crate::core::format::fmt_clock_ms(ms)
 }
 
 fn style(app: &App, e: &Event) -> Style {

@@ -1,0 +1,298 @@
+use super::*;
+use crate::core::model::{Gpu, Holder, ListedProcess, Memory};
+
+const S: u64 = 1000;
+
+/// A launcher (pid 100, under bash 10) and ranks 101.. each on its own GPU, charged `mib[i]` MiB; a rank
+/// whose entry is `None` is gone; `state[i]` its state letter.
+fn reading(at: u64, mib: &[Option<u64>], state: &[char]) -> HostSnapshot {
+    let mut s = HostSnapshot {
+        host: "h".into(),
+        taken_at_ms: at,
+        processes: vec![
+            Proc {
+                pid: 10,
+                ppid: 1,
+                comm: "bash".into(),
+                ..Default::default()
+            },
+            Proc {
+                pid: 100,
+                ppid: 10,
+                comm: "torchrun".into(),
+                cmdline: "torchrun --nproc-per-node 4 serve.py".into(),
+                start_time: 5,
+                started_at: Some(at / 1000),
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    };
+    for (i, m) in mib.iter().enumerate() {
+        let idx = u32::try_from(i).unwrap_or(0);
+        let pid = 101 + idx;
+        let mut g = Gpu {
+            index: idx,
+            memory: Memory {
+                used: Some(m.unwrap_or(0) * MIB),
+                total: Some(141 * GIB),
+                reserved: None,
+            },
+            ..Default::default()
+        };
+        if let Some(m) = m {
+            let st = state.get(i).copied().unwrap_or('S');
+            g.processes.push(ListedProcess {
+                pid,
+                used_bytes: Some(m * MIB),
+                ..Default::default()
+            });
+            s.processes.push(Proc {
+                pid,
+                ppid: 100,
+                comm: "python3".into(),
+                cmdline: format!("python3 serve.py --rank {i}"),
+                start_time: 6,
+                started_at: Some(at / 1000),
+                state: ProcState::from_char(st),
+                ..Default::default()
+            });
+            if st != 'Z' {
+                s.holders.push(Holder {
+                    pid,
+                    gpus: vec![idx],
+                    ..Default::default()
+                });
+            }
+        }
+        s.gpus.push(g);
+    }
+    s
+}
+
+fn opts() -> JobOptions {
+    JobOptions {
+        settle_ms: 10 * S,
+        straggle_ms: 5 * S,
+        stuck_ms: 5 * S,
+    }
+}
+
+#[test]
+fn ranks_of_one_launcher_are_one_job_named_by_its_launcher() {
+    let mut b = JobBook::new(opts());
+    let seen = b.observe(&reading(0, &[Some(0); 4], &[]), 0);
+    assert_eq!(seen.reports.len(), 1, "{:?}", seen.reports);
+    let j = &seen.reports[0];
+    assert_eq!(j.id, "tree:100");
+    assert_eq!(j.launcher, Some(100));
+    assert!(j.name.contains("torchrun"), "{}", j.name);
+    assert_eq!(j.ranks.len(), 4);
+    assert_eq!(j.gpus, [0, 1, 2, 3]);
+    assert_eq!(j.phase, Phase::Starting);
+    assert!(matches!(
+        &seen.changes[..],
+        [JobChange::Started { ranks: 4, .. }]
+    ));
+}
+
+#[test]
+fn a_warm_up_goes_starting_loading_settled_with_its_duration() {
+    let mut b = JobBook::new(opts());
+    let mut phases = Vec::new();
+    let mut t = 0;
+    // Starting, then memory rising for 30 s, then flat.
+    for step in 0..=60 {
+        t = step * S;
+        let mib = if step < 5 {
+            0
+        } else {
+            (step.min(35) - 4) * 2048
+        };
+        let seen = b.observe(&reading(0, &[Some(mib); 4], &[]), t);
+        for c in seen.changes {
+            if let JobChange::Phase {
+                phase, warmup_ms, ..
+            } = c
+            {
+                phases.push((phase, warmup_ms, t));
+            }
+        }
+    }
+    assert_eq!(
+        phases,
+        [
+            (Phase::Loading, None, 5 * S),
+            // Memory last rose at 35 s; flat for the 10 s window: settled at 45 s, warm-up 35 s.
+            (Phase::Settled, Some(35 * S), 45 * S)
+        ]
+    );
+    let seen = b.observe(&reading(0, &[Some(31 * 2048); 4], &[]), t);
+    let j = &seen.reports[0];
+    assert_eq!(j.phase, Phase::Settled);
+    assert_eq!(
+        j.phase_since_ms,
+        35 * S,
+        "settled since memory stopped rising"
+    );
+    assert_eq!(j.settled_bytes, Some(4 * 31 * 2048 * MIB));
+    assert!(!b.timed(), "a settled job waits on no clock");
+}
+
+#[test]
+fn a_job_first_seen_long_after_its_start_is_holding_not_loading() {
+    let mut b = JobBook::new(opts());
+    let mut r = reading(0, &[Some(4096); 2], &[]);
+    let seen = b.observe(&r, 100 * S);
+    assert_eq!(seen.reports[0].phase, Phase::Holding);
+    r.taken_at_ms = 111 * S;
+    let seen = b.observe(&r, 111 * S);
+    assert_eq!(seen.reports[0].phase, Phase::Settled);
+    assert_eq!(seen.reports[0].warmup_ms, None, "its warm-up was not seen");
+}
+
+#[test]
+fn a_rank_that_exits_while_the_others_hold_memory_is_lost_within_one_reading() {
+    let mut b = JobBook::new(opts());
+    b.observe(&reading(0, &[Some(0); 4], &[]), 0);
+    b.observe(&reading(0, &[Some(8192); 4], &[]), S);
+    let seen = b.observe(
+        &reading(0, &[Some(8192), Some(8192), Some(8192), None], &[]),
+        2 * S,
+    );
+    let j = &seen.reports[0];
+    assert_eq!(j.phase, Phase::LostRank);
+    assert_eq!(j.lost.len(), 1);
+    assert_eq!(j.lost[0].pid, 104);
+    assert_eq!(j.lost[0].how, LostHow::Exited);
+    assert_eq!(j.lost[0].gpus, [3]);
+    assert!(
+        matches!(
+            &seen.changes[..],
+            [JobChange::RankLost { left: 3, left_bytes: Some(b), .. }, JobChange::Phase { phase: Phase::LostRank, .. }]
+                if *b == 3 * 8192 * MIB
+        ),
+        "{:?}",
+        seen.changes
+    );
+    let f: Vec<_> = seen
+        .findings
+        .iter()
+        .filter(|f| f.kind == FindingKind::LostRank)
+        .collect();
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].pid, Some(104));
+    assert_eq!(f[0].gpu, Some(3));
+    assert!(
+        f[0].detail.contains("exited") && f[0].detail.contains("24.0 GiB"),
+        "{}",
+        f[0].detail
+    );
+    assert!(
+        f[0].action.contains("sweep --job tree:100"),
+        "{}",
+        f[0].action
+    );
+    // It stays named until the job ends; then the job is over, with no finding left.
+    let seen = b.observe(
+        &reading(0, &[Some(8192), Some(8192), Some(8192), None], &[]),
+        3 * S,
+    );
+    assert_eq!(seen.findings.len(), 1);
+    assert!(seen.changes.is_empty());
+    let seen = b.observe(&reading(0, &[None; 4], &[]), 4 * S);
+    assert!(seen.reports.is_empty() && seen.findings.is_empty());
+    assert!(matches!(&seen.changes[..], [JobChange::Ended { .. }]));
+}
+
+#[test]
+fn a_zombie_rank_is_lost_and_a_rank_in_d_only_past_the_window() {
+    let mut b = JobBook::new(opts());
+    b.observe(&reading(0, &[Some(8192); 3], &[]), 0);
+    let seen = b.observe(&reading(0, &[Some(8192); 3], &['S', 'Z', 'S']), S);
+    assert!(
+        seen.reports[0]
+            .lost
+            .iter()
+            .any(|l| l.pid == 102 && l.how == LostHow::Zombie),
+        "{:?}",
+        seen.reports[0]
+    );
+    let mut b = JobBook::new(opts());
+    b.observe(&reading(0, &[Some(8192); 3], &[]), 0);
+    // Loading weights passes through D: not lost at once.
+    let seen = b.observe(&reading(0, &[Some(8192); 3], &['D']), S);
+    assert!(seen.reports[0].lost.is_empty());
+    assert!(b.timed());
+    let seen = b.observe(&reading(0, &[Some(8192); 3], &['D']), 7 * S);
+    assert_eq!(seen.reports[0].lost.len(), 1, "{:?}", seen.reports[0]);
+    assert_eq!(seen.reports[0].lost[0].how, LostHow::StuckD);
+}
+
+#[test]
+fn the_whole_job_ending_at_once_loses_no_rank() {
+    let mut b = JobBook::new(opts());
+    b.observe(&reading(0, &[Some(8192); 4], &[]), 0);
+    // All ranks gone, or those left hold nothing: an end, not a lost rank.
+    let seen = b.observe(&reading(0, &[Some(0), None, None, None], &[]), S);
+    assert!(seen.findings.is_empty(), "{:?}", seen.findings);
+    assert!(seen.reports[0].lost.is_empty());
+}
+
+#[test]
+fn a_rank_far_behind_its_peers_while_loading_is_a_straggler_after_the_window() {
+    let mut b = JobBook::new(opts());
+    b.observe(&reading(0, &[Some(0); 4], &[]), 0);
+    let mut last = JobsSeen::default();
+    for step in 1..=8 {
+        let peers = step * 4096;
+        let slow = step * 1024;
+        last = b.observe(
+            &reading(0, &[Some(peers), Some(peers), Some(slow), Some(peers)], &[]),
+            step * S,
+        );
+        if step < 6 {
+            assert!(last.findings.is_empty(), "step {step}: {:?}", last.findings);
+        }
+    }
+    let f: Vec<_> = last
+        .findings
+        .iter()
+        .filter(|f| f.kind == FindingKind::Straggler)
+        .collect();
+    assert_eq!(f.len(), 1, "{:?}", last.findings);
+    assert_eq!(f[0].pid, Some(103));
+    assert_eq!(f[0].gpu, Some(2));
+    assert!(
+        last.reports[0]
+            .ranks
+            .iter()
+            .any(|r| r.pid == 103 && r.straggler)
+    );
+}
+
+#[test]
+fn slurm_steps_are_one_job_and_a_parent_cycle_ends_the_walk() {
+    let mut r = reading(0, &[Some(1024); 2], &[]);
+    for p in &mut r.processes {
+        if p.pid > 100 {
+            p.job = Some(Job::Slurm {
+                job: 4711,
+                step: Some(p.pid.to_string()),
+            });
+        }
+    }
+    // A reading from elsewhere may loop its parents.
+    r.processes[1].ppid = 101;
+    let mut b = JobBook::new(opts());
+    let seen = b.observe(&r, 0);
+    assert_eq!(seen.reports.len(), 1, "{:?}", seen.reports);
+    assert_eq!(seen.reports[0].id, "slurm:4711");
+    assert_eq!(
+        seen.reports[0].job,
+        Some(Job::Slurm {
+            job: 4711,
+            step: None
+        })
+    );
+}
