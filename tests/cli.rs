@@ -411,7 +411,7 @@ fn demo_snapshot_wait_and_sweep() {
         .iter()
         .map(|h| h["host"].as_str().expect("name"))
         .collect();
-    assert_eq!(hosts, ["gpu-a", "gpu-b", "gpu-c"]);
+    assert_eq!(hosts, ["gpu-a", "gpu-b", "gpu-c", "gpu-d"]);
     assert_eq!(v["hosts"][0]["gpus"].as_array().expect("gpus").len(), 8);
 
     let o = env.run(&["wait", "--demo", "--hosts", "gpu-b", "--timeout", "300ms"]);

@@ -367,7 +367,7 @@ async fn several_hosts_are_named_one_by_one() {
     assert!(one.contains("Hostname=\"gpu-c\"") && !one.contains("Hostname=\"gpu-a\""));
     let (_, _, body) = get(&serve.url("/api/v1/snapshot")).await;
     let doc: serde_json::Value = serde_json::from_str(&body).expect("json");
-    assert_eq!(doc["hosts"].as_array().map(Vec::len), Some(3));
+    assert_eq!(doc["hosts"].as_array().map(Vec::len), Some(4));
     let out = gpusweep(dir.path())
         .args([
             "snapshot",
@@ -381,7 +381,7 @@ async fn several_hosts_are_named_one_by_one() {
     let said = text(&out);
     assert_eq!(out.status.code(), Some(2), "{said}");
     assert!(
-        said.contains("serves 3 hosts") && said.contains("/hosts/gpu-a"),
+        said.contains("serves 4 hosts") && said.contains("/hosts/gpu-a"),
         "{said}"
     );
     let out = gpusweep(dir.path())
