@@ -504,3 +504,152 @@ fn exit_255_is_an_exit_status_and_a_long_command_line_is_handed_over() {
         "10000"
     );
 }
+
+/// Lines a child writes to stderr, as they come (a thread reads them).
+fn stderr_lines(child: &mut Child) -> std::sync::Arc<std::sync::Mutex<String>> {
+    use std::io::BufRead;
+    let buf = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let err = child.stderr.take().expect("stderr");
+    let b = buf.clone();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            if let Ok(mut s) = b.lock() {
+                s.push_str(&line);
+                s.push('\n');
+            }
+        }
+    });
+    buf
+}
+
+/// The stand-in driver's state for four GPUs, each listing its worker with `mib` MiB.
+fn four_gpus(workers: &[u32], mib: [u64; 4]) -> String {
+    use std::fmt::Write;
+    workers
+        .iter()
+        .zip(mib)
+        .fold(String::new(), |mut s, (pid, m)| {
+            let _ = writeln!(s, "{m} {pid}:{m}");
+            s
+        })
+}
+
+#[test]
+#[allow(clippy::too_many_lines)] // one warm-up, start to lost rank
+fn fail_fast_ends_a_job_that_lost_a_rank_after_saying_its_phases_and_straggler() {
+    let env = Env::new();
+    for i in 1..4 {
+        std::fs::write(env.path(&format!("nvidia{i}")), b"").expect("stand-in device");
+    }
+    let lib = standin_nvml(env.dir.path());
+    set_nvml(env.dir.path(), "0\n0\n0\n0\n");
+    std::fs::write(
+        env.path("no-config.toml"),
+        "[jobs]\nsettle = \"2s\"\nstraggler = \"1s\"\n",
+    )
+    .expect("config");
+    let glob = format!("{}/nvidia*", env.dir.path().display());
+    let events = env.path("events.jsonl");
+    let script =
+        "for i in 0 1 2 3; do sleep 300 <nvidia$i >/dev/null 2>&1 & echo $! >>workers; done; wait";
+    let mut c = env.cmd(&[
+        "run",
+        "--device-glob",
+        &glob,
+        "--interval",
+        "200ms",
+        "--grace",
+        "2s",
+        "--timeout",
+        "15s",
+        "--fail-fast",
+        "--events",
+        events.to_str().expect("utf-8"),
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    c.current_dir(env.dir.path())
+        .env("GPUSWEEP_NVML_LIBRARY", &lib)
+        .env("STANDIN_NVML_STATE", env.path("nvml"))
+        .env("STANDIN_NVML_LOG", env.path("reads"));
+    let mut child = crate::support::Reaped(spawn(c));
+    let said = stderr_lines(&mut child.0);
+    let said = || said.lock().map(|s| s.clone()).unwrap_or_default();
+    let w = pids_in(&env.path("workers"), 4);
+    let reads = || {
+        std::fs::read_to_string(env.path("reads"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let logged = || std::fs::read_to_string(&events).unwrap_or_default();
+    // The ranks load, rank 2 at a quarter of its peers' pace; each step waits for a whole reading.
+    let mut step = 0u64;
+    set_nvml(env.dir.path(), &four_gpus(&w, [0; 4]));
+    await_cond("the job starting", 20, || {
+        said().contains("starting: 4 rank(s)")
+    });
+    while !logged().contains("\"kind\":\"straggler\"") {
+        step += 1;
+        assert!(step < 200, "no straggler named: {}", logged());
+        set_nvml(
+            env.dir.path(),
+            &four_gpus(&w, [step * 512, step * 512, step * 128, step * 512]),
+        );
+        let n = reads();
+        await_cond("a reading", 20, || reads() >= n + 8);
+    }
+    assert!(said().contains("loading "), "{}", said());
+    assert!(
+        logged().contains(&format!("\"pid\":{}", w[2])),
+        "the straggler is rank 2: {}",
+        logged()
+    );
+    // Rank 2 catches up, and memory stays flat: settled, with the warm-up's length.
+    let flat = (step + 8) * 512;
+    set_nvml(env.dir.path(), &four_gpus(&w, [flat; 4]));
+    await_cond("the job settling", 30, || said().contains("settled at"));
+    assert!(said().contains("warm-up"), "{}", said());
+    assert!(
+        logged().contains("\"event\":\"job_phase\",\"job\""),
+        "{}",
+        logged()
+    );
+    // Rank 1 dies; the driver lets go of its memory: the rest are ended at once, exit 3.
+    let _ = Command::new("kill")
+        .args(["-9", &w[1].to_string()])
+        .status();
+    set_nvml(
+        env.dir.path(),
+        &format!(
+            "{flat} {}:{flat}\n0\n{flat} {}:{flat}\n{flat} {}:{flat}\n",
+            w[0], w[2], w[3]
+        ),
+    );
+    await_cond("the other ranks to be ended", 20, || {
+        [w[0], w[2], w[3]].iter().all(|p| !alive(*p))
+    });
+    // They are gone: the driver lets go of their memory too.
+    set_nvml(env.dir.path(), "0\n0\n0\n0\n");
+    await_cond("run to end the job", 30, || {
+        child.0.try_wait().ok().flatten().is_some()
+    });
+    let status = child.0.wait().expect("status");
+    let t = said();
+    assert_eq!(status.code(), Some(3), "{t}");
+    assert!(
+        t.contains("--fail-fast") && t.contains(&format!("rank {} on GPU 1 exited", w[1])),
+        "{t}"
+    );
+    assert!(t.contains("read zero"), "{t}");
+    let log = logged();
+    assert!(
+        log.lines().any(|l| l.contains("\"event\":\"rank_lost\"")
+            && l.contains(&format!("\"pid\":{}", w[1]))
+            && l.contains("\"how\":\"exited\"")),
+        "{log}"
+    );
+    assert!(log.contains("\"kind\":\"lost_rank\""), "{log}");
+}

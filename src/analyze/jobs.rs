@@ -43,19 +43,15 @@ fn lags(bytes: u64, median: u64) -> bool {
     bytes.saturating_mul(4) < median.saturating_mul(3) && median - bytes >= GIB
 }
 
-/// Process names a launcher tree stops below: shells, terminals, session managers, PID 1's kin. `sudo
-/// torchrun ...` is torchrun's job, not the shell's.
+/// Whether a launcher tree stops below `p`: an interactive shell (a shell that leads its session: a
+/// terminal's, tmux's, ssh's), a terminal or session manager, PID 1's kin. A shell running a script is walked
+/// through (`bash launch.sh` starting four ranks is their launcher), and `sudo torchrun ...` is torchrun's
+/// job, not the shell's.
 fn is_session(p: &Proc) -> bool {
-    const NAMES: [&str; 22] = [
-        "bash",
-        "sh",
-        "dash",
-        "zsh",
-        "fish",
-        "ksh",
-        "mksh",
-        "tcsh",
-        "csh",
+    const SHELLS: [&str; 9] = [
+        "bash", "sh", "dash", "zsh", "fish", "ksh", "mksh", "tcsh", "csh",
+    ];
+    const MANAGERS: [&str; 13] = [
         "sshd",
         "sshd-session",
         "tmux: server",
@@ -70,10 +66,12 @@ fn is_session(p: &Proc) -> bool {
         "runuser",
         "mosh-server",
     ];
-    NAMES.contains(&p.comm.as_str())
-        || p.comm.starts_with("containerd-shim")
-        || p.comm == "conmon"
-        || p.comm == "slurmstepd"
+    let comm = p.comm.trim_start_matches('-');
+    (SHELLS.contains(&comm) && p.sid == p.pid)
+        || MANAGERS.contains(&comm)
+        || comm.starts_with("containerd-shim")
+        || comm == "conmon"
+        || comm == "slurmstepd"
 }
 
 /// How far up a tree is walked: a remote reading may carry a parent cycle.

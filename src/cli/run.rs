@@ -39,10 +39,17 @@ pub struct RunArgs {
     /// Start even if the GPUs are not clean or /dev/shm is short.
     #[arg(long)]
     pub no_preflight: bool,
+    /// When one of the job's GPU processes (a rank) ends while others still hold GPU memory, end the whole
+    /// job at once (they would wait on it until the collective's timeout) and exit 3.
+    #[arg(long)]
+    pub fail_fast: bool,
     /// The command and its arguments (after --).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
 }
+
+/// The exit status of a job `--fail-fast` ended because it lost a rank.
+pub const EXIT_LOST_RANK: i32 = 3;
 
 /// NCCL's shared-memory transport: NCCL_BUFFSIZE (4 MiB by default) per channel and peer, two channels.
 const NCCL_SHM_PER_PEER: u64 = 2 * 4 * MIB;
@@ -170,13 +177,32 @@ fn signals() -> mpsc::Receiver<Sig> {
     rx
 }
 
-/// Run COMMAND until it ends (or a forwarded signal and the grace after it); its exit status.
-fn supervise(child: u32, grace: Duration, sigs: &mpsc::Receiver<Sig>) -> Option<jobs::Ended> {
+/// How the wait for COMMAND ended.
+enum Stop {
+    /// COMMAND ended with this status (`None`: not within the grace after a forwarded signal).
+    Ended(Option<jobs::Ended>),
+    /// `--fail-fast`: a rank was lost while others hold GPU memory; why, in words.
+    LostRank(String),
+}
+
+/// Run COMMAND until it ends (or a forwarded signal and the grace after it), or until `lost` says the job
+/// lost a rank.
+fn supervise(
+    child: u32,
+    grace: Duration,
+    sigs: &mpsc::Receiver<Sig>,
+    mut lost: impl FnMut() -> Option<String>,
+) -> Stop {
     let pgid = nix::unistd::Pid::from_raw(child.cast_signed());
     let mut deadline: Option<Instant> = None;
     loop {
         if let Some(st) = jobs::reap(child) {
-            return Some(st);
+            return Stop::Ended(Some(st));
+        }
+        if deadline.is_none()
+            && let Some(why) = lost()
+        {
+            return Stop::LostRank(why);
         }
         match sigs.recv_timeout(Duration::from_millis(20)) {
             Ok(sig) => {
@@ -192,8 +218,139 @@ fn supervise(child: u32, grace: Duration, sigs: &mpsc::Receiver<Sig>) -> Option<
             Err(mpsc::RecvTimeoutError::Timeout | mpsc::RecvTimeoutError::Disconnected) => {}
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Stop::Ended(None);
+        }
+    }
+}
+
+/// The job's phase as the host's ledger reads it, said on stderr when it changes (and every 30 s while it
+/// loads); with `--fail-fast`, why the job must end when it lost a rank.
+struct PhaseWatch {
+    me: u32,
+    fail_fast: bool,
+    /// The job's id in the readings, once one of its GPU processes is seen.
+    id: Option<String>,
+    said: Option<(crate::core::job::Phase, Instant)>,
+    /// The reading last looked at.
+    content: u64,
+}
+
+impl PhaseWatch {
+    /// Look at the latest reading when a new one came: the status line, and a lost rank.
+    fn check(&mut self, fleet: &mut Fleet, contain: &Containment) -> Option<String> {
+        use crate::core::job::Phase;
+        use crate::runtime::HostEvent;
+        let mut new = false;
+        while let Some(ev) = fleet.try_recv() {
+            new |= matches!(ev, HostEvent::Reading { .. } | HostEvent::Fresh { .. });
+        }
+        if !new {
             return None;
         }
+        let latest = fleet.latest(HostId(0))?;
+        if latest.content == self.content && self.said.is_some_and(|(p, _)| p != Phase::Loading) {
+            return None;
+        }
+        self.content = latest.content;
+        let snap = &latest.snap;
+        if self.id.is_none() {
+            let members = jobs::members(contain, self.me);
+            self.id = snap
+                .jobs
+                .iter()
+                .find(|j| j.ranks.iter().any(|r| members.contains(&r.pid)))
+                .map(|j| j.id.clone());
+        }
+        let report = snap.jobs.iter().find(|j| Some(&j.id) == self.id.as_ref())?;
+        let now = Instant::now();
+        let due = match self.said {
+            None => true,
+            Some((p, at)) => {
+                p != report.phase
+                    || (p == Phase::Loading && now.duration_since(at) >= Duration::from_secs(30))
+            }
+        };
+        if due {
+            eprintln!(
+                "gpusweep run: job {}: {}",
+                self.me,
+                phase_line(snap, report)
+            );
+            self.said = Some((report.phase, now));
+        }
+        if self.fail_fast && report.phase == Phase::LostRank {
+            let lost: Vec<String> = report
+                .lost
+                .iter()
+                .map(|l| {
+                    format!(
+                        "rank {} on GPU {} {}",
+                        l.pid,
+                        fmt_gpus(&l.gpus),
+                        l.how.describe()
+                    )
+                })
+                .collect();
+            return Some(format!(
+                "{} while {} rank(s) hold {} on GPU {}",
+                lost.join(", "),
+                report.ranks.len(),
+                fmt_bytes(report.bytes),
+                fmt_gpus(&report.gpus)
+            ));
+        }
+        None
+    }
+}
+
+/// "loading 412 GiB of 1120 GiB on 8 GPUs, 2m10s", "settled at 1120 GiB after a 4m12s warm-up".
+pub fn phase_line(snap: &HostSnapshot, j: &crate::core::job::JobReport) -> String {
+    use crate::core::format::fmt_span;
+    use crate::core::job::Phase;
+    let total: Option<u64> = j
+        .gpus
+        .iter()
+        .map(|g| snap.gpu(*g).and_then(|g| g.memory.total))
+        .sum();
+    let n = j.gpus.len();
+    let since_start = fmt_span(snap.taken_at_ms.saturating_sub(j.started_ms));
+    match j.phase {
+        Phase::Starting => format!("starting: {} rank(s), no GPU memory yet", j.ranks.len()),
+        Phase::Loading => format!(
+            "loading {} of {} on {n} GPU(s), {since_start}",
+            fmt_bytes(j.bytes),
+            fmt_bytes(total)
+        ),
+        Phase::Holding => format!(
+            "holding {} on {n} GPU(s) (not seen rising)",
+            fmt_bytes(j.bytes)
+        ),
+        Phase::Settled => match j.warmup_ms {
+            Some(w) => format!(
+                "settled at {} after a {} warm-up",
+                fmt_bytes(j.settled_bytes),
+                fmt_span(w)
+            ),
+            None => format!("settled at {}", fmt_bytes(j.settled_bytes)),
+        },
+        Phase::LostRank => format!(
+            "lost a rank: {}",
+            j.lost
+                .iter()
+                .map(|l| format!(
+                    "{} on GPU {} {}",
+                    l.pid,
+                    fmt_gpus(&l.gpus),
+                    l.how.describe()
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Phase::Unknown => format!(
+            "{} rank(s) on GPU {}; its memory cannot be read",
+            j.ranks.len(),
+            fmt_gpus(&j.gpus)
+        ),
     }
 }
 
@@ -367,7 +524,9 @@ fn end(
         job.child.id(),
         a.grace + Duration::from_secs(5),
     );
-    if n > 0 {
+    if n > 0 && status.is_none() {
+        eprintln!("gpusweep run: job {me}: {n} process(es) ended ({how})");
+    } else if n > 0 {
         eprintln!("gpusweep run: job {me}: {n} process(es) left after the command ended ({how})");
     }
     if empty {
@@ -396,7 +555,26 @@ pub fn supervise_job(s: &Settings, a: &RunArgs) -> anyhow::Result<i32> {
     let snaps = rt.block_on(first_snapshots(&mut fleet, s.connect_timeout));
     let sigs = signals();
     let job = start(s, a, &fleet, &snaps)?;
-    let status = supervise(job.child.id(), a.grace, &sigs);
+    let mut phases = PhaseWatch {
+        me: job.me,
+        fail_fast: a.fail_fast,
+        id: None,
+        said: None,
+        content: 0,
+    };
+    let stop = supervise(job.child.id(), a.grace, &sigs, || {
+        phases.check(&mut fleet, &job.contain)
+    });
+    let (status, lost) = match stop {
+        Stop::Ended(st) => (st, None),
+        Stop::LostRank(why) => {
+            eprintln!(
+                "gpusweep run: job {}: --fail-fast: {why}; ending the job now",
+                job.me
+            );
+            (None, Some(why))
+        }
+    };
     let ended = Instant::now();
     let ended_ms = crate::core::model::now_ms();
     let (status, empty) = end(s, a, &job, status, fleet.label(HostId(0)));
@@ -417,14 +595,46 @@ pub fn supervise_job(s: &Settings, a: &RunArgs) -> anyhow::Result<i32> {
     let (clean, watch) =
         rt.block_on(watch_until_clean(&mut fleet, watch, Some(a.timeout), ended))?;
     rt.shutdown_background();
-    let code = status.map_or(128 + libc::SIGKILL, jobs::Ended::code);
+    let code = if lost.is_some() {
+        EXIT_LOST_RANK
+    } else {
+        status.map_or(128 + libc::SIGKILL, jobs::Ended::code)
+    };
+    Ok(say_end(
+        &job,
+        status,
+        lost.as_deref(),
+        clean && empty,
+        &watch,
+        ended,
+        code,
+    ))
+}
+
+/// The job's last lines: how COMMAND ended, whether its GPUs read zero, why --fail-fast ended it; the exit
+/// status (a job that leaves its GPUs dirty never reports success).
+fn say_end(
+    job: &Job,
+    status: Option<jobs::Ended>,
+    lost: Option<&str>,
+    clean: bool,
+    watch: &crate::analyze::watch::Watch,
+    ended: Instant,
+    code: i32,
+) -> i32 {
+    let me = job.me;
     let took = fmt_ms(millis(ended.elapsed()));
     if let Some(line) = &job.before_line {
         eprintln!(
             "gpusweep run: job {me}: held before the job started, not the job's and not waited for: {line}"
         );
     }
-    if clean && empty {
+    let said_lost = || {
+        if let Some(why) = lost {
+            eprintln!("gpusweep run: job {me}: exit {EXIT_LOST_RANK}: ended by --fail-fast: {why}");
+        }
+    };
+    if clean {
         let gpus = if job.scope.is_empty() {
             "-".into()
         } else {
@@ -440,15 +650,16 @@ pub fn supervise_job(s: &Settings, a: &RunArgs) -> anyhow::Result<i32> {
             "gpusweep run: job {me}: COMMAND {}; GPU {gpus} {what} {took} after it ended",
             status_words(status)
         );
-        return Ok(code);
+        said_lost();
+        return code;
     }
     eprintln!(
         "gpusweep run: job {me}: COMMAND {}; not clean after {took}: {}",
         status_words(status),
         watch.remaining().join("; ")
     );
-    // A job that leaves its GPUs dirty never reports success.
-    Ok(if code == 0 { 1 } else { code })
+    said_lost();
+    if code == 0 { 1 } else { code }
 }
 
 #[cfg(test)]

@@ -43,6 +43,40 @@ pub struct Config {
     pub http_token_file: Option<PathBuf>,
     /// `https://` hosts: a PEM certificate to trust besides the system's (a serve's own CA).
     pub http_ca_file: Option<PathBuf>,
+    /// The windows a job's phases are told by.
+    #[serde(default)]
+    pub jobs: JobsConfig,
+}
+
+/// `[jobs]`: durations as `interval` takes them ("60s", "2m").
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct JobsConfig {
+    /// Memory flat this long, every rank alive: settled (default 60s).
+    pub settle: Option<String>,
+    /// A rank behind its peers this long while loading: a straggler (default 10s).
+    pub straggler: Option<String>,
+    /// A rank in state D this long: lost (default 10s).
+    pub stuck: Option<String>,
+}
+
+impl JobsConfig {
+    /// The job book's windows, defaults where unset.
+    pub fn options(&self) -> Result<crate::analyze::jobs::JobOptions, ConfigError> {
+        let mut o = crate::analyze::jobs::JobOptions::default();
+        for (name, v, slot) in [
+            ("jobs.settle", &self.settle, &mut o.settle_ms),
+            ("jobs.straggler", &self.straggler, &mut o.straggle_ms),
+            ("jobs.stuck", &self.stuck, &mut o.stuck_ms),
+        ] {
+            if let Some(v) = v {
+                let d =
+                    parse_duration(v).map_err(|e| ConfigError::Invalid(format!("{name}: {e}")))?;
+                *slot = crate::core::format::millis(d);
+            }
+        }
+        Ok(o)
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -109,6 +143,7 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
             "tolerance_mib: more than any GPU has (at most 1073741824)".into(),
         ));
     }
+    c.jobs.options()?;
     if let Some(t) = c.ssh.connect_timeout_s
         && !(1..=86_400).contains(&t)
     {
@@ -145,9 +180,17 @@ remote_command = "/opt/gpusweep agent"
 accept_new = true
 [keys]
 kill = "x"
+[jobs]
+settle = "2m"
+straggler = "30s"
 "#,
         )
         .expect("parses");
+        let j = c.jobs.options().expect("durations");
+        assert_eq!(
+            (j.settle_ms, j.straggle_ms, j.stuck_ms),
+            (120_000, 30_000, 10_000)
+        );
         assert_eq!(c.tolerance_mib, Some(4));
         assert_eq!(c.groups["prod"].len(), 2);
         assert_eq!(c.ssh.accept_new, Some(true));
@@ -173,6 +216,12 @@ kill = "x"
         assert!(parse("[ssh]\nconnect_timeout_s = 0").is_err());
         assert!(parse("[ssh]\nmax_connections = 0").is_err());
         assert!(parse("[ssh]\nconnect_timeout_s = 30").is_ok());
+        assert!(
+            parse("[jobs]\nsettle = \"soon\"")
+                .unwrap_err()
+                .to_string()
+                .contains("jobs.settle")
+        );
     }
 
     #[test]

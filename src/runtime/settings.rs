@@ -324,6 +324,7 @@ pub fn resolve(o: &Overrides) -> Result<Settings, SettingsError> {
         interval,
         analyze: AnalyzeOptions {
             tolerance: config.tolerance_mib.unwrap_or(0).saturating_mul(MIB),
+            jobs: config.jobs.options()?,
             ..Default::default()
         },
         procfs,

@@ -13,6 +13,7 @@ fn reading(at: u64, mib: &[Option<u64>], state: &[char]) -> HostSnapshot {
             Proc {
                 pid: 10,
                 ppid: 1,
+                sid: 10,
                 comm: "bash".into(),
                 ..Default::default()
             },
@@ -295,4 +296,28 @@ fn slurm_steps_are_one_job_and_a_parent_cycle_ends_the_walk() {
             step: None
         })
     );
+}
+
+#[test]
+fn a_script_shell_is_a_launcher_and_an_interactive_one_is_not() {
+    let mut r = reading(0, &[Some(1024); 2], &[]);
+    // `bash launch.sh` (not its session's leader) started the ranks directly.
+    for p in &mut r.processes {
+        if p.pid > 100 {
+            p.ppid = 50;
+        }
+    }
+    r.processes.push(Proc {
+        pid: 50,
+        ppid: 10,
+        sid: 10,
+        comm: "bash".into(),
+        cmdline: "bash launch.sh".into(),
+        ..Default::default()
+    });
+    let mut b = JobBook::new(opts());
+    let seen = b.observe(&r, 0);
+    assert_eq!(seen.reports.len(), 1, "{:?}", seen.reports);
+    assert_eq!(seen.reports[0].id, "tree:50");
+    assert!(seen.reports[0].name.contains("launch.sh"));
 }
