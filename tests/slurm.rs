@@ -395,3 +395,60 @@ fn the_epilog_ends_only_the_jobs_processes_never_another_users_or_a_look_alike_c
         );
     }
 }
+
+#[test]
+fn hosts_slurm_reads_a_jobs_nodes_and_this_node_is_local() {
+    let c = Cluster::start_numbering_from(9300);
+    let out = c.client("sbatch", &["-o", "/dev/null", "--wrap", "sleep 300"]);
+    let id = out
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    assert!(out.contains("Submitted batch job"), "{out}");
+    await_cond_every("the job to run", 30, POLL, || {
+        c.client("squeue", &["-h", "-j", &id, "-o", "%T"]).trim() == "RUNNING"
+    });
+    let host =
+        String::from_utf8_lossy(&Command::new("hostname").output().expect("hostname").stdout)
+            .trim()
+            .to_string();
+    let snapshot = |hosts: &str, env: &[(&str, &str)]| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["snapshot", "--json", "--no-nvml", "--device-glob"])
+            .arg(format!("{}/nvidia*", c.dir.path().display()))
+            .args(["--hosts", hosts])
+            .env("SLURM_CONF", c.conf())
+            .env("GPUSWEEP_CONFIG", c.path("none.toml"))
+            .env("GPUSWEEP_SOCKET", c.path("none.sock"))
+            .env_remove("SLURM_JOB_NODELIST")
+            .env_remove("SLURM_NODELIST");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().expect("gpusweep")
+    };
+    // The node (gsnode) runs on this machine (its NodeHostname): read as this host.
+    let o = snapshot(&format!("slurm:{id}"), &[]);
+    let t = crate::support::text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let hosts = v["hosts"].as_array().expect("hosts");
+    assert_eq!(hosts.len(), 1, "{t}");
+    assert_eq!(hosts[0]["host"], host.as_str());
+    assert_eq!(hosts[0]["source"], "local");
+    // Inside a job: its node list from the environment.
+    let o = snapshot("slurm", &[("SLURM_JOB_NODELIST", "gsnode")]);
+    assert_eq!(o.status.code(), Some(0), "{}", crate::support::text(&o));
+    // Outside one, and a job that does not exist: errors that say so, never a pass.
+    let o = snapshot("slurm", &[]);
+    let t = crate::support::text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(t.contains("not inside a Slurm job"), "{t}");
+    let o = snapshot("slurm:999999", &[]);
+    let t = crate::support::text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(t.contains("slurm:999999"), "{t}");
+    c.client("scancel", &[&id]);
+}

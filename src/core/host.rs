@@ -590,13 +590,77 @@ pub fn parse_specs(
     Ok(out)
 }
 
-/// A hostfile: one spec per line, `#` comments and blank lines ignored.
+/// A hostfile: one spec per line, `#` comments and blank lines ignored. MPI launchers' hostfiles are read too:
+/// OpenMPI's and DeepSpeed's `host slots=8` (with `max_slots=`/`max-slots=`), MPICH's `host:8` (a number
+/// under 1024 after the colon is its slot count; a port of gpusweep's own spec syntax is 1024 or more, or
+/// 22, which is where the slot count would send it anyway). The slot counts say how many ranks a host runs;
+/// gpusweep watches every GPU of each host, so only the host is kept.
 pub fn parse_hostfile(text: &str) -> Vec<String> {
     text.lines()
         .map(|l| l.split('#').next().unwrap_or("").trim())
         .filter(|l| !l.is_empty())
-        .map(str::to_string)
+        .map(hostfile_line)
         .collect()
+}
+
+/// One hostfile line as a gpusweep spec.
+fn hostfile_line(line: &str) -> String {
+    // gpusweep's own specs with spaces of their own are taken whole.
+    if ["cmd:", "prom:", "unix:", "http://", "https://"]
+        .iter()
+        .any(|p| line.starts_with(p))
+    {
+        return line.to_string();
+    }
+    let mut words = line.split_whitespace();
+    let first = words.next().unwrap_or_default();
+    let rest: Vec<&str> = words.collect();
+    let mpi_words = !rest.is_empty()
+        && rest.iter().all(|w| {
+            w.split_once('=').is_some_and(|(k, v)| {
+                matches!(k, "slots" | "max_slots" | "max-slots" | "count")
+                    && !v.is_empty()
+                    && v.bytes().all(|b| b.is_ascii_digit())
+            })
+        });
+    if !rest.is_empty() && !mpi_words {
+        // Not an MPI line: left whole, for the spec parser to say what is wrong with it.
+        return line.to_string();
+    }
+    // MPICH: `host:N` (and `host:N:iface`), N a slot count.
+    if !first.contains('@') && !first.starts_with('[') {
+        let mut parts = first.split(':');
+        let host = parts.next().unwrap_or_default();
+        if let Some(n) = parts.next()
+            && n.bytes().all(|b| b.is_ascii_digit())
+            && n.parse::<u32>().is_ok_and(|n| n < 1024)
+            && (parts.clone().count() <= 1)
+            && !host.is_empty()
+        {
+            return host.to_string();
+        }
+    }
+    first.to_string()
+}
+
+/// Slurm's hostlist syntax (`gpu[01-04,07]`, `rack[1-2]-n[01-02]`, `a,b[1-3]`): every host it names, in
+/// order, duplicates dropped. Zero padding is kept from the range's first number, as Slurm does.
+pub fn expand_hostlist(list: &str) -> Result<Vec<String>, SpecError> {
+    let mut out: Vec<String> = Vec::new();
+    for item in split_top(list) {
+        for h in expand(&item)? {
+            if !out.contains(&h) {
+                out.push(h);
+            }
+            if out.len() > MAX_EXPANSION {
+                return Err(SpecError::Range {
+                    spec: list.to_string(),
+                    why: format!("more than {MAX_EXPANSION} hosts"),
+                });
+            }
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -774,6 +838,52 @@ mod tests {
             HttpUrl::parse("https://n").expect("ok").base(),
             "https://n:443"
         );
+    }
+
+    #[test]
+    fn mpi_hostfiles_and_slurm_hostlists() {
+        let text = "# OpenMPI / DeepSpeed\n10.0.0.1 slots=8\nworker-2 slots=8 max_slots=16\n\
+                    # MPICH\nnode3:8\nnode4:8:ib0\nnode5:22\n# gpusweep's own\nadmin@gpu-x:2222\n\
+                    gpu-y:2222\ncmd:ssh -p 2 n gpusweep agent\n";
+        assert_eq!(
+            parse_hostfile(text),
+            [
+                "10.0.0.1",
+                "worker-2",
+                "node3",
+                "node4",
+                "node5",
+                "admin@gpu-x:2222",
+                "gpu-y:2222",
+                "cmd:ssh -p 2 n gpusweep agent"
+            ]
+        );
+        // A line that is neither keeps its words, and the spec parser says what is wrong.
+        assert_eq!(parse_hostfile("node1 cores=8"), ["node1 cores=8"]);
+        assert!(parse_specs(&parse_hostfile("node1 cores=8"), &BTreeMap::new()).is_err());
+        assert_eq!(
+            expand_hostlist("gpu[01-04,07]").expect("ok"),
+            ["gpu01", "gpu02", "gpu03", "gpu04", "gpu07"]
+        );
+        assert_eq!(
+            expand_hostlist("rack[1-2]-n[08-10],login1,rack1-n08").expect("ok"),
+            [
+                "rack1-n08",
+                "rack1-n09",
+                "rack1-n10",
+                "rack2-n08",
+                "rack2-n09",
+                "rack2-n10",
+                "login1"
+            ]
+        );
+        assert_eq!(
+            expand_hostlist("n[9-11]").expect("ok"),
+            ["n9", "n10", "n11"]
+        );
+        assert!(expand_hostlist("n[3-1]").is_err());
+        assert!(expand_hostlist("n[01-04").is_err());
+        assert!(expand_hostlist("a[1-100]-b[1-200]").is_err(), "bounded");
     }
 
     #[test]

@@ -42,8 +42,8 @@ pub const DEFAULT_CONNECT_TIMEOUT_S: u64 = 10;
 /// option names): the global options of every subcommand, resolved here against the config file.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct Overrides {
-    /// Hosts: [user@]host[:port], comma lists, ranges (node[01-16]), @group, `local`, or cmd:COMMAND.
-    /// Repeatable. Default: this host.
+    /// Hosts: [user@]host[:port], comma lists, ranges (node[01-16]), @group, `local`, or cmd:COMMAND;
+    /// `slurm:JOBID` for a Slurm job's nodes (`slurm`: the job this runs in). Repeatable. Default: this host.
     #[arg(
         help_heading = "Global options",
         long,
@@ -51,7 +51,8 @@ pub struct Overrides {
         env = "GPUSWEEP_HOSTS"
     )]
     pub hosts: Vec<String>,
-    /// File with one host spec per line (# comments).
+    /// File with one host spec per line (# comments); MPI hostfiles too: OpenMPI's and DeepSpeed's
+    /// `host slots=8`, MPICH's `host:8`.
     #[arg(
         help_heading = "Global options",
         long,
@@ -59,7 +60,8 @@ pub struct Overrides {
         value_name = "FILE"
     )]
     pub hostfile: Option<PathBuf>,
-    /// The simulated cluster (gpu-a warming up, gpu-b after a pkill, gpu-c Blackwell). --hosts picks among them.
+    /// The simulated cluster (gpu-a warming up, gpu-b after a pkill, gpu-c Blackwell, gpu-d's lost rank).
+    /// --hosts picks among them.
     #[arg(help_heading = "Global options", long, global = true)]
     pub demo: bool,
     /// Poll interval (e.g. 500ms, 2s). Default 1s.
@@ -171,6 +173,8 @@ pub enum SettingsError {
     Interval(String),
     #[error("no hosts to watch")]
     NoHosts,
+    #[error("--hosts {spec}: {why}")]
+    Slurm { spec: String, why: String },
 }
 
 /// Everything a command needs, resolved.
@@ -267,8 +271,105 @@ fn specs(o: &Overrides, config: &Config) -> Result<(Vec<HostSpec>, bool), Settin
     if values.is_empty() {
         return Ok((vec![HostSpec::Local], false));
     }
+    // A Slurm job's nodes, as specs.
+    let mut expanded = Vec::with_capacity(values.len());
+    for v in values {
+        if v.trim() == "slurm" || v.trim().starts_with("slurm:") {
+            expanded.extend(slurm_hosts(v.trim())?);
+        } else {
+            expanded.push(v);
+        }
+    }
+    let values = expanded;
     let specs = host::parse_specs(&values, &config.groups)?;
     Ok((specs, true))
+}
+
+/// A Slurm client's answer, or why there is none.
+fn scontrol(args: &[&str]) -> Result<String, String> {
+    let o = std::process::Command::new("scontrol")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("scontrol: {e}"))?;
+    if !o.status.success() {
+        return Err(format!(
+            "scontrol {}: {}",
+            args.join(" "),
+            crate::core::format::escape(String::from_utf8_lossy(&o.stderr).trim())
+        ));
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// `KEY=value` of `scontrol -o show ...`'s one-line records (the key's case as either spelling:
+/// `NodeHostName`, `NodeHostname`).
+fn field<'a>(record: &'a str, key: &str) -> Option<&'a str> {
+    record.split_whitespace().find_map(|w| {
+        let (k, v) = w.split_once('=')?;
+        k.eq_ignore_ascii_case(key).then_some(v)
+    })
+}
+
+/// `slurm` (the job this runs in, from `SLURM_JOB_NODELIST`) or `slurm:JOBID` (asked of `scontrol`): the
+/// job's nodes as specs. A node is this host (`local`) when its host name is this one's; the others are
+/// reached by the host name Slurm knows the node by (`NodeHostname`, else its node name).
+fn slurm_hosts(spec: &str) -> Result<Vec<String>, SettingsError> {
+    let err = |why: String| SettingsError::Slurm {
+        spec: spec.to_string(),
+        why,
+    };
+    let list = match spec.strip_prefix("slurm:") {
+        None => std::env::var("SLURM_JOB_NODELIST")
+            .or_else(|_| std::env::var("SLURM_NODELIST"))
+            .map_err(|_| {
+                err("not inside a Slurm job (no SLURM_JOB_NODELIST): name one, slurm:JOBID".into())
+            })?,
+        Some(id) => {
+            let ok = !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit() || b == b'_');
+            if !ok {
+                return Err(err("a Slurm job is its number (slurm:4711)".into()));
+            }
+            let rec = scontrol(&["-o", "show", "job", id]).map_err(err)?;
+            let nodes = field(&rec, "NodeList").unwrap_or("(null)");
+            if nodes == "(null)" || nodes.is_empty() {
+                let state = field(&rec, "JobState").unwrap_or("unknown");
+                return Err(err(format!("job {id} has no nodes ({state})")));
+            }
+            nodes.to_string()
+        }
+    };
+    // Slurm's own expansion where its client runs; else the same syntax, read here.
+    let names: Vec<String> = match scontrol(&["show", "hostnames", &list]) {
+        Ok(out) => out
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect(),
+        Err(_) => host::expand_hostlist(&list)?,
+    };
+    let mut hostname: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    if let Ok(out) = scontrol(&["-o", "show", "node", &list]) {
+        for rec in out.lines() {
+            if let (Some(n), Some(h)) = (field(rec, "NodeName"), field(rec, "NodeHostname")) {
+                hostname.insert(n.to_string(), h.to_string());
+            }
+        }
+    }
+    let me = host::local_hostname();
+    let short = |h: &str| h.split('.').next().unwrap_or(h).to_string();
+    Ok(names
+        .into_iter()
+        .map(|n| {
+            let h = hostname.get(&n).cloned().unwrap_or(n);
+            if h == me || short(&h) == short(&me) {
+                "local".to_string()
+            } else {
+                h
+            }
+        })
+        .collect())
 }
 
 fn ssh_options(o: &Overrides, config: &Config, connect_timeout: Duration) -> SshOptions {
