@@ -251,6 +251,22 @@ fn prometheus_scrapes_dcgm_names_and_gpusweep_reads_the_fleet_back() {
         "{r:?}"
     );
 
+    // gpu-a's EP8 warm-up, by phase; the lost-rank counter, parsed as the counter it is.
+    await_query(
+        &http,
+        &prom,
+        r#"gpusweep_job_phase{Hostname="gpu-a",job_id="sglang-ep8.service",phase="loading"} == 1"#,
+        "gpu-a's job loading",
+        |r| r.len() == 1,
+    );
+    await_query(
+        &http,
+        &prom,
+        "count(gpusweep_job_lost_ranks_total)",
+        "a lost-rank counter per serve",
+        |r| r.first().is_some_and(|(_, v)| is(*v, 3.0)),
+    );
+
     // gpusweep reads the fleet back: one host per Hostname, each with its own verdicts.
     let spec = format!("prom:{prom}");
     let doc = snapshot_json(tmp, &spec);

@@ -1767,13 +1767,15 @@ async fn a_crafted_cgroup_name_cannot_forge_a_label_in_metrics() {
     let group = Group(mount.join(crate::support::unique("gpusweep-test")));
     let leaf = group.0.join("evil\",Hostname=\"spoofed\\x.service");
     std::fs::create_dir_all(&leaf).expect("a cgroup v2 group (run the suite as root)");
-    let mut holder = Command::new("sleep")
-        .arg("300")
-        .stdin(std::fs::File::open(tmp.join("nvidia0")).expect("open"))
-        .spawn()
-        .expect("holder");
-    std::fs::write(leaf.join("cgroup.procs"), holder.id().to_string()).expect("move in");
-    set_nvml(tmp, &format!("512 {}:512\n", holder.id()));
+    let mut holder = crate::support::Reaped(
+        Command::new("sleep")
+            .arg("300")
+            .stdin(std::fs::File::open(tmp.join("nvidia0")).expect("open"))
+            .spawn()
+            .expect("holder"),
+    );
+    std::fs::write(leaf.join("cgroup.procs"), holder.0.id().to_string()).expect("move in");
+    set_nvml(tmp, &format!("512 {}:512\n", holder.0.id()));
     let glob = format!("{}/nvidia*", tmp.display());
     let env = [
         ("GPUSWEEP_NVML_LIBRARY", lib.as_path()),
@@ -1786,6 +1788,36 @@ async fn a_crafted_cgroup_name_cannot_forge_a_label_in_metrics() {
         .find(|l| l.starts_with("gpusweep_process_gpu_memory_bytes{") && l.contains("evil"))
         .unwrap_or_else(|| panic!("the holder's series: {m}"));
     assert!(!line.contains("Hostname=\"spoofed"), "{line}");
+    // The holder is a job of its own (its unit), loading: its phase and memory, named as safely.
+    let phase = m
+        .lines()
+        .find(|l| l.starts_with("gpusweep_job_phase{") && l.contains("evil") && l.ends_with(" 1.0"))
+        .unwrap_or_else(|| {
+            panic!(
+                "the job's phase: {}",
+                m.lines()
+                    .filter(|l| l.contains("gpusweep_job"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            )
+        });
+    assert!(
+        phase.contains("phase=\"loading\"") && !phase.contains("Hostname=\"spoofed"),
+        "{phase}"
+    );
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("gpusweep_job_gpu_memory_bytes{")
+                && l.contains("evil")
+                && l.ends_with(" 536870912.0")),
+        "{m}"
+    );
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("gpusweep_job_lost_ranks_total{") && l.ends_with(" 0")),
+        "{m}"
+    );
+    assert!(m.contains("gpusweep_job_warmup_seconds_count{"), "{m}");
     // Prometheus's own checker reads the whole exposition.
     let mut check = Command::new("promtool")
         .args(["check", "metrics"])
@@ -1802,8 +1834,19 @@ async fn a_crafted_cgroup_name_cannot_forge_a_label_in_metrics() {
         !said.contains("error parsing") && !said.contains("text format parsing error"),
         "{said}\n{line}"
     );
-    let _ = holder.kill();
-    let _ = holder.wait();
+    // Its lints name dcgm-exporter's own spellings, and the lost-rank counter's HELP, which OpenMetrics (what
+    // the serve speaks) writes on the family name, not on `_total` as promtool's older format wants.
+    let job_lints: Vec<&str> = said
+        .lines()
+        .filter(|l| l.contains("gpusweep_job"))
+        .collect();
+    assert_eq!(
+        job_lints,
+        ["gpusweep_job_lost_ranks_total no help text"],
+        "{said}"
+    );
+    let _ = holder.0.kill();
+    let _ = holder.0.wait();
 }
 
 /// Read a stream until its first snapshot event is whole.

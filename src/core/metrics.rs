@@ -137,6 +137,19 @@ pub const PROCESS_BYTES: &str = "gpusweep_process_gpu_memory_bytes";
 pub const SHM_LEFTOVER_BYTES: &str = "gpusweep_shm_leftover_bytes";
 /// Seconds from the first signal (a sweep) or the last holder's exit (a re-watch) to the GPU reading clean.
 pub const TIME_TO_CLEAN: &str = "gpusweep_time_to_clean_seconds";
+/// A job's id on the job metrics: not `job`, which Prometheus sets to the scrape job's name (a target's own
+/// `job` label is stored as `exported_job`).
+pub const L_JOB_ID: &str = "job_id";
+/// 1 for a job's phase now, 0 for the others (`job_id`, `phase`).
+pub const JOB_PHASE: &str = "gpusweep_job_phase";
+/// GPU memory a job's live ranks are charged.
+pub const JOB_BYTES: &str = "gpusweep_job_gpu_memory_bytes";
+/// Seconds from a job's start to when its memory stopped rising, for jobs seen settling.
+pub const JOB_WARMUP: &str = "gpusweep_job_warmup_seconds";
+/// Ranks lost while their peers held GPU memory (a counter: `_total`).
+pub const JOB_LOST_RANKS: &str = "gpusweep_job_lost_ranks";
+/// Most jobs per host with series of their own (the largest by memory).
+pub const JOB_SERIES: usize = 64;
 /// Unix time of the reading the metrics come from.
 pub const READING_TIMESTAMP: &str = "gpusweep_reading_timestamp_seconds";
 /// 1, with the serve's version and where its API answers (`scheme`, `api_path`): how a client reading

@@ -23,10 +23,19 @@ pub type Labels = Vec<(&'static str, String)>;
 
 /// One host's seconds to clean: after a signal sent through the serve, and after its last holder's exit.
 #[derive(Debug, Clone)]
-pub struct TimeToClean {
+/// A host's histories, kept across readings: how long its GPUs took to read clean, how long its jobs took to
+/// warm up, how many ranks its jobs lost.
+pub struct HostStats {
     pub after_signal: Histogram,
     pub after_exit: Histogram,
+    pub warmup: Histogram,
+    pub lost_ranks: prometheus_client::metrics::counter::Counter,
 }
+
+/// Seconds a job's warm-up takes: from a small model's seconds to the 11-23 minutes of an EP node's.
+const WARMUP_BUCKETS: [f64; 10] = [
+    10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1200.0, 1800.0, 3600.0,
+];
 
 /// Seconds: from a fast driver release (~0.1 s on an H200) to a job that takes minutes to let go.
 const BUCKETS: [f64; 13] = [
@@ -307,7 +316,7 @@ pub struct Shared {
     /// What clients want of the polling.
     pub wants: Wants,
     /// Per host, by index.
-    pub time_to_clean: Vec<TimeToClean>,
+    pub stats: Vec<HostStats>,
     /// The poll interval when no client asks for a faster one.
     pub interval: Duration,
     /// `https` when serving TLS: how a client that reads Prometheus reaches this serve.
@@ -410,11 +419,13 @@ impl Hub {
             journal: Mutex::new(Journal::new(replay)),
             act,
             wants: Wants::default(),
-            time_to_clean: labels
+            stats: labels
                 .iter()
-                .map(|_| TimeToClean {
+                .map(|_| HostStats {
                     after_signal: histogram(),
                     after_exit: histogram(),
+                    warmup: Histogram::new(WARMUP_BUCKETS),
+                    lost_ranks: prometheus_client::metrics::counter::Counter::default(),
                 })
                 .collect(),
             interval,
@@ -520,19 +531,25 @@ impl Hub {
             return;
         };
         for e in events {
-            if let (
-                EventKind::GpuClean {
-                    after_ms,
-                    after_exit_ms,
-                    ..
-                },
-                Some(h),
-            ) = (&e.what, self.shared.time_to_clean.get(i))
-            {
-                match (after_ms, after_exit_ms) {
-                    (Some(ms), _) => h.after_signal.observe(*ms as f64 / 1000.0),
-                    (None, Some(ms)) => h.after_exit.observe(*ms as f64 / 1000.0),
-                    (None, None) => {}
+            if let Some(h) = self.shared.stats.get(i) {
+                match &e.what {
+                    EventKind::GpuClean {
+                        after_ms,
+                        after_exit_ms,
+                        ..
+                    } => match (after_ms, after_exit_ms) {
+                        (Some(ms), _) => h.after_signal.observe(*ms as f64 / 1000.0),
+                        (None, Some(ms)) => h.after_exit.observe(*ms as f64 / 1000.0),
+                        (None, None) => {}
+                    },
+                    EventKind::JobPhase {
+                        warmup_ms: Some(ms),
+                        ..
+                    } => h.warmup.observe(*ms as f64 / 1000.0),
+                    EventKind::RankLost { .. } => {
+                        h.lost_ranks.inc();
+                    }
+                    _ => {}
                 }
             }
             // Events go only to HTTP streams: as HTTP readers may see them.

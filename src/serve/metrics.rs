@@ -19,7 +19,7 @@ use crate::core::model::{FindingKind, Gpu, GpuState, HostSnapshot, MIB, Severity
 
 type Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
 
-const KINDS: [FindingKind; 10] = [
+const KINDS: [FindingKind; 12] = [
     FindingKind::Ghost,
     FindingKind::HiddenHolder,
     FindingKind::Residual,
@@ -30,6 +30,8 @@ const KINDS: [FindingKind; 10] = [
     FindingKind::NotVisible,
     FindingKind::Unkillable,
     FindingKind::OrphanedJob,
+    FindingKind::LostRank,
+    FindingKind::Straggler,
 ];
 
 const SEVERITIES: [(Severity, &str); 3] = [
@@ -94,6 +96,10 @@ struct Families {
     taken: Gauges,
     info: Gauges,
     time_to_clean: TimeToCleanView,
+    job_phase: Gauges,
+    job_bytes: Gauges,
+    warmup: TimeToCleanView,
+    lost_ranks: CounterView,
     /// dcgm-exporter's fields, in `DCGM_FIELDS`' order.
     dcgm: Vec<Gauges>,
 }
@@ -101,7 +107,7 @@ struct Families {
 impl Families {
     fn add_host(&mut self, shared: &Shared, i: usize, snap: &HostSnapshot, api_path: &str) {
         let host = snap.host.as_str();
-        if let Some(t) = shared.time_to_clean.get(i) {
+        if let Some(t) = shared.stats.get(i) {
             for (after, h) in [("signal", &t.after_signal), ("exit", &t.after_exit)] {
                 let l = vec![
                     (m::L_HOSTNAME, host.to_string()),
@@ -109,6 +115,9 @@ impl Families {
                 ];
                 self.time_to_clean.0.push((escaped(&l), h.clone()));
             }
+            let hl: Labels = vec![(m::L_HOSTNAME, host.to_string())];
+            self.warmup.0.push((escaped(&hl), t.warmup.clone()));
+            self.lost_ranks.0.push((escaped(&hl), t.lost_ranks.clone()));
         }
         let hl: Labels = vec![(m::L_HOSTNAME, host.to_string())];
         set(&self.taken, &hl, snap.taken_at_ms as f64 / 1000.0);
@@ -161,6 +170,33 @@ impl Families {
         // A node whose /proc hides processes: no reader without a token learns their jobs here either.
         let shows_jobs = shared.http_view == super::redact::View::Whole;
         self.add_processes(host, snap, shows_jobs);
+        self.add_jobs(host, snap, shows_jobs);
+    }
+
+    /// Each job's phase (1 for the one it is in) and memory, the largest `JOB_SERIES` jobs of the host.
+    /// Where readers may not learn other users' jobs, a job is named by its launcher's PID alone.
+    fn add_jobs(&self, host: &str, snap: &HostSnapshot, shows_jobs: bool) {
+        let mut jobs: Vec<&crate::core::job::JobReport> = snap.jobs.iter().collect();
+        jobs.sort_by_key(|j| std::cmp::Reverse(j.bytes.unwrap_or(0)));
+        for j in jobs.into_iter().take(m::JOB_SERIES) {
+            let name = if shows_jobs {
+                j.id.clone()
+            } else {
+                format!("pid:{}", j.launcher.unwrap_or(0))
+            };
+            for phase in crate::core::job::Phase::ALL {
+                let l = vec![
+                    (m::L_HOSTNAME, host.to_string()),
+                    (m::L_JOB_ID, name.clone()),
+                    ("phase", phase.as_str().to_string()),
+                ];
+                set(&self.job_phase, &l, f64::from(u8::from(j.phase == phase)));
+            }
+            if let Some(b) = j.bytes {
+                let l = vec![(m::L_HOSTNAME, host.to_string()), (m::L_JOB_ID, name)];
+                set(&self.job_bytes, &l, b as f64);
+            }
+        }
     }
 
     /// Each GPU's memory gauges, whether it was read, and the ledger's verdict.
@@ -335,6 +371,27 @@ impl Families {
             "1; the serve's version and where its API answers",
             self.info,
         );
+        r.register(
+            m::JOB_PHASE,
+            "1 for the phase a job is in (starting, loading, holding, settled, lost_rank, unknown), 0 for the others",
+            self.job_phase,
+        );
+        r.register(
+            m::JOB_BYTES,
+            "GPU memory NVML charges a job's live ranks",
+            self.job_bytes,
+        );
+        r.register_with_unit(
+            m::JOB_WARMUP.trim_end_matches("_seconds"),
+            "Seconds from a job's start to when its memory stopped rising, for jobs seen settling",
+            Unit::Seconds,
+            self.warmup,
+        );
+        r.register(
+            m::JOB_LOST_RANKS,
+            "Ranks a job lost (exited, zombie, stuck in D) while its other ranks held GPU memory",
+            self.lost_ranks,
+        );
         r.register_with_unit(
             m::TIME_TO_CLEAN.trim_end_matches("_seconds"),
             "Seconds from the first signal (after=\"signal\") or the last holder's exit (after=\"exit\") to the GPU reading clean",
@@ -350,6 +407,22 @@ pub fn gpus_readable(snap: &HostSnapshot) -> bool {
     snap.gpu_error.is_none()
         && !snap.gpus.is_empty()
         && snap.gpus.iter().all(|g| g.memory.used.is_some())
+}
+
+/// The chosen hosts' counters, as one family.
+#[derive(Debug, Default)]
+struct CounterView(Vec<(Labels, prometheus_client::metrics::counter::Counter)>);
+
+impl EncodeMetric for CounterView {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        for (labels, c) in &self.0 {
+            c.encode(encoder.encode_family(labels)?)?;
+        }
+        Ok(())
+    }
+    fn metric_type(&self) -> MetricType {
+        MetricType::Counter
+    }
 }
 
 /// The chosen hosts' time-to-clean histograms, as one family (a serve's per-host paths show only theirs).
