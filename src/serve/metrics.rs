@@ -371,25 +371,11 @@ impl Families {
             "1; the serve's version and where its API answers",
             self.info,
         );
-        r.register(
-            m::JOB_PHASE,
-            "1 for the phase a job is in (starting, loading, holding, settled, lost_rank, unknown), 0 for the others",
+        register_jobs(
+            &mut r,
             self.job_phase,
-        );
-        r.register(
-            m::JOB_BYTES,
-            "GPU memory NVML charges a job's live ranks",
             self.job_bytes,
-        );
-        r.register_with_unit(
-            m::JOB_WARMUP.trim_end_matches("_seconds"),
-            "Seconds from a job's start to when its memory stopped rising, for jobs seen settling",
-            Unit::Seconds,
             self.warmup,
-        );
-        r.register(
-            m::JOB_LOST_RANKS,
-            "Ranks a job lost (exited, zombie, stuck in D) while its other ranks held GPU memory",
             self.lost_ranks,
         );
         r.register_with_unit(
@@ -400,6 +386,37 @@ impl Families {
         );
         r
     }
+}
+
+/// The job families: phase, memory, warm-up histogram, lost-rank counter.
+fn register_jobs(
+    r: &mut Registry,
+    phase: Gauges,
+    bytes: Gauges,
+    warmup: TimeToCleanView,
+    lost: CounterView,
+) {
+    r.register(
+        m::JOB_PHASE,
+        "1 for the phase a job is in (starting, loading, holding, settled, lost_rank, unknown), 0 for the others",
+        phase,
+    );
+    r.register(
+        m::JOB_BYTES,
+        "GPU memory NVML charges a job's live ranks",
+        bytes,
+    );
+    r.register_with_unit(
+        m::JOB_WARMUP.trim_end_matches("_seconds"),
+        "Seconds from a job's start to when its memory stopped rising, for jobs seen settling",
+        Unit::Seconds,
+        warmup,
+    );
+    r.register(
+        m::JOB_LOST_RANKS,
+        "Ranks a job lost (exited, zombie, stuck in D) while its other ranks held GPU memory",
+        lost,
+    );
 }
 
 /// Whether every GPU of a reading was read: NVML answered, it listed GPUs, and each gave its memory.
