@@ -1789,35 +1789,7 @@ async fn a_crafted_cgroup_name_cannot_forge_a_label_in_metrics() {
         .unwrap_or_else(|| panic!("the holder's series: {m}"));
     assert!(!line.contains("Hostname=\"spoofed"), "{line}");
     // The holder is a job of its own (its unit), loading: its phase and memory, named as safely.
-    let phase = m
-        .lines()
-        .find(|l| l.starts_with("gpusweep_job_phase{") && l.contains("evil") && l.ends_with(" 1.0"))
-        .unwrap_or_else(|| {
-            panic!(
-                "the job's phase: {}",
-                m.lines()
-                    .filter(|l| l.contains("gpusweep_job"))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            )
-        });
-    assert!(
-        phase.contains("phase=\"loading\"") && !phase.contains("Hostname=\"spoofed"),
-        "{phase}"
-    );
-    assert!(
-        m.lines()
-            .any(|l| l.starts_with("gpusweep_job_gpu_memory_bytes{")
-                && l.contains("evil")
-                && l.ends_with(" 536870912.0")),
-        "{m}"
-    );
-    assert!(
-        m.lines()
-            .any(|l| l.starts_with("gpusweep_job_lost_ranks_total{") && l.ends_with(" 0")),
-        "{m}"
-    );
-    assert!(m.contains("gpusweep_job_warmup_seconds_count{"), "{m}");
+    job_series_of_a_loading_holder(&m);
     // Prometheus's own checker reads the whole exposition.
     let mut check = Command::new("promtool")
         .args(["check", "metrics"])
@@ -1847,6 +1819,40 @@ async fn a_crafted_cgroup_name_cannot_forge_a_label_in_metrics() {
     );
     let _ = holder.0.kill();
     let _ = holder.0.wait();
+}
+
+/// A loading job's series in a serve's metrics, named by a crafted unit: its phase, its memory, the
+/// lost-rank counter and the warm-up histogram.
+fn job_series_of_a_loading_holder(m: &str) {
+    let phase = m
+        .lines()
+        .find(|l| l.starts_with("gpusweep_job_phase{") && l.contains("evil") && l.ends_with(" 1.0"))
+        .unwrap_or_else(|| {
+            panic!(
+                "the job's phase: {}",
+                m.lines()
+                    .filter(|l| l.contains("gpusweep_job"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            )
+        });
+    assert!(
+        phase.contains("phase=\"loading\"") && !phase.contains("Hostname=\"spoofed"),
+        "{phase}"
+    );
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("gpusweep_job_gpu_memory_bytes{")
+                && l.contains("evil")
+                && l.ends_with(" 536870912.0")),
+        "{m}"
+    );
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("gpusweep_job_lost_ranks_total{") && l.ends_with(" 0")),
+        "{m}"
+    );
+    assert!(m.contains("gpusweep_job_warmup_seconds_count{"), "{m}");
 }
 
 /// Read a stream until its first snapshot event is whole.
