@@ -192,6 +192,20 @@ pub fn redact(snap: &HostSnapshot, view: View) -> Option<HostSnapshot> {
             }
         }
     }
+    // A job with a hidden launcher or rank: its phase, GPUs and memory stay; its name, its scheduler's id
+    // and its lost ranks' command lines go (named by its launcher's PID, as NVML's PIDs are shown).
+    for j in &mut out.jobs {
+        let of_others = j.launcher.is_some_and(|l| hidden.contains(&l))
+            || j.ranks.iter().any(|r| hidden.contains(&r.pid));
+        if of_others {
+            HIDDEN.clone_into(&mut j.name);
+            j.job = None;
+            j.id = format!("pid:{}", j.launcher.unwrap_or(0));
+            for l in &mut j.lost {
+                l.cmdline.clear();
+            }
+        }
+    }
     Some(out)
 }
 
@@ -213,6 +227,13 @@ pub fn event(e: &Event, view: View) -> std::borrow::Cow<'_, Event> {
                 kind.as_str()
             );
         }
+        EventKind::JobStarted { job, name, .. } => {
+            HIDDEN.clone_into(job);
+            name.clear();
+        }
+        EventKind::JobPhase { job, .. }
+        | EventKind::RankLost { job, .. }
+        | EventKind::JobEnded { job, .. } => HIDDEN.clone_into(job),
         _ => {}
     }
     std::borrow::Cow::Owned(e)
@@ -311,6 +332,78 @@ mod tests {
             texts.contains("zombie, PID 21: the details are hidden"),
             "{texts}"
         );
+    }
+
+    #[test]
+    fn another_users_job_keeps_its_phase_and_loses_its_names() {
+        let mut snap = HostSnapshot {
+            processes: vec![
+                proc(10, 0, "torchrun --secret-run"),
+                proc(11, 0, "python3 rank0"),
+                proc(20, 1000, "python3 mine.py"),
+            ],
+            ..Default::default()
+        };
+        snap.processes[1].ppid = 10;
+        let rank = |pid| crate::core::job::Rank {
+            pid,
+            gpus: vec![0],
+            bytes: Some(1 << 30),
+            state: crate::core::model::ProcState::Sleeping,
+            straggler: false,
+        };
+        snap.jobs = vec![
+            crate::core::job::JobReport {
+                id: "slurm:4711".into(),
+                job: Some(crate::core::job::Job::Slurm {
+                    job: 4711,
+                    step: None,
+                }),
+                launcher: Some(10),
+                name: "torchrun --secret-run".into(),
+                ranks: vec![rank(11)],
+                gpus: vec![0],
+                bytes: Some(1 << 30),
+                started_ms: 0,
+                phase: crate::core::job::Phase::LostRank,
+                phase_since_ms: 0,
+                warmup_ms: None,
+                settled_bytes: None,
+                lost: vec![crate::core::job::LostRank {
+                    pid: 12,
+                    gpus: vec![1],
+                    how: crate::core::job::LostHow::Exited,
+                    at_ms: 0,
+                    bytes: None,
+                    cmdline: "python3 rank1 --secret-rank".into(),
+                }],
+                kept: false,
+            },
+            crate::core::job::JobReport {
+                id: "tree:20".into(),
+                job: None,
+                launcher: Some(20),
+                name: "python3 mine.py".into(),
+                ranks: vec![rank(20)],
+                gpus: vec![2],
+                bytes: Some(1 << 30),
+                started_ms: 0,
+                phase: crate::core::job::Phase::Loading,
+                phase_since_ms: 0,
+                warmup_ms: None,
+                settled_bytes: None,
+                lost: vec![],
+                kept: false,
+            },
+        ];
+        let seen = redact(&snap, View::Own(1000)).expect("redacted");
+        let json = serde_json::to_string(&seen.jobs).expect("json");
+        for secret in ["secret", "4711"] {
+            assert!(!json.contains(secret), "{secret} in {json}");
+        }
+        assert_eq!(seen.jobs[0].id, "pid:10");
+        assert_eq!(seen.jobs[0].phase, crate::core::job::Phase::LostRank);
+        assert_eq!(seen.jobs[1].name, "python3 mine.py", "its own stays");
     }
 
     #[test]
