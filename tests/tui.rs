@@ -1010,3 +1010,53 @@ fn text_a_remote_host_sends_is_shown_escaped_in_every_field() {
         screens[0]
     );
 }
+
+#[test]
+fn screen_jobs_view_names_the_lost_rank_and_sweeps_the_job_alone() {
+    let mut d = Demo::new(30);
+    d.ch('J');
+    let rows = d.app.job_rows();
+    // gpu-d's job lost rank 3: it comes first; gpu-a's warm-up with its straggler is among the others.
+    assert_eq!(rows[0].id, "tree:6100", "{rows:?}");
+    assert!(rows[0].lost());
+    assert!(rows.iter().any(|r| {
+        r.id == "sglang-ep8.service"
+            && r.members[0]
+                .1
+                .ranks
+                .iter()
+                .any(|k| k.pid == 4125 && k.straggler)
+    }));
+    both("jobs", &mut d);
+    // S: the job's seven ranks on gpu-d, and nothing else.
+    d.ch('S');
+    match d.app.dialog() {
+        Some(Dialog::Sweep(Sweep {
+            scope: SweepScope::Job,
+            plan,
+            ..
+        })) => {
+            let pids: Vec<u32> = plan.items.iter().map(|i| i.pid).collect();
+            assert_eq!(pids, [6120, 6121, 6122, 6124, 6125, 6126, 6127]);
+        }
+        other => panic!("{other:?}"),
+    }
+    both("jobs_sweep", &mut d);
+    let eff = d.key(KeyCode::Enter);
+    let to: Vec<HostId> = sent(&eff)
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Send(h, HostCmd::Act { .. }) => Some(*h),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(to, [HostId(3)], "only gpu-d is signalled");
+    d.run_effects(&eff);
+    d.at(31_000);
+    d.poll();
+    assert!(
+        d.app.store.timeline.iter().any(|e| e.host == "gpu-d"
+            && matches!(&e.what, gpusweep::core::event::EventKind::JobEnded { job, .. } if job == "tree:6100")),
+        "the job ended"
+    );
+}

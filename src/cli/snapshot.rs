@@ -84,6 +84,7 @@ pub fn render_table(snap: &HostSnapshot) -> String {
     }
     gpu_table(&mut o, snap);
     process_table(&mut o, snap);
+    job_table(&mut o, snap);
     notes(&mut o, snap);
     findings(&mut o, snap);
     o
@@ -181,6 +182,26 @@ fn process_table(o: &mut String, snap: &HostSnapshot) {
             truncate(&p.display_cmd(), 70),
             mark
         );
+    }
+}
+
+/// Each job: its id, ranks and GPUs, and its phase in words; its launcher's command below.
+fn job_table(o: &mut String, snap: &HostSnapshot) {
+    if snap.jobs.is_empty() {
+        return;
+    }
+    o.push_str("\n   JOBS\n");
+    for j in &snap.jobs {
+        let _ = writeln!(
+            o,
+            "   {:<22} {} rank(s) on GPU {:<8} {}{}",
+            truncate(&escape(&j.id), 22),
+            j.ranks.len(),
+            fmt_gpus(&j.gpus),
+            crate::core::job::phase_line(snap, j),
+            if j.kept { " (kept on purpose)" } else { "" }
+        );
+        let _ = writeln!(o, "       {}", truncate(&j.name, 100));
     }
 }
 

@@ -10,6 +10,34 @@ use crossterm::event::KeyEvent;
 
 use super::keymap::Keymap;
 pub use super::modes::{Dialog, Mode, SweepScope};
+
+/// A job as the jobs overlay shows it: its id and what each host it runs on says of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRow {
+    pub id: String,
+    pub members: Vec<(HostId, crate::core::job::JobReport)>,
+}
+
+impl JobRow {
+    /// A rank of it was lost on some host.
+    pub fn lost(&self) -> bool {
+        self.members
+            .iter()
+            .any(|(_, j)| j.phase == crate::core::job::Phase::LostRank)
+    }
+    /// What its live ranks hold over every host; `None` where no charge is known.
+    pub fn bytes(&self) -> Option<u64> {
+        self.members
+            .iter()
+            .fold(None, |acc, (_, j)| match (acc, j.bytes) {
+                (Some(a), Some(b)) => Some(a + b),
+                (a, b) => a.or(b),
+            })
+    }
+    pub fn ranks(&self) -> usize {
+        self.members.iter().map(|(_, j)| j.ranks.len()).sum()
+    }
+}
 use super::rows::{ProcRow, build_rows};
 pub use super::rows::{ProcView, SortKey};
 pub use super::store::{HISTORY, HostView, Store, TIMELINE};
@@ -261,6 +289,44 @@ impl App {
             Mode::Timeline { scroll } => Some(scroll),
             _ => None,
         }
+    }
+
+    /// The jobs overlay is open, with this row selected.
+    pub fn jobs_sel(&self) -> Option<usize> {
+        match self.mode {
+            Mode::Jobs { sel } => Some(sel),
+            _ => None,
+        }
+    }
+
+    /// Every job of every host, one row per job: a scheduler's job spread over hosts is one row (its id is
+    /// the same on each), a launcher tree is its host's alone. Lost ranks first, then by memory.
+    pub fn job_rows(&self) -> Vec<JobRow> {
+        let mut rows: Vec<JobRow> = Vec::new();
+        for (i, h) in self.store.hosts.iter().enumerate() {
+            let Some(s) = &h.snap else { continue };
+            for j in &s.jobs {
+                let shared = j.job.is_some();
+                match rows
+                    .iter_mut()
+                    .find(|r| shared && r.id == j.id && r.members[0].1.job.is_some())
+                {
+                    Some(r) => r.members.push((HostId(i), j.clone())),
+                    None => rows.push(JobRow {
+                        id: j.id.clone(),
+                        members: vec![(HostId(i), j.clone())],
+                    }),
+                }
+            }
+        }
+        rows.sort_by_key(|r| {
+            (
+                !r.lost(),
+                std::cmp::Reverse(r.bytes().unwrap_or(0)),
+                r.id.clone(),
+            )
+        });
+        rows
     }
 
     /// The shared-memory panel is open; `Some(true)` while its tile is typed.

@@ -15,6 +15,8 @@ pub enum Layer {
     Dialog,
     Smem,
     Timeline,
+    /// The jobs overlay.
+    Jobs,
     /// A line being typed: only its own keys are commands, every other key is text.
     Edit,
 }
@@ -39,6 +41,7 @@ pub enum Cmd {
     Tree,
     Timeline,
     Chart,
+    Jobs,
     RemoveShm,
     /// A dialog: do it. A line being typed: done.
     Confirm,
@@ -57,7 +60,7 @@ pub enum Cmd {
 
 impl Cmd {
     /// Every command: its layer, its name in the config's `[keys]`, and what it does.
-    pub const ALL: [(Cmd, Layer, &'static str, &'static str); 28] = [
+    pub const ALL: [(Cmd, Layer, &'static str, &'static str); 29] = [
         (Cmd::Up, Layer::Main, "up", "move up"),
         (Cmd::Down, Layer::Main, "down", "move down"),
         (Cmd::NextPanel, Layer::Main, "next_panel", "next panel"),
@@ -107,6 +110,12 @@ impl Cmd {
             Layer::Main,
             "chart",
             "memory chart of the host (or GPU)",
+        ),
+        (
+            Cmd::Jobs,
+            Layer::Main,
+            "jobs",
+            "jobs: phase, ranks, memory; S there sweeps the job",
         ),
         (
             Cmd::RemoveShm,
@@ -290,6 +299,7 @@ impl Default for Keymap {
             (Main, k('t'), Cmd::Tree),
             (Main, k('e'), Cmd::Timeline),
             (Main, k('c'), Cmd::Chart),
+            (Main, k('J'), Cmd::Jobs),
             (Main, k('D'), Cmd::RemoveShm),
             (Dialog, kc(KeyCode::Enter), Cmd::Confirm),
             (Dialog, k('y'), Cmd::Confirm),

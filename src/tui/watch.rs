@@ -73,6 +73,7 @@ impl App {
         scope: super::modes::SweepScope,
         host: HostId,
         gpu: Option<u32>,
+        job: Option<&str>,
         plan: &Plan,
     ) -> Vec<Effect> {
         use super::modes::SweepScope;
@@ -98,6 +99,21 @@ impl App {
                 format!("{l} GPU {}", gpu.unwrap_or(0)),
                 gpu.map(|g| vec![g]),
             ),
+            // The job's hosts, until the GPUs its ranks held read zero.
+            SweepScope::Job => {
+                let mut hosts = plan.hosts();
+                if hosts.is_empty() {
+                    hosts.push(host);
+                }
+                let mut gpus: Vec<u32> = plan.items.iter().flat_map(|i| i.gpus.clone()).collect();
+                gpus.sort_unstable();
+                gpus.dedup();
+                (
+                    hosts.into_iter().map(|h| (h, self.label(h))).collect(),
+                    format!("job {}", job.unwrap_or("?")),
+                    (!gpus.is_empty()).then_some(gpus),
+                )
+            }
         };
         if plan.items.is_empty() {
             self.set_status("nothing to signal; watching until clean", Level::Info);

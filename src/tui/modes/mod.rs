@@ -5,6 +5,7 @@
 pub mod filter;
 pub mod finding;
 pub mod help;
+pub mod jobs;
 pub mod kill;
 pub mod main;
 pub mod remove;
@@ -35,6 +36,10 @@ pub enum Mode {
     Timeline {
         scroll: usize,
     },
+    /// Every job of every host; `sel` the selected row.
+    Jobs {
+        sel: usize,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -62,6 +67,7 @@ pub fn key(app: &mut App, k: KeyEvent) -> Vec<Effect> {
         Mode::Filter => filter::key(app, k),
         Mode::Smem { editing } => smem::key(app, editing, k),
         Mode::Timeline { scroll } => timeline::key(app, scroll, k),
+        Mode::Jobs { sel } => jobs::key(app, sel, k),
         Mode::Dialog(Dialog::Help) => help::key(app),
         Mode::Dialog(Dialog::Finding { host, finding }) => finding::key(app, host, &finding, k),
         Mode::Dialog(Dialog::Remove { host, files }) => remove::key(app, host, files, k),

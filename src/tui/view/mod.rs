@@ -14,6 +14,7 @@ mod findings;
 mod gpus;
 mod header;
 mod hosts;
+mod jobs;
 mod processes;
 mod smem;
 mod timeline;
@@ -108,6 +109,8 @@ pub fn render(app: &App, f: &mut Frame) {
     hosts::render(app, f, a.hosts, a.compact);
     if app.timeline_scroll().is_some() {
         timeline::render(app, f, a.smem);
+    } else if app.jobs_sel().is_some() {
+        jobs::render(app, f, a.smem);
     } else if app.smem_editing().is_some() {
         smem::render(app, f, a.smem);
     } else {
@@ -234,6 +237,7 @@ fn status_line(app: &App, f: &mut Frame, area: Rect) {
             (Cmd::Sweep, "sweep"),
             (Cmd::Rewatch, "re-watch"),
             (Cmd::Timeline, "timeline"),
+            (Cmd::Jobs, "jobs"),
             (Cmd::Chart, "chart"),
             (Cmd::Filter, "filter"),
             (Cmd::Smem, "smem"),

@@ -22,21 +22,30 @@ pub fn render(app: &App, f: &mut Frame, d: &Sweep) {
     let r = centered(area, w, height);
     let label = app.label(d.host);
     let mut scopes = vec![Span::raw(" scope   ")];
-    if let Some(g) = d.gpu {
+    if d.scope == SweepScope::Job {
+        // The job's ranks, on every host it runs on: no other scope to step to.
         scopes.push(choice(
             app,
-            &format!("GPU {g} of {label}"),
-            d.scope == SweepScope::Gpu,
+            &format!("job {} (its ranks only)", d.job.as_deref().unwrap_or("?")),
+            true,
+        ));
+    } else {
+        if let Some(g) = d.gpu {
+            scopes.push(choice(
+                app,
+                &format!("GPU {g} of {label}"),
+                d.scope == SweepScope::Gpu,
+            ));
+            scopes.push(Span::raw(" "));
+        }
+        scopes.push(choice(
+            app,
+            &format!("all of {label}"),
+            d.scope == SweepScope::Host,
         ));
         scopes.push(Span::raw(" "));
+        scopes.push(choice(app, "everything", d.scope == SweepScope::Everything));
     }
-    scopes.push(choice(
-        app,
-        &format!("all of {label}"),
-        d.scope == SweepScope::Host,
-    ));
-    scopes.push(Span::raw(" "));
-    scopes.push(choice(app, "everything", d.scope == SweepScope::Everything));
     let mut lines = vec![Line::from(scopes), Line::default()];
     if d.plan.items.is_empty() {
         lines.push(Line::from(
@@ -69,13 +78,15 @@ pub fn render(app: &App, f: &mut Frame, d: &Sweep) {
         plan_summary(&d.plan),
         TUI_GRACE.as_secs()
     )));
-    lines.push(hint(
-        app,
+    let keys: &[(Cmd, &str)] = if d.scope == SweepScope::Job {
+        &[(Cmd::Confirm, "sweep"), (Cmd::Cancel, "cancel")]
+    } else {
         &[
             (Cmd::Confirm, "sweep"),
             (Cmd::NextChoice, "change scope"),
             (Cmd::Cancel, "cancel"),
-        ],
-    ));
+        ]
+    };
+    lines.push(hint(app, keys));
     confirm_box(app, f, r, lines, "Sweep", "process", false);
 }

@@ -1,0 +1,175 @@
+//! The jobs overlay: one row per job (a scheduler's job over several hosts is one row), its phase in words;
+//! under it, the selected job's ranks host by host, the ranks it lost, and its memory over time.
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::Paragraph;
+
+use super::{fg, panel, sparkline, truncate};
+use crate::core::format::{escape, fmt_bytes, fmt_gpus};
+use crate::core::job::{Phase, phase_line};
+use crate::tui::app::{App, JobRow};
+use crate::tui::keymap::Cmd;
+
+fn phase_style(app: &App, p: Phase) -> Style {
+    match p {
+        Phase::LostRank => fg(app, Color::Red).add_modifier(Modifier::BOLD),
+        Phase::Loading | Phase::Starting => fg(app, Color::Yellow),
+        Phase::Settled => fg(app, Color::Green),
+        Phase::Holding | Phase::Unknown => Style::default(),
+    }
+}
+
+/// The hosts a row runs on, for its column.
+fn hosts_of(app: &App, r: &JobRow) -> String {
+    match r.members.as_slice() {
+        [(h, _)] => app.label(*h),
+        more => format!("{} hosts", more.len()),
+    }
+}
+
+pub fn render(app: &App, f: &mut Frame, area: Rect) {
+    let rows = app.job_rows();
+    let sel = app
+        .jobs_sel()
+        .unwrap_or(0)
+        .min(rows.len().saturating_sub(1));
+    let km = &app.cfg.keymap;
+    let title = format!(
+        "Jobs ({})  ↑↓ select  {} sweep the job  {} close",
+        rows.len(),
+        km.keys_for(Cmd::Sweep),
+        km.keys_for(Cmd::Back)
+    );
+    let block = panel(app, &title, true, false);
+    let inner = block.inner(area);
+    f.render_widget(block, area);
+    if rows.is_empty() {
+        f.render_widget(
+            Paragraph::new("no job: no GPU process on any host read"),
+            inner,
+        );
+        return;
+    }
+    let list_h = (rows.len() as u16 + 1).min(inner.height / 2).max(2);
+    let parts = Layout::vertical([Constraint::Length(list_h), Constraint::Fill(1)]).split(inner);
+    let width = inner.width as usize;
+    let mut lines = vec![Line::from(Span::styled(
+        format!(
+            "  {:<22} {:<12} {:>5} {:>10}  PHASE",
+            "JOB", "HOSTS", "RANKS", "MEMORY"
+        ),
+        Style::default().add_modifier(Modifier::BOLD),
+    ))];
+    // The selected row stays in view.
+    let room = list_h.saturating_sub(1) as usize;
+    let first = sel.saturating_sub(room.saturating_sub(1));
+    for (i, r) in rows.iter().enumerate().skip(first).take(room) {
+        let (host, j) = &r.members[0];
+        let snap = app.store.hosts.get(host.0).and_then(|v| v.snap.as_ref());
+        let phase = snap.map(|s| phase_line(s, j)).unwrap_or_default();
+        let head = format!(
+            "{}{:<22} {:<12} {:>5} {:>10}  ",
+            if i == sel { "▸ " } else { "  " },
+            truncate(&escape(&r.id), 22),
+            truncate(&hosts_of(app, r), 12),
+            r.ranks(),
+            fmt_bytes(r.bytes()),
+        );
+        let rest = width.saturating_sub(head.chars().count());
+        let mut st = Style::default();
+        if i == sel {
+            st = st.add_modifier(Modifier::REVERSED);
+        }
+        lines.push(Line::from(vec![
+            Span::styled(head, st),
+            Span::styled(truncate(&phase, rest), phase_style(app, j.phase)),
+        ]));
+    }
+    f.render_widget(Paragraph::new(lines), parts[0]);
+    if let Some(r) = rows.get(sel) {
+        detail(app, f, parts[1], r);
+    }
+}
+
+/// The selected job: its launcher, each host's ranks, what it lost, its memory over time.
+fn detail(app: &App, f: &mut Frame, area: Rect, r: &JobRow) {
+    let w = area.width as usize;
+    let mut lines = Vec::new();
+    for (h, j) in &r.members {
+        let Some(hv) = app.store.hosts.get(h.0) else {
+            continue;
+        };
+        let label = escape(&hv.label).into_owned();
+        lines.push(Line::from(Span::styled(
+            truncate(&format!("{label}: {}", j.name), w),
+            Style::default().add_modifier(Modifier::BOLD),
+        )));
+        // The job's memory over time: the sum of its GPUs' histories, reading by reading.
+        let hist: std::collections::VecDeque<(u64, u64)> = {
+            let per: Vec<_> = j.gpus.iter().filter_map(|g| hv.history.get(g)).collect();
+            let n = per.iter().map(|d| d.len()).min().unwrap_or(0);
+            (0..n)
+                .map(|k| {
+                    let at = per[0][per[0].len() - n + k].0;
+                    let sum = per.iter().map(|d| d[d.len() - n + k].1).sum();
+                    (at, sum)
+                })
+                .collect()
+        };
+        let max = hist.iter().map(|s| s.1).max().unwrap_or(0);
+        let spark = sparkline(Some(&hist), max, w.saturating_sub(14).min(120));
+        lines.push(Line::from(vec![
+            Span::styled("  memory     ", fg(app, Color::DarkGray)),
+            Span::styled(spark, fg(app, Color::Cyan)),
+        ]));
+        for k in &j.ranks {
+            let mark = if k.straggler {
+                "  straggler: behind its peers"
+            } else {
+                ""
+            };
+            let st = if k.straggler {
+                fg(app, Color::Yellow)
+            } else {
+                Style::default()
+            };
+            lines.push(Line::from(Span::styled(
+                truncate(
+                    &format!(
+                        "  rank {:>7}  GPU {:<6} {:>10}  {}{mark}",
+                        k.pid,
+                        fmt_gpus(&k.gpus),
+                        fmt_bytes(k.bytes),
+                        k.state
+                    ),
+                    w,
+                ),
+                st,
+            )));
+        }
+        for l in &j.lost {
+            lines.push(Line::from(Span::styled(
+                truncate(
+                    &format!(
+                        "  lost {:>7}  GPU {:<6} {:>10}  {} at {}",
+                        l.pid,
+                        fmt_gpus(&l.gpus),
+                        fmt_bytes(l.bytes),
+                        l.how.describe(),
+                        crate::core::format::fmt_clock(l.at_ms)
+                    ),
+                    w,
+                ),
+                fg(app, Color::Red),
+            )));
+        }
+    }
+    let skip = lines.len().saturating_sub(area.height as usize);
+    f.render_widget(
+        Paragraph::new(lines.into_iter().skip(skip).collect::<Vec<_>>()),
+        area,
+    );
+}
