@@ -58,6 +58,7 @@ fn host(n: u32) -> HostSnapshot {
             devices: vec![format!("/dev/nvidia{g}")],
             fd_count: 1,
             benign: false,
+            kept: false,
         });
         if i % 3 == 0 {
             snap.gpus[g as usize].processes.push(ListedProcess {

@@ -55,6 +55,7 @@ fn holder(pid: u32, gpus: &[u32]) -> Holder {
         devices,
         fd_count: 23,
         benign: false,
+        kept: false,
     }
 }
 

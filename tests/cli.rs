@@ -2262,3 +2262,73 @@ fn shm_clean_keeps_a_segment_used_through_a_thread_or_another_path() {
         );
     }
 }
+
+#[test]
+fn memory_kept_on_purpose_is_shown_never_swept_never_a_leak_never_waited_for() {
+    let env = Env::new();
+    let dir = env.dir.path();
+    let lib = crate::support::standin_nvml(dir);
+    env.device();
+    // A GPU memory service: a program of its own name, holding GPU 0 with 4 GiB charged to it.
+    let gms = dir.join("gpu-memory-service");
+    std::fs::copy("/bin/sleep", &gms).expect("a program of that name");
+    let service = crate::support::Reaped(
+        Command::new(&gms)
+            .arg("300")
+            .stdin(std::fs::File::open(env.device()).expect("open"))
+            .spawn()
+            .expect("the service"),
+    );
+    let pid = service.0.id();
+    // GPU 1: a unified-memory part's pages, held by nobody.
+    crate::support::set_nvml(dir, &format!("4096 {pid}:4096\n2048\n"));
+    let with = |config: &str, args: &[&str]| {
+        std::fs::write(dir.join("no-config.toml"), config).expect("config");
+        let mut c = env.cmd(args);
+        c.args(["--device-glob", &env.glob()])
+            .env("GPUSWEEP_NVML_LIBRARY", &lib)
+            .env("STANDIN_NVML_STATE", dir.join("nvml"));
+        c.output().expect("gpusweep")
+    };
+    // Undeclared: the unowned 2 GiB are a leak, and a sweep would take the service.
+    let o = with("", &["snapshot", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["hosts"][0]["gpus"][1]["state"], "leak", "{}", text(&o));
+    let keep = "[keep]\nprograms = [\"gpu-memory-service\"]\ngpu_models = [\"Stand-in\"]\n";
+    let o = with(keep, &["snapshot", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let host = &v["hosts"][0];
+    assert_eq!(host["gpus"][1]["state"], "in_use", "{host}");
+    assert_eq!(host["gpus"][1]["kept"], true, "{host}");
+    let holder = host["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .find(|h| h["pid"] == pid)
+        .expect("the service holds GPU 0");
+    assert_eq!(holder["kept"], true);
+    assert!(
+        !host["findings"]
+            .as_array()
+            .expect("findings")
+            .iter()
+            .any(|f| f["severity"] == "leak"),
+        "{host}"
+    );
+    assert!(
+        host["jobs"]
+            .as_array()
+            .expect("jobs")
+            .iter()
+            .any(|j| j["kept"] == true),
+        "{host}"
+    );
+    // A sweep plans nothing and says why; the gate passes; the service lives on.
+    let o = with(keep, &["sweep", "--yes", "--timeout", "2s"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("kept on purpose"), "{t}");
+    let o = with(keep, &["wait", "--timeout", "2s"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(crate::support::alive(pid));
+}

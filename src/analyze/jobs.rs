@@ -606,7 +606,10 @@ impl JobBook {
             warmup_ms: t.warmup_ms,
             settled_bytes: t.settled_bytes,
             lost: t.lost.clone(),
-            kept: false,
+            kept: !g.members.is_empty()
+                && g.members
+                    .iter()
+                    .all(|m| snap.holder(m.pid).is_some_and(|h| h.kept)),
         }
     }
 }

@@ -46,8 +46,46 @@ pub fn analyze(snap: &HostSnapshot, opts: &AnalyzeOptions) -> Vec<Finding> {
     findings::shm::find(snap, &mut out);
     findings::smem::find(snap, &mut out);
     let mut out = out.out;
+    kept_on_purpose(snap, &mut out);
     order(&mut out);
     out
+}
+
+/// Whether what holds a GPU's memory is kept on purpose, as the host's config declares: a part that keeps
+/// memory after its processes exit, or a GPU held and listed only by programs that keep memory on purpose.
+pub fn kept_gpu(snap: &HostSnapshot, g: &crate::core::model::Gpu) -> bool {
+    let holders: Vec<_> = snap
+        .holders
+        .iter()
+        .filter(|h| !h.benign && h.gpus.contains(&g.index))
+        .collect();
+    let others = holders.iter().any(|h| !h.kept)
+        || g.processes
+            .iter()
+            .any(|p| !snap.holder(p.pid).is_some_and(|h| h.kept));
+    !others && (g.kept || !holders.is_empty())
+}
+
+/// Memory nobody explains on a GPU whose memory is kept on purpose is a note, not a leak: said so, and never
+/// a target.
+fn kept_on_purpose(snap: &HostSnapshot, out: &mut [Finding]) {
+    use crate::core::model::{FindingKind, Severity};
+    for f in out.iter_mut() {
+        let unexplained = matches!(
+            f.kind,
+            FindingKind::Ghost | FindingKind::Residual | FindingKind::HiddenHolder
+        );
+        let Some(g) = f.gpu.and_then(|i| snap.gpu(i)) else {
+            continue;
+        };
+        if unexplained && kept_gpu(snap, g) {
+            f.severity = Severity::Info;
+            f.detail = format!("kept on purpose (config [keep]): {}", f.detail);
+            "nothing to do: this host declares this memory kept on purpose"
+                .clone_into(&mut f.action);
+            f.target_pid = None;
+        }
+    }
 }
 
 /// Findings in their stable order: by severity, then GPU, then kind, then pid.

@@ -88,6 +88,9 @@ impl Plan {
     }
 }
 
+/// Why a process that keeps memory on purpose is never a target.
+const KEPT: &str = "kept on purpose (config [keep]): never swept";
+
 /// Builds one host's plan.
 struct Planner<'a> {
     id: HostId,
@@ -155,6 +158,10 @@ impl Planner<'_> {
                         .push((lp.pid, "benign (monitor or driver daemon)".into()));
                     continue;
                 }
+                if snap.holder(lp.pid).is_some_and(|h| h.kept) {
+                    self.plan.skipped.push((lp.pid, KEPT.into()));
+                    continue;
+                }
                 let why = format!(
                     "listed on GPU {} with {}",
                     g.index,
@@ -169,6 +176,12 @@ impl Planner<'_> {
         let snap = self.snap;
         for h in &snap.holders {
             if h.benign {
+                continue;
+            }
+            if h.kept {
+                if !self.plan.skipped.iter().any(|(p, _)| *p == h.pid) {
+                    self.plan.skipped.push((h.pid, KEPT.into()));
+                }
                 continue;
             }
             let mine: Vec<u32> = h.gpus.iter().copied().filter(|&g| chosen(g)).collect();

@@ -39,9 +39,11 @@ pub fn gpu_state(snap: &HostSnapshot, g: &Gpu, opts: &AnalyzeOptions) -> GpuStat
         None => GpuState::Unknown,
         Some(true) => GpuState::Clean,
         Some(false) => {
+            // A finding the host's config made a note (memory kept on purpose) is no leak.
             let leaking = g.judged == Some(GpuState::Leak)
                 || snap.findings.iter().any(|f| {
                     f.gpu == Some(g.index)
+                        && f.severity == crate::core::model::Severity::Leak
                         && matches!(
                             f.kind,
                             FindingKind::Ghost | FindingKind::Residual | FindingKind::HiddenHolder

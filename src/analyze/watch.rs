@@ -106,7 +106,8 @@ pub fn verdict(
             };
             match clean {
                 Some(true) => {}
-                Some(false) if held_only_by(snap, g, exempt) => {}
+                // What the host declares kept on purpose is no gate's to wait for.
+                Some(false) if held_only_by(snap, g, exempt) || super::kept_gpu(snap, g) => {}
                 Some(false) => why.push(dirty_gpu_line(snap, g)),
                 None => unread.push(format!(
                     "GPU {}: no reading ({})",
@@ -119,7 +120,7 @@ pub fn verdict(
         for h in snap
             .holders
             .iter()
-            .filter(|h| !h.benign && !exempted(snap, h.pid, exempt))
+            .filter(|h| !h.benign && !h.kept && !exempted(snap, h.pid, exempt))
         {
             if h.gpus.is_empty() || h.gpus.iter().any(|&g| scope.includes(g)) {
                 why.push(format!("holder {} ({})", h.pid, h.devices.join(" ")));

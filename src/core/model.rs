@@ -299,6 +299,10 @@ pub struct Gpu {
     /// not judged yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<GpuState>,
+    /// A part the host's config declares keeps memory after its processes exit (`[keep] gpu_models`:
+    /// unified-memory parts such as GB10, GH200): memory nobody holds there is kept, not leaked.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kept: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -386,6 +390,10 @@ pub struct Holder {
     pub fd_count: u32,
     /// nvidia-persistenced, nvidia-smi, DCGM, monitors, gpusweep itself: never a leak, never swept.
     pub benign: bool,
+    /// It runs a program the host's config declares keeps GPU memory on purpose (`[keep] programs`: a GPU
+    /// memory service that outlives its workers): shown, never swept, never a leak, never waited for.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kept: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -656,6 +664,7 @@ impl Gpu {
             error,
             judged,
             state: _,
+            kept,
         } = self;
         *index == b.index
             && *uuid == b.uuid
@@ -669,6 +678,7 @@ impl Gpu {
             && *processes == b.processes
             && *error == b.error
             && *judged == b.judged
+            && *kept == b.kept
     }
 }
 

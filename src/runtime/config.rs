@@ -46,6 +46,23 @@ pub struct Config {
     /// The windows a job's phases are told by.
     #[serde(default)]
     pub jobs: JobsConfig,
+    /// GPU memory held on purpose: shown as kept, never swept, never a leak, never waited for.
+    #[serde(default)]
+    pub keep: KeepConfig,
+}
+
+/// `[keep]`: what keeps GPU memory on purpose on this host.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KeepConfig {
+    /// Programs (by what they run, as `benign` is matched) whose GPU memory outlives their workers by
+    /// design: a GPU memory service that keeps weights across worker crashes.
+    #[serde(default)]
+    pub programs: Vec<String>,
+    /// GPU models (a part of the name, any case) whose memory stays after their processes exit: unified
+    /// memory parts (GB10, GH200).
+    #[serde(default)]
+    pub gpu_models: Vec<String>,
 }
 
 /// `[jobs]`: durations as `interval` takes them ("60s", "2m").
@@ -183,9 +200,13 @@ kill = "x"
 [jobs]
 settle = "2m"
 straggler = "30s"
+[keep]
+programs = ["gpu-memory-service"]
+gpu_models = ["GB10", "GH200"]
 "#,
         )
         .expect("parses");
+        assert_eq!(c.keep.gpu_models, ["GB10", "GH200"]);
         let j = c.jobs.options().expect("durations");
         assert_eq!(
             (j.settle_ms, j.straggle_ms, j.stuck_ms),

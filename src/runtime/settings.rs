@@ -411,6 +411,8 @@ pub fn resolve(o: &Overrides) -> Result<Settings, SettingsError> {
         procfs.device_globs.clone_from(&config.device_globs);
     }
     procfs.benign.extend(config.benign.iter().cloned());
+    procfs.keep.clone_from(&config.keep.programs);
+    procfs.keep_models.clone_from(&config.keep.gpu_models);
     if let Some(d) = o.shm_dir.clone().or_else(|| config.shm_dir.clone()) {
         procfs.shm_dir = d;
     }

@@ -552,6 +552,7 @@ impl DemoHost {
             persistence_mode: Some(true),
             processes: listed,
             error: None,
+            kept: false,
         }
     }
 
@@ -593,6 +594,7 @@ impl DemoHost {
                     fd_count: devices.len() as u32 + 20,
                     devices,
                     benign: p.benign,
+                    kept: false,
                 });
             }
         }

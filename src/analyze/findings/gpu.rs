@@ -97,7 +97,7 @@ fn listed(snap: &Indexed<'_>, g: &Gpu, out: &mut Findings) -> Accounting {
 fn hidden_holders(snap: &Indexed<'_>, g: &Gpu) -> Vec<u32> {
     snap.holders
         .iter()
-        .filter(|h| !h.benign && h.gpus.contains(&g.index))
+        .filter(|h| !h.benign && !h.kept && h.gpus.contains(&g.index))
         .filter(|h| !snap.listed_on(g.index, h.pid))
         .filter(|h| snap.proc(h.pid).is_some_and(|p| !p.state.is_zombie()))
         .map(|h| h.pid)

@@ -35,7 +35,7 @@ fn job_over(snap: &Indexed<'_>, p: &Proc) -> Option<String> {
 }
 
 pub fn find(snap: &Indexed<'_>, out: &mut Findings) {
-    for h in snap.holders.iter().filter(|h| !h.benign) {
+    for h in snap.holders.iter().filter(|h| !h.benign && !h.kept) {
         let Some(p) = snap.proc(h.pid) else { continue };
         if p.state.is_zombie() {
             continue;

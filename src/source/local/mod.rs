@@ -359,6 +359,7 @@ pub fn build_snapshot(
                 .procs
                 .get(&pid)
                 .is_some_and(|p| scanner.is_benign(p, self_pid)),
+            kept: table.procs.get(&pid).is_some_and(|p| scanner.is_kept(p)),
         })
         .collect();
     holders.sort_by_key(|h| h.pid);
@@ -372,6 +373,10 @@ pub fn build_snapshot(
         })
         .collect();
     processes.sort_by_key(|p| p.pid);
+    let mut gpus = gpus;
+    for g in &mut gpus {
+        g.kept = scanner.keeps_model(g.name.as_deref());
+    }
     HostSnapshot {
         live_url: None,
         simulated: false,

@@ -49,6 +49,11 @@ pub struct ProcfsConfig {
     pub shm_dir: PathBuf,
     pub device_globs: Vec<String>,
     pub benign: Vec<String>,
+    /// Programs that keep GPU memory on purpose (config `[keep] programs`), by what they run.
+    pub keep: Vec<String>,
+    /// GPU models whose memory outlives its processes on purpose (config `[keep] gpu_models`), by a part
+    /// of their name.
+    pub keep_models: Vec<String>,
     /// How often every process's fds are walked while all GPU memory is explained. (A process that opens a
     /// GPU later shows up sooner: NVML lists it once it holds memory, and new processes are read when
     /// they appear.)
@@ -75,6 +80,8 @@ impl Default for ProcfsConfig {
                 .iter()
                 .map(std::string::ToString::to_string)
                 .collect(),
+            keep: Vec::new(),
+            keep_models: Vec::new(),
             full_scan_every: Duration::from_secs(30),
             full_scan_unexplained: Duration::from_secs(5),
             min_full_scan_gap: Duration::from_millis(500),
@@ -608,14 +615,33 @@ impl ProcScanner {
         if p.pid == self_pid {
             return true;
         }
-        let exe = fs::read_link(self.cfg.proc_root.join(p.pid.to_string()).join("exe"))
+        is_benign_program(&p.comm, self.exe(p.pid).as_deref(), &self.cfg.benign)
+    }
+
+    /// Kept on purpose by what the process runs, as benign is told (never by its argv).
+    pub fn is_kept(&self, p: &Proc) -> bool {
+        !self.cfg.keep.is_empty()
+            && is_benign_program(&p.comm, self.exe(p.pid).as_deref(), &self.cfg.keep)
+    }
+
+    /// Whether a GPU of this model keeps its memory on purpose (a part of its name, any case).
+    pub fn keeps_model(&self, name: Option<&str>) -> bool {
+        let Some(n) = name else { return false };
+        let n = n.to_ascii_lowercase();
+        self.cfg
+            .keep_models
+            .iter()
+            .any(|m| !m.is_empty() && n.contains(&m.to_ascii_lowercase()))
+    }
+
+    fn exe(&self, pid: u32) -> Option<String> {
+        fs::read_link(self.cfg.proc_root.join(pid.to_string()).join("exe"))
             .ok()
             .map(|l| {
                 l.to_string_lossy()
                     .trim_end_matches(" (deleted)")
                     .to_string()
-            });
-        is_benign_program(&p.comm, exe.as_deref(), &self.cfg.benign)
+            })
     }
 
     /// A process's stat, and how many threads it counts.
