@@ -2,7 +2,8 @@
 //! hold a GPU (data loaders forked per rank, an MPS server's clients) must cost time linear in them.
 //!
 //! `cargo bench --bench analyze`: 1,000 and 10,000 holders side by side; the ratio of the two is what
-//! matters (about 10 when linear, about 100 when quadratic).
+//! matters (about 10 when linear, about 100 when quadratic). `jobs_*`: the ledger's job book on the same
+//! readings.
 
 // In tests a panic is the failure message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -82,6 +83,17 @@ fn bench(c: &mut Criterion) {
         let snap = host(n);
         c.bench_function(&format!("analyze_{n}_holders"), |b| {
             b.iter(|| analyzed(snap.clone(), &AnalyzeOptions::default()));
+        });
+        // The ledger's job book on the same reading, seen again (its jobs known): what each reading adds.
+        let judged = analyzed(snap.clone(), &AnalyzeOptions::default());
+        let mut book = gpusweep::analyze::jobs::JobBook::new(Default::default());
+        book.observe(&judged, 0);
+        let mut at = 0;
+        c.bench_function(&format!("jobs_{n}_holders"), |b| {
+            b.iter(|| {
+                at += 1000;
+                book.observe(&judged, at)
+            });
         });
     }
 }

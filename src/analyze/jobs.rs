@@ -131,6 +131,17 @@ fn groups(snap: &Indexed<'_>) -> Vec<Group> {
         .collect();
     pids.sort_unstable();
     pids.dedup();
+    // What NVML charges each PID, and where it lists it: looked up per PID, so indexed once.
+    let mut listed: HashMap<u32, (Option<u64>, Vec<u32>)> = HashMap::new();
+    for g in &snap.gpus {
+        for l in &g.processes {
+            let e = listed.entry(l.pid).or_insert((None, Vec::new()));
+            if let Some(b) = l.used_bytes {
+                e.0 = Some(e.0.unwrap_or(0) + b);
+            }
+            e.1.push(g.index);
+        }
+    }
     let mut by_id: BTreeMap<String, Group> = BTreeMap::new();
     for pid in pids {
         let Some(p) = snap.proc(pid) else { continue };
@@ -143,7 +154,8 @@ fn groups(snap: &Indexed<'_>) -> Vec<Group> {
             None => format!("tree:{}", top.pid),
         };
         let mut gpus = snap.holder(pid).map(|h| h.gpus.clone()).unwrap_or_default();
-        for g in snap.listed_gpus(pid) {
+        let (charged, on) = listed.get(&pid).cloned().unwrap_or_default();
+        for g in on {
             if !gpus.contains(&g) {
                 gpus.push(g);
             }
@@ -165,7 +177,7 @@ fn groups(snap: &Indexed<'_>) -> Vec<Group> {
             pid,
             start_time: p.start_time,
             gpus,
-            bytes: snap.charged(pid),
+            bytes: charged,
             state: p.state,
             started_ms: p.started_at.map(|s| s * 1000),
             cmdline: p.display_cmd(),
@@ -202,6 +214,8 @@ struct Track {
     warmup_ms: Option<u64>,
     settled_bytes: Option<u64>,
     lost: Vec<LostRank>,
+    /// The lost ranks' PIDs, looked up per member.
+    lost_pids: std::collections::HashSet<u32>,
 }
 
 /// What happened to the jobs since the last reading, for the timeline.
@@ -287,9 +301,9 @@ impl JobBook {
         let mut out = JobsSeen::default();
         let mut findings = Findings::new(&snap.host);
         let groups = groups(&ix);
-        let mut alive_ids = Vec::with_capacity(groups.len());
+        let mut alive_ids = std::collections::HashSet::with_capacity(groups.len());
         for g in groups {
-            alive_ids.push(g.id.clone());
+            alive_ids.insert(g.id.clone());
             let report = self.one(&ix, g, at, &mut out.changes, &mut findings);
             out.reports.push(report);
         }
@@ -297,7 +311,7 @@ impl JobBook {
         let mut gone: Vec<String> = self
             .tracks
             .keys()
-            .filter(|k| !alive_ids.contains(k))
+            .filter(|k| !alive_ids.contains(*k))
             .cloned()
             .collect();
         gone.sort();
@@ -350,6 +364,7 @@ impl JobBook {
             warmup_ms: None,
             settled_bytes: None,
             lost: Vec::new(),
+            lost_pids: std::collections::HashSet::new(),
         });
         // Ranks alive now, and those in state D (lost once stuck past the window).
         let mut alive: Vec<&Member> = Vec::new();
@@ -358,7 +373,7 @@ impl JobBook {
             let prev = t.ranks.get(&m.pid).filter(|s| s.start_time == m.start_time);
             match m.state {
                 ProcState::Zombie | ProcState::Dead => {
-                    if prev.is_some() || !t.lost.iter().any(|l| l.pid == m.pid) {
+                    if prev.is_some() || !t.lost_pids.contains(&m.pid) {
                         newly_lost.push(LostRank {
                             pid: m.pid,
                             gpus: prev.map_or_else(|| m.gpus.clone(), |s| s.gpus.clone()),
@@ -388,12 +403,10 @@ impl JobBook {
             }
         }
         // Ranks seen alive last time and absent now exited (or their PID went to another process).
+        let present: std::collections::HashSet<(u32, u64)> =
+            g.members.iter().map(|m| (m.pid, m.start_time)).collect();
         for (pid, s) in &t.ranks {
-            let here = g
-                .members
-                .iter()
-                .any(|m| m.pid == *pid && m.start_time == s.start_time);
-            if !here {
+            if !present.contains(&(*pid, s.start_time)) {
                 let gone_from_host = snap.proc(*pid).is_none_or(|p| p.start_time != s.start_time);
                 if gone_from_host {
                     newly_lost.push(LostRank {
@@ -408,7 +421,7 @@ impl JobBook {
                 // Alive but no longer on a GPU: it let go of its device, which is no loss.
             }
         }
-        newly_lost.retain(|l| !t.lost.iter().any(|o| o.pid == l.pid));
+        newly_lost.retain(|l| !t.lost_pids.contains(&l.pid));
         let left_bytes = sum(alive.iter().map(|m| m.bytes));
         // The others still hold GPU memory (or, where it is unread, their GPUs).
         let others_hold = match left_bytes {
@@ -423,6 +436,7 @@ impl JobBook {
                     left: alive.len(),
                     left_bytes,
                 });
+                t.lost_pids.insert(l.pid);
                 t.lost.push(l);
             }
         }

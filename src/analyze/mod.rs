@@ -53,7 +53,7 @@ pub fn analyze(snap: &HostSnapshot, opts: &AnalyzeOptions) -> Vec<Finding> {
 
 /// Whether what holds a GPU's memory is kept on purpose, as the host's config declares: a part that keeps
 /// memory after its processes exit, or a GPU held and listed only by programs that keep memory on purpose.
-pub fn kept_gpu(snap: &HostSnapshot, g: &crate::core::model::Gpu) -> bool {
+pub fn kept_gpu(snap: &index::Indexed<'_>, g: &crate::core::model::Gpu) -> bool {
     let holders: Vec<_> = snap
         .holders
         .iter()
@@ -66,10 +66,19 @@ pub fn kept_gpu(snap: &HostSnapshot, g: &crate::core::model::Gpu) -> bool {
     !others && (g.kept || !holders.is_empty())
 }
 
+/// Whether the host declares anything kept on purpose at all (most do not: then nothing is looked up).
+pub fn keeps_any(snap: &HostSnapshot) -> bool {
+    snap.gpus.iter().any(|g| g.kept) || snap.holders.iter().any(|h| h.kept)
+}
+
 /// Memory nobody explains on a GPU whose memory is kept on purpose is a note, not a leak: said so, and never
 /// a target.
-fn kept_on_purpose(snap: &HostSnapshot, out: &mut [Finding]) {
+fn kept_on_purpose(snap: &index::Indexed<'_>, out: &mut [Finding]) {
     use crate::core::model::{FindingKind, Severity};
+    if !keeps_any(snap) {
+        return;
+    }
+    let mut kept: std::collections::HashMap<u32, bool> = std::collections::HashMap::new();
     for f in out.iter_mut() {
         let unexplained = matches!(
             f.kind,
@@ -78,7 +87,7 @@ fn kept_on_purpose(snap: &HostSnapshot, out: &mut [Finding]) {
         let Some(g) = f.gpu.and_then(|i| snap.gpu(i)) else {
             continue;
         };
-        if unexplained && kept_gpu(snap, g) {
+        if unexplained && *kept.entry(g.index).or_insert_with(|| kept_gpu(snap, g)) {
             f.severity = Severity::Info;
             f.detail = format!("kept on purpose (config [keep]): {}", f.detail);
             "nothing to do: this host declares this memory kept on purpose"

@@ -93,6 +93,9 @@ pub fn verdict(
         .filter(|g| scope.includes(g.index))
         .collect();
     let readable = gpus.iter().any(|g| g.memory.used.is_some());
+    let keeps = super::keeps_any(snap).then(|| super::index::Indexed::new(snap));
+    let kept =
+        |g: &crate::core::model::Gpu| keeps.as_ref().is_some_and(|ix| super::kept_gpu(ix, g));
     let mut why = Vec::new();
     let mut unread = Vec::new();
     if readable {
@@ -107,7 +110,7 @@ pub fn verdict(
             match clean {
                 Some(true) => {}
                 // What the host declares kept on purpose is no gate's to wait for.
-                Some(false) if held_only_by(snap, g, exempt) || super::kept_gpu(snap, g) => {}
+                Some(false) if held_only_by(snap, g, exempt) || kept(g) => {}
                 Some(false) => why.push(dirty_gpu_line(snap, g)),
                 None => unread.push(format!(
                     "GPU {}: no reading ({})",
