@@ -86,7 +86,8 @@ fn bench(c: &mut Criterion) {
         });
         // The ledger's job book on the same reading, seen again (its jobs known): what each reading adds.
         let judged = analyzed(snap.clone(), &AnalyzeOptions::default());
-        let mut book = gpusweep::analyze::jobs::JobBook::new(Default::default());
+        let mut book =
+            gpusweep::analyze::jobs::JobBook::new(gpusweep::analyze::jobs::JobOptions::default());
         book.observe(&judged, 0);
         let mut at = 0;
         c.bench_function(&format!("jobs_{n}_holders"), |b| {
