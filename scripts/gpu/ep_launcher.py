@@ -5,25 +5,25 @@ With --nccl (one GPU per worker) they form an NCCL group and all-reduce in a loo
 
   python3 ep_launcher.py --workers 8 --gpus 8 --gb 40 --nccl      # an 8-GPU node
   python3 ep_launcher.py --workers 4 --gpus 1 --gb 8              # one GPU, several processes
+  python3 ep_launcher.py --workers 4 --gpus 1 --gb 6 --steps 6 --step-s 1 --slow 2   # rank 2 loads at 1/4 pace
 
 The launcher prints `LAUNCHER <pid> WORKERS <pid,...>` and then `ALL READY` when every worker holds its memory.
 """
 import argparse, os, subprocess, sys, time
 
-def worker(rank, world, gpu, gb, nccl, ready_path):
+def worker(rank, world, gpu, gb, nccl, ready_path, steps=4, step_s=0.5, slow=-1):
     import torch
     torch.cuda.set_device(gpu)
     if nccl:
         import torch.distributed as dist
         dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", gpu))
     chunks = []
-    steps = 4
-    for _ in range(steps):  # the ramp a warm-up shows
+    for _ in range(steps):  # the ramp a warm-up shows; the slow rank's at a quarter of the pace
         t = torch.empty(int(gb / steps * 2**30), dtype=torch.uint8, device="cuda")
         t.fill_(1)
         chunks.append(t)
         torch.cuda.synchronize()
-        time.sleep(0.5)
+        time.sleep(step_s * (4 if rank == slow else 1))
     open(ready_path, "w").close()
     a = torch.randn(2048, 2048, device="cuda")
     v = torch.ones(1 << 20, device="cuda")
@@ -41,11 +41,15 @@ def main():
     p.add_argument("--gpus", type=int, default=8)
     p.add_argument("--gb", type=float, default=40)
     p.add_argument("--nccl", action="store_true")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--step-s", type=float, default=0.5)
+    p.add_argument("--slow", type=int, default=-1, help="this rank loads at a quarter of the pace")
     p.add_argument("--worker", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--ready-dir", default="/tmp/ep_ready")
     a = p.parse_args()
     if a.worker >= 0:
-        worker(a.worker, a.workers, a.worker % a.gpus, a.gb, a.nccl, os.path.join(a.ready_dir, str(a.worker)))
+        worker(a.worker, a.workers, a.worker % a.gpus, a.gb, a.nccl, os.path.join(a.ready_dir, str(a.worker)),
+               a.steps, a.step_s, a.slow)
         return
     os.makedirs(a.ready_dir, exist_ok=True)
     for f in os.listdir(a.ready_dir):
@@ -53,7 +57,8 @@ def main():
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT="29511")
     procs = [
         subprocess.Popen([sys.executable, __file__, "--worker", str(r), "--workers", str(a.workers), "--gpus", str(a.gpus),
-                          "--gb", str(a.gb), "--ready-dir", a.ready_dir] + (["--nccl"] if a.nccl else []), env=env)
+                          "--gb", str(a.gb), "--ready-dir", a.ready_dir, "--steps", str(a.steps),
+                          "--step-s", str(a.step_s), "--slow", str(a.slow)] + (["--nccl"] if a.nccl else []), env=env)
         for r in range(a.workers)
     ]
     print(f"LAUNCHER {os.getpid()} WORKERS {','.join(str(p.pid) for p in procs)}", flush=True)

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# A job's warm-up and a lost rank on a real GPU, under `gpusweep run --fail-fast`: four PyTorch ranks on GPU 0
+# load 6 GiB each in six steps, rank 2 at a quarter of the pace (a straggler); once the job reads settled,
+# rank 1 is SIGKILLed while the launcher and the other ranks live on (as when one rank dies in warm-up and the
+# rest wait in a collective). Expected: the status lines say starting/loading/settled with the warm-up's
+# length; the events name the straggler and the lost rank; run ends the rest at once and exits 3; GPU 0
+# reads zero. Writes $OUT/jobs.log, $OUT/events.jsonl, $OUT/run.err, $OUT/snapshot.json.
+set -u
+cd "$(dirname "$0")/.."
+BIN=${BIN:-.gpu/gpusweep}
+OUT=${OUT:-/tmp/gpusweep-jobs}
+mkdir -p "$OUT"
+W=$(mktemp -d)
+L=$OUT/jobs.log
+: >"$L"
+export PYTHONUNBUFFERED=1 GPUSWEEP_AUDIT_LOG=$OUT/actions.jsonl GPUSWEEP_CONFIG=$W/config.toml
+printf '[jobs]\nsettle = "4s"\nstraggler = "2s"\n' >"$GPUSWEEP_CONFIG"
+say() { echo "== $*" | tee -a "$L"; }
+res() { echo "$*" | tee -a "$L"; }
+trap 'pkill -9 -f ep_launcher.py 2>/dev/null; rm -rf "$W"' EXIT
+wait_for() { for _ in $(seq 1 "$3"); do grep -q "$1" "$2" 2>/dev/null && return 0; sleep 0.5; done; return 1; }
+
+say "gpusweep run --fail-fast -- ep_launcher.py --workers 4 --gpus 1 --gb 6 --steps 6 --step-s 1 --slow 2 ($(date -u +%FT%TZ))"
+"$BIN" run --fail-fast --interval 250ms --grace 5s --timeout 60s --events "$OUT/events.jsonl" -- \
+  python3 scripts/gpu/ep_launcher.py --workers 4 --gpus 1 --gb 6 --steps 6 --step-s 1 --slow 2 \
+  >"$W/out" 2>"$OUT/run.err" &
+SUP=$!
+wait_for "ALL READY" "$W/out" 240 || { res "FAIL: the ranks did not get ready"; cat "$W/out" "$OUT/run.err" >>"$L"; exit 1; }
+WP=$(sed -n 's/^LAUNCHER [0-9]* WORKERS //p' "$W/out")
+res "workers $WP"
+wait_for "settled at" "$OUT/run.err" 60 || res "FAIL: no settled line"
+"$BIN" snapshot --json >"$OUT/snapshot.json" 2>&1
+"$BIN" snapshot 2>&1 | sed -n '/JOBS/,/^$/p' >>"$L"
+LOST=$(echo "$WP" | cut -d, -f2)
+say "kill -9 $LOST (rank 1) at $(date -u +%T.%N | cut -c1-12)"
+kill -9 "$LOST"
+wait "$SUP"; RC=$?
+cat "$OUT/run.err" >>"$L"
+left=0; for p in ${WP//,/ }; do [ -e /proc/$p ] && ! grep -q '^State:.*Z' /proc/$p/status && left=$((left+1)); done
+MEM=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+res "run exited $RC; ranks left running: $left; nvidia-smi memory.used now: $MEM MiB"
+ok() { if eval "$2"; then res "PASS $1"; else res "FAIL $1"; fi; }
+ok "exit 3 (--fail-fast, lost rank)" '[ "$RC" = 3 ]'
+ok "phases said: starting, loading, settled with its warm-up" 'grep -q "starting:" "$OUT/run.err" && grep -q "loading " "$OUT/run.err" && grep -q "warm-up" "$OUT/run.err"'
+ok "straggler named (rank 2)" 'grep "\"kind\":\"straggler\"" "$OUT/events.jsonl" | grep -q "\"pid\":$(echo "$WP" | cut -d, -f3)"'
+ok "rank_lost event names rank 1" 'grep "\"event\":\"rank_lost\"" "$OUT/events.jsonl" | grep -q "\"pid\":$LOST"'
+ok "no rank left, GPU 0 reads zero" '[ "$left" = 0 ] && [ "$MEM" = 0 ]'
+grep -E '"event":"(job_started|job_phase|rank_lost|job_ended)"' "$OUT/events.jsonl" >>"$L"
