@@ -2332,3 +2332,34 @@ fn memory_kept_on_purpose_is_shown_never_swept_never_a_leak_never_waited_for() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(crate::support::alive(pid));
 }
+
+#[test]
+fn an_mpi_hostfile_is_read_as_it_is() {
+    let env = Env::new();
+    let f = env.dir.path().join("hostfile");
+    // OpenMPI/DeepSpeed and MPICH lines, with a comment: the demo hosts they name.
+    std::fs::write(
+        &f,
+        "# nodes of the job\ngpu-a slots=8 max_slots=8\ngpu-d:8\n",
+    )
+    .expect("hostfile");
+    let o = env.run(&[
+        "snapshot",
+        "--json",
+        "--demo",
+        "--hostfile",
+        f.to_str().expect("utf-8"),
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let hosts: Vec<&str> = v["hosts"]
+        .as_array()
+        .expect("hosts")
+        .iter()
+        .filter_map(|h| h["host"].as_str())
+        .collect();
+    assert_eq!(hosts, ["gpu-a", "gpu-d"], "{t}");
+    // Every host has its jobs in the contract, always an array.
+    assert!(v["hosts"][1]["jobs"].is_array(), "{t}");
+}
