@@ -51,6 +51,9 @@ case "$MODE" in
     fi ;;
   *) echo "mode: cmd, http or prom" >&2; exit 2 ;;
 esac
+# Connections the kernel dropped because a listener's accept queue was full (this machine's, all listeners).
+overflows() { awk '/^TcpExt:/ { if (!h) { for (i = 1; i <= NF; i++) if ($i == "ListenOverflows") c = i; h = 1 } else print $c }' /proc/net/netstat; }
+O0=$(overflows)
 T0=$(date +%s.%N)
 "$BIN" snapshot --json --connect-timeout 60 "${SPEC[@]}" >"$D/snap.json"
 T1=$(date +%s.%N)
@@ -70,7 +73,7 @@ until [ -s "$D/events.jsonl" ] && [ "$(grep -c '"event":"host_up"' "$D/events.js
 done
 T1=$(date +%s.%N)
 PID=$(tmux -L "$S" list-panes -t scale -F '#{pane_pid}')
-awk -v a="$T0" -v b="$T1" -v n="$N" -v m="$MODE" 'BEGIN { printf "%s %d hosts: TUI first complete view in %.2f s\n", m, n, b - a }'
+awk -v a="$T0" -v b="$T1" -v n="$N" -v m="$MODE" -v o="$(( $(overflows) - O0 ))" 'BEGIN { printf "%s %d hosts: TUI first complete view in %.2f s (listen overflows: %d)\n", m, n, b - a, o }'
 sleep 3
 C0=$(awk '{print $14+$15}' "/proc/$PID/stat")
 sleep "$SECS"

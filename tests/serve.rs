@@ -2088,3 +2088,101 @@ fn counters_stay_with_the_serve_that_reads_them_and_never_age_in_a_client() {
     assert_eq!(out.status.code(), Some(0), "{t}");
     assert!(!t.contains("\"counters\""), "{t}");
 }
+
+#[test]
+fn the_serve_listens_with_the_largest_backlog_the_kernel_allows() {
+    // A burst of connections (a thousand clients' streams, a Prometheus with many targets on it, clients
+    // reconnecting after a blip) must wait in the accept queue, not be dropped to a SYN retransmit a
+    // second later.
+    let dir = tempfile::tempdir().expect("tmp");
+    let serve = Serve::start(dir.path(), &["--demo", "--hosts", "gpu-a"], &[]);
+    let addr = serve.addr.clone().expect("an HTTP address");
+    let port = addr.rsplit(':').next().expect("port");
+    let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .expect("somaxconn")
+        .trim()
+        .parse()
+        .expect("a number");
+    let o = Command::new("ss")
+        .args(["-Hltn", &format!("sport = :{port}")])
+        .output()
+        .expect("ss (iproute2)");
+    let line = String::from_utf8_lossy(&o.stdout).to_string();
+    // A listening socket's Send-Q is its backlog.
+    let backlog: u32 = line
+        .split_whitespace()
+        .nth(2)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("ss said: {line}"));
+    assert_eq!(backlog, somaxconn.min(65_535), "{line}");
+}
+
+#[test]
+fn a_client_that_falls_behind_never_calls_a_host_down_that_kept_answering() {
+    // Forty hosts stream readings every 200 ms; the client is stopped for 12 s (a starved CPU, a laptop
+    // lid, a debugger): longer than it waits before giving a silent host up. The hosts kept answering into
+    // its sockets the whole time, so when it runs again it must read what they said, not judge them by
+    // its own silence.
+    let dir = tempfile::tempdir().expect("tmp");
+    let names: Vec<String> = (1..=40).map(|i| format!("gpu-b{i:04}")).collect();
+    let serve = Serve::start(
+        dir.path(),
+        &["--demo", "--hosts", &names.join(","), "--interval", "200ms"],
+        &[],
+    );
+    let addr = serve.addr.clone().expect("an HTTP address");
+    let hostfile = dir.path().join("hosts");
+    std::fs::write(
+        &hostfile,
+        names
+            .iter()
+            .map(|n| format!("http://{addr}/hosts/{n}"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+    .expect("hostfile");
+    let events = dir.path().join("events.jsonl");
+    let mut client = crate::support::Reaped(
+        gpusweep(dir.path())
+            .args([
+                "wait",
+                "--timeout",
+                "20s",
+                "--interval",
+                "200ms",
+                "--hostfile",
+            ])
+            .arg(&hostfile)
+            .arg("--events")
+            .arg(&events)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("wait"),
+    );
+    let up = || {
+        std::fs::read_to_string(&events)
+            .unwrap_or_default()
+            .matches("\"event\":\"host_up\"")
+            .count()
+    };
+    await_cond("every host up", 30, || up() >= 40);
+    let pid = client.0.id().to_string();
+    let _ = Command::new("kill").args(["-STOP", &pid]).status();
+    std::thread::sleep(Duration::from_secs(12));
+    let _ = Command::new("kill").args(["-CONT", &pid]).status();
+    // It goes on to its timeout (the demo's gpu-b hosts never read clean), having read through its backlog.
+    let status = client.0.wait().expect("wait ends");
+    assert_eq!(status.code(), Some(1), "timed out, held");
+    let log = std::fs::read_to_string(&events).unwrap_or_default();
+    let down: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("\"event\":\"host_down\""))
+        .collect();
+    assert!(
+        down.is_empty(),
+        "{} false host_down: {:?}",
+        down.len(),
+        &down[..down.len().min(3)]
+    );
+}

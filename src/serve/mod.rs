@@ -188,6 +188,30 @@ pub fn run(s: &Settings, a: &ServeArgs) -> anyhow::Result<i32> {
 }
 
 /// The first line a serve says: what it serves, where, and how.
+/// The accept queue a burst needs (a thousand clients' streams at once, a Prometheus with many targets on this
+/// serve, clients reconnecting after a blip): as long as the kernel allows. `net.core.somaxconn` caps what is
+/// asked; at the 128 a plain bind asked for, a burst of a thousand lost SYNs and waited a retransmit (~1 s).
+pub fn backlog() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .unwrap_or(4096)
+        .clamp(128, 65_535)
+}
+
+/// The HTTP listener, with `backlog()` places in its accept queue.
+fn bind_tcp(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let sock = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As a plain bind does: a serve restarted at once takes its port back from TIME_WAIT.
+    sock.set_reuseaddr(true)?;
+    sock.bind(addr)?;
+    sock.listen(backlog())
+}
+
 fn banner(labels: &[String], served: &[String], token: bool, demo: bool) -> String {
     // A fleet's names are listed by /api/v1/snapshot; one line names a handful.
     let hosts = match labels {
@@ -230,9 +254,7 @@ async fn serve(s: &Settings, a: &ServeArgs, plan: Plan) -> anyhow::Result<i32> {
     let http = if a.no_http {
         None
     } else {
-        let l = TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("--listen {listen}"))?;
+        let l = bind_tcp(listen).with_context(|| format!("--listen {listen}"))?;
         Some(l)
     };
     let bound = socket

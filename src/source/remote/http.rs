@@ -487,7 +487,8 @@ async fn stream(
         let (stale_after, give_up) = st.limits(*interval);
         let alarm = st.last + if st.stale { give_up } else { stale_after };
         let step = tokio::select! {
-            () = tokio::time::sleep_until(alarm) => st.on_silence(),
+            // What the serve sent comes before any judgement of its silence.
+            biased;
             chunk = resp.chunk() => {
                 let bytes = match chunk {
                     Ok(Some(b)) => b,
@@ -504,6 +505,17 @@ async fn stream(
                     .unwrap_or(Step::Go)
             }
             c = cmds.recv() => st.on_cmd(c, interval),
+            () = tokio::time::sleep_until(alarm) => {
+                let now = Instant::now();
+                if super::silence_is_the_hosts(alarm, now) {
+                    st.on_silence()
+                } else {
+                    // This client was not running: the serve's readings wait in the socket. Silence counts
+                    // again from now, once they can be read.
+                    st.last = now;
+                    Step::Go
+                }
+            }
         };
         if let Step::End(e) = step {
             return e;

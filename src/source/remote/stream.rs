@@ -243,9 +243,11 @@ impl<'t> Conversation<'t> {
                 .min()
                 .map_or(silence_alarm, |u| u.min(silence_alarm));
             let go_on = tokio::select! {
-                () = tokio::time::sleep_until(alarm) => self.on_alarm(silence_alarm)?,
+                // What the agent said comes before any judgement of its silence.
+                biased;
                 l = lines.recv() => self.on_line(l)?,
                 c = cmds.recv() => self.on_cmd(c, interval)?,
+                () = tokio::time::sleep_until(alarm) => self.on_alarm(silence_alarm)?,
             };
             if !go_on {
                 return Ok(());
@@ -277,6 +279,11 @@ impl<'t> Conversation<'t> {
             false
         });
         if now < silence_alarm {
+            return Ok(true);
+        }
+        if !super::silence_is_the_hosts(silence_alarm, now) {
+            // This client was not running: the agent's lines wait in the pipe. Silence counts again from now.
+            self.last_reading = now;
             return Ok(true);
         }
         let silent = self.last_reading.elapsed();
