@@ -81,3 +81,6 @@ C1=$(awk '{print $14+$15}' "/proc/$PID/stat")
 RSS=$(awk '/VmRSS/{print $2}' "/proc/$PID/status")
 awk -v c0="$C0" -v c1="$C1" -v tck="$(getconf CLK_TCK)" -v s="$SECS" -v rss="$RSS" -v n="$N" -v m="$MODE" \
   'BEGIN { printf "%s %d hosts: TUI at a 1 s poll: %.1f%% of one core over %d s, %.0f MB resident\n", m, n, 100*(c1-c0)/tck/s, s, rss/1024 }'
+# Hosts the TUI called down: each host kept answering here, so any is the client's own doing.
+awk -v n="$N" -v m="$MODE" -v d="$(grep -c '"event":"host_down"' "$D/events.jsonl" || true)" \
+  'BEGIN { printf "%s %d hosts: host_down events in the TUI: %d\n", m, n, d }'
