@@ -21,8 +21,8 @@ use axum::Router;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use axum::routing::get;
 use futures::Stream;
 use tokio::sync::broadcast;
@@ -322,22 +322,86 @@ fn events(web: Web, hosts: &[usize], q: &EventsQuery, resume: Option<(u64, u64)>
         hosts: hosts.to_vec(),
         _place: place,
     };
-    Sse::new(stream(web.shared, hosts, asked, resume))
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
-        .into_response()
+    let mut r = axum::body::Body::from_stream(stream(web.shared, hosts, asked, resume))
+        .into_response();
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+/// An idle stream says it is alive this often (an SSE comment), so proxies and clients keep it open.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// One server-sent event. Its data is already in SSE's `data:` lines: a snapshot's are formatted once per
+/// reading and shared by every stream that sends it (a `Bytes` is a reference), never copied per client —
+/// a hundred streams of a thousand hosts held a copy each (768 MB) before.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    /// `event:` and `data:` lines.
+    body: Bytes,
+    retry_ms: Option<u64>,
+}
+
+/// Past this size an event's body goes out as it is shared; a smaller one is copied with its id into one
+/// piece (a reader sees it whole in one read).
+const SHARED_BODY: usize = 4096;
+
+impl Frame {
+    fn of(body: Bytes) -> Frame {
+        Frame {
+            body,
+            retry_ms: None,
+        }
+    }
+
+    /// The event as it goes out: its body and its id (and retry); one piece when small.
+    fn chunks(self, id: &str) -> Vec<Bytes> {
+        use std::fmt::Write as _;
+        let mut tail = format!("id: {id}\n");
+        if let Some(ms) = self.retry_ms {
+            let _ = writeln!(tail, "retry: {ms}");
+        }
+        tail.push('\n');
+        if self.body.len() > SHARED_BODY {
+            return vec![self.body, Bytes::from(tail)];
+        }
+        let mut one = Vec::with_capacity(self.body.len() + tail.len());
+        one.extend_from_slice(&self.body);
+        one.extend_from_slice(tail.as_bytes());
+        vec![Bytes::from(one)]
+    }
+}
+
+/// An event's `event:` line and `text` as its `data:` lines (one per line of it: compact JSON has one).
+pub fn sse_body(kind: sse::Kind, text: &str) -> Bytes {
+    let mut out = String::with_capacity(text.len() + 32);
+    out.push_str("event: ");
+    out.push_str(kind.as_str());
+    out.push('\n');
+    for line in text.split('\n') {
+        out.push_str("data: ");
+        out.push_str(line.trim_end_matches('\r'));
+        out.push('\n');
+    }
+    Bytes::from(out)
 }
 
 /// An event not yet sent, and the sequence number its id will carry (the timeline's position of the stream
 /// when it was made; a timeline event's own).
-type Queued = (SseEvent, u64);
+type Queued = (Frame, u64);
 
-fn event(kind: sse::Kind, data: &impl serde::Serialize) -> SseEvent {
-    SseEvent::default()
-        .event(kind.as_str())
-        .data(serde_json::to_string(data).unwrap_or_default())
+fn event(kind: sse::Kind, data: &impl serde::Serialize) -> Frame {
+    Frame::of(sse_body(
+        kind,
+        &serde_json::to_string(data).unwrap_or_default(),
+    ))
 }
 
-fn hello(shared: &Shared, hosts: &[usize]) -> SseEvent {
+fn hello(shared: &Shared, hosts: &[usize]) -> Frame {
     let hello = sse::Hello {
         protocol: PROTOCOL,
         version: env!("CARGO_PKG_VERSION").into(),
@@ -350,7 +414,7 @@ fn hello(shared: &Shared, hosts: &[usize]) -> SseEvent {
     event(sse::Kind::Hello, &hello)
 }
 
-fn status_event(label: &str, status: &ConnStatus) -> SseEvent {
+fn status_event(label: &str, status: &ConnStatus) -> Frame {
     let (status, reason) = match status {
         ConnStatus::Up => (sse::Conn::Up, None),
         ConnStatus::Connecting => (sse::Conn::Connecting, None),
@@ -380,7 +444,7 @@ struct Follow {
 
 /// The events of a host's new reading for a stream: the whole snapshot when it says something new to this
 /// stream, else only that it is fresh; and its status when that changed.
-fn reading_events(shared: &Shared, f: &mut Follow, out: &mut Vec<SseEvent>) {
+fn reading_events(shared: &Shared, f: &mut Follow, out: &mut Vec<Frame>) {
     let Some(ch) = shared.hosts.get(f.host) else {
         return;
     };
@@ -407,11 +471,7 @@ fn reading_events(shared: &Shared, f: &mut Follow, out: &mut Vec<SseEvent>) {
     } else {
         f.content = Some(r.content);
         f.gauges = gauges;
-        out.push(
-            SseEvent::default()
-                .event(sse::Kind::Snapshot.as_str())
-                .data(r.json_as(shared.http_view)),
-        );
+        out.push(Frame::of(r.sse_as(shared.http_view)));
     }
 }
 
@@ -430,6 +490,8 @@ struct StreamState {
     readings: broadcast::Receiver<usize>,
     events: broadcast::Receiver<Arc<Logged>>,
     queue: std::collections::VecDeque<Queued>,
+    /// The parts of the event being sent.
+    out: std::collections::VecDeque<Bytes>,
     /// The last timeline event this stream has given (or that was there when it began): what its ids say.
     pos: u64,
     epoch: u64,
@@ -442,7 +504,7 @@ impl StreamState {
     }
 
     /// Events made now, at the stream's position.
-    fn extend(&mut self, out: Vec<SseEvent>) {
+    fn extend(&mut self, out: Vec<Frame>) {
         let pos = self.pos;
         self.queue.extend(out.into_iter().map(|e| (e, pos)));
     }
@@ -451,9 +513,7 @@ impl StreamState {
     fn timeline(&mut self, l: &Logged) {
         if l.seq > self.pos && self.wants(l.host) {
             self.pos = l.seq;
-            let e = SseEvent::default()
-                .event(sse::Kind::Event.as_str())
-                .data(&*l.json);
+            let e = Frame::of(l.sse.clone());
             self.queue.push_back((e, l.seq));
         }
     }
@@ -533,11 +593,13 @@ fn begin(
         single,
         events,
         queue: std::collections::VecDeque::new(),
+        out: std::collections::VecDeque::new(),
         pos: last,
         epoch,
         _asked: asked,
     };
-    let hello = hello(&st.shared, hosts).retry(Duration::from_millis(sse::RETRY_MS));
+    let mut hello = hello(&st.shared, hosts);
+    hello.retry_ms = Some(sse::RETRY_MS);
     st.queue.push_back((hello, last));
     st.follows = follows;
     // Hello, what was missed (in order), then what is there now.
@@ -557,13 +619,17 @@ fn stream(
     hosts: &[usize],
     asked: Asked,
     resume: Option<(u64, u64)>,
-) -> impl Stream<Item = Result<SseEvent, Infallible>> + use<> {
+) -> impl Stream<Item = Result<Bytes, Infallible>> + use<> {
     let st = begin(shared, hosts, asked, resume);
     futures::stream::unfold(st, |mut st| async move {
         loop {
+            if let Some(b) = st.out.pop_front() {
+                return Some((Ok(b), st));
+            }
             if let Some((e, seq)) = st.queue.pop_front() {
-                let e = e.id(format!("{}-{seq}", st.epoch));
-                return Some((Ok(e), st));
+                let id = format!("{}-{seq}", st.epoch);
+                st.out.extend(e.chunks(&id));
+                continue;
             }
             let mut out = Vec::new();
             match &mut st.single {
@@ -578,6 +644,7 @@ fn stream(
                             reading_events(&st.shared, &mut st.follows[0], &mut out);
                         }
                         e = st.events.recv() => on_timeline(&mut st, e)?,
+                        () = tokio::time::sleep(KEEP_ALIVE) => st.out.push_back(Bytes::from_static(b":\n\n")),
                     }
                 }
                 None => {
@@ -597,6 +664,7 @@ fn stream(
                             Err(broadcast::error::RecvError::Closed) => return None,
                         },
                         e = st.events.recv() => on_timeline(&mut st, e)?,
+                        () = tokio::time::sleep(KEEP_ALIVE) => st.out.push_back(Bytes::from_static(b":\n\n")),
                     }
                 }
             }

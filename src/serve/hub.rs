@@ -58,7 +58,8 @@ pub const DEFAULT_REPLAY: usize = 10_000;
 pub struct Logged {
     pub seq: u64,
     pub host: usize,
-    pub json: Arc<str>,
+    /// The event as SSE lines (`event: event`, its JSON as `data:`), formatted once for every stream.
+    pub sse: bytes::Bytes,
 }
 
 /// The last timeline events, for streams that reconnect with `Last-Event-ID` (`EPOCH-SEQ`). The epoch is
@@ -90,11 +91,11 @@ impl Journal {
         }
     }
 
-    fn push(&mut self, host: usize, json: Arc<str>) -> Arc<Logged> {
+    fn push(&mut self, host: usize, json: &str) -> Arc<Logged> {
         let logged = Arc::new(Logged {
             seq: self.next,
             host,
-            json,
+            sse: super::http::sse_body(crate::core::sse::Kind::Event, json),
         });
         self.next += 1;
         if self.cap > 0 {
@@ -150,6 +151,9 @@ pub struct Reading {
     json: OnceLock<String>,
     /// The same with every process hidden but by PID and memory (`None`: nothing to hide).
     json_no_others: OnceLock<Option<String>>,
+    /// Both as SSE `data:` lines, formatted once and shared by every stream that sends them.
+    sse: OnceLock<bytes::Bytes>,
+    sse_no_others: OnceLock<Option<bytes::Bytes>>,
 }
 
 impl Reading {
@@ -159,6 +163,8 @@ impl Reading {
             snap: judged.snap,
             json: OnceLock::new(),
             json_no_others: OnceLock::new(),
+            sse: OnceLock::new(),
+            sse_no_others: OnceLock::new(),
         }
     }
 }
@@ -183,6 +189,24 @@ impl Reading {
                 None => self.json().into(),
             },
             View::Own(_) => hidden(view).map_or_else(|| self.json().into(), Into::into),
+        }
+    }
+
+    /// `json_as` as SSE `data:` lines: for the whole view and for readers the serve cannot name, formatted
+    /// once and shared (a clone is a reference); per reader otherwise.
+    pub fn sse_as(&self, view: View) -> bytes::Bytes {
+        let sse_data = |j: &str| super::http::sse_body(crate::core::sse::Kind::Snapshot, j);
+        match view {
+            View::Whole => self.sse.get_or_init(|| sse_data(self.json())).clone(),
+            View::NoOthers => self
+                .sse_no_others
+                .get_or_init(|| match self.json_as(view) {
+                    std::borrow::Cow::Owned(j) => Some(sse_data(&j)),
+                    std::borrow::Cow::Borrowed(_) => None,
+                })
+                .clone()
+                .unwrap_or_else(|| self.sse_as(View::Whole)),
+            View::Own(_) => sse_data(&self.json_as(view)),
         }
     }
 }
@@ -493,6 +517,8 @@ impl Hub {
                         content: r.content,
                         json: OnceLock::new(),
                         json_no_others: OnceLock::new(),
+                        sse: OnceLock::new(),
+                        sse_no_others: OnceLock::new(),
                     })
                 }) else {
                     return;
@@ -559,7 +585,7 @@ impl Hub {
                 serde_json::to_string(redact::event(e, self.shared.http_view).as_ref())
                 && let Ok(mut journal) = self.shared.journal.lock()
             {
-                let logged = journal.push(i, json.into());
+                let logged = journal.push(i, &json);
                 drop(journal);
                 let _ = ch.events.send(logged.clone());
                 let _ = self.shared.all_events.send(logged);
