@@ -2186,3 +2186,56 @@ fn a_client_that_falls_behind_never_calls_a_host_down_that_kept_answering() {
         &down[..down.len().min(3)]
     );
 }
+
+/// Resident memory of a process, KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_a_burst_of_streams_took_is_given_back_when_they_end() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let serve = Serve::start(
+        dir.path(),
+        &["--demo", "--hosts", "gpu-b[0001-0300]", "--no-socket"],
+        &[],
+    );
+    let pid = serve.child.id();
+    await_cond("every host read", 30, || {
+        serve
+            .raw_get("/healthz")
+            .lines()
+            .next()
+            .is_some_and(|l| l.contains(" 200"))
+    });
+    let idle = rss_kib(pid);
+    // Forty clients each read the whole fleet once (300 snapshots), then go.
+    let mut streams = Vec::new();
+    for _ in 0..40 {
+        let mut r = client()
+            .get(serve.url("/api/v1/events"))
+            .send()
+            .await
+            .expect("events");
+        let mut got = String::new();
+        while got.matches("event: snapshot").count() < 300 {
+            let chunk = r.chunk().await.expect("chunk").expect("open");
+            got.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        streams.push(r);
+    }
+    let peak = rss_kib(pid);
+    assert!(
+        peak > idle + 10 * 1024,
+        "the burst took memory: {idle} -> {peak} KiB"
+    );
+    drop(streams);
+    // What they took is given back to the system, not kept for a burst that may never come again.
+    let halfway = idle + (peak - idle) / 2;
+    await_cond("memory given back", 30, || rss_kib(pid) <= halfway);
+}

@@ -22,8 +22,8 @@ use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use axum::routing::get;
+use bytes::Bytes;
 use futures::Stream;
 use tokio::sync::broadcast;
 
@@ -289,6 +289,7 @@ impl Drop for Asked {
         for &host in &self.hosts {
             self.shared.wants.interval(host, self.client, None);
         }
+        self.shared.streams_ended.one();
     }
 }
 
@@ -322,8 +323,8 @@ fn events(web: Web, hosts: &[usize], q: &EventsQuery, resume: Option<(u64, u64)>
         hosts: hosts.to_vec(),
         _place: place,
     };
-    let mut r = axum::body::Body::from_stream(stream(web.shared, hosts, asked, resume))
-        .into_response();
+    let mut r =
+        axum::body::Body::from_stream(stream(web.shared, hosts, asked, resume)).into_response();
     let h = r.headers_mut();
     h.insert(
         header::CONTENT_TYPE,

@@ -339,6 +339,8 @@ pub struct Shared {
     pub act: mpsc::Sender<ActAsk>,
     /// What clients want of the polling.
     pub wants: Wants,
+    /// Event streams that ended: the serve gives memory back after them.
+    pub streams_ended: Arc<super::memory::Ended>,
     /// Per host, by index.
     pub stats: Vec<HostStats>,
     /// The poll interval when no client asks for a faster one.
@@ -443,6 +445,7 @@ impl Hub {
             journal: Mutex::new(Journal::new(replay)),
             act,
             wants: Wants::default(),
+            streams_ended: Arc::default(),
             stats: labels
                 .iter()
                 .map(|_| HostStats {

@@ -5,6 +5,8 @@
 pub mod http;
 pub mod hub;
 pub mod listen;
+#[allow(unsafe_code)] // malloc_trim(3), which no safe crate wraps: no pointer in, an integer out
+pub mod memory;
 pub mod metrics;
 pub mod redact;
 pub mod socket;
@@ -251,6 +253,7 @@ async fn serve(s: &Settings, a: &ServeArgs, plan: Plan) -> anyhow::Result<i32> {
     };
     let hub = hub::Hub::new(&labels, s.fleet.interval, scheme, modes, a.replay);
     let shared = hub.shared();
+    tokio::spawn(memory::keep_giving_back(shared.streams_ended.clone()));
     let http = if a.no_http {
         None
     } else {
