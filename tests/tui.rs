@@ -1060,3 +1060,21 @@ fn screen_jobs_view_names_the_lost_rank_and_sweeps_the_job_alone() {
         "the job ended"
     );
 }
+
+#[test]
+fn n_goes_to_the_next_host_that_leaks_and_the_title_counts_them() {
+    let mut d = Demo::new(30);
+    // gpu-b leaks (its pkill's leftovers), gpu-d lost a rank; gpu-a and gpu-c do not.
+    d.ch('n');
+    assert_eq!(d.app.view.sel.host, 1);
+    assert_eq!(d.app.view.sel.focus, Panel::Hosts);
+    d.ch('n');
+    assert_eq!(d.app.view.sel.host, 3);
+    d.ch('n');
+    assert_eq!(d.app.view.sel.host, 1, "round the list");
+    let screen = d.screen(160, 48);
+    assert!(
+        screen.contains("Hosts 4: 2 leaking, 0 unreadable"),
+        "{screen}"
+    );
+}

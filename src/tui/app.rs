@@ -291,6 +291,35 @@ impl App {
         }
     }
 
+    /// Whether a host needs a look: it leaks, or it cannot be read (down, stale, silent too long).
+    pub fn troubled(&self, h: &HostView) -> bool {
+        h.leaks > 0
+            || matches!(h.status, ConnStatus::Down(_) | ConnStatus::Stale { .. })
+            || self.silent_too_long(h)
+    }
+
+    /// `n`: select the next host after the selected one that needs a look (round the list), on the hosts
+    /// panel; say so when none does.
+    pub(super) fn next_trouble(&mut self) {
+        let n = self.store.hosts.len();
+        let from = self.view.sel.host;
+        let next = (1..=n)
+            .map(|k| (from + k) % n.max(1))
+            .find(|&i| self.store.hosts.get(i).is_some_and(|h| self.troubled(h)));
+        match next {
+            Some(i) => {
+                self.view.sel.focus = Panel::Hosts;
+                if i != self.view.sel.host {
+                    self.view.sel.host = i;
+                    self.view.sel.gpu = 0;
+                    self.view.sel.proc = 0;
+                    self.view.sel.finding = 0;
+                }
+            }
+            None => self.set_status("no host leaks or is unreadable", Level::Good),
+        }
+    }
+
     /// The jobs overlay is open, with this row selected.
     pub fn jobs_sel(&self) -> Option<usize> {
         match self.mode {

@@ -42,6 +42,8 @@ pub enum Cmd {
     Timeline,
     Chart,
     Jobs,
+    /// The next host that leaks or cannot be read.
+    NextTrouble,
     RemoveShm,
     /// A dialog: do it. A line being typed: done.
     Confirm,
@@ -60,7 +62,7 @@ pub enum Cmd {
 
 impl Cmd {
     /// Every command: its layer, its name in the config's `[keys]`, and what it does.
-    pub const ALL: [(Cmd, Layer, &'static str, &'static str); 29] = [
+    pub const ALL: [(Cmd, Layer, &'static str, &'static str); 30] = [
         (Cmd::Up, Layer::Main, "up", "move up"),
         (Cmd::Down, Layer::Main, "down", "move down"),
         (Cmd::NextPanel, Layer::Main, "next_panel", "next panel"),
@@ -116,6 +118,12 @@ impl Cmd {
             Layer::Main,
             "jobs",
             "jobs: phase, ranks, memory; S there sweeps the job",
+        ),
+        (
+            Cmd::NextTrouble,
+            Layer::Main,
+            "next_trouble",
+            "next host that leaks or cannot be read",
         ),
         (
             Cmd::RemoveShm,
@@ -300,6 +308,7 @@ impl Default for Keymap {
             (Main, k('e'), Cmd::Timeline),
             (Main, k('c'), Cmd::Chart),
             (Main, k('J'), Cmd::Jobs),
+            (Main, k('n'), Cmd::NextTrouble),
             (Main, k('D'), Cmd::RemoveShm),
             (Dialog, kc(KeyCode::Enter), Cmd::Confirm),
             (Dialog, k('y'), Cmd::Confirm),

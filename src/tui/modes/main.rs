@@ -64,6 +64,7 @@ fn command(app: &mut App, cmd: Cmd) -> Vec<Effect> {
         Cmd::Back => return back(app),
         Cmd::Timeline => app.mode = Mode::Timeline { scroll: 0 },
         Cmd::Jobs => app.mode = Mode::Jobs { sel: 0 },
+        Cmd::NextTrouble => app.next_trouble(),
         Cmd::Chart => app.view.chart_open = !app.view.chart_open,
         Cmd::NextPanel => app.view.sel.focus = app.view.sel.focus.step(1),
         Cmd::PrevPanel => app.view.sel.focus = app.view.sel.focus.step(-1),

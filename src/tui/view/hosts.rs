@@ -109,10 +109,39 @@ fn connection(app: &App, h: &HostView) -> Span<'static> {
     }
 }
 
+/// "Hosts 4: 1 leaking, 0 unreadable": what a long list holds, so a fleet of thousands is read at a glance
+/// (`n` goes to the next host that leaks or cannot be read).
+fn title(app: &App) -> String {
+    let hosts = &app.store.hosts;
+    if hosts.len() < 2 {
+        return "Hosts".into();
+    }
+    let leaking = hosts.iter().filter(|h| h.leaks > 0).count();
+    let unreadable = hosts
+        .iter()
+        .filter(|h| {
+            matches!(h.status, ConnStatus::Down(_) | ConnStatus::Stale { .. })
+                || app.silent_too_long(h)
+        })
+        .count();
+    let connecting = hosts
+        .iter()
+        .filter(|h| h.snap.is_none() && matches!(h.status, ConnStatus::Connecting))
+        .count();
+    let mut t = format!(
+        "Hosts {}: {leaking} leaking, {unreadable} unreadable",
+        hosts.len()
+    );
+    if connecting > 0 {
+        t.push_str(&format!(", {connecting} connecting"));
+    }
+    t
+}
+
 /// The hosts strip: one row per host, its cells in order.
 pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     let focused = app.view.sel.focus == Panel::Hosts;
-    let block = panel(app, "Hosts", focused, compact);
+    let block = panel(app, &title(app), focused, compact);
     let inner = block.inner(area);
     f.render_widget(block, area);
     let rows = inner.height as usize;
