@@ -562,7 +562,7 @@ fn fail_fast_ends_a_job_that_lost_a_rank_after_saying_its_phases_and_straggler()
         "2s",
         "--timeout",
         "15s",
-        "--fail-fast",
+        "--fail-fast=2s",
         "--events",
         events.to_str().expect("utf-8"),
         "--",
@@ -652,4 +652,60 @@ fn fail_fast_ends_a_job_that_lost_a_rank_after_saying_its_phases_and_straggler()
         "{log}"
     );
     assert!(log.contains("\"kind\":\"lost_rank\""), "{log}");
+}
+
+#[test]
+fn fail_fast_lets_a_job_that_is_ending_anyway_end_on_its_own() {
+    // Two ranks of a finished job leave a second apart: the one left holds memory a moment, which is no
+    // hang. `--fail-fast` (5 s by default) must not end it, and COMMAND's status passes through.
+    let env = Env::new();
+    std::fs::write(env.path("nvidia1"), b"").expect("stand-in device");
+    let lib = standin_nvml(env.dir.path());
+    set_nvml(env.dir.path(), "0\n0\n");
+    let glob = format!("{}/nvidia*", env.dir.path().display());
+    let script = "for i in 0 1; do sleep 300 <nvidia$i >/dev/null 2>&1 & echo $! >>workers; done; wait; exit 0";
+    let mut c = env.cmd(&[
+        "run",
+        "--device-glob",
+        &glob,
+        "--interval",
+        "200ms",
+        "--grace",
+        "2s",
+        "--timeout",
+        "15s",
+        "--fail-fast",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    c.current_dir(env.dir.path())
+        .env("GPUSWEEP_NVML_LIBRARY", &lib)
+        .env("STANDIN_NVML_STATE", env.path("nvml"))
+        .env("STANDIN_NVML_LOG", env.path("reads"));
+    let mut child = crate::support::Reaped(spawn(c));
+    let said = stderr_lines(&mut child.0);
+    let said = || said.lock().map(|s| s.clone()).unwrap_or_default();
+    let w = pids_in(&env.path("workers"), 2);
+    set_nvml(env.dir.path(), &four_gpus(&w, [4096, 4096, 0, 0])[..]);
+    await_cond("the job holding memory", 20, || said().contains("loading "));
+    let _ = Command::new("kill")
+        .args(["-9", &w[1].to_string()])
+        .status();
+    set_nvml(env.dir.path(), &format!("4096 {}:4096\n0\n", w[0]));
+    await_cond("the lost rank seen", 20, || said().contains("lost a rank"));
+    // The last rank finishes a second later (the scenario, not a wait for a condition).
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let _ = Command::new("kill")
+        .args(["-TERM", &w[0].to_string()])
+        .status();
+    set_nvml(env.dir.path(), "0\n0\n");
+    await_cond("run to end", 30, || {
+        child.0.try_wait().ok().flatten().is_some()
+    });
+    let status = child.0.wait().expect("status");
+    let t = said();
+    assert_eq!(status.code(), Some(0), "COMMAND's status: {t}");
+    assert!(!t.contains("ending the job now"), "{t}");
 }

@@ -39,10 +39,12 @@ pub struct RunArgs {
     /// Start even if the GPUs are not clean or /dev/shm is short.
     #[arg(long)]
     pub no_preflight: bool,
-    /// When one of the job's GPU processes (a rank) ends while others still hold GPU memory, end the whole
-    /// job at once (they would wait on it until the collective's timeout) and exit 3.
-    #[arg(long)]
-    pub fail_fast: bool,
+    /// When one of the job's GPU processes (a rank) ends and the others still hold GPU memory DUR later
+    /// (default 5s), end the whole job (they would wait on it until the collective's timeout) and exit 3.
+    /// The wait lets a job that is ending anyway end on its own: ranks of a finished job leave seconds
+    /// apart. Give more where the last rank works on after the others (a final checkpoint save).
+    #[arg(long, value_name = "DUR", num_args = 0..=1, default_missing_value = "5s", value_parser = crate::core::parse::duration_arg)]
+    pub fail_fast: Option<Duration>,
     /// The command and its arguments (after --).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -227,7 +229,10 @@ fn supervise(
 /// loads); with `--fail-fast`, why the job must end when it lost a rank.
 struct PhaseWatch {
     me: u32,
-    fail_fast: bool,
+    /// `--fail-fast`: how long a rank may stay lost, the others holding on, before the job is ended.
+    fail_fast: Option<Duration>,
+    /// When the job was first read with a lost rank.
+    lost_since: Option<Instant>,
     /// The job's id in the readings, once one of its GPU processes is seen.
     id: Option<String>,
     said: Option<(crate::core::job::Phase, Instant)>,
@@ -248,7 +253,12 @@ impl PhaseWatch {
             return None;
         }
         let latest = fleet.latest(HostId(0))?;
-        if latest.content == self.content && self.said.is_some_and(|(p, _)| p != Phase::Loading) {
+        // A reading that says the same moves nothing, unless a line is due while loading or a lost rank's
+        // wait runs.
+        if latest.content == self.content
+            && self.lost_since.is_none()
+            && self.said.is_some_and(|(p, _)| p != Phase::Loading)
+        {
             return None;
         }
         self.content = latest.content;
@@ -278,7 +288,15 @@ impl PhaseWatch {
             );
             self.said = Some((report.phase, now));
         }
-        if self.fail_fast && report.phase == Phase::LostRank {
+        if report.phase != Phase::LostRank {
+            self.lost_since = None;
+            return None;
+        }
+        let since = *self.lost_since.get_or_insert(now);
+        if self
+            .fail_fast
+            .is_some_and(|wait| now.duration_since(since) >= wait)
+        {
             let lost: Vec<String> = report
                 .lost
                 .iter()
@@ -507,6 +525,7 @@ pub fn supervise_job(s: &Settings, a: &RunArgs) -> anyhow::Result<i32> {
     let mut phases = PhaseWatch {
         me: job.me,
         fail_fast: a.fail_fast,
+        lost_since: None,
         id: None,
         said: None,
         content: 0,
