@@ -534,25 +534,20 @@ fn four_gpus(workers: &[u32], mib: [u64; 4]) -> String {
         })
 }
 
-#[test]
-#[allow(clippy::too_many_lines)] // one warm-up, start to lost rank
-fn fail_fast_ends_a_job_that_lost_a_rank_after_saying_its_phases_and_straggler() {
-    let env = Env::new();
-    for i in 1..4 {
-        std::fs::write(env.path(&format!("nvidia{i}")), b"").expect("stand-in device");
-    }
+/// `gpusweep run` of `sh -c SCRIPT` on the stand-in devices and driver of `env` (its state `nvml`, each memory
+/// reading logged to `reads`), polled every 200 ms, with `extra` options; started, its stderr read as it
+/// comes.
+fn run_on_standin(
+    env: &Env,
+    extra: &[&str],
+    script: &str,
+) -> (
+    crate::support::Reaped,
+    std::sync::Arc<std::sync::Mutex<String>>,
+) {
     let lib = standin_nvml(env.dir.path());
-    set_nvml(env.dir.path(), "0\n0\n0\n0\n");
-    std::fs::write(
-        env.path("no-config.toml"),
-        "[jobs]\nsettle = \"2s\"\nstraggler = \"1s\"\n",
-    )
-    .expect("config");
     let glob = format!("{}/nvidia*", env.dir.path().display());
-    let events = env.path("events.jsonl");
-    let script =
-        "for i in 0 1 2 3; do sleep 300 <nvidia$i >/dev/null 2>&1 & echo $! >>workers; done; wait";
-    let mut c = env.cmd(&[
+    let mut args = vec![
         "run",
         "--device-glob",
         &glob,
@@ -562,20 +557,37 @@ fn fail_fast_ends_a_job_that_lost_a_rank_after_saying_its_phases_and_straggler()
         "2s",
         "--timeout",
         "15s",
-        "--fail-fast=2s",
-        "--events",
-        events.to_str().expect("utf-8"),
-        "--",
-        "sh",
-        "-c",
-        script,
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "sh", "-c", script]);
+    let mut c = env.cmd(&args);
     c.current_dir(env.dir.path())
         .env("GPUSWEEP_NVML_LIBRARY", &lib)
         .env("STANDIN_NVML_STATE", env.path("nvml"))
         .env("STANDIN_NVML_LOG", env.path("reads"));
     let mut child = crate::support::Reaped(spawn(c));
     let said = stderr_lines(&mut child.0);
+    (child, said)
+}
+
+#[test]
+#[allow(clippy::too_many_lines)] // one warm-up, start to lost rank
+fn fail_fast_ends_a_job_that_lost_a_rank_after_saying_its_phases_and_straggler() {
+    let env = Env::new();
+    for i in 1..4 {
+        std::fs::write(env.path(&format!("nvidia{i}")), b"").expect("stand-in device");
+    }
+    set_nvml(env.dir.path(), "0\n0\n0\n0\n");
+    std::fs::write(
+        env.path("no-config.toml"),
+        "[jobs]\nsettle = \"2s\"\nstraggler = \"1s\"\n",
+    )
+    .expect("config");
+    let events = env.path("events.jsonl");
+    let script =
+        "for i in 0 1 2 3; do sleep 300 <nvidia$i >/dev/null 2>&1 & echo $! >>workers; done; wait";
+    let ev = events.to_str().expect("utf-8");
+    let (mut child, said) = run_on_standin(&env, &["--fail-fast=2s", "--events", ev], script);
     let said = || said.lock().map(|s| s.clone()).unwrap_or_default();
     let w = pids_in(&env.path("workers"), 4);
     let reads = || {
@@ -660,32 +672,9 @@ fn fail_fast_lets_a_job_that_is_ending_anyway_end_on_its_own() {
     // hang. `--fail-fast` (5 s by default) must not end it, and COMMAND's status passes through.
     let env = Env::new();
     std::fs::write(env.path("nvidia1"), b"").expect("stand-in device");
-    let lib = standin_nvml(env.dir.path());
     set_nvml(env.dir.path(), "0\n0\n");
-    let glob = format!("{}/nvidia*", env.dir.path().display());
     let script = "for i in 0 1; do sleep 300 <nvidia$i >/dev/null 2>&1 & echo $! >>workers; done; wait; exit 0";
-    let mut c = env.cmd(&[
-        "run",
-        "--device-glob",
-        &glob,
-        "--interval",
-        "200ms",
-        "--grace",
-        "2s",
-        "--timeout",
-        "15s",
-        "--fail-fast",
-        "--",
-        "sh",
-        "-c",
-        script,
-    ]);
-    c.current_dir(env.dir.path())
-        .env("GPUSWEEP_NVML_LIBRARY", &lib)
-        .env("STANDIN_NVML_STATE", env.path("nvml"))
-        .env("STANDIN_NVML_LOG", env.path("reads"));
-    let mut child = crate::support::Reaped(spawn(c));
-    let said = stderr_lines(&mut child.0);
+    let (mut child, said) = run_on_standin(&env, &["--fail-fast"], script);
     let said = || said.lock().map(|s| s.clone()).unwrap_or_default();
     let w = pids_in(&env.path("workers"), 2);
     set_nvml(env.dir.path(), &four_gpus(&w, [4096, 4096, 0, 0])[..]);
