@@ -2363,3 +2363,55 @@ fn an_mpi_hostfile_is_read_as_it_is() {
     // Every host has its jobs in the contract, always an array.
     assert!(v["hosts"][1]["jobs"].is_array(), "{t}");
 }
+
+#[test]
+fn check_speaks_node_problem_detectors_plugin_protocol() {
+    let env = Env::new();
+    let dir = env.dir.path();
+    let lib = crate::support::standin_nvml(dir);
+    env.device();
+    let check = |extra: &[(&str, &std::path::Path)]| {
+        let mut c = env.cmd(&["check", "--device-glob", &env.glob()]);
+        c.env("GPUSWEEP_NVML_LIBRARY", &lib)
+            .env("STANDIN_NVML_STATE", dir.join("nvml"));
+        for (k, v) in extra {
+            c.env(k, v);
+        }
+        let o = c.output().expect("check");
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        assert_eq!(out.lines().count(), 1, "one line: {}", text(&o));
+        assert!(out.trim_end().chars().count() <= 80, "{out}");
+        (o.status.code(), out)
+    };
+    // Clean: OK.
+    crate::support::set_nvml(dir, "0\n");
+    let (code, line) = check(&[]);
+    assert_eq!(code, Some(0), "{line}");
+    assert!(line.contains("ok"), "{line}");
+    // A holder alive and charged (a running job): still OK.
+    let job = crate::support::Reaped(
+        Command::new("sleep")
+            .arg("300")
+            .stdin(std::fs::File::open(env.device()).expect("open"))
+            .spawn()
+            .expect("a job's process"),
+    );
+    crate::support::set_nvml(dir, &format!("1024 {}:1024\n", job.0.id()));
+    let (code, line) = check(&[]);
+    assert_eq!(code, Some(0), "{line}");
+    // 2 GiB held by nobody listed, while that process has GPU 0 open: a problem, naming GPU and holder.
+    crate::support::set_nvml(dir, "2048\n");
+    let (code, line) = check(&[]);
+    assert_eq!(code, Some(1), "{line}");
+    assert!(
+        line.contains("GPU 0") && line.contains(&job.0.id().to_string()),
+        "{line}"
+    );
+    // No driver: unknown, never OK.
+    let (code, line) = check(&[(
+        "GPUSWEEP_NVML_LIBRARY",
+        std::path::Path::new("/nonexistent/libnvidia-ml.so.1"),
+    )]);
+    assert_eq!(code, Some(2), "{line}");
+    assert!(line.starts_with("unknown"), "{line}");
+}

@@ -109,6 +109,9 @@ subcommands always read what they are asked to.";
 pub enum CliCommand {
     /// One reading of every host: GPUs, processes, holders, findings. A table, or --json.
     Snapshot(super::snapshot::SnapshotArgs),
+    /// A node-problem-detector plugin: one line, exit 0 OK, 1 a GPU held by leftovers (which, how much, by
+    /// whom, which pod), 2 unknown (the host or its GPUs could not be read).
+    Check(super::check::CheckArgs),
     /// Block until every chosen GPU is clean. Exit 0 clean, 1 timeout (naming what holds memory), 2 error.
     Wait(super::wait::WaitArgs),
     /// Signal every holder of the chosen GPUs: TERM, a grace period, KILL; then wait until clean.

@@ -2,6 +2,7 @@
 //! and prompts. Each resolves what it needs, starts the fleet, prints, and maps results to exit codes.
 
 pub mod args;
+pub mod check;
 pub mod common;
 pub mod completions;
 pub mod early;
@@ -32,6 +33,7 @@ pub fn run(s: &Settings, cmd: &CliCommand, explicit_hosts: bool) -> anyhow::Resu
     }
     match cmd {
         CliCommand::Snapshot(a) => snapshot::run(s, a),
+        CliCommand::Check(a) => check::run(s, a),
         CliCommand::Wait(a) => wait::run(s, a),
         CliCommand::Sweep(a) => sweep::run(s, a),
         CliCommand::Kill(a) => kill::run(s, a),
