@@ -2,8 +2,8 @@
 # Every gate and every test, on a fresh Debian machine with Rust. Installs the test-only system packages the
 # tests need when they are missing: tmux (the TUI test), openssh-server/client (the SSH tests, which start
 # their own sshd on loopback), slurmctld, slurmd, slurm-client and munge (the Slurm test, which starts its
-# own one-node cluster), prometheus (the metrics test, which starts its own server) and openssl. Run as root
-# (slurmd and the cgroup tests need it).
+# own one-node cluster), prometheus (the metrics test, which starts its own server) and openssl, and from PyPI
+# kubernetes-validate (in a venv under target/). Run as root (slurmd and the cgroup tests need it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -27,12 +27,23 @@ command -v jq >/dev/null 2>&1 || need+=(jq)
 command -v man >/dev/null 2>&1 || need+=(man-db)
 command -v fish >/dev/null 2>&1 || need+=(fish)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+# kubernetes-validate (PyPI) checks deploy/kubernetes/ against Kubernetes 1.37's schemas, from a venv of its own.
+command -v kubernetes-validate >/dev/null 2>&1 || /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null \
+  || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing test packages: ${need[*]}"
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+if ! command -v kubernetes-validate >/dev/null 2>&1; then
+  if [ ! -x target/kv/bin/kubernetes-validate ]; then
+    echo "installing kubernetes-validate 1.37.0 (PyPI) into target/kv"
+    /usr/bin/python3 -m venv target/kv
+    target/kv/bin/pip install -q kubernetes-validate==1.37.0
+  fi
+  export PATH="$PWD/target/kv/bin:$PATH"
 fi
 cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings

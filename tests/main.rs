@@ -12,6 +12,7 @@ mod support;
 mod analyze;
 mod cli;
 mod demo;
+mod deploy;
 mod layers;
 mod prometheus;
 mod remote;
