@@ -83,3 +83,80 @@ fn what_the_manifests_ask_of_gpusweep_is_what_it_does() {
         }
     }
 }
+
+/// The gate's command line, as `gate-pod.yaml` writes it, with the serve's port for 9401 and `timeout`.
+fn gate_script(port: &str, timeout: &str) -> String {
+    let pod = std::fs::read_to_string(deploy("gate-pod.yaml")).expect("gate pod");
+    let line = pod
+        .lines()
+        .find(|l| l.contains("exec gpusweep wait"))
+        .expect("the gate's command")
+        .trim()
+        .trim_start_matches("- ")
+        .to_string();
+    line.replace(":9401", &format!(":{port}"))
+        .replace("--timeout 10m", &format!("--timeout {timeout}"))
+}
+
+#[test]
+fn the_init_container_gate_passes_on_its_clean_gpus_and_holds_on_a_held_one() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().expect("tmp");
+    // The node's serve: the demo's gpu-b, whose GPUs 0-5 read clean and 6-7 are held.
+    let mut serve = crate::support::Reaped(
+        crate::support::gpusweep(dir.path())
+            .args([
+                "serve",
+                "--demo",
+                "--hosts",
+                "gpu-b",
+                "--listen",
+                "127.0.0.1:0",
+                "--no-socket",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("serve"),
+    );
+    let mut banner = String::new();
+    std::io::BufReader::new(serve.0.stderr.take().expect("stderr"))
+        .read_line(&mut banner)
+        .expect("banner");
+    let addr = banner
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{banner}"))
+        .to_string();
+    let port = addr.rsplit(':').next().expect("port").to_string();
+    // The GPUs' UUIDs, as NVIDIA's device plugin puts them in NVIDIA_VISIBLE_DEVICES.
+    let o = crate::support::gpusweep(dir.path())
+        .args(["snapshot", "--json", "--hosts", &format!("http://{addr}")])
+        .output()
+        .expect("snapshot");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let uuid = |i: usize| {
+        v["hosts"][0]["gpus"][i]["uuid"]
+            .as_str()
+            .expect("uuid")
+            .to_string()
+    };
+    let bin_dir = Path::new(BIN).parent().expect("bin dir");
+    let gate = |devices: &str, timeout: &str| {
+        let o = Command::new("sh")
+            .args(["-c", &gate_script(&port, timeout)])
+            .env("NODE_IP", "127.0.0.1")
+            .env("NVIDIA_VISIBLE_DEVICES", devices)
+            .env("PATH", format!("{}:/usr/bin:/bin", bin_dir.display()))
+            .env("GPUSWEEP_CONFIG", dir.path().join("none.toml"))
+            .output()
+            .expect("the gate");
+        (o.status.code(), text(&o))
+    };
+    let (code, t) = gate(&format!("{},{}", uuid(0), uuid(1)), "10m");
+    assert_eq!(code, Some(0), "the pod's GPUs are clean: {t}");
+    let (code, t) = gate(&format!("{},{}", uuid(0), uuid(6)), "2s");
+    assert_eq!(code, Some(1), "GPU 6 is held: {t}");
+    assert!(t.contains("GPU 6"), "{t}");
+}
