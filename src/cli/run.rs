@@ -560,6 +560,13 @@ pub fn supervise_job(s: &Settings, a: &RunArgs) -> anyhow::Result<i32> {
     // What held the GPUs before the job is not the job's (it could only start with --no-preflight): a GPU
     // only that holds is the job's no longer.
     watch.exempt.clone_from(&job.before);
+    // The readings the watch was seeded with are judged again with the exemption: the first reading after the
+    // end may be the last new one (readings that say the same are not shown to the watch again).
+    if !job.before.is_empty() {
+        for (i, snap) in after.iter().enumerate() {
+            watch.observe(HostId(i), snap, 0);
+        }
+    }
     let (clean, watch) =
         rt.block_on(watch_until_clean(&mut fleet, watch, Some(a.timeout), ended))?;
     rt.shutdown_background();
