@@ -263,7 +263,8 @@ pub struct JobsSeen {
     pub changes: Vec<JobChange>,
 }
 
-fn sum(v: impl Iterator<Item = Option<u64>>) -> Option<u64> {
+/// The sum of the amounts that are known; `None` when none is.
+pub fn sum_known(v: impl Iterator<Item = Option<u64>>) -> Option<u64> {
     v.fold(None, |acc, b| match (acc, b) {
         (Some(a), Some(b)) => Some(a + b),
         (a, b) => a.or(b),
@@ -422,7 +423,7 @@ impl JobBook {
             }
         }
         newly_lost.retain(|l| !t.lost_pids.contains(&l.pid));
-        let left_bytes = sum(alive.iter().map(|m| m.bytes));
+        let left_bytes = sum_known(alive.iter().map(|m| m.bytes));
         // The others still hold GPU memory (or, where it is unread, their GPUs).
         let others_hold = match left_bytes {
             Some(b) => b > 0,
@@ -513,7 +514,7 @@ impl JobBook {
                 job: g.id.clone(),
                 name: g.name.clone(),
                 ranks: g.members.len(),
-                gpus: union_gpus(&g.members),
+                gpus: union_gpus(g.members.iter()),
             });
         }
         if phase != before || fresh {
@@ -612,7 +613,7 @@ impl JobBook {
             launcher: g.launcher,
             name: g.name,
             ranks,
-            gpus: union_gpus(&alive.iter().map(|m| (*m).clone()).collect::<Vec<_>>()),
+            gpus: union_gpus(alive.iter().copied()),
             bytes: total,
             started_ms: t.started_ms,
             phase: t.phase,
@@ -628,11 +629,8 @@ impl JobBook {
     }
 }
 
-fn union_gpus(members: &[Member]) -> Vec<u32> {
-    let mut v: Vec<u32> = members
-        .iter()
-        .flat_map(|m| m.gpus.iter().copied())
-        .collect();
+fn union_gpus<'a>(members: impl Iterator<Item = &'a Member>) -> Vec<u32> {
+    let mut v: Vec<u32> = members.flat_map(|m| m.gpus.iter().copied()).collect();
     v.sort_unstable();
     v.dedup();
     v
@@ -647,7 +645,7 @@ fn lost_finding(
     left_bytes: Option<u64>,
     findings: &mut Findings,
 ) {
-    let left_gpus = union_gpus(&alive.iter().map(|m| (*m).clone()).collect::<Vec<_>>());
+    let left_gpus = union_gpus(alive.iter().copied());
     // A kernel tile that does not fit an SM120 part's shared memory kills one rank in warm-up.
     let smem = snap
         .findings

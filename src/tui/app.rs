@@ -27,12 +27,7 @@ impl JobRow {
     }
     /// What its live ranks hold over every host; `None` where no charge is known.
     pub fn bytes(&self) -> Option<u64> {
-        self.members
-            .iter()
-            .fold(None, |acc, (_, j)| match (acc, j.bytes) {
-                (Some(a), Some(b)) => Some(a + b),
-                (a, b) => a.or(b),
-            })
+        crate::analyze::jobs::sum_known(self.members.iter().map(|(_, j)| j.bytes))
     }
     pub fn ranks(&self) -> usize {
         self.members.iter().map(|(_, j)| j.ranks.len()).sum()
