@@ -3,7 +3,8 @@
 # tests need when they are missing: tmux (the TUI test), openssh-server/client (the SSH tests, which start
 # their own sshd on loopback), slurmctld, slurmd, slurm-client and munge (the Slurm test, which starts its
 # own one-node cluster), prometheus (the metrics test, which starts its own server) and openssl, and from PyPI
-# kubernetes-validate (in a venv under target/). Run as root (slurmd and the cgroup tests need it).
+# kubernetes-validate (in a venv under target/); then builds the packages and installs each
+# (scripts/test-packages.sh). Run as root (slurmd, the cgroup tests and dpkg need it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -27,6 +28,8 @@ command -v jq >/dev/null 2>&1 || need+=(jq)
 command -v man >/dev/null 2>&1 || need+=(man-db)
 command -v fish >/dev/null 2>&1 || need+=(fish)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+# scripts/test-packages.sh reads the binary's dynamic symbols with objdump.
+command -v objdump >/dev/null 2>&1 || need+=(binutils)
 # kubernetes-validate (PyPI) checks deploy/kubernetes/ against Kubernetes 1.37's schemas, from a venv of its own.
 command -v kubernetes-validate >/dev/null 2>&1 || /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null \
   || need+=(python3-venv)
@@ -52,3 +55,5 @@ trap 'rm -f "$log"' EXIT
 cargo test --all-targets --locked 2>&1 | tee "$log"
 # One closing line with the totals over every test binary.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "all tests: %d passed, %d failed\n", p, f }' "$log"
+# The packages (wheel, .deb, tarball): built for glibc 2.17 and installed each in a clean place.
+./scripts/test-packages.sh
