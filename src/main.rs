@@ -105,7 +105,7 @@ fn report(e: &anyhow::Error) -> String {
     out
 }
 
-fn run(cli: Cli, supervised: bool) -> anyhow::Result<i32> {
+fn run(mut cli: Cli, supervised: bool) -> anyhow::Result<i32> {
     // Generated from these definitions, before any setting is read.
     match &cli.command {
         Some(Command::Completions { shell }) => {
@@ -128,6 +128,17 @@ fn run(cli: Cli, supervised: bool) -> anyhow::Result<i32> {
             return Ok(0);
         }
         _ => {}
+    }
+    // Commands that act on this machine itself never read another (the node's serve, from a container).
+    if matches!(
+        cli.command,
+        Some(
+            Command::Serve(_)
+                | Command::Agent(_)
+                | Command::Cli(CliCommand::Run(_) | CliCommand::Prolog(_) | CliCommand::Epilog(_))
+        )
+    ) {
+        cli.global.node_serve = None;
     }
     let s = gpusweep::runtime::settings::resolve(&cli.global)?;
     trace("main", "settings resolved");
@@ -156,7 +167,12 @@ fn run(cli: Cli, supervised: bool) -> anyhow::Result<i32> {
             }
             gpusweep::cli::run::supervise_job(&s, &a)
         }
-        Some(Command::Cli(cmd)) => gpusweep::cli::run(&s, &cmd, explicit_hosts),
+        Some(Command::Cli(cmd)) => {
+            for note in &s.notes {
+                eprintln!("gpusweep: {note}");
+            }
+            gpusweep::cli::run(&s, &cmd, explicit_hosts)
+        }
         Some(Command::Completions { .. } | Command::Man { .. }) => Ok(0),
     }
 }

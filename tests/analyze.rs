@@ -547,7 +547,16 @@ fn inside_a_pid_namespace_the_holder_is_named_as_outside() {
         "{}",
         r.detail
     );
-    assert!(r.action.contains("on the host"), "{}", r.action);
+    // NVML itself is blind there (the driver drops other namespaces' PIDs): another container's live memory
+    // and a leak look the same, so this is no leak verdict, and the way to see is named.
+    assert!(
+        r.detail.contains("NVML lists only this namespace's processes"),
+        "{}",
+        r.detail
+    );
+    assert_eq!(r.severity, Severity::Warning, "{r:?}");
+    assert!(r.action.contains("--node-serve"), "{}", r.action);
+    assert_eq!(s.gpus[0].state, Some(GpuState::InUse));
 }
 
 #[test]

@@ -2243,3 +2243,145 @@ async fn memory_a_burst_of_streams_took_is_given_back_when_they_end() {
     let halfway = idle + (peak - idle) / 2;
     await_cond("memory given back", 30, || rss_kib(pid) <= halfway);
 }
+
+/// The first child of a process, if it has one.
+fn first_child(pid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .ok()
+        .and_then(|c| c.split_whitespace().next().and_then(|p| p.parse().ok()))
+}
+
+/// Inside a container without the host's PIDs the driver lists only the container's own processes (it drops
+/// the PIDs it cannot translate; the stand-in NVML is told the same): gpusweep says so, does not call the rest
+/// a leak, and reads the node's serve instead when `--node-serve` names one it can reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines)] // one pod, three ways of reading it
+async fn inside_a_pod_nvml_lists_only_its_pids_and_the_node_serve_is_read_instead() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let lib = standin_nvml(tmp);
+    let dev = tmp.join("nvidia0");
+    std::fs::write(&dev, b"").expect("stand-in device");
+    // Another pod's holder, outside the namespace: 3000 MiB.
+    let outside = crate::support::Reaped(
+        Command::new("sleep")
+            .arg("300")
+            .stdin(std::fs::File::open(&dev).expect("open"))
+            .spawn()
+            .expect("outside holder"),
+    );
+    // The pod: a PID namespace and /proc of its own, its PID 1 holding 1000 MiB.
+    let pod = crate::support::Reaped(
+        Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+            .args(["sh", "-c", "exec sleep 300 <\"$0\""])
+            .arg(&dev)
+            .spawn()
+            .expect("unshare (util-linux) runs as root"),
+    );
+    let mut inside = None;
+    await_cond("the pod's holder", 10, || {
+        inside = first_child(pod.0.id())
+            .filter(|p| std::fs::read_link(format!("/proc/{p}/fd/0")).is_ok_and(|l| l == dev));
+        inside.is_some()
+    });
+    let inside = inside.expect("holder");
+    let status = std::fs::read_to_string(format!("/proc/{inside}/status")).expect("status");
+    let inner: u32 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|p| p.parse().ok())
+        .expect("NSpid");
+    // What the driver tells each side: the node both PIDs, the pod only its own.
+    let outside_pid = outside.0.id();
+    std::fs::write(
+        tmp.join("nvml-node"),
+        format!("4000 {inside}:1000 {outside_pid}:3000\n"),
+    )
+    .expect("node state");
+    set_nvml(tmp, &format!("4000 {inner}:1000\n"));
+    let glob = format!("{}/nvidia*", tmp.display());
+    let serve = Serve::start(
+        tmp,
+        &["--device-glob", &glob, "--interval", "1s"],
+        &[
+            ("GPUSWEEP_NVML_LIBRARY", lib.as_path()),
+            ("STANDIN_NVML_STATE", &tmp.join("nvml-node")),
+            ("GPUSWEEP_SOCKET", &tmp.join("serve.sock")),
+        ],
+    );
+    let target = inside.to_string();
+    let in_pod = |node: Option<&str>| {
+        let mut c = gpusweep_via(
+            tmp,
+            &["nsenter", "--target", &target, "--pid", "--mount", "--"],
+        );
+        c.args(["snapshot", "--json", "--device-glob", &glob])
+            .env("GPUSWEEP_NVML_LIBRARY", &lib)
+            .env("STANDIN_NVML_STATE", tmp.join("nvml"));
+        if let Some(u) = node {
+            c.env("GPUSWEEP_NODE_SERVE", u);
+        }
+        let o = c.output().expect("nsenter (util-linux) runs as root");
+        let doc: serde_json::Value =
+            serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+        (doc, String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    // Alone in the pod: its holder by its own PID, the other 3000 MiB residual and named as invisible to
+    // NVML from here — a warning, not a leak; the GPU in use, not leaking.
+    let (doc, said) = in_pod(None);
+    let host = &doc["hosts"][0];
+    assert_eq!(host["in_child_pid_namespace"], true, "{doc}");
+    assert!(
+        said.contains("own PID namespace") && said.contains("--node-serve"),
+        "{said}"
+    );
+    assert!(
+        host["holders"]
+            .as_array()
+            .is_some_and(|h| h.iter().any(|h| h["pid"] == inner)),
+        "{doc}"
+    );
+    let residual = host["findings"]
+        .as_array()
+        .and_then(|f| f.iter().find(|f| f["kind"] == "residual"))
+        .unwrap_or_else(|| panic!("a residual: {doc}"));
+    assert_eq!(residual["bytes"], 3000u64 * 1024 * 1024, "{residual}");
+    assert_eq!(residual["severity"], "warning", "{residual}");
+    assert!(
+        residual["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("NVML lists only this namespace's processes")),
+        "{residual}"
+    );
+    assert_eq!(host["gpus"][0]["state"], "in_use", "{doc}");
+    // With the node's serve named and reachable: the node's reading, both holders by their node PIDs.
+    let (doc, said) = in_pod(Some(&serve.url("")));
+    let host = &doc["hosts"][0];
+    assert!(said.contains("through its serve"), "{said}");
+    assert_eq!(host["source"], "http", "{doc}");
+    assert_eq!(host["in_child_pid_namespace"], false, "{doc}");
+    for pid in [inside, outside_pid] {
+        assert!(
+            host["holders"]
+                .as_array()
+                .is_some_and(|h| h.iter().any(|h| h["pid"] == pid)),
+            "holder {pid}: {doc}"
+        );
+    }
+    assert!(
+        host["findings"]
+            .as_array()
+            .is_some_and(|f| f.iter().all(|f| f["kind"] != "residual")),
+        "{doc}"
+    );
+    // Named but not answering: this pod's own reading, and why the node's was not used.
+    let closed = format!("http://127.0.0.1:{}", crate::support::free_port());
+    let (doc, said) = in_pod(Some(&closed));
+    assert_eq!(doc["hosts"][0]["in_child_pid_namespace"], true, "{doc}");
+    assert!(
+        said.contains(&closed) && said.contains("could not be reached"),
+        "{said}"
+    );
+}

@@ -146,6 +146,17 @@ pub struct Overrides {
     /// snapshot, wait: read this host in-process even when a `gpusweep serve` answers on its socket.
     #[arg(help_heading = "Global options", long, global = true)]
     pub no_serve: bool,
+    /// Inside a container without the host's PIDs (a pod without hostPID), where NVML lists only the
+    /// container's own processes: read this node's `gpusweep serve` instead (http://NODE:9401; in a pod
+    /// the node's address comes from the downward API). Used when no hosts are named and the serve answers.
+    #[arg(
+        help_heading = "Global options",
+        long,
+        global = true,
+        value_name = "URL",
+        env = "GPUSWEEP_NODE_SERVE"
+    )]
+    pub node_serve: Option<String>,
     /// Seconds to wait for a host's first reading (1 to 86400). Default 10.
     #[arg(help_heading = "Global options", long, global = true, value_name = "SECS", allow_hyphen_values = true,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
@@ -175,6 +186,8 @@ pub enum SettingsError {
     NoHosts,
     #[error("--hosts {spec}: {why}")]
     Slurm { spec: String, why: String },
+    #[error("--node-serve: {0}")]
+    NodeServe(host::SpecError),
 }
 
 /// Everything a command needs, resolved.
@@ -195,6 +208,10 @@ pub struct Settings {
     /// Read this host in-process even when a serve answers on its socket (`--no-serve`, or a scan the
     /// serve does not do: other device globs, another shm directory).
     pub no_serve: bool,
+    /// What the operator should know about where the readings come from (one line each, escaped): inside
+    /// a container without the host's PIDs, what NVML cannot list from there and whether the node's serve
+    /// is read instead. The command-line front ends print them on stderr.
+    pub notes: Vec<String>,
 }
 
 impl Settings {
@@ -251,8 +268,66 @@ fn demo_specs(values: &[String]) -> Result<Vec<HostSpec>, SettingsError> {
     Ok(v)
 }
 
+/// What every note about a container's PID namespace starts with.
+const OWN_PID_NAMESPACE: &str =
+    "this container has its own PID namespace, where NVML lists only its own processes";
+
+/// Inside a container without the host's PIDs, with no hosts named: the node's serve when `--node-serve`
+/// names one that answers, else nothing (this container is read); a note either way.
+fn node_serve(o: &Overrides, notes: &mut Vec<String>) -> Result<Option<HostSpec>, SettingsError> {
+    if !crate::source::local::procfs::in_child_pid_namespace(std::path::Path::new("/proc")) {
+        return Ok(None);
+    }
+    let Some(given) = o.node_serve.as_deref() else {
+        notes.push(format!(
+            "{OWN_PID_NAMESPACE}: memory held by other containers or the host shows as residual with no \
+             holder; --node-serve http://NODE:9401 (or GPUSWEEP_NODE_SERVE) reads the node's serve instead"
+        ));
+        return Ok(None);
+    };
+    let url = host::HttpUrl::parse(given).map_err(SettingsError::NodeServe)?;
+    let shown = crate::core::format::escape(given);
+    match answers(&url) {
+        Ok(()) => {
+            notes.push(format!(
+                "{OWN_PID_NAMESPACE}; reading this node through its serve at {shown} instead"
+            ));
+            Ok(Some(HostSpec::Http { url }))
+        }
+        Err(why) => {
+            notes.push(format!(
+                "{OWN_PID_NAMESPACE}: memory held by other containers shows as residual with no holder; the \
+                 node's serve at {shown} could not be reached ({}), so this reading is of this container only",
+                crate::core::format::escape(&why)
+            ));
+            Ok(None)
+        }
+    }
+}
+
+/// Whether a TCP connection to the serve's address opens within 2 s (TLS, token and answers are the
+/// reading's to check; an unreachable node falls back to this container's own reading).
+fn answers(url: &host::HttpUrl) -> Result<(), String> {
+    use std::net::ToSocketAddrs;
+    let addrs = (url.host().as_str(), url.port())
+        .to_socket_addrs()
+        .map_err(|e| e.to_string())?;
+    let mut why = "no address".to_string();
+    for a in addrs {
+        match std::net::TcpStream::connect_timeout(&a, Duration::from_secs(2)) {
+            Ok(_) => return Ok(()),
+            Err(e) => why = e.to_string(),
+        }
+    }
+    Err(why)
+}
+
 /// The hosts to watch, and whether the operator named them.
-fn specs(o: &Overrides, config: &Config) -> Result<(Vec<HostSpec>, bool), SettingsError> {
+fn specs(
+    o: &Overrides,
+    config: &Config,
+    notes: &mut Vec<String>,
+) -> Result<(Vec<HostSpec>, bool), SettingsError> {
     let mut values = o.hosts.clone();
     if let Some(f) = &o.hostfile {
         let text = std::fs::read_to_string(f).map_err(|e| SettingsError::Hostfile {
@@ -269,7 +344,10 @@ fn specs(o: &Overrides, config: &Config) -> Result<(Vec<HostSpec>, bool), Settin
         values.clone_from(&config.hosts);
     }
     if values.is_empty() {
-        return Ok((vec![HostSpec::Local], false));
+        return Ok(match node_serve(o, notes)? {
+            Some(node) => (vec![node], true),
+            None => (vec![HostSpec::Local], false),
+        });
     }
     // A Slurm job's nodes, as specs.
     let mut expanded = Vec::with_capacity(values.len());
@@ -400,7 +478,8 @@ fn env_path(var: &str) -> Option<PathBuf> {
 pub fn resolve(o: &Overrides) -> Result<Settings, SettingsError> {
     let config = config::load(o.config.as_deref(), o.config.is_some())?;
     let interval = interval(o, &config)?;
-    let (specs, hosts_given) = specs(o, &config)?;
+    let mut notes = Vec::new();
+    let (specs, hosts_given) = specs(o, &config, &mut notes)?;
     if specs.is_empty() {
         return Err(SettingsError::NoHosts);
     }
@@ -459,5 +538,6 @@ pub fn resolve(o: &Overrides) -> Result<Settings, SettingsError> {
         readonly,
         events: o.events.clone(),
         no_serve: o.no_serve || !o.device_globs.is_empty() || o.shm_dir.is_some(),
+        notes,
     })
 }

@@ -204,8 +204,13 @@ fn ghosts(
 fn blind_spot(snap: &Indexed<'_>) -> Option<(String, String)> {
     if snap.in_child_pid_namespace {
         return Some((
-            "gpusweep runs inside a PID namespace (a container without host PIDs): the holder is outside it".into(),
-            "run gpusweep on the host, outside the container, to see and end the holder".into(),
+            "gpusweep runs inside a PID namespace of its own (a container without the host's PIDs), where NVML \
+             lists only this namespace's processes (the driver drops the others' PIDs): what holds this memory \
+             is outside it, another container's live job or a leftover, and cannot be told apart from here"
+                .into(),
+            "read the node's serve instead (--node-serve http://NODE:9401, or GPUSWEEP_NODE_SERVE), or run \
+             gpusweep on the host"
+                .into(),
         ));
     }
     if snap.unreadable_processes > 0 {
@@ -251,9 +256,15 @@ fn residual_finding(
     } else {
         format!("sweep GPU {} (kills {})", g.index, super::join_u32(hidden))
     };
+    // Inside a child PID namespace NVML cannot list what holds the rest: no leak is observed, only memory.
+    let severity = if hidden.is_empty() && snap.in_child_pid_namespace {
+        Severity::Warning
+    } else {
+        Severity::Leak
+    };
     out.push(Draft {
         kind: FindingKind::Residual,
-        severity: Severity::Leak,
+        severity,
         gpu: Some(g.index),
         pid: None,
         bytes: Some(residual),
