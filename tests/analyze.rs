@@ -550,7 +550,8 @@ fn inside_a_pid_namespace_the_holder_is_named_as_outside() {
     // NVML itself is blind there (the driver drops other namespaces' PIDs): another container's live memory
     // and a leak look the same, so this is no leak verdict, and the way to see is named.
     assert!(
-        r.detail.contains("NVML lists only this namespace's processes"),
+        r.detail
+            .contains("NVML lists only this namespace's processes"),
         "{}",
         r.detail
     );
