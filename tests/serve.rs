@@ -2385,3 +2385,56 @@ async fn inside_a_pod_nvml_lists_only_its_pids_and_the_node_serve_is_read_instea
         "{said}"
     );
 }
+
+/// Hosts of one serve are read through one event stream, not one each: a client naming 300 hosts of a serve
+/// that takes 128 streams (its budget under 1024 descriptors) reads all 300, over one connection, and none
+/// is called down.
+#[test]
+fn many_hosts_of_one_serve_are_read_through_one_stream() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let names: Vec<String> = (1..=300).map(|i| format!("gpu-b{i:04}")).collect();
+    let serve = Serve::start_as(
+        gpusweep_via(tmp, &["prlimit", "--nofile=1024:1024", "--"]),
+        &["--demo", "--hosts", &names.join(","), "--interval", "1s"],
+        &[],
+    );
+    let addr = serve.addr.clone().expect("an HTTP address");
+    let hostfile = tmp.join("hosts");
+    let specs: Vec<String> = names
+        .iter()
+        .map(|n| format!("http://{addr}/hosts/{n}"))
+        .collect();
+    std::fs::write(&hostfile, specs.join("\n")).expect("hostfile");
+    let events = tmp.join("events.jsonl");
+    let client = crate::support::Reaped(
+        gpusweep(tmp)
+            .args(["wait", "--timeout", "60s", "--hostfile"])
+            .arg(&hostfile)
+            .arg("--events")
+            .arg(&events)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("wait"),
+    );
+    let log = || std::fs::read_to_string(&events).unwrap_or_default();
+    await_cond("every host up", 60, || {
+        log().matches("\"event\":\"host_up\"").count() >= 300
+    });
+    // Its connections to the serve, as the kernel lists them.
+    let port = addr.rsplit(':').next().expect("port");
+    let ss = Command::new("ss")
+        .args(["-tnpH", "state", "established"])
+        .arg(format!("( dport = :{port} )"))
+        .output()
+        .expect("ss (iproute2)");
+    let mine = format!("pid={},", client.0.id());
+    let conns = String::from_utf8_lossy(&ss.stdout)
+        .lines()
+        .filter(|l| l.contains(&mine))
+        .count();
+    assert_eq!(conns, 1, "{}", String::from_utf8_lossy(&ss.stdout));
+    let down = log().matches("\"event\":\"host_down\"").count();
+    assert_eq!(down, 0, "{}", log());
+}

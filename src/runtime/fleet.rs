@@ -26,6 +26,7 @@ use crate::source::demo::{DemoClock, DemoHost};
 use crate::source::local::LocalSource;
 use crate::source::local::procfs::ProcfsConfig;
 use crate::source::remote::http::{HttpClient, HttpOptions};
+use crate::source::remote::http_group::{self, GroupCmd, GroupHost};
 use crate::source::remote::prom::{PromCmd, PromHost, PromServer};
 use crate::source::remote::{RemoteOptions, RemoteTask, ssh::SshOptions};
 use crate::source::{ConnStatus, HostCmd, Sink, Source};
@@ -218,8 +219,9 @@ impl Sink for FleetSink {
 enum Handle {
     Thread(smpsc::SyncSender<HostCmd>),
     Task(mpsc::Sender<HostCmd>),
-    /// One host of a `prom:` fleet: its place in that server's poller.
-    Prom(mpsc::Sender<PromCmd>, usize),
+    /// One host of a collector that reads several together (a Prometheus server's poller, a serve's one
+    /// event stream): its place there.
+    Shared(mpsc::Sender<(usize, HostCmd)>, usize),
 }
 
 pub struct Fleet {
@@ -275,6 +277,46 @@ type PromGroup = (
     mpsc::Receiver<PromCmd>,
     Vec<PromHost>,
 );
+
+/// The hosts of one serve read through one event stream, and their command channel.
+type HttpGroup = (
+    mpsc::Sender<GroupCmd>,
+    mpsc::Receiver<GroupCmd>,
+    Vec<GroupHost>,
+);
+
+/// What the fleet gathers while its hosts are added: the collectors that read several hosts together.
+#[derive(Default)]
+struct Gathered {
+    /// Hosts of each Prometheus server, polled together.
+    proms: BTreeMap<PromServer, PromGroup>,
+    /// The serves (by origin) two or more of whose hosts are named, each read through one stream, and how
+    /// many hosts each: a command queue with room for one command of each (an interval change is sent to
+    /// every host).
+    grouped: BTreeMap<String, usize>,
+    /// Their hosts.
+    serves: BTreeMap<String, HttpGroup>,
+}
+
+/// The serve and host name of an `http(s)://node:port/hosts/NAME` spec.
+fn serve_host(spec: &HostSpec) -> Option<(String, &str)> {
+    let HostSpec::Http { url } = spec else {
+        return None;
+    };
+    let name = url.path().strip_prefix("/hosts/")?;
+    (!name.is_empty() && !name.contains('/')).then(|| (url.origin(), name))
+}
+
+/// The serves two or more of whose hosts are among the specs (each read through one stream), with their
+/// number of hosts.
+fn shared_serves(specs: &[HostSpec]) -> BTreeMap<String, usize> {
+    let mut count: BTreeMap<String, usize> = BTreeMap::new();
+    for (origin, _) in specs.iter().filter_map(serve_host) {
+        *count.entry(origin).or_default() += 1;
+    }
+    count.retain(|_, n| *n >= 2);
+    count
+}
 
 /// Every `prom:` spec replaced by the hosts its server knows now (discovered within the connect timeout).
 /// A server that cannot be asked stays as one host, which then says why it cannot be read.
@@ -400,15 +442,24 @@ impl Fleet {
             events,
             log,
         };
-        // Hosts of each Prometheus server, gathered to be polled together.
-        let mut proms: BTreeMap<PromServer, PromGroup> = BTreeMap::new();
+        let mut gathered = Gathered {
+            grouped: shared_serves(&specs),
+            ..Gathered::default()
+        };
         for spec in specs {
-            fleet.add(spec, opts, &mut proms)?;
+            fleet.add(spec, opts, &mut gathered)?;
         }
-        for (server, (_, rx, hosts)) in proms {
+        for (server, (_, rx, hosts)) in gathered.proms {
             if let Some(http) = http.clone() {
                 let poll = crate::source::remote::prom::run(server, http, hosts, opts.interval, rx);
                 tokio::spawn(poll);
+            }
+        }
+        for (origin, (_, rx, hosts)) in gathered.serves {
+            if let Some(http) = http.clone() {
+                let timeout = opts.ssh.connect_timeout;
+                let read = http_group::run(origin, http, hosts, opts.interval, timeout, rx);
+                tokio::spawn(read);
             }
         }
         Ok(fleet)
@@ -420,7 +471,7 @@ impl Fleet {
         &mut self,
         spec: HostSpec,
         opts: &FleetOptions,
-        proms: &mut BTreeMap<PromServer, PromGroup>,
+        gathered: &mut Gathered,
     ) -> Result<(), crate::source::SourceError> {
         let i = self.handles.len();
         let label = self.labels.get(i).cloned().unwrap_or_default();
@@ -446,8 +497,22 @@ impl Fleet {
                 }
                 Handle::Thread(spawn_thread(i, Box::new(src), None, sink, opts.interval))
             }
+            HostSpec::Http { .. }
+                if let Some((origin, name, n)) = serve_host(&spec)
+                    .and_then(|(o, name)| Some((o.clone(), name, *gathered.grouped.get(&o)?))) =>
+            {
+                let entry = gathered.serves.entry(origin).or_insert_with(|| {
+                    let (t, r) = mpsc::channel(CMD_QUEUE.max(n));
+                    (t, r, Vec::new())
+                });
+                entry.2.push(GroupHost {
+                    name: name.to_string(),
+                    sink,
+                });
+                Handle::Shared(entry.0.clone(), entry.2.len() - 1)
+            }
             HostSpec::PromHost { server, name } => {
-                let entry = proms.entry(server.clone()).or_insert_with(|| {
+                let entry = gathered.proms.entry(server.clone()).or_insert_with(|| {
                     let (t, r) = mpsc::channel(CMD_QUEUE);
                     (t, r, Vec::new())
                 });
@@ -458,7 +523,7 @@ impl Fleet {
                     sink,
                     detached: flag,
                 });
-                Handle::Prom(entry.0.clone(), entry.2.len() - 1)
+                Handle::Shared(entry.0.clone(), entry.2.len() - 1)
             }
             HostSpec::Ssh { .. }
             | HostSpec::Command { .. }
@@ -603,7 +668,7 @@ impl Fleet {
                     Some(c)
                 }
             },
-            Some(Handle::Prom(t, at)) => match t.try_send((*at, cmd)) {
+            Some(Handle::Shared(t, at)) => match t.try_send((*at, cmd)) {
                 Ok(()) => None,
                 Err(
                     mpsc::error::TrySendError::Full((_, c))

@@ -245,6 +245,9 @@ async fn host_health(State(web): State<Web>, Path(name): Path<String>) -> Respon
 pub struct EventsQuery {
     /// Poll at least this often while the stream is open (at least 100ms).
     interval: Option<String>,
+    /// Only these hosts (names, comma-separated): a client reading several hosts of this serve through one
+    /// stream. Names this serve does not have are left out of the hello, which lists those it streams.
+    hosts: Option<String>,
 }
 
 async fn all_events(
@@ -252,7 +255,22 @@ async fn all_events(
     Query(q): Query<EventsQuery>,
     headers: axum::http::HeaderMap,
 ) -> Response {
-    events(web.clone(), &every(&web), &q, last_event_id(&headers))
+    let hosts = match q.hosts.as_deref() {
+        None => every(&web),
+        Some(names) => {
+            let mut picked: Vec<usize> = names
+                .split(',')
+                .filter_map(|n| web.shared.host_index(n))
+                .collect();
+            picked.sort_unstable();
+            picked.dedup();
+            if picked.is_empty() {
+                return no_such_host(&web, names.split(',').next().unwrap_or(""));
+            }
+            picked
+        }
+    };
+    events(web.clone(), &hosts, &q, last_event_id(&headers))
 }
 
 async fn host_events(

@@ -355,11 +355,13 @@ pub struct Shared {
     /// `/proc` hides them and no token names who reads.
     pub http_view: View,
     next_client: AtomicU64,
+    /// Host indices by label: a client naming thousands of hosts is answered without a scan per name.
+    by_label: HashMap<String, usize>,
 }
 
 impl Shared {
     pub fn host_index(&self, label: &str) -> Option<usize> {
-        self.hosts.iter().position(|h| h.label == label)
+        self.by_label.get(label).copied()
     }
     /// A number for a client's interval requests.
     pub fn client_id(&self) -> u64 {
@@ -461,6 +463,13 @@ impl Hub {
             expect_gpus,
             http_view,
             next_client: AtomicU64::new(1),
+            // The first of a label wins, as a scan would find it.
+            by_label: labels
+                .iter()
+                .enumerate()
+                .rev()
+                .map(|(i, l)| (l.clone(), i))
+                .collect(),
         });
         Hub {
             shared,

@@ -103,18 +103,18 @@ impl HttpOptions {
 
 /// One server-sent event.
 #[derive(Debug, Default, PartialEq)]
-struct SseEvent {
-    event: String,
-    data: String,
+pub(super) struct SseEvent {
+    pub event: String,
+    pub data: String,
     /// Its `id:`, where it has one.
-    id: Option<String>,
+    pub id: Option<String>,
 }
 
 /// Server-sent events out of a byte stream, each at most `MAX_LINE_BYTES`. Lines are read where they
 /// arrive; only a line split across chunks is copied, and its buffer is let go once the line is whole (a
 /// thousand hosts' streams would otherwise each keep a buffer the size of their largest chunk).
 #[derive(Default)]
-struct SseParser {
+pub(super) struct SseParser {
     /// The start of a line whose end has not arrived.
     partial: Vec<u8>,
     cur: SseEvent,
@@ -122,7 +122,7 @@ struct SseParser {
 
 impl SseParser {
     /// Feed bytes; complete events come out.
-    fn feed(&mut self, bytes: &[u8], out: &mut Vec<SseEvent>) -> Result<(), String> {
+    pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<SseEvent>) -> Result<(), String> {
         let mut rest = bytes;
         if !self.partial.is_empty() {
             let Some(n) = rest.iter().position(|&b| b == b'\n') else {
@@ -185,6 +185,33 @@ impl SseParser {
     }
 }
 
+/// A serve's hello, checked: its protocol must be this one's.
+pub(super) fn hello(data: &str) -> Result<sse::Hello, String> {
+    let h = serde_json::from_str::<sse::Hello>(data)
+        .map_err(|_| format!("not a gpusweep serve: its hello was {:?}", preview(data)))?;
+    if h.protocol != PROTOCOL {
+        return Err(format!(
+            "the serve is gpusweep {} (protocol {}), this one speaks {PROTOCOL}: upgrade one of them",
+            escape(&h.version),
+            h.protocol
+        ));
+    }
+    Ok(h)
+}
+
+/// A snapshot as read from a serve: marked so, its counters dropped (an `unchanged` carries gauges alone:
+/// kept, counters would read as current while they age; the serve's /metrics has them), and nothing is done
+/// over HTTP: the reading says so, as a Prometheus host's does.
+pub(super) fn as_read_over_http(snap: &mut HostSnapshot) {
+    snap.source = SourceKind::Http;
+    for g in &mut snap.gpus {
+        g.counters = None;
+    }
+    if !snap.missing_features.contains(&Feature::Actions) {
+        snap.missing_features.push(Feature::Actions);
+    }
+}
+
 /// What ended one stream.
 enum Ended {
     /// The poll interval changed: connect again at once with the new one.
@@ -193,7 +220,7 @@ enum Ended {
     Stopped,
 }
 
-fn preview(s: &str) -> String {
+pub(super) fn preview(s: &str) -> String {
     truncate(&escape(s.trim()), 80)
 }
 
@@ -229,11 +256,33 @@ async fn connect(
     interval: Duration,
     resume: Option<&str>,
 ) -> Result<reqwest::Response, String> {
-    let connect_timeout = task.opts.ssh.connect_timeout;
+    let url = format!("{}/api/v1/events", base.base());
+    open_events(
+        http,
+        &url,
+        &[],
+        task.opts.ssh.connect_timeout,
+        interval,
+        resume,
+    )
+    .await
+}
+
+/// Open an event stream at `url` (with `query` besides the interval), from where it was (`Last-Event-ID`);
+/// a refusal says why (and where a token goes).
+pub(super) async fn open_events(
+    http: &HttpClient,
+    url: &str,
+    query: &[(&str, &str)],
+    connect_timeout: Duration,
+    interval: Duration,
+    resume: Option<&str>,
+) -> Result<reqwest::Response, String> {
     let mut req = http
         .client
-        .get(format!("{}/api/v1/events", base.base()))
+        .get(url)
         .query(&[("interval", format!("{}ms", millis(interval)))])
+        .query(query)
         .header(reqwest::header::ACCEPT, "text/event-stream");
     if let Some(t) = &http.token {
         req = req.bearer_auth(t);
@@ -328,15 +377,7 @@ impl Stream<'_> {
     }
 
     fn on_hello(&mut self, data: &str) -> Result<(), String> {
-        let h = serde_json::from_str::<sse::Hello>(data)
-            .map_err(|_| format!("not a gpusweep serve: its hello was {:?}", preview(data)))?;
-        if h.protocol != PROTOCOL {
-            return Err(format!(
-                "the serve is gpusweep {} (protocol {}), this one speaks {PROTOCOL}: upgrade one of them",
-                escape(&h.version),
-                h.protocol
-            ));
-        }
+        let h = hello(data)?;
         if h.hosts.len() != 1 {
             let names: Vec<String> = h
                 .hosts
@@ -387,16 +428,7 @@ impl Stream<'_> {
                         )));
                     }
                 };
-                snap.source = SourceKind::Http;
-                // Counters are refreshed only in full snapshots here (an `unchanged` carries the gauges
-                // alone): kept, they would read as current while they age. The serve's /metrics has them.
-                for g in &mut snap.gpus {
-                    g.counters = None;
-                }
-                // Nothing is done over HTTP: the reading says so, as a Prometheus host's does.
-                if !snap.missing_features.contains(&Feature::Actions) {
-                    snap.missing_features.push(Feature::Actions);
-                }
+                as_read_over_http(&mut snap);
                 self.heard() && self.task.sink.reading(snap)
             }
             Some(sse::Kind::Unchanged) => {
@@ -524,7 +556,7 @@ async fn stream(
 }
 
 /// A reqwest error in words, with its cause (connection refused, certificate unknown...).
-fn describe(e: &reqwest::Error) -> String {
+pub(super) fn describe(e: &reqwest::Error) -> String {
     use std::error::Error as _;
     // The innermost cause says what happened (connection refused, unknown certificate...).
     let mut cause = e.to_string();

@@ -5,6 +5,7 @@
 pub mod agentless;
 pub mod command;
 pub mod http;
+pub mod http_group;
 pub mod prom;
 pub mod socket;
 pub mod ssh;
