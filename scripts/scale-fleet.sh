@@ -35,6 +35,7 @@ case "$MODE" in
     PORT=$(free_port)
     "$BIN" serve --demo --hosts "$(paste -sd, "$D/names")" --listen "127.0.0.1:$PORT" --interval 1s 2>"$D/serve.err" &
     PIDS+=($!)
+    SERVE_PID=$!
     for _ in $(seq 1 200); do curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
     if [ "$MODE" = http ]; then
       sed "s|^|http://127.0.0.1:$PORT/hosts/|" "$D/names" >"$D/hosts"
@@ -76,8 +77,15 @@ PID=$(tmux -L "$S" list-panes -t scale -F '#{pane_pid}')
 awk -v a="$T0" -v b="$T1" -v n="$N" -v m="$MODE" -v o="$(( $(overflows) - O0 ))" 'BEGIN { printf "%s %d hosts: TUI first complete view in %.2f s (listen overflows: %d)\n", m, n, b - a, o }'
 sleep 3
 C0=$(awk '{print $14+$15}' "/proc/$PID/stat")
+[ -n "${SERVE_PID:-}" ] && S0=$(awk '{print $14+$15}' "/proc/$SERVE_PID/stat")
 sleep "$SECS"
 C1=$(awk '{print $14+$15}' "/proc/$PID/stat")
+if [ -n "${SERVE_PID:-}" ]; then
+  S1=$(awk '{print $14+$15}' "/proc/$SERVE_PID/stat")
+  awk -v c0="$S0" -v c1="$S1" -v tck="$(getconf CLK_TCK)" -v s="$SECS" -v n="$N" -v m="$MODE" \
+    -v th="$(awk '/^Threads:/{print $2}' "/proc/$SERVE_PID/status")" -v rss="$(awk '/VmRSS/{print $2}' "/proc/$SERVE_PID/status")" \
+    'BEGIN { printf "%s %d hosts: the serve meanwhile: %.1f%% of one core, %d threads, %.0f MB resident\n", m, n, 100*(c1-c0)/tck/s, th, rss/1024 }'
+fi
 RSS=$(awk '/VmRSS/{print $2}' "/proc/$PID/status")
 awk -v c0="$C0" -v c1="$C1" -v tck="$(getconf CLK_TCK)" -v s="$SECS" -v rss="$RSS" -v n="$N" -v m="$MODE" \
   'BEGIN { printf "%s %d hosts: TUI at a 1 s poll: %.1f%% of one core over %d s, %.0f MB resident\n", m, n, 100*(c1-c0)/tck/s, s, rss/1024 }'

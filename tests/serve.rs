@@ -2438,3 +2438,28 @@ fn many_hosts_of_one_serve_are_read_through_one_stream() {
     let down = log().matches("\"event\":\"host_down\"").count();
     assert_eq!(down, 0, "{}", log());
 }
+
+/// The simulated fleet costs a thread, not a thread per host: a demo serve of 1,000 hosts has every one
+/// read (its /healthz says so) with fewer threads than a hundredth of its hosts besides the runtime's.
+#[test]
+fn a_thousand_simulated_hosts_are_polled_on_one_thread() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let serve = Serve::start(
+        dir.path(),
+        &["--demo", "--hosts", "gpu-b[0001-1000]", "--interval", "1s"],
+        &[],
+    );
+    await_cond("every host read", 30, || {
+        serve.raw_get("/healthz").starts_with("HTTP/1.0 200")
+    });
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", serve.child.id())).expect("status");
+    let threads: usize = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("Threads:");
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    // The runtime's workers and blocking threads, the listener's, and the simulated hosts' one.
+    assert!(threads <= cores + 10, "{threads} threads");
+}

@@ -253,6 +253,10 @@ pub enum JobChange {
 pub struct JobBook {
     opts: JobOptions,
     tracks: HashMap<String, Track>,
+    /// The time of the last reading seen: a clock that ran out by then has had its effect.
+    observed_at: u64,
+    /// The first clock to run out after it (worked out once per reading seen, asked at every one).
+    next_clock: Option<u64>,
 }
 
 /// The book's answer for one reading.
@@ -281,23 +285,44 @@ impl JobBook {
         JobBook {
             opts,
             tracks: HashMap::new(),
+            observed_at: 0,
+            next_clock: None,
         }
     }
 
-    /// Whether time alone may change what the book says (a job that may settle, a rank that may turn
-    /// straggler or stay stuck): a reading that says the same is then seen again.
-    pub fn timed(&self) -> bool {
-        self.tracks.values().any(|t| {
-            matches!(t.phase, Phase::Loading | Phase::Holding)
-                || t.ranks
-                    .values()
-                    .any(|s| s.stuck_since.is_some() || s.lag_since.is_some())
-        })
+    /// Whether time alone may have changed what the book says by `at` (a job settling, a rank turning
+    /// straggler or lost in D): a clock of it ran out since the last reading it saw. A reading that says the
+    /// same is then seen again; before, it would say the same, and is not (ten thousand quiet hosts'
+    /// readings would each cost a job analysis).
+    pub fn due(&self, at: u64) -> bool {
+        self.next_clock.is_some_and(|c| at >= c)
+    }
+
+    /// The first time after the last observation at which a clock runs out.
+    fn first_clock(&self) -> Option<u64> {
+        let o = &self.opts;
+        let after = self.observed_at;
+        self.tracks
+            .values()
+            .flat_map(|t| {
+                let settle = matches!(t.phase, Phase::Loading | Phase::Holding)
+                    .then(|| t.last_rise_ms.saturating_add(o.settle_ms));
+                let ranks = t.ranks.values().flat_map(|s| {
+                    [
+                        s.stuck_since.map(|x| x.saturating_add(o.stuck_ms)),
+                        s.lag_since.map(|x| x.saturating_add(o.straggle_ms)),
+                    ]
+                });
+                settle.into_iter().chain(ranks.flatten())
+            })
+            .filter(|&c| c > after)
+            .min()
     }
 
     /// Read one judged reading (its findings in place) at its own time. Call again with the same reading
     /// and a later time when a reading says the same: time alone settles a job or names a straggler.
     pub fn observe(&mut self, snap: &HostSnapshot, at: u64) -> JobsSeen {
+        self.observed_at = self.observed_at.max(at);
         let ix = Indexed::new(snap);
         let mut out = JobsSeen::default();
         let mut findings = Findings::new(&snap.host);
@@ -325,6 +350,7 @@ impl JobBook {
             }
         }
         out.findings = findings.out;
+        self.next_clock = self.first_clock();
         out
     }
 

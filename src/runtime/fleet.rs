@@ -222,6 +222,8 @@ enum Handle {
     /// One host of a collector that reads several together (a Prometheus server's poller, a serve's one
     /// event stream): its place there.
     Shared(mpsc::Sender<(usize, HostCmd)>, usize),
+    /// One simulated host of the thread that polls them all: its place there.
+    Pool(smpsc::SyncSender<(usize, HostCmd)>, usize),
 }
 
 pub struct Fleet {
@@ -296,7 +298,19 @@ struct Gathered {
     grouped: BTreeMap<String, usize>,
     /// Their hosts.
     serves: BTreeMap<String, HttpGroup>,
+    /// The simulated hosts, polled together on one thread: the channel of their commands (its receiving
+    /// end until the thread takes it) and the hosts.
+    demos: Option<DemoPool>,
+    /// How many simulated hosts there are: room in their queue for one command each.
+    demo_count: usize,
 }
+
+/// The simulated hosts' command channel and the hosts, until their thread starts.
+type DemoPool = (
+    smpsc::SyncSender<(usize, HostCmd)>,
+    Option<smpsc::Receiver<(usize, HostCmd)>>,
+    Vec<poll::Pooled>,
+);
 
 /// The serve and host name of an `http(s)://node:port/hosts/NAME` spec.
 fn serve_host(spec: &HostSpec) -> Option<(String, &str)> {
@@ -444,6 +458,10 @@ impl Fleet {
         };
         let mut gathered = Gathered {
             grouped: shared_serves(&specs),
+            demo_count: specs
+                .iter()
+                .filter(|s| matches!(s, HostSpec::Demo(_)))
+                .count(),
             ..Gathered::default()
         };
         for spec in specs {
@@ -453,6 +471,15 @@ impl Fleet {
             if let Some(http) = http.clone() {
                 let poll = crate::source::remote::prom::run(server, http, hosts, opts.interval, rx);
                 tokio::spawn(poll);
+            }
+        }
+        if let Some((_, Some(rx), hosts)) = gathered.demos {
+            let interval = opts.interval;
+            let spawned = std::thread::Builder::new()
+                .name("demo-hosts".into())
+                .spawn(move || poll::run_pool(hosts, &rx, interval));
+            if let Err(e) = spawned {
+                eprintln!("gpusweep: cannot start the simulated hosts' thread: {e}");
             }
         }
         for (origin, (_, rx, hosts)) in gathered.serves {
@@ -495,7 +522,16 @@ impl Fleet {
                 if opts.counters {
                     src = src.with_counters();
                 }
-                Handle::Thread(spawn_thread(i, Box::new(src), None, sink, opts.interval))
+                let n = gathered.demo_count;
+                let (tx, _, hosts) = gathered.demos.get_or_insert_with(|| {
+                    let (t, r) = smpsc::sync_channel(CMD_QUEUE.max(n));
+                    (t, Some(r), Vec::new())
+                });
+                hosts.push(poll::Pooled {
+                    src: Box::new(src),
+                    sink,
+                });
+                Handle::Pool(tx.clone(), hosts.len() - 1)
             }
             HostSpec::Http { .. }
                 if let Some((origin, name, n)) = serve_host(&spec)
@@ -667,6 +703,12 @@ impl Fleet {
                 Err(mpsc::error::TrySendError::Full(c) | mpsc::error::TrySendError::Closed(c)) => {
                     Some(c)
                 }
+            },
+            Some(Handle::Pool(t, at)) => match t.try_send((*at, cmd)) {
+                Ok(()) => None,
+                Err(
+                    smpsc::TrySendError::Full((_, c)) | smpsc::TrySendError::Disconnected((_, c)),
+                ) => Some(c),
             },
             Some(Handle::Shared(t, at)) => match t.try_send((*at, cmd)) {
                 Ok(()) => None,

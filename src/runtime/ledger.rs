@@ -205,7 +205,7 @@ impl Ledger {
 
     /// The last reading with its jobs seen again at `at`, when that changes what they say.
     fn jobs_moved(&mut self, at: u64) -> Option<(Judgement, Vec<Event>)> {
-        if !self.jobs.timed() {
+        if !self.jobs.due(at) {
             return None;
         }
         let last = self.last.as_ref()?;

@@ -154,3 +154,123 @@ pub fn run(
         }
     }
 }
+
+/// One source of a pool: its own interval and schedule, one thread for them all.
+pub struct Pooled {
+    pub src: Box<dyn Source>,
+    pub sink: Arc<dyn Sink>,
+}
+
+/// A pooled source's schedule.
+struct Slot {
+    pooled: Pooled,
+    interval: Duration,
+    /// When it is read next; a queued entry for another time is an old one, let go when it comes up.
+    next: Instant,
+    read_at: Instant,
+    /// Its sink stopped listening.
+    gone: bool,
+}
+
+/// Read every pooled source that is due now, each scheduled again; how many stopped being listened to.
+fn poll_due(
+    slots: &mut [Slot],
+    due: &mut std::collections::BinaryHeap<std::cmp::Reverse<(Instant, usize)>>,
+) -> usize {
+    use std::cmp::Reverse;
+    let mut gone = 0;
+    let now = Instant::now();
+    while let Some(&Reverse((at, i))) = due.peek() {
+        if at > now {
+            break;
+        }
+        due.pop();
+        let s = &mut slots[i];
+        if s.gone || at != s.next {
+            continue;
+        }
+        s.read_at = Instant::now();
+        let sent = match s.pooled.src.poll() {
+            Ok(snap) => s.pooled.sink.reading(snap),
+            Err(e) => s.pooled.sink.status(ConnStatus::Down(e.to_string())),
+        };
+        if !sent {
+            s.gone = true;
+            gone += 1;
+            continue;
+        }
+        let mut next = Instant::now() + s.interval;
+        if let Some(soon) = s.pooled.src.soon() {
+            next = next.min(Instant::now() + soon);
+        }
+        s.next = next;
+        due.push(Reverse((next, i)));
+    }
+    gone
+}
+
+/// Poll many sources that need no thread each (simulated hosts: no NVML call can block them, no signal is
+/// delivered for them) on this one thread, each at its own interval, until the command channel closes or
+/// no sink listens. Commands name their source by its place in `sources`. A source costs a reading each
+/// interval and nothing between: ten thousand simulated hosts are one thread, not ten thousand.
+pub fn run_pool(sources: Vec<Pooled>, cmds: &mpsc::Receiver<(usize, HostCmd)>, interval: Duration) {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let now = Instant::now();
+    let mut slots: Vec<Slot> = sources
+        .into_iter()
+        .map(|pooled| Slot {
+            gone: !pooled.sink.status(ConnStatus::Up),
+            pooled,
+            interval,
+            next: now,
+            read_at: now,
+        })
+        .collect();
+    let mut due: BinaryHeap<Reverse<(Instant, usize)>> =
+        (0..slots.len()).map(|i| Reverse((now, i))).collect();
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let mut live = slots.iter().filter(|s| !s.gone).count();
+    while live > 0 {
+        live -= poll_due(&mut slots, &mut due);
+        let wait = due
+            .peek()
+            .map_or(Duration::from_secs(1), |Reverse((at, _))| {
+                at.saturating_duration_since(Instant::now())
+            });
+        let (i, cmd) = match cmds.recv_timeout(wait) {
+            Ok(c) => c,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        };
+        let Some(s) = slots.get_mut(i).filter(|s| !s.gone) else {
+            continue;
+        };
+        let now = Instant::now();
+        let next = match cmd {
+            HostCmd::Wake => now,
+            // Polls asked for in a burst cost one reading per MIN_INTERVAL, not one each.
+            HostCmd::PollNow => s.next.min((s.read_at + MIN_INTERVAL).max(now)),
+            HostCmd::Interval(d) => {
+                s.interval = d;
+                s.next.min(now + d)
+            }
+            HostCmd::Act { id, req } => {
+                act(
+                    s.pooled.src.as_mut(),
+                    None,
+                    &s.pooled.sink,
+                    &in_flight,
+                    id,
+                    &req,
+                );
+                // Read again right away: what the action ended may be gone.
+                now
+            }
+        };
+        if next != s.next {
+            s.next = next;
+            due.push(Reverse((next, i)));
+        }
+    }
+}

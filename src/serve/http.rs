@@ -519,7 +519,12 @@ struct StreamState {
 
 impl StreamState {
     fn wants(&self, host: usize) -> bool {
-        self.follows.iter().any(|f| f.host == host)
+        self.place(host).is_some()
+    }
+
+    /// Where host `host` is among those the stream follows (kept in order of host).
+    fn place(&self, host: usize) -> Option<usize> {
+        self.follows.binary_search_by_key(&host, |f| f.host).ok()
     }
 
     /// Events made now, at the stream's position.
@@ -599,6 +604,10 @@ fn begin(
             gauges: Vec::new(),
         })
         .collect();
+    debug_assert!(
+        follows.is_sorted_by_key(|f| f.host),
+        "followed in order of host"
+    );
     // Subscribed above before the journal is read: an event in both is given once.
     let (epoch, last) = shared
         .journal
@@ -642,13 +651,14 @@ fn stream(
     let st = begin(shared, hosts, asked, resume);
     futures::stream::unfold(st, |mut st| async move {
         loop {
-            if let Some(b) = st.out.pop_front() {
-                return Some((Ok(b), st));
-            }
-            if let Some((e, seq)) = st.queue.pop_front() {
+            // Everything queued goes out in one piece (up to a bound): one write, one wake-up of the
+            // client, for a batch of small events; a large shared snapshot goes as it is.
+            while let Some((e, seq)) = st.queue.pop_front() {
                 let id = format!("{}-{seq}", st.epoch);
                 st.out.extend(e.chunks(&id));
-                continue;
+            }
+            if let Some(b) = joined(&mut st.out) {
+                return Some((Ok(b), st));
             }
             let mut out = Vec::new();
             match &mut st.single {
@@ -670,9 +680,12 @@ fn stream(
                     tokio::select! {
                         r = st.readings.recv() => match r {
                             Ok(i) => {
-                                if let Some(f) = st.follows.iter_mut().find(|f| f.host == i) {
-                                    reading_events(&st.shared, f, &mut out);
+                                if let Some(at) = st.place(i) {
+                                    reading_events(&st.shared, &mut st.follows[at], &mut out);
                                 }
+                                // The readings of the next moments go out with it, in one write: a client
+                                // of ten thousand hosts is woken a few times a second, not for every host.
+                                gather(&mut st, &mut out).await?;
                             }
                             // Fell behind: bring every host up to date at once.
                             Err(broadcast::error::RecvError::Lagged(_)) => {
@@ -690,6 +703,65 @@ fn stream(
             st.extend(out);
         }
     })
+}
+
+/// Past this size a write goes out as it is rather than joined with the next.
+const JOIN_UP_TO: usize = 64 * 1024;
+
+/// The next part to send: the small parts at the front joined into one, or a large one alone.
+fn joined(out: &mut std::collections::VecDeque<Bytes>) -> Option<Bytes> {
+    let first = out.pop_front()?;
+    if first.len() >= JOIN_UP_TO || out.front().is_none_or(|b| b.len() >= JOIN_UP_TO) {
+        return Some(first);
+    }
+    let size = out
+        .iter()
+        .map(Bytes::len)
+        .take_while(|&n| n < JOIN_UP_TO)
+        .scan(first.len(), |sum, n| {
+            *sum += n;
+            Some(*sum)
+        })
+        .take_while(|&sum| sum <= JOIN_UP_TO)
+        .last()
+        .unwrap_or(first.len());
+    let mut one = Vec::with_capacity(size);
+    one.extend_from_slice(&first);
+    while let Some(b) = out.front() {
+        if b.len() >= JOIN_UP_TO || one.len() + b.len() > JOIN_UP_TO {
+            break;
+        }
+        one.extend_from_slice(b);
+        out.pop_front();
+    }
+    Some(Bytes::from(one))
+}
+
+/// How long a stream of several hosts gathers readings before it sends them.
+const GATHER: Duration = Duration::from_millis(25);
+
+/// The readings of several hosts that come within `GATHER` of one another, as events; `None` once the serve
+/// is going away.
+async fn gather(st: &mut StreamState, out: &mut Vec<Frame>) -> Option<()> {
+    let until = tokio::time::Instant::now() + GATHER;
+    loop {
+        tokio::select! {
+            r = st.readings.recv() => match r {
+                Ok(i) => {
+                    if let Some(at) = st.place(i) {
+                        reading_events(&st.shared, &mut st.follows[at], out);
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    for f in &mut st.follows {
+                        reading_events(&st.shared, f, out);
+                    }
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            },
+            () = tokio::time::sleep_until(until) => return Some(()),
+        }
+    }
 }
 
 /// A timeline event for the stream; `None` once the serve is going away. A stream that fell behind the

@@ -3,6 +3,7 @@
 //! drives both.
 
 pub mod app;
+pub mod history;
 pub mod keymap;
 pub mod modes;
 pub mod rows;

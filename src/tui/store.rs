@@ -23,7 +23,7 @@ pub struct HostView {
     /// Unix ms of the last good reading.
     pub last_seen_ms: Option<u64>,
     /// Per GPU index, (Unix ms, used MiB) over time.
-    pub history: HashMap<u32, VecDeque<(u64, u64)>>,
+    pub history: super::history::Histories,
     /// When each GPU process (pid, start time) was first seen holding or listed, Unix ms.
     pub held_since: HashMap<(u32, u64), u64>,
     /// PIDs never offered for signals on this host.
@@ -45,7 +45,7 @@ impl HostView {
             snap: None,
             status: ConnStatus::Connecting,
             last_seen_ms: None,
-            history: HashMap::new(),
+            history: super::history::Histories::default(),
             held_since: HashMap::new(),
             protected: Protected::remote(),
             read_only: false,
@@ -57,15 +57,7 @@ impl HostView {
 
     /// Keep its memory history and how long each GPU process has held a GPU, as of `snap`.
     fn remember(&mut self, snap: &HostSnapshot) {
-        for g in &snap.gpus {
-            if let Some(used) = g.memory.used {
-                let hist = self.history.entry(g.index).or_default();
-                hist.push_back((snap.taken_at_ms, used / MIB));
-                while hist.len() > HISTORY {
-                    hist.pop_front();
-                }
-            }
-        }
+        self.remember_memory(snap);
         let mut seen: Vec<(u32, u64)> = snap
             .holders
             .iter()
@@ -79,9 +71,19 @@ impl HostView {
             .collect();
         seen.sort_unstable();
         seen.dedup();
-        self.held_since.retain(|k, _| seen.contains(k));
+        self.held_since.retain(|k, _| seen.binary_search(k).is_ok());
         for k in seen {
             self.held_since.entry(k).or_insert(snap.taken_at_ms);
+        }
+    }
+
+    /// Keep its memory history as of `snap`: all a reading that says the same (fresh) adds.
+    fn remember_memory(&mut self, snap: &HostSnapshot) {
+        for g in &snap.gpus {
+            if let Some(used) = g.memory.used {
+                self.history
+                    .push(g.index, snap.taken_at_ms, used / MIB, HISTORY);
+            }
         }
     }
 }
@@ -149,7 +151,8 @@ impl Store {
             return;
         };
         snap.refresh(taken_at_ms, gauges);
-        h.remember(&snap);
+        // The same processes as before: only the memory history moves.
+        h.remember_memory(&snap);
         h.last_seen_ms = Some(snap.taken_at_ms);
         h.snap = Some(snap);
         if matches!(h.status, ConnStatus::Stale { .. }) {

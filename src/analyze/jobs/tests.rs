@@ -137,7 +137,7 @@ fn a_warm_up_goes_starting_loading_settled_with_its_duration() {
         "settled since memory stopped rising"
     );
     assert_eq!(j.settled_bytes, Some(4 * 31 * 2048 * MIB));
-    assert!(!b.timed(), "a settled job waits on no clock");
+    assert!(!b.due(u64::MAX), "a settled job waits on no clock");
 }
 
 #[test]
@@ -150,6 +150,45 @@ fn a_job_first_seen_long_after_its_start_is_holding_not_loading() {
     let seen = b.observe(&r, 111 * S);
     assert_eq!(seen.reports[0].phase, Phase::Settled);
     assert_eq!(seen.reports[0].warmup_ms, None, "its warm-up was not seen");
+}
+
+/// A reading that says the same is seen again only when a clock of the book runs out, not at every reading:
+/// ten thousand quiet hosts' `unchanged` readings cost no job analysis each.
+#[test]
+fn the_book_is_due_again_only_when_one_of_its_clocks_runs_out() {
+    let mut b = JobBook::new(opts());
+    let r = reading(0, &[Some(4096); 2], &[]);
+    // First seen long after its start: holding, settled 10 s after memory was last seen rising.
+    b.observe(&r, 100 * S);
+    assert!(!b.due(100 * S + 1) && !b.due(109 * S));
+    assert!(b.due(110 * S));
+    b.observe(&r, 110 * S);
+    assert!(!b.due(u64::MAX), "settled: no clock left");
+    // A rank lagging while loading: due when it would become a straggler, and not again once it is one.
+    let mut b = JobBook::new(opts());
+    b.observe(&reading(0, &[Some(0); 4], &[]), 0);
+    b.observe(
+        &reading(0, &[Some(8192), Some(8192), Some(8192), Some(100)], &[]),
+        S,
+    );
+    assert!(
+        !b.due(5 * S) && b.due(6 * S),
+        "a straggler 5 s after it lagged"
+    );
+    let seen = b.observe(
+        &reading(0, &[Some(8192), Some(8192), Some(8192), Some(100)], &[]),
+        6 * S,
+    );
+    assert!(
+        seen.reports[0].ranks.iter().any(|r| r.straggler),
+        "{:?}",
+        seen.reports[0]
+    );
+    assert!(!b.due(7 * S), "the straggler is named: its clock ran out");
+    assert!(
+        !b.due(10 * S) && b.due(11 * S),
+        "settled 10 s after the last rise"
+    );
 }
 
 #[test]
@@ -224,7 +263,8 @@ fn a_zombie_rank_is_lost_and_a_rank_in_d_only_past_the_window() {
     // Loading weights passes through D: not lost at once.
     let seen = b.observe(&reading(0, &[Some(8192); 3], &['D']), S);
     assert!(seen.reports[0].lost.is_empty());
-    assert!(b.timed());
+    // Its clock runs out 5 s after it was first seen in D, not before.
+    assert!(!b.due(5 * S) && b.due(6 * S));
     let seen = b.observe(&reading(0, &[Some(8192); 3], &['D']), 7 * S);
     assert_eq!(seen.reports[0].lost.len(), 1, "{:?}", seen.reports[0]);
     assert_eq!(seen.reports[0].lost[0].how, LostHow::StuckD);

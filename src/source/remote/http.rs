@@ -120,9 +120,30 @@ pub(super) struct SseParser {
     cur: SseEvent,
 }
 
+/// The largest data buffer a parser keeps between events.
+const KEEP_DATA_BUFFER: usize = 16 * 1024;
+
 impl SseParser {
     /// Feed bytes; complete events come out.
     pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<SseEvent>) -> Result<(), String> {
+        self.feed_each(bytes, &mut |ev| {
+            out.push(SseEvent {
+                event: ev.event.clone(),
+                data: ev.data.clone(),
+                id: ev.id.clone(),
+            });
+            true
+        })
+    }
+
+    /// Feed bytes; each complete event is shown to `each` as it ends (its buffers are then reused: a
+    /// stream of ten thousand hosts' small events allocates nothing per event). `each` returns false to
+    /// stop: the rest of the bytes are not read.
+    pub fn feed_each(
+        &mut self,
+        bytes: &[u8],
+        each: &mut dyn FnMut(&SseEvent) -> bool,
+    ) -> Result<(), String> {
         let mut rest = bytes;
         if !self.partial.is_empty() {
             let Some(n) = rest.iter().position(|&b| b == b'\n') else {
@@ -132,10 +153,14 @@ impl SseParser {
             self.partial.extend_from_slice(&rest[..n]);
             rest = &rest[n + 1..];
             let line = std::mem::take(&mut self.partial);
-            self.line(&line, out)?;
+            if !self.line(&line, each)? {
+                return Ok(());
+            }
         }
         while let Some(n) = rest.iter().position(|&b| b == b'\n') {
-            self.line(&rest[..n], out)?;
+            if !self.line(&rest[..n], each)? {
+                return Ok(());
+            }
             rest = &rest[n + 1..];
         }
         self.partial.extend_from_slice(rest);
@@ -149,18 +174,32 @@ impl SseParser {
         Ok(())
     }
 
-    /// One line, without its `\n`.
-    fn line(&mut self, line: &[u8], out: &mut Vec<SseEvent>) -> Result<(), String> {
+    /// One line, without its `\n`; false when `each` said stop.
+    fn line(
+        &mut self,
+        line: &[u8],
+        each: &mut dyn FnMut(&SseEvent) -> bool,
+    ) -> Result<bool, String> {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         let line = String::from_utf8_lossy(line);
         if line.is_empty() {
+            let mut go = true;
             if !self.cur.data.is_empty() || !self.cur.event.is_empty() {
-                out.push(std::mem::take(&mut self.cur));
+                go = each(&self.cur);
+                self.cur.event.clear();
+                self.cur.id = None;
+                // A small buffer is kept for the next event; a snapshot's is let go (a thousand streams
+                // would otherwise each keep their largest).
+                if self.cur.data.capacity() > KEEP_DATA_BUFFER {
+                    self.cur.data = String::new();
+                } else {
+                    self.cur.data.clear();
+                }
             }
-            return Ok(());
+            return Ok(go);
         }
         if line.starts_with(':') {
-            return Ok(());
+            return Ok(true);
         }
         let (field, value) = line.split_once(':').unwrap_or((&line, ""));
         let value = value.strip_prefix(' ').unwrap_or(value);
@@ -181,7 +220,7 @@ impl SseParser {
         if self.cur.data.len() > MAX_LINE_BYTES {
             return Err(format!("an event longer than {MAX_LINE_BYTES} bytes"));
         }
-        Ok(())
+        Ok(true)
     }
 }
 

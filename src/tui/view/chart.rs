@@ -50,7 +50,7 @@ fn series(h: &HostView, indices: &[u32], now: u64) -> (Series, u64) {
                 .get(g)?
                 .iter()
                 .filter(|(t, _)| now.saturating_sub(*t) <= span_s * 1000)
-                .map(|(t, mib)| (-((now.saturating_sub(*t)) as f64) / 1000.0, *mib as f64))
+                .map(|(t, mib)| (-((now.saturating_sub(t)) as f64) / 1000.0, mib as f64))
                 .collect();
             Some((*g, pts))
         })

@@ -107,7 +107,14 @@ fn row<'a>(app: &App, h: &HostView, g: &Gpu, wide: bool, widths: (u16, u16, usiz
     cells.push(Cell::from(state_txt).style(state_style(app, st)));
     let max = g.memory.total.unwrap_or(0) / MIB;
     cells.push(Cell::from(Line::from(Span::styled(
-        sparkline(h.history.get(&g.index), max, spark_w),
+        sparkline(
+            &h.history
+                .get(&g.index)
+                .map(|x| x.last(spark_w))
+                .unwrap_or_default(),
+            max,
+            spark_w,
+        ),
         fg(app, Color::Cyan),
     ))));
     Row::new(cells)

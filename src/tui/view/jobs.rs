@@ -95,6 +95,23 @@ pub fn render(app: &App, f: &mut Frame, area: Rect) {
 }
 
 /// The selected job: its launcher, each host's ranks, what it lost, its memory over time.
+/// A job's memory over time: the sum of its GPUs' histories, reading by reading (the last `width`).
+fn job_memory(hv: &crate::tui::store::HostView, gpus: &[u32], width: usize) -> Vec<(u64, u64)> {
+    let per: Vec<Vec<(u64, u64)>> = gpus
+        .iter()
+        .filter_map(|g| hv.history.get(g))
+        .map(|h| h.last(width))
+        .collect();
+    let n = per.iter().map(Vec::len).min().unwrap_or(0);
+    (0..n)
+        .map(|k| {
+            let at = per[0][per[0].len() - n + k].0;
+            let sum = per.iter().map(|d| d[d.len() - n + k].1).sum();
+            (at, sum)
+        })
+        .collect()
+}
+
 fn detail(app: &App, f: &mut Frame, area: Rect, r: &JobRow) {
     let w = area.width as usize;
     let mut lines = Vec::new();
@@ -107,20 +124,10 @@ fn detail(app: &App, f: &mut Frame, area: Rect, r: &JobRow) {
             truncate(&format!("{label}: {}", j.name), w),
             Style::default().add_modifier(Modifier::BOLD),
         )));
-        // The job's memory over time: the sum of its GPUs' histories, reading by reading.
-        let hist: std::collections::VecDeque<(u64, u64)> = {
-            let per: Vec<_> = j.gpus.iter().filter_map(|g| hv.history.get(g)).collect();
-            let n = per.iter().map(|d| d.len()).min().unwrap_or(0);
-            (0..n)
-                .map(|k| {
-                    let at = per[0][per[0].len() - n + k].0;
-                    let sum = per.iter().map(|d| d[d.len() - n + k].1).sum();
-                    (at, sum)
-                })
-                .collect()
-        };
+        let width = w.saturating_sub(14).min(120);
+        let hist = job_memory(hv, &j.gpus, width);
         let max = hist.iter().map(|s| s.1).max().unwrap_or(0);
-        let spark = sparkline(Some(&hist), max, w.saturating_sub(14).min(120));
+        let spark = sparkline(&hist, max, width);
         lines.push(Line::from(vec![
             Span::styled("  memory     ", fg(app, Color::DarkGray)),
             Span::styled(spark, fg(app, Color::Cyan)),

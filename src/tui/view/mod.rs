@@ -188,15 +188,8 @@ pub fn bar(used: Option<u64>, total: Option<u64>, width: usize) -> String {
 }
 
 /// The last `width` samples as a sparkline, scaled to `max`.
-pub fn sparkline(
-    samples: Option<&std::collections::VecDeque<(u64, u64)>>,
-    max: u64,
-    width: usize,
-) -> String {
+pub fn sparkline(s: &[(u64, u64)], max: u64, width: usize) -> String {
     const TICKS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
-    let Some(s) = samples else {
-        return String::new();
-    };
     let skip = s.len().saturating_sub(width);
     s.iter()
         .skip(skip)
