@@ -238,10 +238,18 @@ pub(super) fn hello(data: &str) -> Result<sse::Hello, String> {
     Ok(h)
 }
 
+/// A `snapshot` event's host object, parsed (or why not) and marked as read over HTTP.
+pub(super) fn read_snapshot(data: &str) -> Result<HostSnapshot, String> {
+    let mut snap = serde_json::from_str::<HostSnapshot>(data)
+        .map_err(|e| format!("a snapshot that does not parse ({e}): {:?}", preview(data)))?;
+    as_read_over_http(&mut snap);
+    Ok(snap)
+}
+
 /// A snapshot as read from a serve: marked so, its counters dropped (an `unchanged` carries gauges alone:
 /// kept, counters would read as current while they age; the serve's /metrics has them), and nothing is done
 /// over HTTP: the reading says so, as a Prometheus host's does.
-pub(super) fn as_read_over_http(snap: &mut HostSnapshot) {
+fn as_read_over_http(snap: &mut HostSnapshot) {
     snap.source = SourceKind::Http;
     for g in &mut snap.gpus {
         g.counters = None;
@@ -458,16 +466,10 @@ impl Stream<'_> {
         }
         let sent = match kind {
             Some(sse::Kind::Snapshot) => {
-                let mut snap = match serde_json::from_str::<HostSnapshot>(&ev.data) {
+                let snap = match read_snapshot(&ev.data) {
                     Ok(s) => s,
-                    Err(e) => {
-                        return Step::End(Ended::Failed(format!(
-                            "a snapshot that does not parse ({e}): {:?}",
-                            preview(&ev.data)
-                        )));
-                    }
+                    Err(e) => return Step::End(Ended::Failed(e)),
                 };
-                as_read_over_http(&mut snap);
                 self.heard() && self.task.sink.reading(snap)
             }
             Some(sse::Kind::Unchanged) => {

@@ -12,9 +12,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::http::{HttpClient, SseEvent, SseParser, as_read_over_http, describe, hello, preview};
+use super::http::{HttpClient, SseEvent, SseParser, describe, hello, preview, read_snapshot};
 use crate::core::format::{escape, millis};
-use crate::core::model::HostSnapshot;
 use crate::core::sse;
 use crate::source::{ConnStatus, HostCmd, Sink};
 
@@ -342,19 +341,13 @@ impl Group {
         }
         let sent = match kind {
             Some(sse::Kind::Snapshot) => {
-                let mut snap = match serde_json::from_str::<HostSnapshot>(&ev.data) {
+                let snap = match read_snapshot(&ev.data) {
                     Ok(s) => s,
-                    Err(e) => {
-                        return Step::End(Ended::Failed(format!(
-                            "a snapshot that does not parse ({e}): {:?}",
-                            preview(&ev.data)
-                        )));
-                    }
+                    Err(e) => return Step::End(Ended::Failed(e)),
                 };
                 let Some(&at) = self.by_name.get(&snap.host) else {
                     return Step::Go;
                 };
-                as_read_over_http(&mut snap);
                 st.heard(at, &self.hosts[at]) && self.hosts[at].sink.reading(snap)
             }
             Some(sse::Kind::Unchanged) => {
