@@ -1062,6 +1062,55 @@ fn screen_jobs_view_names_the_lost_rank_and_sweeps_the_job_alone() {
 }
 
 #[test]
+fn the_hosts_are_filtered_by_name_and_by_state_and_moves_stay_among_them() {
+    let mut d = Demo::new(30);
+    // `/` on the hosts panel filters the hosts: the leaking ones are gpu-b and gpu-d.
+    d.ch('n');
+    d.ch('/');
+    for c in "is:leaking".chars() {
+        d.ch(c);
+    }
+    d.key(KeyCode::Enter);
+    assert_eq!(d.app.shown_hosts(), [1, 3]);
+    assert!(d.app.view.procs.filter.is_empty(), "not the process filter");
+    let screen = d.screen(160, 48);
+    assert!(
+        screen.contains("Hosts 2 of 4 shown (is:leaking): 2 leaking"),
+        "{screen}"
+    );
+    // Moves go along the hosts shown, and stop at their ends.
+    d.key(KeyCode::Down);
+    assert_eq!(d.app.view.sel.host, 3);
+    d.key(KeyCode::Down);
+    assert_eq!(d.app.view.sel.host, 3);
+    d.key(KeyCode::Up);
+    assert_eq!(d.app.view.sel.host, 1);
+    // By name, any case: the selected host it hides gives way to the one it shows.
+    d.ch('/');
+    d.key(KeyCode::Esc);
+    assert!(d.app.view.hosts_filter.is_empty());
+    d.ch('/');
+    for c in "GPU-C".chars() {
+        d.ch(c);
+    }
+    d.key(KeyCode::Enter);
+    assert_eq!(d.app.shown_hosts(), [2]);
+    assert_eq!(d.app.view.sel.host, 2);
+    // A state that does not exist is said, not silently matched by nothing.
+    d.ch('/');
+    for c in " is:leak".chars() {
+        d.ch(c);
+    }
+    d.key(KeyCode::Enter);
+    assert!(d.app.shown_hosts().is_empty());
+    let status = d.app.view.status.clone().map(|s| s.0).unwrap_or_default();
+    assert!(status.contains("no state leak"), "{status}");
+    // Esc on the main screen clears it: every host again.
+    d.key(KeyCode::Esc);
+    assert_eq!(d.app.shown_hosts(), [0, 1, 2, 3]);
+}
+
+#[test]
 fn n_goes_to_the_next_host_that_leaks_and_the_title_counts_them() {
     let mut d = Demo::new(30);
     // gpu-b leaks (its pkill's leftovers), gpu-d lost a rank; gpu-a and gpu-c do not.

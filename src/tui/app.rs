@@ -181,7 +181,13 @@ pub struct View {
     /// When the app got its first clock tick, Unix ms.
     pub started_ms: Option<u64>,
     pub last_sweep_ms: Option<u64>,
+    /// The hosts panel's filter: words a host must all match, a part of its name or a state
+    /// (`is:leaking`, see `HOST_STATES`).
+    pub hosts_filter: String,
 }
+
+/// The states the hosts filter knows, as `is:STATE`.
+pub const HOST_STATES: [&str; 5] = ["leaking", "unreadable", "connecting", "clean", "troubled"];
 
 #[derive(Debug, Clone)]
 pub struct App {
@@ -232,6 +238,7 @@ impl App {
                 now_ms: 0,
                 started_ms: None,
                 last_sweep_ms: None,
+                hosts_filter: String::new(),
             },
             mode: Mode::Main,
             cfg: AppConfig {
@@ -293,23 +300,102 @@ impl App {
             || self.silent_too_long(h)
     }
 
-    /// `n`: select the next host after the selected one that needs a look (round the list), on the hosts
-    /// panel; say so when none does.
+    /// Whether host `h` is in state `state` (one of `HOST_STATES`).
+    fn host_is(&self, h: &HostView, state: &str) -> bool {
+        match state {
+            "leaking" => h.leaks > 0,
+            "unreadable" => {
+                matches!(h.status, ConnStatus::Down(_) | ConnStatus::Stale { .. })
+                    || self.silent_too_long(h)
+            }
+            "connecting" => h.snap.is_none() && matches!(h.status, ConnStatus::Connecting),
+            "clean" => h.snap.as_ref().is_some_and(|s| {
+                s.error.is_none() && !s.gpus.is_empty() && h.counts.clean == s.gpus.len()
+            }),
+            "troubled" => self.troubled(h),
+            _ => false,
+        }
+    }
+
+    /// Whether the hosts filter shows host `h`: it matches every word (a part of its name, any case, or
+    /// `is:STATE`).
+    fn host_matches(&self, h: &HostView, words: &[(bool, String)]) -> bool {
+        words.iter().all(|(state, w)| {
+            if *state {
+                self.host_is(h, w)
+            } else {
+                h.label.to_lowercase().contains(w.as_str())
+            }
+        })
+    }
+
+    /// The hosts filter's words: (a state?, the word in lower case).
+    fn filter_words(&self) -> Vec<(bool, String)> {
+        self.view
+            .hosts_filter
+            .split_whitespace()
+            .map(|w| match w.strip_prefix("is:") {
+                Some(st) => (true, st.to_lowercase()),
+                None => (false, w.to_lowercase()),
+            })
+            .collect()
+    }
+
+    /// The hosts the hosts panel shows, by index: every host, or those the filter matches.
+    pub fn shown_hosts(&self) -> Vec<usize> {
+        let words = self.filter_words();
+        (0..self.store.hosts.len())
+            .filter(|&i| words.is_empty() || self.host_matches(&self.store.hosts[i], &words))
+            .collect()
+    }
+
+    /// The filter's `is:` words that name no state.
+    pub fn unknown_states(&self) -> Vec<String> {
+        self.filter_words()
+            .into_iter()
+            .filter(|(state, w)| *state && !HOST_STATES.contains(&w.as_str()))
+            .map(|(_, w)| w)
+            .collect()
+    }
+
+    /// After the hosts filter changed: a selected host it hides gives way to the first it shows.
+    pub(super) fn keep_shown_host_selected(&mut self) {
+        let shown = self.shown_hosts();
+        if shown.contains(&self.view.sel.host) {
+            return;
+        }
+        if let Some(&first) = shown.first() {
+            self.select_host(first);
+        }
+    }
+
+    /// Select host `i`, from its first GPU, process and finding.
+    fn select_host(&mut self, i: usize) {
+        let sel = &mut self.view.sel;
+        if i != sel.host {
+            sel.host = i;
+            sel.gpu = 0;
+            sel.proc = 0;
+            sel.finding = 0;
+        }
+    }
+
+    /// `n`: select the next host after the selected one that needs a look (round the list, among those the
+    /// hosts filter shows), on the hosts panel; say so when none does.
     pub(super) fn next_trouble(&mut self) {
         let n = self.store.hosts.len();
         let from = self.view.sel.host;
-        let next = (1..=n)
-            .map(|k| (from + k) % n.max(1))
-            .find(|&i| self.store.hosts.get(i).is_some_and(|h| self.troubled(h)));
+        let words = self.filter_words();
+        let next = (1..=n).map(|k| (from + k) % n.max(1)).find(|&i| {
+            self.store
+                .hosts
+                .get(i)
+                .is_some_and(|h| self.troubled(h) && self.host_matches(h, &words))
+        });
         match next {
             Some(i) => {
                 self.view.sel.focus = Panel::Hosts;
-                if i != self.view.sel.host {
-                    self.view.sel.host = i;
-                    self.view.sel.gpu = 0;
-                    self.view.sel.proc = 0;
-                    self.view.sel.finding = 0;
-                }
+                self.select_host(i);
             }
             None => self.set_status("no host leaks or is unreadable", Level::Good),
         }
@@ -364,6 +450,11 @@ impl App {
     /// The process filter is being typed.
     pub fn filter_editing(&self) -> bool {
         self.mode == Mode::Filter
+    }
+
+    /// The hosts filter is being typed.
+    pub fn hosts_filter_editing(&self) -> bool {
+        self.mode == Mode::HostFilter
     }
 
     /// (clean, in use, leaking, unknown) over every GPU of every host.
@@ -578,6 +669,19 @@ impl App {
                     .min(last)
             };
         };
+        if self.view.sel.focus == Panel::Hosts {
+            // Along the hosts the filter shows.
+            let shown = self.shown_hosts();
+            let mut at = shown
+                .iter()
+                .position(|&i| i == self.view.sel.host)
+                .unwrap_or(0);
+            mv(&mut at, shown.len());
+            if let Some(&i) = shown.get(at) {
+                self.select_host(i);
+            }
+            return;
+        }
         let n = match self.view.sel.focus {
             Panel::Hosts => self.store.hosts.len(),
             Panel::Gpus => self.snap().map_or(0, |s| s.gpus.len()),
@@ -586,15 +690,7 @@ impl App {
         };
         let sel = &mut self.view.sel;
         match sel.focus {
-            Panel::Hosts => {
-                let before = sel.host;
-                mv(&mut sel.host, n);
-                if before != sel.host {
-                    sel.gpu = 0;
-                    sel.proc = 0;
-                    sel.finding = 0;
-                }
-            }
+            Panel::Hosts => {}
             Panel::Gpus => mv(&mut sel.gpu, n),
             Panel::Processes => mv(&mut sel.proc, n),
             Panel::Findings => mv(&mut sel.finding, n),
@@ -602,12 +698,17 @@ impl App {
     }
 
     fn on_click(&mut self, panel: Panel, row: usize) {
+        let shown = if panel == Panel::Hosts {
+            self.shown_hosts()
+        } else {
+            Vec::new()
+        };
         let sel = &mut self.view.sel;
         sel.focus = panel;
         match panel {
             Panel::Hosts => {
-                if row < self.store.hosts.len() {
-                    sel.host = row;
+                if let Some(&i) = shown.get(row) {
+                    sel.host = i;
                 }
             }
             Panel::Gpus => sel.gpu = row,

@@ -87,7 +87,12 @@ impl Cmd {
             "rewatch",
             "re-watch: fast polling until every GPU reads zero",
         ),
-        (Cmd::Filter, Layer::Main, "filter", "filter processes"),
+        (
+            Cmd::Filter,
+            Layer::Main,
+            "filter",
+            "filter processes (hosts, on the hosts panel)",
+        ),
         (Cmd::Sort, Layer::Main, "sort", "change the process sort"),
         (
             Cmd::Refresh,

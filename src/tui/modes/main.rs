@@ -72,6 +72,10 @@ fn command(app: &mut App, cmd: Cmd) -> Vec<Effect> {
         Cmd::Sweep => super::sweep::open(app),
         Cmd::RemoveShm => super::remove::open(app),
         Cmd::Rewatch => return app.toggle_rewatch(),
+        // On the hosts panel of several hosts the filter is the hosts'; elsewhere the processes'.
+        Cmd::Filter if app.view.sel.focus == Panel::Hosts && app.store.hosts.len() > 1 => {
+            app.mode = Mode::HostFilter;
+        }
         Cmd::Filter => {
             app.mode = Mode::Filter;
             app.view.sel.focus = Panel::Processes;
@@ -135,6 +139,8 @@ fn back(app: &mut App) -> Vec<Effect> {
     } else if !app.view.procs.filter.is_empty() {
         app.view.procs.filter.clear();
         app.rebuild_rows();
+    } else if !app.view.hosts_filter.is_empty() {
+        app.view.hosts_filter.clear();
     } else {
         app.view.sel.focus = Panel::Hosts;
     }

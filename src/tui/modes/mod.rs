@@ -27,6 +27,8 @@ pub enum Mode {
     Main,
     /// The process filter is being typed.
     Filter,
+    /// The hosts filter is being typed.
+    HostFilter,
     Dialog(Dialog),
     /// The shared-memory panel and tile calculator; `editing`: the tile is being typed.
     Smem {
@@ -65,6 +67,7 @@ pub fn key(app: &mut App, k: KeyEvent) -> Vec<Effect> {
     match std::mem::take(&mut app.mode) {
         Mode::Main => main::key(app, k),
         Mode::Filter => filter::key(app, k),
+        Mode::HostFilter => filter::host_key(app, k),
         Mode::Smem { editing } => smem::key(app, editing, k),
         Mode::Timeline { scroll } => timeline::key(app, scroll, k),
         Mode::Jobs { sel } => jobs::key(app, sel, k),

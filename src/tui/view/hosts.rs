@@ -128,10 +128,19 @@ fn title(app: &App) -> String {
         .iter()
         .filter(|h| h.snap.is_none() && matches!(h.status, ConnStatus::Connecting))
         .count();
-    let mut t = format!(
-        "Hosts {}: {leaking} leaking, {unreadable} unreadable",
-        hosts.len()
-    );
+    let mut t = if app.view.hosts_filter.trim().is_empty() {
+        format!(
+            "Hosts {}: {leaking} leaking, {unreadable} unreadable",
+            hosts.len()
+        )
+    } else {
+        format!(
+            "Hosts {} of {} shown ({}): {leaking} leaking, {unreadable} unreadable",
+            app.shown_hosts().len(),
+            hosts.len(),
+            truncate(app.view.hosts_filter.trim(), 24)
+        )
+    };
     if connecting > 0 {
         t.push_str(&format!(", {connecting} connecting"));
     }
@@ -145,7 +154,12 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     let inner = block.inner(area);
     f.render_widget(block, area);
     let rows = inner.height as usize;
-    let start = app.view.sel.host.saturating_sub(rows.saturating_sub(1));
+    let shown = app.shown_hosts();
+    let at = shown
+        .iter()
+        .position(|&i| i == app.view.sel.host)
+        .unwrap_or(0);
+    let start = at.saturating_sub(rows.saturating_sub(1));
     let name_w = app
         .store
         .hosts
@@ -155,7 +169,8 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
         .unwrap_or(4)
         .clamp(4, 24);
     let mut lines = Vec::new();
-    for (i, h) in app.store.hosts.iter().enumerate().skip(start).take(rows) {
+    for &i in shown.iter().skip(start).take(rows) {
+        let h = &app.store.hosts[i];
         let at = if i == app.view.sel.host { "▸ " } else { "  " };
         let mut spans = vec![
             Span::raw(at),

@@ -210,6 +210,14 @@ fn status_line(app: &App, f: &mut Frame, area: Rect) {
             Span::raw(format!("{}▏", app.view.procs.filter)),
             Span::raw("  (Enter keep, Esc clear)"),
         ])
+    } else if app.hosts_filter_editing() {
+        Line::from(vec![
+            Span::styled(" hosts: ", fg(app, Color::Yellow)),
+            Span::raw(format!("{}▏", app.view.hosts_filter)),
+            Span::raw(
+                "  (name parts, is:leaking is:unreadable is:connecting is:clean; Enter keep, Esc clear)",
+            ),
+        ])
     } else if let Some((msg, level)) = &app.view.status {
         let st = match level {
             Level::Info => fg(app, Color::White),
