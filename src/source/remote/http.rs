@@ -146,7 +146,7 @@ impl SseParser {
     ) -> Result<(), String> {
         let mut rest = bytes;
         if !self.partial.is_empty() {
-            let Some(n) = rest.iter().position(|&b| b == b'\n') else {
+            let Some(n) = memchr::memchr(b'\n', rest) else {
                 self.partial.extend_from_slice(rest);
                 return self.bounded();
             };
@@ -157,7 +157,7 @@ impl SseParser {
                 return Ok(());
             }
         }
-        while let Some(n) = rest.iter().position(|&b| b == b'\n') {
+        while let Some(n) = memchr::memchr(b'\n', rest) {
             if !self.line(&rest[..n], each)? {
                 return Ok(());
             }
@@ -181,7 +181,12 @@ impl SseParser {
         each: &mut dyn FnMut(&SseEvent) -> bool,
     ) -> Result<bool, String> {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let line = String::from_utf8_lossy(line);
+        // Valid UTF-8 (a serve's lines always are) is read in place, checked at full speed; anything else
+        // is read with replacement characters.
+        let line = match std::str::from_utf8(line) {
+            Ok(l) => std::borrow::Cow::Borrowed(l),
+            Err(_) => String::from_utf8_lossy(line),
+        };
         if line.is_empty() {
             let mut go = true;
             if !self.cur.data.is_empty() || !self.cur.event.is_empty() {
