@@ -6,6 +6,7 @@
 # For each: the first complete `snapshot --json` (every host read), the TUI's first complete view (its
 # --events file holds a host_up for every host), and the TUI's CPU and memory at a 1 s poll over SECS.
 #   scripts/scale-fleet.sh MODE N [SECS]      (needs tmux; prom needs prometheus)
+# all-smi's viewer, measured the same way on its own mock nodes: scripts/scale-allsmi.sh N [SECS].
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:?cmd, http or prom}; N=${2:?hosts}; SECS=${3:-30}
