@@ -154,10 +154,17 @@ impl HttpUrl {
     /// `host:port`, and the host's name under a serve's `/hosts/NAME` when the path names one.
     pub fn label(&self) -> String {
         let hp = self.host_port();
-        match self.path().strip_prefix("/hosts/") {
-            Some(name) if !name.contains('/') => format!("{hp}/{name}"),
-            _ => format!("{hp}{}", self.path()),
+        match self.served_host() {
+            Some(name) => format!("{hp}/{name}"),
+            None => format!("{hp}{}", self.path()),
         }
+    }
+
+    /// NAME, when the address is one host of a serve's: `/hosts/NAME`.
+    pub fn served_host(&self) -> Option<&str> {
+        self.path()
+            .strip_prefix("/hosts/")
+            .filter(|name| !name.is_empty() && !name.contains('/'))
     }
 }
 

@@ -317,8 +317,7 @@ fn serve_host(spec: &HostSpec) -> Option<(String, &str)> {
     let HostSpec::Http { url } = spec else {
         return None;
     };
-    let name = url.path().strip_prefix("/hosts/")?;
-    (!name.is_empty() && !name.contains('/')).then(|| (url.origin(), name))
+    Some((url.origin(), url.served_host()?))
 }
 
 /// The serves two or more of whose hosts are among the specs (each read through one stream), with their

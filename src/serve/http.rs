@@ -714,18 +714,7 @@ fn joined(out: &mut std::collections::VecDeque<Bytes>) -> Option<Bytes> {
     if first.len() >= JOIN_UP_TO || out.front().is_none_or(|b| b.len() >= JOIN_UP_TO) {
         return Some(first);
     }
-    let size = out
-        .iter()
-        .map(Bytes::len)
-        .take_while(|&n| n < JOIN_UP_TO)
-        .scan(first.len(), |sum, n| {
-            *sum += n;
-            Some(*sum)
-        })
-        .take_while(|&sum| sum <= JOIN_UP_TO)
-        .last()
-        .unwrap_or(first.len());
-    let mut one = Vec::with_capacity(size);
+    let mut one = Vec::with_capacity(JOIN_UP_TO.min(first.len() * 2));
     one.extend_from_slice(&first);
     while let Some(b) = out.front() {
         if b.len() >= JOIN_UP_TO || one.len() + b.len() > JOIN_UP_TO {

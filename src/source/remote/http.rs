@@ -124,8 +124,9 @@ pub(super) struct SseParser {
 const KEEP_DATA_BUFFER: usize = 16 * 1024;
 
 impl SseParser {
-    /// Feed bytes; complete events come out.
-    pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<SseEvent>) -> Result<(), String> {
+    /// Feed bytes; complete events come out (copied: for the tests).
+    #[cfg(test)]
+    fn feed(&mut self, bytes: &[u8], out: &mut Vec<SseEvent>) -> Result<(), String> {
         self.feed_each(bytes, &mut |ev| {
             out.push(SseEvent {
                 event: ev.event.clone(),
@@ -264,6 +265,26 @@ fn as_read_over_http(snap: &mut HostSnapshot) {
     }
 }
 
+/// When a serve's host is stale, and when it is given up (down), at the pace readings come: the faster of
+/// the client's interval and the serve's own.
+pub(super) fn silence_limits(
+    interval: Duration,
+    serve_interval: Option<Duration>,
+    connect_timeout: Duration,
+) -> (Duration, Duration) {
+    let every = serve_interval.map_or(interval, |s| s.min(interval));
+    let stale_after = every.saturating_mul(3).max(Duration::from_secs(3));
+    let give_up = every
+        .saturating_mul(10)
+        .max(stale_after.saturating_mul(2))
+        .max(connect_timeout);
+    (stale_after, give_up)
+}
+
+/// Why an action on a host read over HTTP is refused.
+pub(super) const READ_ONLY: &str = "read-only host (read over HTTP from its gpusweep serve): nothing was \
+     done; act on it over SSH (--hosts user@node) or through its agent";
+
 /// What ended one stream.
 enum Ended {
     /// The poll interval changed: connect again at once with the new one.
@@ -392,13 +413,11 @@ enum Step {
 impl Stream<'_> {
     /// When the stream is stale, and when it is given up, at the pace readings come.
     fn limits(&self, interval: Duration) -> (Duration, Duration) {
-        let every = self.serve_interval.map_or(interval, |s| s.min(interval));
-        let stale_after = every.saturating_mul(3).max(Duration::from_secs(3));
-        let give_up = every
-            .saturating_mul(10)
-            .max(stale_after.saturating_mul(2))
-            .max(self.task.opts.ssh.connect_timeout);
-        (stale_after, give_up)
+        silence_limits(
+            interval,
+            self.serve_interval,
+            self.task.opts.ssh.connect_timeout,
+        )
     }
 
     fn on_silence(&mut self) -> Step {
@@ -525,11 +544,7 @@ impl Stream<'_> {
             Some(HostCmd::PollNow | HostCmd::Wake) if self.stale => Step::End(Ended::Interval),
             Some(HostCmd::Interval(_) | HostCmd::PollNow | HostCmd::Wake) => Step::Go,
             Some(c @ HostCmd::Act { .. }) => {
-                c.refuse(
-                    self.task.sink.as_ref(),
-                    "read-only host (read over HTTP from its gpusweep serve): nothing was done; \
-                     act on it over SSH (--hosts user@node) or through its agent",
-                );
+                c.refuse(self.task.sink.as_ref(), READ_ONLY);
                 Step::Go
             }
         }
@@ -550,7 +565,6 @@ async fn stream(
         Err(e) => return Ended::Failed(e),
     };
     let mut parser = SseParser::default();
-    let mut events = Vec::new();
     let mut st = Stream {
         task,
         base,
@@ -573,14 +587,15 @@ async fn stream(
                     Ok(None) => return Ended::Failed("the serve closed the stream".into()),
                     Err(e) => return Ended::Failed(describe(&e)),
                 };
-                if let Err(e) = parser.feed(&bytes, &mut events) {
+                let mut step = Step::Go;
+                let fed = parser.feed_each(&bytes, &mut |ev| {
+                    step = st.on_event(ev);
+                    matches!(step, Step::Go)
+                });
+                if let Err(e) = fed {
                     return Ended::Failed(format!("from the serve: {e}"));
                 }
-                events
-                    .drain(..)
-                    .map(|ev| st.on_event(&ev))
-                    .find(|s| matches!(s, Step::End(_)))
-                    .unwrap_or(Step::Go)
+                step
             }
             c = cmds.recv() => st.on_cmd(c, interval),
             () = tokio::time::sleep_until(alarm) => {

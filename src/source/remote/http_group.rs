@@ -12,7 +12,11 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::http::{HttpClient, SseEvent, SseParser, describe, hello, preview, read_snapshot};
+use super::http::{
+    HttpClient, READ_ONLY, SseEvent, SseParser, describe, hello, preview, read_snapshot,
+    silence_limits,
+};
+use super::{FIRST_BACKOFF, MAX_BACKOFF};
 use crate::core::format::{escape, millis};
 use crate::core::sse;
 use crate::source::{ConnStatus, HostCmd, Sink};
@@ -29,10 +33,6 @@ pub struct GroupHost {
 /// Past this length the stream asks for every host of the serve and keeps its own: a URL of thousands of
 /// names is not worth sending (a serve of fewer hosts than asked for sends little more).
 const MAX_NAMES_QUERY: usize = 4096;
-
-/// The first backoff after a failure; it doubles up to `MAX_BACKOFF`.
-const FIRST_BACKOFF: Duration = Duration::from_millis(500);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// What one host of the stream has said.
 struct Member {
@@ -244,14 +244,7 @@ impl Group {
 
     /// When a host is stale, and when it is down, at the pace the serve reads.
     fn limits(&self, st: &Stream) -> (Duration, Duration) {
-        let interval = self.interval();
-        let every = st.serve_interval.map_or(interval, |s| s.min(interval));
-        let stale_after = every.saturating_mul(3).max(Duration::from_secs(3));
-        let give_up = every
-            .saturating_mul(10)
-            .max(stale_after.saturating_mul(2))
-            .max(self.connect_timeout);
-        (stale_after, give_up)
+        silence_limits(self.interval(), st.serve_interval, self.connect_timeout)
     }
 
     /// Judge each host's silence (only its own: the stream may be busy with others), and the whole
@@ -412,11 +405,7 @@ impl Group {
             HostCmd::PollNow | HostCmd::Wake => Step::Go,
             c @ HostCmd::Act { .. } => {
                 if let Some(h) = self.hosts.get(at) {
-                    c.refuse(
-                        h.sink.as_ref(),
-                        "read-only host (read over HTTP from its gpusweep serve): nothing was done; \
-                         act on it over SSH (--hosts user@node) or through its agent",
-                    );
+                    c.refuse(h.sink.as_ref(), READ_ONLY);
                 }
                 Step::Go
             }

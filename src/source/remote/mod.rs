@@ -51,8 +51,8 @@ pub struct RemoteTask {
 }
 
 /// The first backoff after a failure; it doubles up to `MAX_BACKOFF`.
-const FIRST_BACKOFF: Duration = Duration::from_millis(500);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
+pub(super) const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 impl RemoteTask {
     pub fn status(&self, status: ConnStatus) -> bool {

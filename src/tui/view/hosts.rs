@@ -111,7 +111,7 @@ fn connection(app: &App, h: &HostView) -> Span<'static> {
 
 /// "Hosts 4: 1 leaking, 0 unreadable": what a long list holds, so a fleet of thousands is read at a glance
 /// (`n` goes to the next host that leaks or cannot be read).
-fn title(app: &App) -> String {
+fn title(app: &App, shown: usize) -> String {
     let hosts = &app.store.hosts;
     if hosts.len() < 2 {
         return "Hosts".into();
@@ -136,7 +136,7 @@ fn title(app: &App) -> String {
     } else {
         format!(
             "Hosts {} of {} shown ({}): {leaking} leaking, {unreadable} unreadable",
-            app.shown_hosts().len(),
+            shown,
             hosts.len(),
             truncate(app.view.hosts_filter.trim(), 24)
         )
@@ -150,11 +150,11 @@ fn title(app: &App) -> String {
 /// The hosts strip: one row per host, its cells in order.
 pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     let focused = app.view.sel.focus == Panel::Hosts;
-    let block = panel(app, &title(app), focused, compact);
+    let shown = app.shown_hosts();
+    let block = panel(app, &title(app, shown.len()), focused, compact);
     let inner = block.inner(area);
     f.render_widget(block, area);
     let rows = inner.height as usize;
-    let shown = app.shown_hosts();
     let at = shown
         .iter()
         .position(|&i| i == app.view.sel.host)
