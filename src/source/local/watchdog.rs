@@ -210,11 +210,14 @@ mod tests {
         // The call returns at last: its stale answer is dropped and the GPU is asked again.
         release.send(()).expect("release");
         release.send(()).expect("release");
+        // Awaited until a deadline, not for a count of reads: on a loaded machine the released call may
+        // take a while to be scheduled, and a hundred reads can pass before it is.
+        let deadline = Instant::now() + Duration::from_secs(10);
         let mut recovered = false;
-        for _ in 0..100 {
-            if g.read()[1].memory.used == Some(1) {
-                recovered = true;
-                break;
+        while !recovered && Instant::now() < deadline {
+            recovered = g.read()[1].memory.used == Some(1);
+            if !recovered {
+                std::thread::yield_now();
             }
         }
         assert!(recovered, "the GPU answers again once the driver does");
