@@ -39,34 +39,43 @@ pub use settings::{Overrides, Settings};
 /// started (the process groups of `cmd:` hosts): a signal runs no destructor. For the subcommands; the TUI
 /// handles these signals itself and leaves through its own clean-up.
 pub fn exit_on_signals() {
+    use tokio::signal::unix::{SignalKind, signal};
+    // The handlers are installed here, before this returns: installed by the watching thread instead, a
+    // signal that came while `cmd:` hosts were starting killed gpusweep with its default action and left
+    // their processes behind (the test that sends SIGTERM once they run saw it under load).
+    let installed = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .and_then(|rt| {
+            let signals = {
+                let _in_rt = rt.enter();
+                (
+                    signal(SignalKind::interrupt())?,
+                    signal(SignalKind::terminate())?,
+                    signal(SignalKind::hangup())?,
+                )
+            };
+            Ok((rt, signals))
+        });
+    let (rt, (mut int, mut term, mut hup)) = match installed {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("gpusweep: cannot watch for signals: {e}");
+            return;
+        }
+    };
     let spawned = std::thread::Builder::new()
         .name("signals".into())
-        .spawn(|| {
-            use tokio::signal::unix::{SignalKind, signal};
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
+        .spawn(move || {
             let code = rt.block_on(async {
-                let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
-                    signal(SignalKind::interrupt()),
-                    signal(SignalKind::terminate()),
-                    signal(SignalKind::hangup()),
-                ) else {
-                    return None;
-                };
                 tokio::select! {
-                    _ = int.recv() => Some(130),
-                    _ = term.recv() => Some(143),
-                    _ = hup.recv() => Some(129),
+                    _ = int.recv() => 130,
+                    _ = term.recv() => 143,
+                    _ = hup.recv() => 129,
                 }
             });
-            if let Some(code) = code {
-                shutdown();
-                std::process::exit(code);
-            }
+            shutdown();
+            std::process::exit(code);
         });
     if let Err(e) = spawned {
         eprintln!("gpusweep: cannot watch for signals: {e}");

@@ -5,7 +5,8 @@
 pub mod http;
 pub mod hub;
 pub mod listen;
-#[allow(unsafe_code)] // malloc_trim(3), which no safe crate wraps: no pointer in, an integer out
+#[allow(unsafe_code)]
+// mi_collect, which the mimalloc crate does not wrap: no pointer in, nothing out
 pub mod memory;
 pub mod metrics;
 pub mod redact;
