@@ -5,7 +5,7 @@
 #   prom  the same serve scraped by a real Prometheus (one target per host), read as one prom: spec
 # For each: the first complete `snapshot --json` (every host read), the TUI's first complete view (its
 # --events file holds a host_up for every host), and the TUI's CPU and memory at a 1 s poll over SECS.
-#   scripts/scale-fleet.sh MODE N [SECS]      (needs tmux; prom needs prometheus)
+#   scripts/scale-fleet.sh MODE N [SECS]      (needs tmux; prom needs prometheus; SCRAPE=15s its interval)
 # all-smi's viewer, measured the same way on its own mock nodes: scripts/scale-allsmi.sh N [SECS].
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,11 +43,12 @@ case "$MODE" in
       SPEC=(--hostfile "$D/hosts")
     else
       PP=$(free_port)
-      { echo "global: {scrape_interval: 5s, scrape_timeout: 4s}"; echo "scrape_configs:"; echo "  - job_name: gpusweep"; echo "    static_configs:"
+      { echo "global: {scrape_interval: ${SCRAPE:-5s}, scrape_timeout: 4s}"; echo "scrape_configs:"; echo "  - job_name: gpusweep"; echo "    static_configs:"
         while read -r n; do echo "      - {targets: ['127.0.0.1:$PORT'], labels: {__metrics_path__: /hosts/$n/metrics, node: $n}}"; done <"$D/names"
         echo "    relabel_configs:"; echo "      - {source_labels: [node], target_label: instance}"; } >"$D/prometheus.yml"
       prometheus --config.file="$D/prometheus.yml" --storage.tsdb.path="$D/data" --web.listen-address="127.0.0.1:$PP" --log.level=warn >/dev/null 2>&1 &
       PIDS+=($!)
+      PROM_PID=$!
       until [ "$(curl -sf "http://127.0.0.1:$PP/api/v1/query" --data-urlencode 'query=count(gpusweep_reading_timestamp_seconds)' | python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else 0)' 2>/dev/null)" = "$N" ]; do sleep 0.5; done
       SPEC=(--hosts "prom:http://127.0.0.1:$PP")
     fi ;;
@@ -65,6 +66,12 @@ h = json.load(open(sys.argv[1]))["hosts"]
 ok = sum(1 for x in h if x["error"] is None)
 print(f"{sys.argv[5]} {sys.argv[4]} hosts: snapshot read {ok}/{len(h)} in {float(sys.argv[3]) - float(sys.argv[2]):.2f} s")
 PY
+# Prometheus alone (scraping, no client reading it), to set its cost of the client's queries apart below.
+if [ -n "${PROM_PID:-}" ]; then
+  B0=$(awk '{print $14+$15}' "/proc/$PROM_PID/stat"); sleep "$SECS"; B1=$(awk '{print $14+$15}' "/proc/$PROM_PID/stat")
+  awk -v c0="$B0" -v c1="$B1" -v tck="$(getconf CLK_TCK)" -v s="$SECS" -v n="$N" -v sc="${SCRAPE:-5s}" \
+    'BEGIN { printf "prom %d hosts: Prometheus with no client (scraping every %s): %.1f%% of one core\n", n, sc, 100*(c1-c0)/tck/s }'
+fi
 # The TUI: first complete view (a host_up event for every host), then its cost at a 1 s poll.
 CMD=$(printf '%q ' "$BIN" "${SPEC[@]}" --interval 1s --events "$D/events.jsonl")
 T0=$(date +%s.%N)
@@ -79,6 +86,7 @@ awk -v a="$T0" -v b="$T1" -v n="$N" -v m="$MODE" -v o="$(( $(overflows) - O0 ))"
 sleep 3
 C0=$(awk '{print $14+$15}' "/proc/$PID/stat")
 [ -n "${SERVE_PID:-}" ] && S0=$(awk '{print $14+$15}' "/proc/$SERVE_PID/stat")
+[ -n "${PROM_PID:-}" ] && P0=$(awk '{print $14+$15}' "/proc/$PROM_PID/stat")
 sleep "$SECS"
 C1=$(awk '{print $14+$15}' "/proc/$PID/stat")
 if [ -n "${SERVE_PID:-}" ]; then
@@ -86,6 +94,12 @@ if [ -n "${SERVE_PID:-}" ]; then
   awk -v c0="$S0" -v c1="$S1" -v tck="$(getconf CLK_TCK)" -v s="$SECS" -v n="$N" -v m="$MODE" \
     -v th="$(awk '/^Threads:/{print $2}' "/proc/$SERVE_PID/status")" -v rss="$(awk '/VmRSS/{print $2}' "/proc/$SERVE_PID/status")" \
     'BEGIN { printf "%s %d hosts: the serve meanwhile: %.1f%% of one core, %d threads, %.0f MB resident\n", m, n, 100*(c1-c0)/tck/s, th, rss/1024 }'
+fi
+if [ -n "${PROM_PID:-}" ]; then
+  # Prometheus's own CPU meanwhile: scraping every target, and answering this client's queries.
+  P1=$(awk '{print $14+$15}' "/proc/$PROM_PID/stat")
+  awk -v c0="$P0" -v c1="$P1" -v tck="$(getconf CLK_TCK)" -v s="$SECS" -v n="$N" -v sc="${SCRAPE:-5s}" \
+    'BEGIN { printf "prom %d hosts: Prometheus meanwhile (scraping every %s): %.1f%% of one core\n", n, sc, 100*(c1-c0)/tck/s }'
 fi
 RSS=$(awk '/VmRSS/{print $2}' "/proc/$PID/status")
 awk -v c0="$C0" -v c1="$C1" -v tck="$(getconf CLK_TCK)" -v s="$SECS" -v rss="$RSS" -v n="$N" -v m="$MODE" \

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{free_port, gpusweep, gpusweep_via, text};
+use crate::support::{await_cond, free_port, gpusweep, gpusweep_via, text};
 use std::sync::Arc;
 
 /// A child killed when dropped.
@@ -880,4 +880,96 @@ fn a_prometheus_that_names_more_hosts_than_a_client_reads_is_an_error() {
     let t = text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
     assert!(t.contains("20001 hosts, more than the 20000"), "{t}");
+}
+
+/// A poll glances at each host's `gpusweep_reading_revision` and reads again only the hosts whose revision
+/// moved, named by `Hostname`: five quiet serves cost one read of their series, and a sweep of one of them
+/// reaches the client through a read that names it alone.
+#[test]
+#[allow(clippy::too_many_lines)] // one scenario: five serves, a glance, a sweep, the narrowed read
+fn a_poll_reads_again_only_the_hosts_whose_revision_moved() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let sock = tmp.join("gpu-b1.sock");
+    let socket = ["--socket", sock.to_str().expect("utf-8")];
+    let serves: Vec<(Proc, String)> = ["gpu-b1", "gpu-b2", "gpu-b3", "gpu-b4", "gpu-b5"]
+        .into_iter()
+        .map(|h| serve(tmp, h, if h == "gpu-b1" { &socket } else { &[] }))
+        .collect();
+    let targets = serves.iter().map(|(_, a)| a.clone()).collect();
+    let (_prometheus, prom) = prometheus(tmp, &[("gpusweep", targets)]);
+    let http = Http::new();
+    await_query(
+        &http,
+        &prom,
+        "count(gpusweep_reading_revision)",
+        "every serve's revision",
+        |r| r.first().is_some_and(|(_, v)| is(*v, 5.0)),
+    );
+    let trace = tmp.join("trace.txt");
+    let events = tmp.join("events.jsonl");
+    let mut wait = Proc(
+        gpusweep(tmp)
+            .env("GPUSWEEP_TRACE", "1")
+            .args([
+                "wait",
+                "--hosts",
+                &format!("prom:{prom}"),
+                "--timeout",
+                "60s",
+            ])
+            .arg("--events")
+            .arg(&events)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&trace).expect("trace"))
+            .spawn()
+            .expect("wait"),
+    );
+    let read = || std::fs::read_to_string(&trace).unwrap_or_default();
+    let glances = |t: &str| {
+        t.lines()
+            .filter(|l| l.contains("bytes in") && l.contains("(gpusweep_reading_revision{})"))
+            .count()
+    };
+    // The first poll reads everything; the next ones only glance, nothing having moved.
+    await_cond("three glances", 30, || glances(&read()) >= 3);
+    let out = gpusweep(tmp)
+        .args([
+            "sweep",
+            "--hosts",
+            &format!("unix:{}", sock.display()),
+            "--yes",
+        ])
+        .args(["--grace", "1s", "--timeout", "20s"])
+        .output()
+        .expect("sweep");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // gpu-b1's GPU 7 turns clean in the client, read through Prometheus.
+    await_cond("gpu-b1's GPU 7 clean through prom:", 30, || {
+        std::fs::read_to_string(&events)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| {
+                l.contains(r#""event":"gpu_clean""#)
+                    && l.contains(r#""host":"gpu-b1""#)
+                    && l.contains(r#""gpu":7"#)
+            })
+    });
+    let _ = wait.0.kill();
+    let t = read();
+    // (The trace names each query, cut at 90 characters.)
+    let reads_of = |q: &str| {
+        t.lines()
+            .filter(|l| l.contains("bytes in") && l.contains(q))
+            .count()
+    };
+    assert_eq!(
+        reads_of("(gpusweep_gpu_clean{})"),
+        1,
+        "every host's series read once, at the first poll:\n{t}"
+    );
+    assert!(
+        reads_of(r#"gpusweep_gpu_clean{Hostname=~"gpu-b1"}"#) >= 1,
+        "gpu-b1 read again alone after its sweep:\n{t}"
+    );
 }

@@ -152,6 +152,9 @@ pub const JOB_LOST_RANKS: &str = "gpusweep_job_lost_ranks";
 pub const JOB_SERIES: usize = 64;
 /// Unix time of the reading the metrics come from.
 pub const READING_TIMESTAMP: &str = "gpusweep_reading_timestamp_seconds";
+/// Moves when what the host says changes (its processes, their memory, its findings), not with the reading's
+/// time or gauges: a `prom:` client reads the host's other series again only when this moved.
+pub const READING_REVISION: &str = "gpusweep_reading_revision";
 /// 1, with the serve's version and where its API answers (`scheme`, `api_path`): how a client reading
 /// Prometheus opens the host live.
 pub const SERVE_INFO: &str = "gpusweep_serve_info";
@@ -173,6 +176,7 @@ pub fn read_names_regex() -> String {
         PROCESS_BYTES,
         SHM_LEFTOVER_BYTES,
         READING_TIMESTAMP,
+        READING_REVISION,
         SERVE_INFO,
     ]
     .join("|")

@@ -94,6 +94,7 @@ struct Families {
     process: Gauges,
     shm: Gauges,
     taken: Gauges,
+    revision: Gauges,
     info: Gauges,
     time_to_clean: TimeToCleanView,
     job_phase: Gauges,
@@ -105,7 +106,8 @@ struct Families {
 }
 
 impl Families {
-    fn add_host(&mut self, shared: &Shared, i: usize, snap: &HostSnapshot, api_path: &str) {
+    fn add_host(&mut self, shared: &Shared, i: usize, r: &Reading, api_path: &str) {
+        let snap = &r.snap;
         let host = snap.host.as_str();
         if let Some(t) = shared.stats.get(i) {
             for (after, h) in [("signal", &t.after_signal), ("exit", &t.after_exit)] {
@@ -121,6 +123,7 @@ impl Families {
         }
         let hl: Labels = vec![(m::L_HOSTNAME, host.to_string())];
         set(&self.taken, &hl, snap.taken_at_ms as f64 / 1000.0);
+        set(&self.revision, &hl, r.content as f64);
         if shared.expect_gpus {
             set(
                 &self.host_readable,
@@ -367,6 +370,11 @@ impl Families {
             self.taken,
         );
         r.register(
+            m::READING_REVISION,
+            "Moves when what the host says changes (processes, their memory, findings), not with its time or gauges",
+            self.revision,
+        );
+        r.register(
             m::SERVE_INFO,
             "1; the serve's version and where its API answers",
             self.info,
@@ -470,7 +478,7 @@ pub fn render(shared: &Shared, hosts: &[(usize, String)]) -> String {
         };
         let latest: Option<std::sync::Arc<Reading>> = ch.latest.borrow().clone();
         if let Some(r) = latest {
-            fam.add_host(shared, *i, &r.snap, api_path);
+            fam.add_host(shared, *i, &r, api_path);
         }
     }
     let registry = fam.register();

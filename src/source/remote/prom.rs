@@ -209,8 +209,17 @@ fn conflict(name: &str, targets: &std::collections::BTreeSet<Target>) -> Option<
 impl PromServer {
     /// `name{selector}`.
     fn sel(&self, name: &str) -> String {
+        self.sel_only(name, None)
+    }
+
+    /// `name{selector,only}`: the selector narrowed by one more matcher (some hosts' `Hostname`).
+    fn sel_only(&self, name: &str, only: Option<&str>) -> String {
         let sel = self.selector.as_ref().map_or("", |s| s.as_str());
-        format!("{name}{{{sel}}}")
+        match only {
+            Some(o) if sel.is_empty() => format!("{name}{{{o}}}"),
+            Some(o) => format!("{name}{{{sel},{o}}}"),
+            None => format!("{name}{{{sel}}}"),
+        }
     }
 
     /// Ask one instant query; the answer's bytes, at most `MAX_ANSWER` of them, and at most what is left of
@@ -223,6 +232,7 @@ impl PromServer {
         spent: &AtomicUsize,
     ) -> Result<bytes::Bytes, String> {
         let failed = |e: reqwest::Error| format!("Prometheus {}: {}", self.url, short(&e));
+        let asked = Instant::now();
         let mut resp = http
             .client
             .get(format!("{}/api/v1/query", self.url))
@@ -248,6 +258,15 @@ impl PromServer {
             }
             body.extend_from_slice(&chunk);
         }
+        crate::core::trace::trace(
+            &self.url.to_string(),
+            &format!(
+                "{} bytes in {} ms: {}",
+                body.len(),
+                asked.elapsed().as_millis(),
+                truncate(q, 90)
+            ),
+        );
         Ok(body.freeze())
     }
 
@@ -603,11 +622,13 @@ struct Queries {
 }
 
 impl Queries {
-    fn new(p: &PromServer) -> Queries {
+    /// Every host's series, or (`only`, a matcher on `Hostname`) those of some hosts.
+    fn new(p: &PromServer, only: Option<&str>) -> Queries {
+        let sel = |name: &str| p.sel_only(name, only);
         let by_gpu = |name: &str| {
             format!(
                 "max by (Hostname, hostname, job, instance, gpu) ({})",
-                p.sel(name)
+                sel(name)
             )
         };
         Queries {
@@ -618,31 +639,138 @@ impl Queries {
             unreadable: format!(
                 "({} == 0) or (max by (Hostname, hostname, job, instance) ({}) == 0)",
                 by_gpu(m::GPU_READABLE),
-                p.sel(m::GPUS_READABLE)
+                sel(m::GPUS_READABLE)
             ),
             unexplained: format!(
                 "max by (Hostname, hostname, job, instance, gpu, kind) ({})",
-                p.sel(m::UNEXPLAINED_BYTES)
+                sel(m::UNEXPLAINED_BYTES)
             ),
             findings: format!(
                 "max by (Hostname, hostname, job, instance, kind, severity) ({}) > 0",
-                p.sel(m::FINDINGS)
+                sel(m::FINDINGS)
             ),
             taken: format!(
                 "max by (Hostname, hostname, job, instance) ({} or timestamp({}))",
-                p.sel(m::READING_TIMESTAMP),
-                p.sel(m::FB_USED)
+                sel(m::READING_TIMESTAMP),
+                sel(m::FB_USED)
             ),
             // `up` of the scrape targets whose series the selector picks: Prometheus's own word on which
             // addresses it scrapes (a target's labels cannot add one), whatever labels the selector names.
             up: format!(
                 "max by (instance) (up and on (instance) group by (instance) \
                  (last_over_time({}[{LOOKBACK}]) or last_over_time({}[{LOOKBACK}])))",
-                p.sel(m::FB_USED),
-                p.sel(m::SERVE_INFO)
+                sel(m::FB_USED),
+                sel(m::SERVE_INFO)
             ),
         }
     }
+}
+
+/// The first, cheap step of every poll: one series per host of a serve, its revision and its reading's
+/// time. Only hosts whose revision moved (or that have none: dcgm-exporter's, a serve before revisions)
+/// have their other series read again; at ten thousand hosts most polls touch a tenth of the series.
+struct GlanceQueries {
+    revision: String,
+    taken: String,
+}
+
+impl GlanceQueries {
+    fn new(p: &PromServer) -> GlanceQueries {
+        let by_host = |name: &str| {
+            format!(
+                "max by (Hostname, hostname, job, instance) ({})",
+                p.sel(name)
+            )
+        };
+        GlanceQueries {
+            revision: by_host(m::READING_REVISION),
+            taken: by_host(m::READING_TIMESTAMP),
+        }
+    }
+}
+
+/// What a glance read, by each name's place in `Names`: the revision (None where absent, or where more than
+/// one series names the host: a conflict is for the whole read to find) and the reading's time.
+struct Glance {
+    revision: Vec<Option<f64>>,
+    taken: Vec<Option<f64>>,
+    /// Its revision's series names it by `Hostname` (as a serve does): a narrowed read can ask for it.
+    by_hostname: Vec<bool>,
+}
+
+async fn glance(
+    server: &PromServer,
+    http: &HttpClient,
+    q: &GlanceQueries,
+    names: &Names,
+) -> Result<Glance, String> {
+    let spent = AtomicUsize::new(0);
+    let (revision, taken) = tokio::join!(
+        server.fetch(http, &q.revision, &spent),
+        server.fetch(http, &q.taken, &spent)
+    );
+    let (revision, taken) = (revision?, taken?);
+    let n = names.len();
+    let mut g = Glance {
+        revision: vec![None; n],
+        taken: vec![None; n],
+        by_hostname: vec![false; n],
+    };
+    let mut seen = vec![0u8; n];
+    for sample in server.samples(&revision)? {
+        let Some(at) = sample.host().and_then(|h| names.of(h)) else {
+            continue;
+        };
+        seen[at] = seen[at].saturating_add(1);
+        g.revision[at] = if seen[at] == 1 { sample.value() } else { None };
+        g.by_hostname[at] =
+            seen[at] == 1 && sample.label(m::L_HOSTNAME).is_some_and(|h| !h.is_empty());
+    }
+    let mut seen = vec![0u8; n];
+    for sample in server.samples(&taken)? {
+        let Some(at) = sample.host().and_then(|h| names.of(h)) else {
+            continue;
+        };
+        seen[at] = seen[at].saturating_add(1);
+        g.taken[at] = if seen[at] == 1 { sample.value() } else { None };
+    }
+    Ok(g)
+}
+
+/// The most bytes of a `Hostname` matcher a narrowed read names; past it every host is read.
+const MAX_ONLY: usize = 16 * 1024;
+
+/// `Hostname=~"a|b"` naming these hosts, regular-expression and PromQL escaped; None when one is not named by
+/// `Hostname` or not a plain name (then every host is read: nothing a target said goes into a query), or
+/// when they are too many. Narrowed by the host's name, not its target: every target's series naming the
+/// host come, so two targets speaking for one host are still found.
+fn only_hosts<'a>(names: impl Iterator<Item = Option<&'a str>>) -> Option<String> {
+    let plain =
+        |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']');
+    let mut alts: Vec<&str> = Vec::new();
+    for name in names {
+        alts.push(name.filter(|n| !n.is_empty() && n.chars().all(plain))?);
+    }
+    alts.sort_unstable();
+    alts.dedup();
+    let mut out = format!("{}=~\"", m::L_HOSTNAME);
+    for (k, a) in alts.iter().enumerate() {
+        if k > 0 {
+            out.push('|');
+        }
+        for c in a.chars() {
+            // A regular expression's metacharacter, its backslash doubled inside a PromQL string.
+            if matches!(c, '.' | '[' | ']') {
+                out.push_str("\\\\");
+            }
+            out.push(c);
+        }
+        if out.len() > MAX_ONLY {
+            return None;
+        }
+    }
+    out.push('"');
+    Some(out)
 }
 
 /// The four queries of an identity read: GPU identities, serves, usable and reserved memory.
@@ -941,11 +1069,18 @@ struct Poller {
     server: PromServer,
     http: HttpClient,
     queries: Queries,
+    glance: GlanceQueries,
     hosts: Vec<PromHost>,
     names: Names,
     ids: Identities,
     /// What each host's last snapshot was built from (cleared when identities are read again).
     said: Vec<Option<HostData>>,
+    /// The revision each host's `said` was read at: a glance that finds it unmoved reads nothing more.
+    revision: Vec<Option<f64>>,
+    /// Read every host's series at the next poll (after a narrowed read missed a host it asked for).
+    whole_next: bool,
+    /// Whether each host's serve names it by `Hostname`, as last seen: one gone silent can still be asked for.
+    by_hostname: Vec<bool>,
     down: Vec<Option<String>>,
     asked: Vec<Duration>,
     interval: Duration,
@@ -974,7 +1109,9 @@ impl Poller {
         }
     }
 
-    /// One poll (identities first, when they are old). False once no host listens.
+    /// One poll (identities first, when they are old): a glance at every host's revision, then the series
+    /// of the hosts whose revision moved (or of all, when most moved or no glance can narrow the read).
+    /// False once no host listens.
     async fn poll(&mut self) -> bool {
         if self
             .ids
@@ -989,24 +1126,98 @@ impl Poller {
                 Err(e) => return say_down(&self.hosts, &mut self.down, &e),
             }
         }
-        let (data, up) = match poll(&self.server, &self.http, &self.queries, &self.names).await {
+        let g = match glance(&self.server, &self.http, &self.glance, &self.names).await {
+            Ok(g) => g,
+            Err(e) => return say_down(&self.hosts, &mut self.down, &e),
+        };
+        let place = |h: &PromHost| self.names.of(&h.name);
+        let moved: Vec<bool> = self
+            .hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let at = place(h);
+                let now = at.and_then(|at| g.revision.get(at).copied().flatten());
+                self.whole_next
+                    || self.said[i].is_none()
+                    || self.down[i].is_some()
+                    || now.is_none()
+                    || now != self.revision[i]
+                    || at
+                        .and_then(|at| g.taken.get(at).copied().flatten())
+                        .is_none()
+            })
+            .collect();
+        for (i, h) in self.hosts.iter().enumerate() {
+            if let Some(at) = place(h)
+                && g.revision.get(at).copied().flatten().is_some()
+            {
+                self.by_hostname[i] = g.by_hostname[at];
+            }
+        }
+        let n_moved = moved.iter().filter(|m| **m).count();
+        let now = crate::core::model::now_ms();
+        let mut listening = self.hosts.iter().any(|h| h.detached.load(Ordering::SeqCst));
+        // A few moved: their series alone are read, named by their scrape targets.
+        let only = (n_moved * 4 <= self.hosts.len()).then(|| {
+            only_hosts(
+                self.hosts
+                    .iter()
+                    .zip(&moved)
+                    .zip(&self.by_hostname)
+                    .filter(|((_, m), _)| **m)
+                    .map(|((h, _), by_name)| by_name.then_some(h.name.as_str())),
+            )
+        });
+        let narrowed = match (n_moved, &only) {
+            (0, _) => None,
+            (_, Some(Some(m))) => Some(Queries::new(&self.server, Some(m))),
+            _ => {
+                // Most hosts moved, or one cannot be named in a query: read them all.
+                return self.read(None, &g, now).await || listening;
+            }
+        };
+        // The others are only fresh, at the time their serve took the reading.
+        for (i, h) in self.hosts.iter().enumerate() {
+            if moved[i] || h.detached.load(Ordering::SeqCst) {
+                continue;
+            }
+            let taken = place(h).and_then(|at| g.taken.get(at).copied().flatten());
+            if let Some(said) = self.said[i].as_mut() {
+                said.taken_s = taken;
+                listening |= h.sink.fresh(said.taken_at_ms(now), Vec::new());
+            }
+        }
+        match narrowed {
+            None => listening,
+            Some(q) => self.read(Some((&q, &moved)), &g, now).await || listening,
+        }
+    }
+
+    /// Read the series of every host, or (`narrowed`) of the hosts that moved with the queries naming them,
+    /// and hand each on. False once no host listens.
+    async fn read(&mut self, narrowed: Option<(&Queries, &[bool])>, g: &Glance, now: u64) -> bool {
+        let queries = narrowed.map_or(&self.queries, |(q, _)| q);
+        let (data, up) = match poll(&self.server, &self.http, queries, &self.names).await {
             Ok(x) => x,
             Err(e) => return say_down(&self.hosts, &mut self.down, &e),
         };
-        let now = crate::core::model::now_ms();
+        self.whole_next = false;
         let mut listening = false;
         for i in 0..self.hosts.len() {
-            if self.hosts[i].detached.load(Ordering::SeqCst) {
+            if self.hosts[i].detached.load(Ordering::SeqCst)
+                || narrowed.is_some_and(|(_, moved)| !moved[i])
+            {
                 continue;
             }
-            let d = self
-                .names
-                .of(&self.hosts[i].name)
-                .and_then(|at| data.get(at))
-                .and_then(Option::as_ref);
+            let at = self.names.of(&self.hosts[i].name);
+            let d = at.and_then(|at| data.get(at)).and_then(Option::as_ref);
+            // A host the narrowed read asked for and did not find may have moved to another target.
+            self.whole_next |= narrowed.is_some() && d.is_none();
+            self.revision[i] = at.and_then(|at| g.revision.get(at).copied().flatten());
             listening |= self.host(i, d, &up, now);
         }
-        listening || self.hosts.iter().any(|h| h.detached.load(Ordering::SeqCst))
+        listening
     }
 
     /// One host's part of a poll: unreadable (its target down, no series, two targets), only fresh, or a
@@ -1064,13 +1275,17 @@ pub async fn run(
     }
     let n = hosts.len();
     let mut p = Poller {
-        queries: Queries::new(&server),
+        queries: Queries::new(&server, None),
+        glance: GlanceQueries::new(&server),
         names: Names::new(&hosts),
         server,
         http,
         hosts,
         ids: Identities::default(),
         said: vec![None; n],
+        revision: vec![None; n],
+        whole_next: true,
+        by_hostname: vec![false; n],
         down: vec![None; n],
         asked: vec![interval; n],
         interval,
@@ -1377,9 +1592,34 @@ mod tests {
     }
 
     #[test]
+    fn a_narrowed_read_names_plain_hosts_escaped_and_nothing_else() {
+        assert_eq!(
+            only_hosts([Some("gpu-b2"), Some("node1.dc"), Some("gpu-b2")].into_iter()).as_deref(),
+            Some(r#"Hostname=~"gpu-b2|node1\\.dc""#)
+        );
+        // A name a target chose that is not a plain host name, one not named by Hostname: read them all.
+        assert_eq!(
+            only_hosts([Some("a\"}) or vector(1"), Some("b")].into_iter()),
+            None
+        );
+        assert_eq!(only_hosts([Some("a|b")].into_iter()), None);
+        assert_eq!(only_hosts([Some("a"), None].into_iter()), None);
+        let many: Vec<String> = (0..100).map(|k| format!("h{k:0>200}")).collect();
+        assert_eq!(only_hosts(many.iter().map(|s| Some(s.as_str()))), None);
+        let p = server("http://prom:9090", r#"job="gpu""#);
+        let q = Queries::new(&p, Some(r#"Hostname=~"a""#));
+        assert!(
+            q.used
+                .contains(r#"DCGM_FI_DEV_FB_USED{job="gpu",Hostname=~"a"}"#),
+            "{}",
+            q.used
+        );
+    }
+
+    #[test]
     fn queries_carry_the_selector() {
         let p = server("http://p:9090", r#"job="gpu""#);
-        let q = Queries::new(&p);
+        let q = Queries::new(&p, None);
         assert_eq!(
             q.used,
             r#"max by (Hostname, hostname, job, instance, gpu) (DCGM_FI_DEV_FB_USED{job="gpu"})"#
@@ -1387,6 +1627,10 @@ mod tests {
         assert!(q.up.starts_with("max by (instance) (up and on (instance)"));
         assert!(q.up.contains(r#"DCGM_FI_DEV_FB_USED{job="gpu"}[10m]"#));
         let p = server("http://p:9090", "");
-        assert!(Queries::new(&p).clean.contains("gpusweep_gpu_clean{}"));
+        assert!(
+            Queries::new(&p, None)
+                .clean
+                .contains("gpusweep_gpu_clean{}")
+        );
     }
 }
