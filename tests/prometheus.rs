@@ -682,8 +682,10 @@ fn answers_of_tiny_samples_cannot_make_the_client_hold_gigabytes() {
         .rev()
         .find_map(|l| l.strip_prefix("peak_rss_kib ")?.trim().parse().ok())
         .expect("the peak");
+    // Without the cap on series, four such answers parsed would be gigabytes. 480-573 MiB measured with
+    // mimalloc, which copies a huge block it grows where glibc's malloc remapped it (under 600 before).
     assert!(
-        peak_kib < 600 * 1024,
+        peak_kib < 700 * 1024,
         "the client held {} MiB for answers of 40 MiB",
         peak_kib / 1024
     );

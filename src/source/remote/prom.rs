@@ -250,7 +250,9 @@ impl PromServer {
         if resp.content_length().is_some_and(|n| n > MAX_ANSWER as u64) {
             return Err(too_big());
         }
-        let mut body = bytes::BytesMut::new();
+        // Sized once where the length is said: grown by doubling, a 40 MiB answer passed through 64 MiB.
+        let said = resp.content_length().and_then(|n| usize::try_from(n).ok());
+        let mut body = bytes::BytesMut::with_capacity(said.unwrap_or(0));
         while let Some(chunk) = resp.chunk().await.map_err(failed)? {
             let before = spent.fetch_add(chunk.len(), Ordering::Relaxed);
             if body.len() + chunk.len() > MAX_ANSWER || before + chunk.len() > MAX_ROUND {
