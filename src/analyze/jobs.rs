@@ -434,12 +434,20 @@ impl JobBook {
             g.members.iter().map(|m| (m.pid, m.start_time)).collect();
         for (pid, s) in &t.ranks {
             if !present.contains(&(*pid, s.start_time)) {
-                let gone_from_host = snap.proc(*pid).is_none_or(|p| p.start_time != s.start_time);
-                if gone_from_host {
+                let now = snap.proc(*pid).filter(|p| p.start_time == s.start_time);
+                // A zombie its launcher has not reaped is off the GPU and out of the job's members, but
+                // it is as lost as one that left /proc.
+                let zombie =
+                    now.is_some_and(|p| matches!(p.state, ProcState::Zombie | ProcState::Dead));
+                if now.is_none() || zombie {
                     newly_lost.push(LostRank {
                         pid: *pid,
                         gpus: s.gpus.clone(),
-                        how: LostHow::Exited,
+                        how: if zombie {
+                            LostHow::Zombie
+                        } else {
+                            LostHow::Exited
+                        },
                         at_ms: at,
                         bytes: s.bytes,
                         cmdline: s.cmdline.clone(),

@@ -270,6 +270,33 @@ fn a_zombie_rank_is_lost_and_a_rank_in_d_only_past_the_window() {
     assert_eq!(seen.reports[0].lost[0].how, LostHow::StuckD);
 }
 
+/// A rank SIGKILLed and not reaped by its launcher: a zombie that NVML no longer lists and that holds no
+/// device file, so no member of the job any more, yet still in /proc. It is lost, not "let go of its GPU"
+/// (as seen on an H100: `gpusweep run --fail-fast` waited on with the other ranks holding 21 GiB).
+#[test]
+fn a_killed_rank_left_a_zombie_off_the_gpu_is_lost() {
+    let mut b = JobBook::new(opts());
+    b.observe(&reading(0, &[Some(8192); 3], &[]), 0);
+    let mut r = reading(0, &[Some(8192); 3], &['S', 'Z', 'S']);
+    r.gpus[1].processes.clear();
+    r.gpus[1].memory.used = Some(0);
+    let seen = b.observe(&r, S);
+    assert_eq!(
+        seen.reports[0].phase,
+        Phase::LostRank,
+        "{:?}",
+        seen.reports[0]
+    );
+    assert!(
+        seen.reports[0]
+            .lost
+            .iter()
+            .any(|l| l.pid == 102 && l.how == LostHow::Zombie),
+        "{:?}",
+        seen.reports[0]
+    );
+}
+
 #[test]
 fn the_whole_job_ending_at_once_loses_no_rank() {
     let mut b = JobBook::new(opts());
