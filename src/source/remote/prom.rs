@@ -712,31 +712,34 @@ async fn glance(
         server.fetch(http, &q.taken, &spent)
     );
     let (revision, taken) = (revision?, taken?);
-    let n = names.len();
-    let mut g = Glance {
-        revision: vec![None; n],
-        taken: vec![None; n],
-        by_hostname: vec![false; n],
-    };
-    let mut seen = vec![0u8; n];
-    for sample in server.samples(&revision)? {
+    let revision = server.samples(&revision)?;
+    let taken = server.samples(&taken)?;
+    let revision = sole_per_host(&revision, names);
+    Ok(Glance {
+        revision: revision.iter().map(|s| s.and_then(Sample::value)).collect(),
+        by_hostname: revision
+            .iter()
+            .map(|s| s.is_some_and(|s| s.label(m::L_HOSTNAME).is_some_and(|h| !h.is_empty())))
+            .collect(),
+        taken: sole_per_host(&taken, names)
+            .iter()
+            .map(|s| s.and_then(Sample::value))
+            .collect(),
+    })
+}
+
+/// Each name's one sample, by its place in `names`: None where there is none, or more than one.
+fn sole_per_host<'s, 'a>(samples: &'s [Sample<'a>], names: &Names) -> Vec<Option<&'s Sample<'a>>> {
+    let mut out: Vec<Option<&Sample>> = vec![None; names.len()];
+    let mut seen = vec![0u8; names.len()];
+    for sample in samples {
         let Some(at) = sample.host().and_then(|h| names.of(h)) else {
             continue;
         };
         seen[at] = seen[at].saturating_add(1);
-        g.revision[at] = if seen[at] == 1 { sample.value() } else { None };
-        g.by_hostname[at] =
-            seen[at] == 1 && sample.label(m::L_HOSTNAME).is_some_and(|h| !h.is_empty());
+        out[at] = (seen[at] == 1).then_some(sample);
     }
-    let mut seen = vec![0u8; n];
-    for sample in server.samples(&taken)? {
-        let Some(at) = sample.host().and_then(|h| names.of(h)) else {
-            continue;
-        };
-        seen[at] = seen[at].saturating_add(1);
-        g.taken[at] = if seen[at] == 1 { sample.value() } else { None };
-    }
-    Ok(g)
+    out
 }
 
 /// The most bytes of a `Hostname` matcher a narrowed read names; past it every host is read.
