@@ -894,7 +894,7 @@ fn a_poll_reads_again_only_the_hosts_whose_revision_moved() {
     let tmp = dir.path();
     let sock = tmp.join("gpu-b1.sock");
     let socket = ["--socket", sock.to_str().expect("utf-8")];
-    let serves: Vec<(Proc, String)> = ["gpu-b1", "gpu-b2", "gpu-b3", "gpu-b4", "gpu-b5"]
+    let mut serves: Vec<(Proc, String)> = ["gpu-b1", "gpu-b2", "gpu-b3", "gpu-b4", "gpu-b5"]
         .into_iter()
         .map(|h| serve(tmp, h, if h == "gpu-b1" { &socket } else { &[] }))
         .collect();
@@ -957,21 +957,38 @@ fn a_poll_reads_again_only_the_hosts_whose_revision_moved() {
                     && l.contains(r#""gpu":7"#)
             })
     });
-    let _ = wait.0.kill();
-    let t = read();
     // (The trace names each query, cut at 90 characters.)
-    let reads_of = |q: &str| {
+    let reads_of = |t: &str, q: &str| {
         t.lines()
             .filter(|l| l.contains("bytes in") && l.contains(q))
             .count()
     };
+    let t = read();
     assert_eq!(
-        reads_of("(gpusweep_gpu_clean{})"),
+        reads_of(&t, "(gpusweep_gpu_clean{})"),
         1,
         "every host's series read once, at the first poll:\n{t}"
     );
     assert!(
-        reads_of(r#"gpusweep_gpu_clean{Hostname=~"gpu-b1"}"#) >= 1,
+        reads_of(&t, r#"gpusweep_gpu_clean{Hostname=~"gpu-b1"}"#) >= 1,
         "gpu-b1 read again alone after its sweep:\n{t}"
+    );
+    // A host gone for good (its serve killed) costs one whole read, when it vanishes, not one every poll.
+    let (gone, addr) = &mut serves[4];
+    let _ = gone.0.kill();
+    await_query(
+        &http,
+        &prom,
+        &format!(r#"up{{instance="{addr}"}}"#),
+        "gpu-b5 down",
+        |r| r.first().is_some_and(|(_, v)| is(*v, 0.0)),
+    );
+    let after = glances(&read());
+    await_cond("six glances more", 30, || glances(&read()) >= after + 6);
+    let _ = wait.0.kill();
+    let t = read();
+    assert!(
+        reads_of(&t, "(gpusweep_gpu_clean{})") <= 2,
+        "a down host read at every poll:\n{t}"
     );
 }

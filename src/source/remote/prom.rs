@@ -1217,8 +1217,9 @@ impl Poller {
             }
             let at = self.names.of(&self.hosts[i].name);
             let d = at.and_then(|at| data.get(at)).and_then(Option::as_ref);
-            // A host the narrowed read asked for and did not find may have moved to another target.
-            self.whole_next |= narrowed.is_some() && d.is_none();
+            // A host the narrowed read asked for and did not find may have moved to another target: the
+            // next poll reads every host, once (a host already down does not ask again).
+            self.whole_next |= narrowed.is_some() && d.is_none() && self.down[i].is_none();
             self.revision[i] = at.and_then(|at| g.revision.get(at).copied().flatten());
             listening |= self.host(i, d, &up, now);
         }
