@@ -154,6 +154,19 @@ fn await_query(
     }
 }
 
+/// Stop a scrape target and wait until Prometheus reads it down (`up` 0).
+fn stop_target(c: &Http, prom: &str, target: &mut Proc, addr: &str) {
+    let _ = target.0.kill();
+    let _ = target.0.wait();
+    await_query(
+        c,
+        prom,
+        &format!(r#"up{{instance="{addr}"}}"#),
+        "the target down",
+        |r| r.first().is_some_and(|(_, v)| is(*v, 0.0)),
+    );
+}
+
 fn snapshot_json(dir: &Path, spec: &str) -> serde_json::Value {
     let out = gpusweep(dir)
         .args(["snapshot", "--json", "--hosts", spec])
@@ -383,15 +396,7 @@ fn prometheus_scrapes_dcgm_names_and_gpusweep_reads_the_fleet_back() {
     assert!(r.first().is_some_and(|(_, v)| *v >= 2.0), "{r:?}");
 
     // A target Prometheus can no longer scrape is not clean: its host reads "cannot scrape", wait exits 2.
-    let _ = c_serve.0.kill();
-    let _ = c_serve.0.wait();
-    await_query(
-        &http,
-        &prom,
-        &format!(r#"up{{instance="{c}"}}"#),
-        "gpu-c down",
-        |r| r.first().is_some_and(|(_, v)| is(*v, 0.0)),
-    );
+    stop_target(&http, &prom, &mut c_serve, &c);
     let out = gpusweep(tmp)
         .args([
             "wait",
@@ -975,14 +980,7 @@ fn a_poll_reads_again_only_the_hosts_whose_revision_moved() {
     );
     // A host gone for good (its serve killed) costs one whole read, when it vanishes, not one every poll.
     let (gone, addr) = &mut serves[4];
-    let _ = gone.0.kill();
-    await_query(
-        &http,
-        &prom,
-        &format!(r#"up{{instance="{addr}"}}"#),
-        "gpu-b5 down",
-        |r| r.first().is_some_and(|(_, v)| is(*v, 0.0)),
-    );
+    stop_target(&http, &prom, gone, addr);
     let after = glances(&read());
     await_cond("six glances more", 30, || glances(&read()) >= after + 6);
     let _ = wait.0.kill();

@@ -4,10 +4,15 @@
 use std::sync::OnceLock;
 use std::time::Instant;
 
+/// Whether tracing is on: a caller whose line costs something to make asks first.
+pub fn on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("GPUSWEEP_TRACE").is_some())
+}
+
 pub fn trace(host: &str, what: &str) {
     static START: OnceLock<Instant> = OnceLock::new();
-    static ON: OnceLock<bool> = OnceLock::new();
-    if *ON.get_or_init(|| std::env::var_os("GPUSWEEP_TRACE").is_some()) {
+    if on() {
         let t = START.get_or_init(Instant::now).elapsed();
         eprintln!("[{:>9.3} ms] {host}: {what}", t.as_secs_f64() * 1e3);
     }

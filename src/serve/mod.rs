@@ -5,8 +5,8 @@
 pub mod http;
 pub mod hub;
 pub mod listen;
+// mi_collect, which the mimalloc crate does not wrap: no pointer in, nothing out.
 #[allow(unsafe_code)]
-// mi_collect, which the mimalloc crate does not wrap: no pointer in, nothing out
 pub mod memory;
 pub mod metrics;
 pub mod redact;

@@ -260,15 +260,17 @@ impl PromServer {
             }
             body.extend_from_slice(&chunk);
         }
-        crate::core::trace::trace(
-            &self.url.to_string(),
-            &format!(
-                "{} bytes in {} ms: {}",
-                body.len(),
-                asked.elapsed().as_millis(),
-                truncate(q, 90)
-            ),
-        );
+        if crate::core::trace::on() {
+            crate::core::trace::trace(
+                &self.url.to_string(),
+                &format!(
+                    "{} bytes in {} ms: {}",
+                    body.len(),
+                    asked.elapsed().as_millis(),
+                    truncate(q, 90)
+                ),
+            );
+        }
         Ok(body.freeze())
     }
 
@@ -698,6 +700,13 @@ struct Glance {
     taken: Vec<Option<f64>>,
     /// Its revision's series names it by `Hostname` (as a serve does): a narrowed read can ask for it.
     by_hostname: Vec<bool>,
+}
+
+/// One host's part of a glance.
+struct Seen {
+    revision: Option<f64>,
+    taken: Option<f64>,
+    by_hostname: bool,
 }
 
 async fn glance(
@@ -1135,35 +1144,38 @@ impl Poller {
             Ok(g) => g,
             Err(e) => return say_down(&self.hosts, &mut self.down, &e),
         };
-        let place = |h: &PromHost| self.names.of(&h.name);
-        let moved: Vec<bool> = self
+        // Each host's glance, by its place in `hosts`: looked up once.
+        let seen: Vec<Seen> = self
             .hosts
             .iter()
-            .enumerate()
-            .map(|(i, h)| {
-                let at = place(h);
-                let now = at.and_then(|at| g.revision.get(at).copied().flatten());
+            .map(|h| {
+                let at = self.names.of(&h.name);
+                let get = |v: &[Option<f64>]| at.and_then(|at| v.get(at).copied().flatten());
+                Seen {
+                    revision: get(&g.revision),
+                    taken: get(&g.taken),
+                    by_hostname: at.and_then(|at| g.by_hostname.get(at).copied()) == Some(true),
+                }
+            })
+            .collect();
+        let mut moved = Vec::with_capacity(seen.len());
+        for (i, s) in seen.iter().enumerate() {
+            if s.revision.is_some() {
+                self.by_hostname[i] = s.by_hostname;
+            }
+            moved.push(
                 self.whole_next
                     || self.said[i].is_none()
                     || self.down[i].is_some()
-                    || now.is_none()
-                    || now != self.revision[i]
-                    || at
-                        .and_then(|at| g.taken.get(at).copied().flatten())
-                        .is_none()
-            })
-            .collect();
-        for (i, h) in self.hosts.iter().enumerate() {
-            if let Some(at) = place(h)
-                && g.revision.get(at).copied().flatten().is_some()
-            {
-                self.by_hostname[i] = g.by_hostname[at];
-            }
+                    || s.revision.is_none()
+                    || s.revision != self.revision[i]
+                    || s.taken.is_none(),
+            );
         }
         let n_moved = moved.iter().filter(|m| **m).count();
         let now = crate::core::model::now_ms();
         let mut listening = self.hosts.iter().any(|h| h.detached.load(Ordering::SeqCst));
-        // A few moved: their series alone are read, named by their scrape targets.
+        // A few moved: their series alone are read, named by `Hostname`.
         let only = (n_moved * 4 <= self.hosts.len()).then(|| {
             only_hosts(
                 self.hosts
@@ -1179,7 +1191,7 @@ impl Poller {
             (_, Some(Some(m))) => Some(Queries::new(&self.server, Some(m))),
             _ => {
                 // Most hosts moved, or one cannot be named in a query: read them all.
-                return self.read(None, &g, now).await || listening;
+                return self.read(None, &seen, now).await || listening;
             }
         };
         // The others are only fresh, at the time their serve took the reading.
@@ -1187,21 +1199,25 @@ impl Poller {
             if moved[i] || h.detached.load(Ordering::SeqCst) {
                 continue;
             }
-            let taken = place(h).and_then(|at| g.taken.get(at).copied().flatten());
             if let Some(said) = self.said[i].as_mut() {
-                said.taken_s = taken;
+                said.taken_s = seen[i].taken;
                 listening |= h.sink.fresh(said.taken_at_ms(now), Vec::new());
             }
         }
         match narrowed {
             None => listening,
-            Some(q) => self.read(Some((&q, &moved)), &g, now).await || listening,
+            Some(q) => self.read(Some((&q, &moved)), &seen, now).await || listening,
         }
     }
 
     /// Read the series of every host, or (`narrowed`) of the hosts that moved with the queries naming them,
     /// and hand each on. False once no host listens.
-    async fn read(&mut self, narrowed: Option<(&Queries, &[bool])>, g: &Glance, now: u64) -> bool {
+    async fn read(
+        &mut self,
+        narrowed: Option<(&Queries, &[bool])>,
+        seen: &[Seen],
+        now: u64,
+    ) -> bool {
         let queries = narrowed.map_or(&self.queries, |(q, _)| q);
         let (data, up) = match poll(&self.server, &self.http, queries, &self.names).await {
             Ok(x) => x,
@@ -1220,7 +1236,7 @@ impl Poller {
             // A host the narrowed read asked for and did not find may have moved to another target: the
             // next poll reads every host, once (a host already down does not ask again).
             self.whole_next |= narrowed.is_some() && d.is_none() && self.down[i].is_none();
-            self.revision[i] = at.and_then(|at| g.revision.get(at).copied().flatten());
+            self.revision[i] = seen[i].revision;
             listening |= self.host(i, d, &up, now);
         }
         listening
