@@ -226,6 +226,28 @@ fn reused_pid_is_a_ghost_not_a_live_process() {
     );
 }
 
+/// Seen on a real H200: a rank being killed closes its files first, and NVML charges it until the driver has
+/// freed its memory. It is the same process on its way out (PF_EXITING), not another on a reused PID.
+#[test]
+fn a_listed_pid_on_its_way_out_is_no_ghost_and_no_leak() {
+    let mut leaving = proc_(534, 530, 530, 'D', "python3 worker.py");
+    leaving.exiting = true;
+    let snap = analyzed(
+        host(
+            vec![gpu(0, 6893, &[(534, 6888 * MIB)])],
+            vec![proc_(530, 1, 530, 'S', "python3 launcher.py"), leaving],
+            vec![],
+        ),
+        &AnalyzeOptions::default(),
+    );
+    assert!(
+        snap.findings.iter().all(|f| f.severity != Severity::Leak),
+        "{:?}",
+        kinds(&snap.findings)
+    );
+    assert_eq!(snap.gpus[0].state, Some(GpuState::InUse));
+}
+
 #[test]
 fn pids_of_another_namespace_are_not_ghosts() {
     let mut s = host(vec![gpu(0, 5000, &[(4242, 5000 * MIB)])], vec![], vec![]);
@@ -579,6 +601,7 @@ fn hosts_read_from_prometheus_keep_their_verdicts_and_are_never_called_leaking_o
         action: "open it live".into(),
         target_pid: None,
         file: None,
+        confirms_as: None,
     }];
     let snap = gpusweep::analyze::analyzed(snap, &opts);
     assert_eq!(kinds(&snap.findings), [(FindingKind::Zombie, None, None)]);

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::GpuState;
 use crate::core::event::EventKind;
-use crate::core::model::{Finding, HostSnapshot, Subject};
+use crate::core::model::{Finding, HostSnapshot, Severity, Subject};
 
 /// A GPU process as one reading shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,7 +87,12 @@ pub fn between(prev: Option<&HostSnapshot>, next: &HostSnapshot) -> Vec<EventKin
             });
         }
     }
-    let was: BTreeSet<Subject> = prev.findings.iter().map(Finding::subject).collect();
+    // A finding whose severity rose (one seen to appear, now confirmed) is told again.
+    let was: BTreeMap<Subject, Severity> = prev
+        .findings
+        .iter()
+        .map(|f| (f.subject(), f.severity))
+        .collect();
     let is: BTreeSet<Subject> = next.findings.iter().map(Finding::subject).collect();
     for f in prev.findings.iter().filter(|f| !is.contains(&f.subject())) {
         out.push(EventKind::FindingCleared {
@@ -97,7 +102,11 @@ pub fn between(prev: Option<&HostSnapshot>, next: &HostSnapshot) -> Vec<EventKin
             detail: f.detail.clone(),
         });
     }
-    for f in next.findings.iter().filter(|f| !was.contains(&f.subject())) {
+    for f in next
+        .findings
+        .iter()
+        .filter(|f| was.get(&f.subject()).is_none_or(|s| *s < f.severity))
+    {
         out.push(EventKind::FindingAppeared {
             kind: f.kind,
             severity: f.severity,

@@ -99,6 +99,9 @@ struct Member {
     start_time: u64,
     gpus: Vec<u32>,
     bytes: Option<u64>,
+    /// It holds GPUs whose memory and processes NVML read, yet NVML does not list it: charged nothing yet
+    /// (a rank starting CUDA opens its device a moment before NVML lists it).
+    unlisted: bool,
     state: ProcState,
     started_ms: Option<u64>,
     cmdline: String,
@@ -155,6 +158,13 @@ fn groups(snap: &Indexed<'_>) -> Vec<Group> {
         };
         let mut gpus = snap.holder(pid).map(|h| h.gpus.clone()).unwrap_or_default();
         let (charged, on) = listed.get(&pid).cloned().unwrap_or_default();
+        let unlisted = !listed.contains_key(&pid)
+            && !gpus.is_empty()
+            && gpus.iter().all(|&i| {
+                snap.gpu(i).is_some_and(|g| {
+                    g.memory.used.is_some() && g.error.is_none() && g.mig_enabled != Some(true)
+                })
+            });
         for g in on {
             if !gpus.contains(&g) {
                 gpus.push(g);
@@ -178,6 +188,7 @@ fn groups(snap: &Indexed<'_>) -> Vec<Group> {
             start_time: p.start_time,
             gpus,
             bytes: charged,
+            unlisted,
             state: p.state,
             started_ms: p.started_at.map(|s| s * 1000),
             cmdline: p.display_cmd(),
@@ -500,6 +511,12 @@ impl JobBook {
         let before = t.phase;
         let phase = if t.lost.is_empty() {
             match (total, t.last_total) {
+                // Every rank charged nothing or not listed yet: starting, not unreadable.
+                (None, None) if alive.iter().all(|m| m.unlisted || m.bytes == Some(0)) => {
+                    t.seen_warming = true;
+                    t.last_rise_ms = at;
+                    Phase::Starting
+                }
                 (None, _) => Phase::Unknown,
                 (Some(0), _) => {
                     t.seen_warming = true;

@@ -2,6 +2,7 @@
 //! are DESIGN's: ghost, hidden holder, residual, orphan, zombie, shm leftover, smem limit (and not_visible for
 //! PIDs another PID namespace owns). The runtime calls `analyzed` once per reading, for every host.
 
+pub mod confirm;
 pub mod events;
 pub mod findings;
 pub mod index;
@@ -23,6 +24,8 @@ pub struct AnalyzeOptions {
     pub residual_slack: u64,
     /// The windows a job's phases are told by (read by the ledger's job book).
     pub jobs: jobs::JobOptions,
+    /// A finding seen to appear is said at its full severity once it has lasted this long (0: at once).
+    pub confirm_ms: u64,
 }
 
 impl Default for AnalyzeOptions {
@@ -31,6 +34,7 @@ impl Default for AnalyzeOptions {
             tolerance: 0,
             residual_slack: 256 * MIB,
             jobs: jobs::JobOptions::default(),
+            confirm_ms: 3_000,
         }
     }
 }

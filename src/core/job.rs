@@ -309,7 +309,10 @@ pub fn phase_line(snap: &super::model::HostSnapshot, j: &JobReport) -> String {
     let n = j.gpus.len();
     let since_start = fmt_span(snap.taken_at_ms.saturating_sub(j.started_ms));
     match j.phase {
-        Phase::Starting => format!("starting: {} rank(s), no GPU memory yet", j.ranks.len()),
+        Phase::Starting => format!(
+            "starting: {} rank(s), no GPU memory charged yet",
+            j.ranks.len()
+        ),
         Phase::Loading => format!(
             "loading {} of {} on {n} GPU(s), {since_start}",
             fmt_bytes(j.bytes),

@@ -344,6 +344,10 @@ pub struct Proc {
     /// A kernel thread (PF_KTHREAD): it has no fds to walk.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub kernel_thread: bool,
+    /// It is exiting (PF_EXITING): its files are closed or closing, and the driver may still be freeing
+    /// its GPU memory, which NVML charges it until done. Not another program on a reused PID.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exiting: bool,
     /// Its fd table could not be read (permissions): whether it holds a GPU is unknown.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fds_unreadable: bool,
@@ -543,6 +547,11 @@ pub struct Finding {
     /// The /dev/shm file it is about (shm leftovers), by name and identity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<FileRef>,
+    /// Seen to appear less than the confirm window ago while the host was watched: said one step lower
+    /// (every process passes through some findings for a moment) until it lasts; this is the severity it
+    /// then has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirms_as: Option<Severity>,
 }
 
 /// A file a finding is about: its name, and the device and inode that tell it from another of that name.
@@ -934,6 +943,7 @@ mod tests {
                 action: "rm".into(),
                 target_pid: None,
                 file: None,
+                confirms_as: None,
             }],
             ..Default::default()
         }

@@ -5,6 +5,8 @@ use super::model::{Proc, ProcState};
 
 /// `include/linux/sched.h`: this task is a kernel thread.
 pub const PF_KTHREAD: u64 = 0x0020_0000;
+/// `include/linux/sched.h`: this task is getting shut down (set before its files are closed).
+pub const PF_EXITING: u64 = 0x0000_0004;
 
 /// Parse `/proc/PID/stat`. The comm may hold spaces and parentheses, so fields are read after the last ')'.
 pub fn parse_stat(s: &str) -> Option<Proc> {
@@ -32,6 +34,7 @@ pub fn parse_stat(s: &str) -> Option<Proc> {
         start_time,
         comm,
         kernel_thread: flags & PF_KTHREAD != 0,
+        exiting: flags & PF_EXITING != 0,
         ..Default::default()
     })
 }
@@ -112,7 +115,12 @@ mod tests {
         let p = "2 (python3) S 1 1 1 0 -1 4194560 1 0 0 0 5 3 0 0 20 0 2 0 123456 100 5 18446744073709551615";
         let p = parse_stat(p).expect("parses");
         assert!(!p.kernel_thread);
+        assert!(!p.exiting);
         assert_eq!(p.start_time, 123_456);
+        // A rank on its way out (flags 0x40404044: PF_EXITING set).
+        let x =
+            "534 (python3) D 530 530 530 0 -1 1077952580 1 0 0 0 5 3 0 0 20 0 1 0 123456 100 5 1";
+        assert!(parse_stat(x).expect("parses").exiting);
     }
 
     #[test]

@@ -16,6 +16,9 @@ pub struct Config {
     pub interval: Option<String>,
     /// Clean means used memory at or under this many MiB.
     pub tolerance_mib: Option<u64>,
+    /// A finding seen to appear while watching is said at its full severity once it has lasted this long
+    /// ("3s" by default; "0s": at once).
+    pub confirm: Option<String>,
     /// Hosts watched when `--hosts` is not given.
     #[serde(default)]
     pub hosts: Vec<String>,
@@ -75,6 +78,18 @@ pub struct JobsConfig {
     pub straggler: Option<String>,
     /// A rank in state D this long: lost (default 10s).
     pub stuck: Option<String>,
+}
+
+impl Config {
+    /// The confirm window in ms (3 s where unset).
+    pub fn confirm_ms(&self) -> Result<u64, ConfigError> {
+        match &self.confirm {
+            None => Ok(crate::analyze::AnalyzeOptions::default().confirm_ms),
+            Some(v) => parse_duration(v)
+                .map(crate::core::format::millis)
+                .map_err(|e| ConfigError::Invalid(format!("confirm: {e}"))),
+        }
+    }
 }
 
 impl JobsConfig {
@@ -161,6 +176,7 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
         ));
     }
     c.jobs.options()?;
+    c.confirm_ms()?;
     if let Some(t) = c.ssh.connect_timeout_s
         && !(1..=86_400).contains(&t)
     {
@@ -188,6 +204,7 @@ mod tests {
             r#"
 interval = "500ms"
 tolerance_mib = 4
+confirm = "5s"
 hosts = ["node[01-02]"]
 benign = ["my-exporter"]
 [groups]
@@ -213,6 +230,8 @@ gpu_models = ["GB10", "GH200"]
             (120_000, 30_000, 10_000)
         );
         assert_eq!(c.tolerance_mib, Some(4));
+        assert_eq!(c.confirm_ms().expect("a duration"), 5_000);
+        assert_eq!(Config::default().confirm_ms().expect("default"), 3_000);
         assert_eq!(c.groups["prod"].len(), 2);
         assert_eq!(c.ssh.accept_new, Some(true));
         assert_eq!(c.keys["kill"], "x");
@@ -233,6 +252,12 @@ gpu_models = ["GB10", "GH200"]
                 .contains("interval")
         );
         assert!(parse("tolerance_mib = -1").is_err());
+        assert!(
+            parse("confirm = \"later\"")
+                .unwrap_err()
+                .to_string()
+                .contains("confirm")
+        );
         assert!(parse("tolerance_mib = 18446744073709551615").is_err());
         assert!(parse("[ssh]\nconnect_timeout_s = 0").is_err());
         assert!(parse("[ssh]\nmax_connections = 0").is_err());

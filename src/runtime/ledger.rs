@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 
+use crate::analyze::confirm::Confirm;
 use crate::analyze::events::{between, gpus_of_targets, released_by_deaths};
 use crate::analyze::jobs::{JobBook, JobChange};
 use crate::analyze::{AnalyzeOptions, analyzed};
@@ -138,6 +139,10 @@ pub struct Ledger {
     first_signal: Option<u64>,
     /// Its jobs, reading after reading (phases, lost ranks, stragglers).
     jobs: JobBook,
+    /// When each finding was first seen: one seen to appear is a leak only once it lasts.
+    confirm: Confirm,
+    /// When the last reading's earliest lowered finding will have lasted the window.
+    confirm_due: Option<u64>,
 }
 
 impl Ledger {
@@ -153,6 +158,8 @@ impl Ledger {
             exited: HashMap::new(),
             first_signal: None,
             jobs: JobBook::new(opts.jobs),
+            confirm: Confirm::default(),
+            confirm_due: None,
         }
     }
 
@@ -185,8 +192,9 @@ impl Ledger {
             let gauges = snap.gauges();
             last.snap.refresh(snap.taken_at_ms, &gauges);
             let taken_at_ms = last.snap.taken_at_ms;
-            // Time alone may settle a job or name a straggler: then the reading says something new.
-            if let Some(again) = self.jobs_moved(taken_at_ms) {
+            // Time alone may settle a job, name a straggler or confirm a finding: then the reading says
+            // something new.
+            if let Some(again) = self.time_moved(taken_at_ms) {
                 return again;
             }
             return (
@@ -201,6 +209,18 @@ impl Ledger {
         let at = snap.taken_at_ms;
         let (snap, changes) = self.with_jobs(snap, at);
         self.judge(snap, changes)
+    }
+
+    /// The last reading seen again at `at`, when time alone changes what it says.
+    fn time_moved(&mut self, at: u64) -> Option<(Judgement, Vec<Event>)> {
+        if let Some(again) = self.jobs_moved(at) {
+            return Some(again);
+        }
+        if self.confirm_due.is_none_or(|d| at < d) {
+            return None;
+        }
+        let snap = self.last.as_ref()?.snap.clone();
+        Some(self.judge(snap, Vec::new()))
     }
 
     /// The last reading with its jobs seen again at `at`, when that changes what they say.
@@ -245,7 +265,22 @@ impl Ledger {
     }
 
     /// An analyzed reading with its jobs: judged, its events made, kept as the last.
-    fn judge(&mut self, snap: HostSnapshot, changes: Vec<JobChange>) -> (Judgement, Vec<Event>) {
+    fn judge(
+        &mut self,
+        mut snap: HostSnapshot,
+        changes: Vec<JobChange>,
+    ) -> (Judgement, Vec<Event>) {
+        // A host read from Prometheus comes with its own gpusweep's findings, confirmed there.
+        if !snap.source.judged_remotely() {
+            let at = snap.taken_at_ms;
+            let applied = self
+                .confirm
+                .apply(&mut snap.findings, at, self.opts.confirm_ms);
+            if applied.changed {
+                crate::analyze::state::judge_gpus(&mut snap, &self.opts);
+            }
+            self.confirm_due = applied.due_ms;
+        }
         let changed = self
             .last
             .as_ref()
@@ -271,7 +306,7 @@ impl Ledger {
     ) -> Option<(Judgement, Vec<Event>)> {
         self.last.as_mut()?.snap.refresh(taken_at_ms, &gauges);
         if !self.resend {
-            if let Some(again) = self.jobs_moved(taken_at_ms) {
+            if let Some(again) = self.time_moved(taken_at_ms) {
                 return Some(again);
             }
             return Some((
@@ -683,6 +718,90 @@ mod tests {
         );
         let (j, _) = l.fresh(7_000, Vec::new()).expect("a reading");
         assert!(matches!(j, Judgement::Same { .. }), "settled once: {j:?}");
+    }
+
+    /// Seen on a real H200: ranks starting CUDA hold their GPU before NVML lists them, and a rank being
+    /// killed is charged until the driver frees its memory. A finding seen to appear is said one step lower
+    /// until it has lasted the confirm window; one there at the first reading was not seen to appear.
+    #[test]
+    fn a_finding_seen_to_appear_is_a_leak_only_once_it_lasts() {
+        use crate::core::model::{FindingKind, Severity};
+        let opts = AnalyzeOptions {
+            confirm_ms: 3_000,
+            ..Default::default()
+        };
+        let ghost_of = |f: &[crate::core::model::Finding]| {
+            f.iter()
+                .find(|f| f.kind == FindingKind::Ghost)
+                .map(|f| (f.severity, f.confirms_as))
+        };
+        let appeared = |ev: &[Event]| -> Vec<Severity> {
+            ev.iter()
+                .filter_map(|e| match &e.what {
+                    EventKind::FindingAppeared {
+                        kind: FindingKind::Ghost,
+                        severity,
+                        ..
+                    } => Some(*severity),
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut l = Ledger::new("gpu-x", opts);
+        l.reading(reading(1_000, false));
+        // 42 left /proc; NVML still charges it: a ghost, seen to appear.
+        let mut ghost = reading(2_000, true);
+        ghost.processes.retain(|p| p.pid != 42);
+        ghost.holders.clear();
+        let (j, ev) = l.reading(ghost.clone());
+        let Judgement::New(j) = j else {
+            panic!("{j:?}")
+        };
+        assert_eq!(
+            ghost_of(&j.snap.findings),
+            Some((Severity::Warning, Some(Severity::Leak)))
+        );
+        assert_eq!(j.snap.gpus[0].state, Some(GpuState::InUse));
+        assert_eq!(j.leaks, 0);
+        assert_eq!(appeared(&ev), [Severity::Warning]);
+        // Still there, not yet for the window: nothing new.
+        ghost.taken_at_ms = 4_000;
+        let (j, ev) = l.reading(ghost.clone());
+        assert!(matches!(j, Judgement::Same { .. }), "{j:?}");
+        assert!(ev.is_empty());
+        // Lasted 3 s: the same reading now says a leak, and says it again as an event.
+        let (j, ev) = l.fresh(5_000, Vec::new()).expect("a reading");
+        let Judgement::New(j) = j else {
+            panic!("{j:?}")
+        };
+        assert_eq!(ghost_of(&j.snap.findings), Some((Severity::Leak, None)));
+        assert_eq!(j.snap.gpus[0].state, Some(GpuState::Leak));
+        assert_eq!(
+            j.leaks, 2,
+            "a ghost and its residual: {:?}",
+            j.snap.findings
+        );
+        assert_eq!(appeared(&ev), [Severity::Leak]);
+        let (j, _) = l.fresh(6_000, Vec::new()).expect("a reading");
+        assert!(matches!(j, Judgement::Same { .. }), "{j:?}");
+        // Gone and back: seen to appear again.
+        l.reading(reading(7_000, false));
+        ghost.taken_at_ms = 8_000;
+        let (j, _) = l.reading(ghost.clone());
+        let Judgement::New(j) = j else {
+            panic!("{j:?}")
+        };
+        assert_eq!(
+            ghost_of(&j.snap.findings).map(|g| g.0),
+            Some(Severity::Warning)
+        );
+        // A host whose first reading has it: not seen to appear, said as it is.
+        let mut first = Ledger::new("gpu-y", opts);
+        let (j, _) = first.reading(ghost);
+        let Judgement::New(j) = j else {
+            panic!("{j:?}")
+        };
+        assert_eq!(ghost_of(&j.snap.findings), Some((Severity::Leak, None)));
     }
 
     #[test]

@@ -507,6 +507,7 @@ pub fn resolve(o: &Overrides) -> Result<Settings, SettingsError> {
         analyze: AnalyzeOptions {
             tolerance: config.tolerance_mib.unwrap_or(0).saturating_mul(MIB),
             jobs: config.jobs.options()?,
+            confirm_ms: config.confirm_ms()?,
             ..Default::default()
         },
         procfs,

@@ -427,6 +427,7 @@ mod tests {
             action: "kill 10 (python3 serve.py --api-key s3cret)".into(),
             target_pid: Some(11),
             file: None,
+            confirms_as: None,
         });
         assert!(redact(&snap, View::Whole).is_none());
         let seen = redact(&snap, View::Own(1000)).expect("redacted");

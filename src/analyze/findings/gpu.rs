@@ -23,6 +23,8 @@ fn liveness<'a>(snap: &Indexed<'a>, pid: u32) -> Liveness<'a> {
         None if snap.in_child_pid_namespace => Liveness::NotVisible,
         None => Liveness::Gone,
         Some(p) if p.state.is_zombie() => Liveness::Zombie,
+        // On its way out: its files are closed, and NVML charges it until the driver has freed its memory.
+        Some(p) if p.exiting => Liveness::Live,
         Some(p) => {
             // Holder scanning must have been possible for this to mean anything.
             if snap.holder(pid).is_none() && !p.fds_unreadable && snap.holders_known() {

@@ -51,6 +51,7 @@ impl Findings {
             action: d.action,
             target_pid: d.target_pid,
             file,
+            confirms_as: None,
         });
     }
 }

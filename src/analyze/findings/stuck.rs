@@ -1,17 +1,35 @@
-//! GPU holders in state D: asleep in the kernel where no signal reaches them until the I/O returns.
+//! GPU holders in state D, and listed processes on their way out in state D (their files closed, their
+//! memory not yet freed): asleep in the kernel where no signal reaches them until the I/O returns.
 
 use super::{Draft, Findings, who};
 use crate::analyze::index::Indexed;
 use crate::core::model::{FindingKind, ProcState, Severity};
 
 pub fn find(snap: &Indexed<'_>, out: &mut Findings) {
-    for h in snap.holders.iter().filter(|h| !h.gpus.is_empty()) {
-        let Some(p) = snap.proc(h.pid) else { continue };
-        if p.state != ProcState::DiskSleep {
-            continue;
-        }
-        let gpus = h
-            .gpus
+    let asleep = |pid: u32| {
+        snap.proc(pid)
+            .is_some_and(|p| p.state == ProcState::DiskSleep)
+    };
+    let held = snap
+        .holders
+        .iter()
+        .filter(|h| !h.gpus.is_empty() && asleep(h.pid))
+        .map(|h| (h.pid, h.gpus.clone()));
+    let leaving = snap.gpus.iter().flat_map(|g| {
+        g.processes
+            .iter()
+            .filter(|lp| asleep(lp.pid) && snap.holder(lp.pid).is_none())
+            .filter(|lp| snap.proc(lp.pid).is_some_and(|p| p.exiting))
+            .map(|lp| (lp.pid, vec![g.index]))
+    });
+    let mut seen = std::collections::BTreeMap::<u32, Vec<u32>>::new();
+    for (pid, gpus) in held.chain(leaving) {
+        seen.entry(pid).or_default().extend(gpus);
+    }
+    for (pid, gpus) in seen {
+        let Some(p) = snap.proc(pid) else { continue };
+        let first_gpu = gpus.first().copied();
+        let gpus = gpus
             .iter()
             .map(u32::to_string)
             .collect::<Vec<_>>()
@@ -24,19 +42,19 @@ pub fn find(snap: &Indexed<'_>, out: &mut Findings) {
         out.push(Draft {
             kind: FindingKind::Unkillable,
             severity: Severity::Warning,
-            gpu: h.gpus.first().copied(),
-            pid: Some(h.pid),
+            gpu: first_gpu,
+            pid: Some(pid),
             bytes: None,
             detail: format!(
                 "{} holds GPU {gpus} and is in state D (uninterruptible{wchan}): no signal ends it \
                  until that I/O returns, and its GPU memory stays held until then",
-                who(snap, h.pid)
+                who(snap, pid)
             ),
             action: "find what it waits on (a hung NFS or FUSE mount, a frozen cgroup, a wedged driver); a \
                      KILL sent now takes effect when the I/O returns; if it never does, drain the node and \
                      reboot it"
                 .into(),
-            target_pid: Some(h.pid),
+            target_pid: Some(pid),
         });
     }
 }

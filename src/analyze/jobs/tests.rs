@@ -140,6 +140,29 @@ fn a_warm_up_goes_starting_loading_settled_with_its_duration() {
     assert!(!b.due(u64::MAX), "a settled job waits on no clock");
 }
 
+/// Seen on a real H200: ranks starting CUDA hold their GPU a moment before NVML lists them. Unlisted, they
+/// are charged nothing yet: the job is starting, not "memory unreadable".
+#[test]
+fn ranks_holding_their_gpus_before_nvml_lists_them_are_starting_then_loading() {
+    let mut b = JobBook::new(opts());
+    let mut r = reading(0, &[Some(0); 4], &[]);
+    for g in &mut r.gpus {
+        g.processes.clear();
+    }
+    let seen = b.observe(&r, 0);
+    assert_eq!(seen.reports[0].phase, Phase::Starting);
+    assert_eq!(seen.reports[0].ranks.len(), 4);
+    let seen = b.observe(&reading(0, &[Some(500); 4], &[]), S);
+    assert_eq!(seen.reports[0].phase, Phase::Loading);
+    // Listed with bytes NVML could not read: that is unknown.
+    let mut b = JobBook::new(opts());
+    let mut r = reading(0, &[Some(0); 4], &[]);
+    for g in &mut r.gpus {
+        g.processes[0].used_bytes = None;
+    }
+    assert_eq!(b.observe(&r, 0).reports[0].phase, Phase::Unknown);
+}
+
 #[test]
 fn a_job_first_seen_long_after_its_start_is_holding_not_loading() {
     let mut b = JobBook::new(opts());

@@ -474,6 +474,7 @@ fn count_findings(name: &str, d: &HostData, findings: &mut Vec<Finding>) {
                 .into(),
             target_pid: None,
             file: None,
+            confirms_as: None,
         });
     }
 }
@@ -537,6 +538,7 @@ fn unexplained(name: &str, index: u32, g: &GpuData, findings: &mut Vec<Finding>)
                 .into(),
             target_pid: None,
             file: None,
+            confirms_as: None,
         });
     }
 }
