@@ -444,6 +444,44 @@ async fn an_unchanged_reading_carries_the_gauges_only_when_they_moved() {
         }
     }
     assert!(moved > 0, "the wave's gauges never came: {got}");
+    // Asked for `gauges=moved`, an unchanged carries only the GPUs whose gauges moved, by position: gpu-b's
+    // busy GPU 6, never its seven idle ones.
+    let mut r = client()
+        .get(serve.url("/api/v1/events?interval=100ms&gauges=moved"))
+        .send()
+        .await
+        .expect("events");
+    let mut got = String::new();
+    let said = Instant::now();
+    while got.matches("\"moved\"").count() < 3 {
+        assert!(said.elapsed() < Duration::from_secs(20), "{got}");
+        let chunk = r.chunk().await.expect("chunk").expect("open");
+        got.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    for ev in got.split("\n\n").filter(|e| e.contains("event: unchanged")) {
+        let data = ev
+            .lines()
+            .find_map(|l| l.strip_prefix("data: "))
+            .expect("data");
+        let v: serde_json::Value = serde_json::from_str(data).expect("json");
+        assert!(v.get("gauges").is_none(), "{data}");
+        if let Some(m) = v.get("moved") {
+            let at: Vec<u64> = m
+                .as_array()
+                .expect("moved")
+                .iter()
+                .map(|e| e[0].as_u64().expect("a position"))
+                .collect();
+            assert_eq!(at, [6], "{data}");
+            assert!(m[0][1]["utilization"].is_u64(), "{data}");
+        }
+    }
+    let bad = client()
+        .get(serve.url("/api/v1/events?gauges=some"))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(bad.status(), 400);
 }
 
 fn write_private(path: &Path, content: &str, mode: u32) {

@@ -18,8 +18,8 @@ struct GpuProc {
     bytes: Option<u64>,
 }
 
-/// By PID: (start time when /proc has it, what it holds).
-fn gpu_procs(s: &HostSnapshot) -> BTreeMap<u32, (Option<u64>, GpuProc)> {
+/// The GPU's processes by PID, with their start time when /proc has them.
+fn gpu_pids(s: &HostSnapshot) -> BTreeMap<u32, Option<u64>> {
     let mut pids: BTreeSet<u32> = s.holders.iter().map(|h| h.pid).collect();
     pids.extend(
         s.gpus
@@ -27,30 +27,26 @@ fn gpu_procs(s: &HostSnapshot) -> BTreeMap<u32, (Option<u64>, GpuProc)> {
             .flat_map(|g| g.processes.iter().map(|p| p.pid)),
     );
     pids.into_iter()
-        .map(|pid| {
-            let p = s.proc(pid);
-            let mut gpus = s.listed_gpus(pid);
-            if let Some(h) = s.holder(pid) {
-                gpus.extend(&h.gpus);
-            }
-            gpus.sort_unstable();
-            gpus.dedup();
-            (
-                pid,
-                (
-                    p.map(|p| p.start_time),
-                    GpuProc {
-                        cmdline: p.map_or_else(
-                            || "[not in /proc]".to_string(),
-                            crate::core::model::Proc::display_cmd,
-                        ),
-                        gpus,
-                        bytes: s.charged(pid),
-                    },
-                ),
-            )
-        })
+        .map(|pid| (pid, s.proc(pid).map(|p| p.start_time)))
         .collect()
+}
+
+/// What one of them holds, told only for those that came or went.
+fn gpu_proc(s: &HostSnapshot, pid: u32) -> GpuProc {
+    let mut gpus = s.listed_gpus(pid);
+    if let Some(h) = s.holder(pid) {
+        gpus.extend(&h.gpus);
+    }
+    gpus.sort_unstable();
+    gpus.dedup();
+    GpuProc {
+        cmdline: s.proc(pid).map_or_else(
+            || "[not in /proc]".to_string(),
+            crate::core::model::Proc::display_cmd,
+        ),
+        gpus,
+        bytes: s.charged(pid),
+    }
 }
 
 /// The events between `prev` (None: this is the host's first reading) and `next`, both judged (each GPU's
@@ -62,27 +58,29 @@ pub fn between(prev: Option<&HostSnapshot>, next: &HostSnapshot) -> Vec<EventKin
     let first = prev.is_none();
     let prev = prev.unwrap_or(&empty);
     if !first {
-        let (before, now) = (gpu_procs(prev), gpu_procs(next));
+        let (before, now) = (gpu_pids(prev), gpu_pids(next));
         // The same process while its PID is, unless both readings know its start time and they differ (a
         // reused PID). One that left /proc but is still listed (a ghost now) is the same process.
-        let same = |pid: &u32, st: &Option<u64>, other: &BTreeMap<u32, (Option<u64>, GpuProc)>| {
+        let same = |pid: &u32, st: &Option<u64>, other: &BTreeMap<u32, Option<u64>>| {
             other
                 .get(pid)
-                .is_some_and(|(o, _)| o.is_none() || st.is_none() || o == st)
+                .is_some_and(|o| o.is_none() || st.is_none() || o == st)
         };
-        for (pid, (_, p)) in before.iter().filter(|(k, (st, _))| !same(k, st, &now)) {
+        for (pid, _) in before.iter().filter(|(k, st)| !same(k, st, &now)) {
+            let p = gpu_proc(prev, *pid);
             out.push(EventKind::ProcessExited {
                 pid: *pid,
-                cmdline: p.cmdline.clone(),
-                gpus: p.gpus.clone(),
+                cmdline: p.cmdline,
+                gpus: p.gpus,
                 gpu_bytes: p.bytes,
             });
         }
-        for (pid, (_, p)) in now.iter().filter(|(k, (st, _))| !same(k, st, &before)) {
+        for (pid, _) in now.iter().filter(|(k, st)| !same(k, st, &before)) {
+            let p = gpu_proc(next, *pid);
             out.push(EventKind::ProcessAppeared {
                 pid: *pid,
-                cmdline: p.cmdline.clone(),
-                gpus: p.gpus.clone(),
+                cmdline: p.cmdline,
+                gpus: p.gpus,
                 gpu_bytes: p.bytes,
             });
         }

@@ -10,7 +10,9 @@ fn is_hostile(c: char) -> bool {
 /// Untrusted text (cmdlines, file names, what a remote sends) made safe for a terminal: every control or
 /// bidi character is written as an escape (`\x1b`, `\n`, `\u{202e}`), so it shows and does nothing.
 pub fn escape(s: &str) -> std::borrow::Cow<'_, str> {
-    if !s.chars().any(is_hostile) {
+    // Printable ASCII, what nearly every label is, is checked a byte at a time (every reading's labels pass
+    // here); anything else is decoded and checked character by character.
+    if s.bytes().all(|b| (0x20..0x7f).contains(&b)) || !s.chars().any(is_hostile) {
         return std::borrow::Cow::Borrowed(s);
     }
     let mut out = String::with_capacity(s.len() + 8);

@@ -66,6 +66,10 @@ pub struct Unchanged {
     /// Each GPU's gauges, only when they moved since the stream last sent them; absent: as before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gauges: Option<Vec<Gauges>>,
+    /// On a stream asked with `gauges=moved`: only the GPUs whose gauges moved, as (position in the
+    /// reading's `gpus`, gauges); the others as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved: Option<Vec<(u32, Gauges)>>,
 }
 
 /// A host's connection in a word, as the stream says it.
@@ -108,6 +112,7 @@ mod tests {
             host: "h".into(),
             taken_at_ms: 5,
             gauges: None,
+            moved: None,
         };
         let j = serde_json::to_string(&u).expect("json");
         assert_eq!(j, r#"{"host":"h","taken_at_ms":5}"#);

@@ -248,6 +248,8 @@ pub struct EventsQuery {
     /// Only these hosts (names, comma-separated): a client reading several hosts of this serve through one
     /// stream. Names this serve does not have are left out of the hello, which lists those it streams.
     hosts: Option<String>,
+    /// `moved`: an `unchanged` carries only the GPUs whose gauges moved (`moved`), not every GPU's.
+    gauges: Option<String>,
 }
 
 async fn all_events(
@@ -300,6 +302,8 @@ struct Asked {
     client: u64,
     hosts: Vec<usize>,
     _place: tokio::sync::OwnedSemaphorePermit,
+    /// Its `unchanged` events carry only the GPUs whose gauges moved.
+    only_moved: bool,
 }
 
 impl Drop for Asked {
@@ -317,6 +321,20 @@ fn events(web: Web, hosts: &[usize], q: &EventsQuery, resume: Option<(u64, u64)>
         Some(Ok(d)) => Some(d.max(MIN_HTTP_INTERVAL)),
         Some(Err(e)) => {
             return (StatusCode::BAD_REQUEST, format!("interval: {e}\n")).into_response();
+        }
+    };
+    let only_moved = match q.gauges.as_deref() {
+        None | Some("all") => false,
+        Some("moved") => true,
+        Some(other) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "gauges: \"{}\" is neither all nor moved\n",
+                    crate::core::escape::escape(other)
+                ),
+            )
+                .into_response();
         }
     };
     let Ok(place) = web.streams.clone().try_acquire_owned() else {
@@ -340,6 +358,7 @@ fn events(web: Web, hosts: &[usize], q: &EventsQuery, resume: Option<(u64, u64)>
         client,
         hosts: hosts.to_vec(),
         _place: place,
+        only_moved,
     };
     let mut r =
         axum::body::Body::from_stream(stream(web.shared, hosts, asked, resume)).into_response();
@@ -459,6 +478,8 @@ struct Follow {
     /// The gauges it last sent: an `unchanged` carries them only when they moved (a thousand idle GPUs'
     /// gauges would otherwise be most of what a fleet's streams carry).
     gauges: Vec<crate::core::model::Gauges>,
+    /// Its `unchanged` carries only the GPUs whose gauges moved (`gauges=moved`).
+    only_moved: bool,
 }
 
 /// The events of a host's new reading for a stream: the whole snapshot when it says something new to this
@@ -478,10 +499,18 @@ fn reading_events(shared: &Shared, f: &mut Follow, out: &mut Vec<Frame>) {
     let gauges = r.snap.gauges();
     if f.content == Some(r.content) {
         let moved = gauges != f.gauges;
+        let by_gpu = moved && f.only_moved && gauges.len() == f.gauges.len();
         let u = sse::Unchanged {
             host: ch.label.clone(),
             taken_at_ms: r.snap.taken_at_ms,
-            gauges: moved.then(|| gauges.clone()),
+            gauges: (moved && !by_gpu).then(|| gauges.clone()),
+            moved: by_gpu.then(|| {
+                (0u32..)
+                    .zip(gauges.iter().zip(&f.gauges))
+                    .filter(|(_, (now, sent))| now != sent)
+                    .map(|(i, (now, _))| (i, now.clone()))
+                    .collect()
+            }),
         };
         if moved {
             f.gauges = gauges;
@@ -602,6 +631,7 @@ fn begin(
             content: None,
             status: None,
             gauges: Vec::new(),
+            only_moved: asked.only_moved,
         })
         .collect();
     debug_assert!(

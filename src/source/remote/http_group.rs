@@ -18,6 +18,7 @@ use super::http::{
 };
 use super::{FIRST_BACKOFF, MAX_BACKOFF};
 use crate::core::format::{escape, millis};
+use crate::core::model::Gauges;
 use crate::core::sse;
 use crate::source::{ConnStatus, HostCmd, Sink};
 
@@ -41,6 +42,8 @@ struct Member {
     up: bool,
     /// Not among the hosts the serve's hello lists: said down once, never judged for silence.
     absent: bool,
+    /// Its gauges as last heard: an `unchanged` sends only the GPUs whose gauges moved.
+    gauges: Vec<Gauges>,
 }
 
 /// The group's reader.
@@ -171,7 +174,10 @@ impl Group {
         let interval = self.interval();
         let url = format!("{}/api/v1/events", self.origin);
         let names = self.names_query();
-        let query: Vec<(&str, &str)> = names.iter().map(|n| ("hosts", n.as_str())).collect();
+        // Only the GPUs whose gauges moved: most of a fleet's GPUs idle, most of a busy one's do not move
+        // (an older serve ignores the ask and sends them all).
+        let mut query: Vec<(&str, &str)> = names.iter().map(|n| ("hosts", n.as_str())).collect();
+        query.push(("gauges", "moved"));
         let opened = super::http::open_events(
             &self.http,
             &url,
@@ -193,6 +199,7 @@ impl Group {
                     stale: false,
                     up: false,
                     absent: false,
+                    gauges: Vec::new(),
                 })
                 .collect(),
             said_hello: false,
@@ -341,6 +348,7 @@ impl Group {
                 let Some(&at) = self.by_name.get(&snap.host) else {
                     return Step::Go;
                 };
+                st.members[at].gauges = snap.gauges();
                 st.heard(at, &self.hosts[at]) && self.hosts[at].sink.reading(snap)
             }
             Some(sse::Kind::Unchanged) => {
@@ -353,10 +361,8 @@ impl Group {
                 let Some(&at) = self.by_name.get(u.host.as_ref()) else {
                     return Step::Go;
                 };
-                st.heard(at, &self.hosts[at])
-                    && self.hosts[at]
-                        .sink
-                        .fresh(u.taken_at_ms, u.gauges.unwrap_or_default())
+                let gauges = heard_gauges(&mut st.members[at].gauges, u.gauges, u.moved);
+                st.heard(at, &self.hosts[at]) && self.hosts[at].sink.fresh(u.taken_at_ms, gauges)
             }
             Some(sse::Kind::Status) => match serde_json::from_str::<sse::Status>(&ev.data) {
                 Ok(s) if s.status == sse::Conn::Down => match self.by_name.get(&s.host) {
@@ -421,7 +427,35 @@ struct UnchangedRef<'a> {
     host: std::borrow::Cow<'a, str>,
     taken_at_ms: u64,
     #[serde(default)]
-    gauges: Option<Vec<crate::core::model::Gauges>>,
+    gauges: Option<Vec<Gauges>>,
+    #[serde(default)]
+    moved: Option<Vec<(usize, Gauges)>>,
+}
+
+/// An `unchanged`'s gauges as the sink takes them: every GPU's (none: as before), with what was heard
+/// of the host kept up to date.
+fn heard_gauges(
+    known: &mut Vec<Gauges>,
+    all: Option<Vec<Gauges>>,
+    moved: Option<Vec<(usize, Gauges)>>,
+) -> Vec<Gauges> {
+    match (all, moved) {
+        (Some(all), _) => {
+            known.clone_from(&all);
+            all
+        }
+        (None, Some(moved)) => {
+            for (i, g) in moved {
+                // A position the host's reading does not have is the serve's mistake: nothing of it is
+                // taken.
+                if let Some(slot) = known.get_mut(i) {
+                    *slot = g;
+                }
+            }
+            known.clone()
+        }
+        (None, None) => Vec::new(),
+    }
 }
 
 /// What one event, chunk or command amounts to.
@@ -450,5 +484,33 @@ impl Stream {
         let was = m.stale || !m.up;
         (m.stale, m.up) = (false, true);
         !was || host.sink.status(ConnStatus::Up)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn g(u: u32) -> Gauges {
+        Gauges {
+            utilization: Some(u),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn gauges_that_moved_are_put_in_place_of_those_heard_and_the_rest_kept() {
+        let mut known = Vec::new();
+        assert_eq!(
+            heard_gauges(&mut known, Some(vec![g(0), g(1), g(2)]), None),
+            [g(0), g(1), g(2)]
+        );
+        assert!(heard_gauges(&mut known, None, None).is_empty(), "as before");
+        assert_eq!(
+            heard_gauges(&mut known, None, Some(vec![(1, g(70)), (9, g(99))])),
+            [g(0), g(70), g(2)],
+            "position 9 is not the host's: left out"
+        );
+        assert_eq!(known, [g(0), g(70), g(2)]);
     }
 }
