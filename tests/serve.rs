@@ -397,6 +397,7 @@ async fn several_hosts_are_named_one_by_one() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines)] // one stream each way, start to end
 async fn an_unchanged_reading_carries_the_gauges_only_when_they_moved() {
     let dir = tempfile::tempdir().expect("tmp");
     // A quiet demo host whose busy GPU's utilization runs in a wave: its readings say nothing new but that.
