@@ -46,6 +46,11 @@ async fn fleet(command: &str, interval: Duration, audit: &Path) -> Fleet {
 }
 
 async fn fleet_of(spec: HostSpec, interval: Duration, audit: &Path) -> Fleet {
+    fleet_of_all(&[spec], interval, audit).await
+}
+
+/// A fleet of `specs` as the front ends start one, read every `interval`.
+pub(crate) async fn fleet_of_all(specs: &[HostSpec], interval: Duration, audit: &Path) -> Fleet {
     let opts = FleetOptions {
         interval,
         analyze: AnalyzeOptions::default(),
@@ -67,7 +72,7 @@ async fn fleet_of(spec: HostSpec, interval: Duration, audit: &Path) -> Fleet {
         acts: false,
         events_file: None,
     };
-    Fleet::start(&[spec], &opts).await.expect("fleet")
+    Fleet::start(specs, &opts).await.expect("fleet")
 }
 
 /// PIDs whose command line is exactly `sleep SECS`.

@@ -2502,3 +2502,142 @@ fn a_thousand_simulated_hosts_are_polled_on_one_thread() {
     // The runtime's workers and blocking threads, the listener's, and the simulated hosts' one.
     assert!(threads <= cores + 10, "{threads} threads");
 }
+
+/// A warming host's reading that moved only its memory travels as a small `memory` event to a stream that
+/// asks, and a gpusweep reading that serve (here a second serve, whose own snapshot shows what its client
+/// made of the stream) holds exactly the memory the first one read, reading after reading.
+#[test]
+#[allow(clippy::too_many_lines)] // the serve's stream, then a client of it beside the serve, start to end
+fn memory_alone_travels_and_the_client_puts_it_onto_the_reading_it_has() {
+    use std::io::{Read, Write};
+    let (up_dir, down_dir) = (
+        tempfile::tempdir().expect("tmp"),
+        tempfile::tempdir().expect("tmp"),
+    );
+    let up = Serve::start(
+        up_dir.path(),
+        &[
+            "--demo",
+            "--hosts",
+            "gpu-a,gpu-b",
+            "--interval",
+            "200ms",
+            "--no-socket",
+        ],
+        &[],
+    );
+    // Asked for, the memory alone: one number per GPU and per listed process, nothing else of the reading.
+    let mut s = std::net::TcpStream::connect(up.addr.as_deref().expect("http")).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET /api/v1/events?hosts=gpu-a&memory=moved HTTP/1.0\r\n\r\n"
+    )
+    .expect("ask");
+    let mut got = String::new();
+    let mut buf = vec![0u8; 65536];
+    while got.matches("event: memory").count() < 2 {
+        let n = s.read(&mut buf).expect("the stream goes on");
+        assert!(n > 0, "{got}");
+        got.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let data = got
+        .split("event: memory\n")
+        .nth(1)
+        .and_then(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+        .expect("data");
+    let m: serde_json::Value = serde_json::from_str(data).expect("json");
+    assert_eq!(m["used"].as_array().map(Vec::len), Some(8), "{data}");
+    assert_eq!(m["charged"].as_array().map(Vec::len), Some(8), "{data}");
+    assert!(
+        m.get("processes").is_none() && m.get("findings").is_none(),
+        "{data}"
+    );
+    assert!(data.len() < 1024, "{} bytes: {data}", data.len());
+    drop(s);
+    // gpusweep's client of both hosts (one stream, which asks for the memory alone) and the serve itself:
+    // gpu-a's memory as each says it, by the time it was read.
+    let specs = gpusweep::core::host::parse_specs(
+        &[format!(
+            "{},{}",
+            up.url("/hosts/gpu-a"),
+            up.url("/hosts/gpu-b")
+        )],
+        &std::collections::BTreeMap::new(),
+    )
+    .expect("specs");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let up_memory = |at: u64| -> Option<(u64, Vec<Option<u64>>)> {
+        let body = up.raw_get("/api/v1/snapshot");
+        let doc: serde_json::Value = serde_json::from_str(body.split_once("\r\n\r\n")?.1).ok()?;
+        let h = doc["hosts"]
+            .as_array()?
+            .iter()
+            .find(|h| h["host"] == "gpu-a")?
+            .clone();
+        let used = h["gpus"]
+            .as_array()?
+            .iter()
+            .map(|g| g["memory"]["used"].as_u64())
+            .collect();
+        let taken = h["taken_at_ms"].as_u64()?;
+        (taken >= at).then_some((taken, used))
+    };
+    // The serve's own readings, sampled beside the client's.
+    let upstream = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    std::thread::scope(|scope| {
+        let (sampled, done_too) = (upstream.clone(), done.clone());
+        let up_memory = &up_memory;
+        scope.spawn(move || {
+            while !done_too.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some((at, used)) = up_memory(0)
+                    && let Ok(mut m) = sampled.lock()
+                {
+                    m.insert(at, used);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let client = rt.block_on(async {
+            let audit = down_dir.path().join("audit.jsonl");
+            let mut fleet =
+                crate::remote::fleet_of_all(&specs, Duration::from_millis(200), &audit).await;
+            let mut seen = Vec::new();
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(8) {
+                let ev = tokio::time::timeout(Duration::from_secs(5), fleet.recv())
+                    .await
+                    .expect("a reading within 5 s")
+                    .expect("the fleet goes on");
+                if let gpusweep::runtime::fleet::HostEvent::Reading { host, judged } = ev
+                    && fleet.label(host).ends_with("gpu-a")
+                {
+                    let used: Vec<Option<u64>> =
+                        judged.snap.gpus.iter().map(|g| g.memory.used).collect();
+                    seen.push((judged.snap.taken_at_ms, used));
+                }
+            }
+            seen
+        });
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        let upstream = upstream.lock().expect("samples");
+        let mut matched = 0;
+        for (at, used) in &client {
+            if let Some(theirs) = upstream.get(at) {
+                assert_eq!(used, theirs, "gpu-a at {at}");
+                matched += 1;
+            }
+        }
+        assert!(
+            matched >= 5 && client.len() >= 10,
+            "{matched} of {} readings matched",
+            client.len()
+        );
+    });
+}

@@ -652,9 +652,10 @@ impl Gpu {
         }
     }
 
-    /// Whether two readings of a GPU say the same, its gauges aside. Every field is named, so a new one
-    /// cannot be forgotten here.
-    pub fn reads_the_same(&self, b: &Gpu) -> bool {
+    /// Whether two readings of a GPU say the same, its gauges aside (and its used memory and what each
+    /// listed process is charged, unless `memory_too`). Every field is named, so a new one cannot be
+    /// forgotten here.
+    pub fn reads_the_same(&self, b: &Gpu, memory_too: bool) -> bool {
         let Gpu {
             index,
             uuid,
@@ -680,11 +681,23 @@ impl Gpu {
             && *name == b.name
             && *pci_bus_id == b.pci_bus_id
             && *minor == b.minor
-            && *memory == b.memory
+            && if memory_too {
+                *memory == b.memory
+            } else {
+                (memory.total, memory.reserved) == (b.memory.total, b.memory.reserved)
+            }
             && *compute_capability == b.compute_capability
             && *mig_enabled == b.mig_enabled
             && *persistence_mode == b.persistence_mode
-            && *processes == b.processes
+            && if memory_too {
+                *processes == b.processes
+            } else {
+                processes.len() == b.processes.len()
+                    && processes
+                        .iter()
+                        .zip(&b.processes)
+                        .all(|(x, y)| (x.pid, x.kind, &x.name) == (y.pid, y.kind, &y.name))
+            }
             && *error == b.error
             && *judged == b.judged
             && *kept == b.kept
@@ -766,17 +779,52 @@ impl HostSnapshot {
     /// and a finding's wording (which may quote an age) aside. Every field is named, so a new one cannot be
     /// forgotten here.
     pub fn says_the_same(&self, b: &HostSnapshot) -> bool {
-        self.reads_the_same(b, true)
+        self.reads_the_same(b, true, true)
     }
 
     /// Whether a judged reading and a new one not judged yet say the same: what analysis adds (findings,
     /// GPU states) is left out, except the findings a source itself carries (Prometheus).
     pub fn same_input(&self, raw: &HostSnapshot) -> bool {
-        self.reads_the_same(raw, raw.source.judged_remotely())
+        self.reads_the_same(raw, raw.source.judged_remotely(), true)
+    }
+
+    /// Whether `next` reads the same as this reading but for its memory: each GPU's used bytes and what
+    /// NVML charges each listed process, which move with every step of a job's warm-up. A serve then sends
+    /// a `memory` event in place of the whole reading, and the client puts it onto the reading it has.
+    pub fn same_but_memory(&self, next: &HostSnapshot) -> bool {
+        self.reads_the_same(next, false, false)
+    }
+
+    /// The memory of `memory_in` put onto this reading, taken at `taken_at_ms`: `false`, and nothing
+    /// changed, when its shape is not this reading's (one number per GPU, one per listed process).
+    pub fn put_memory(
+        &mut self,
+        taken_at_ms: u64,
+        used: &[Option<u64>],
+        charged: &[Vec<Option<u64>>],
+    ) -> bool {
+        let fits = self.gpus.len() == used.len()
+            && self.gpus.len() == charged.len()
+            && self
+                .gpus
+                .iter()
+                .zip(charged)
+                .all(|(g, c)| g.processes.len() == c.len());
+        if !fits {
+            return false;
+        }
+        for ((g, u), c) in self.gpus.iter_mut().zip(used).zip(charged) {
+            g.memory.used = *u;
+            for (p, b) in g.processes.iter_mut().zip(c) {
+                p.used_bytes = *b;
+            }
+        }
+        self.taken_at_ms = taken_at_ms;
+        true
     }
 
     #[allow(clippy::too_many_lines)] // every field named, each compared: none can be forgotten
-    fn reads_the_same(&self, b: &HostSnapshot, findings_too: bool) -> bool {
+    fn reads_the_same(&self, b: &HostSnapshot, findings_too: bool, memory_too: bool) -> bool {
         let a = self;
         let HostSnapshot {
             host,
@@ -824,7 +872,10 @@ impl HostSnapshot {
             && *gpu_error == b.gpu_error
             && *driver_version == b.driver_version
             && gpus.len() == b.gpus.len()
-            && gpus.iter().zip(&b.gpus).all(|(x, y)| x.reads_the_same(y))
+            && gpus
+                .iter()
+                .zip(&b.gpus)
+                .all(|(x, y)| x.reads_the_same(y, memory_too))
             && *processes == b.processes
             && *holders == b.holders
             && *zombies == b.zombies
@@ -974,5 +1025,33 @@ mod tests {
         assert_eq!((r.taken_at_ms, r.gpus[0].utilization), (5, Some(99)));
         r.refresh(3, &[]);
         assert_eq!(r.taken_at_ms, 5, "time never runs back");
+    }
+
+    #[test]
+    fn a_reading_that_moved_only_its_memory_takes_the_numbers_of_the_next_in_its_order() {
+        let mut a = snap();
+        a.gpus[0].processes.push(ListedProcess {
+            pid: 7,
+            used_bytes: Some(MIB),
+            ..Default::default()
+        });
+        let mut b = a.clone();
+        b.gpus[0].memory.used = Some(5 * MIB);
+        b.gpus[0].processes[0].used_bytes = Some(4 * MIB);
+        assert!(a.same_but_memory(&b) && !a.same_input(&b));
+        let mut c = b.clone();
+        c.gpus[0].processes[0].pid = 8;
+        assert!(!a.same_but_memory(&c), "another process is no memory move");
+        let mut c = b.clone();
+        c.gpus[0].memory.total = Some(MIB);
+        assert!(!a.same_but_memory(&c), "another total is another GPU");
+        let mut put = a.clone();
+        assert!(put.put_memory(9, &[Some(5 * MIB)], &[vec![Some(4 * MIB)]]));
+        assert_eq!((put.taken_at_ms, &put.gpus), (9, &b.gpus));
+        // Numbers of another shape are not taken at all.
+        let mut wrong = a.clone();
+        assert!(!wrong.put_memory(9, &[Some(5 * MIB)], &[vec![]]));
+        assert!(!wrong.put_memory(9, &[], &[]));
+        assert_eq!(wrong, a);
     }
 }

@@ -14,6 +14,9 @@ pub enum Kind {
     Snapshot,
     /// A reading that says nothing new: `Unchanged`.
     Unchanged,
+    /// A reading that says nothing new but its memory, to a stream that asked (`memory=moved`) and was sent
+    /// the reading it moves from: `MemoryMoved`.
+    Memory,
     /// One of the timeline's events (`core::event::Event`).
     Event,
     /// A host's connection changed: `Status`.
@@ -23,10 +26,11 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Hello,
         Kind::Snapshot,
         Kind::Unchanged,
+        Kind::Memory,
         Kind::Event,
         Kind::Status,
         Kind::Gap,
@@ -37,6 +41,7 @@ impl Kind {
             Kind::Hello => "hello",
             Kind::Snapshot => "snapshot",
             Kind::Unchanged => "unchanged",
+            Kind::Memory => "memory",
             Kind::Event => "event",
             Kind::Status => "status",
             Kind::Gap => "gap",
@@ -68,6 +73,22 @@ pub struct Unchanged {
     pub gauges: Option<Vec<Gauges>>,
     /// On a stream asked with `gauges=moved`: only the GPUs whose gauges moved, as (position in the
     /// reading's `gpus`, gauges); the others as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved: Option<Vec<(u32, Gauges)>>,
+}
+
+/// A reading that reads as the last one this stream was sent but for its memory (and its time and gauges,
+/// as an `Unchanged` carries them): the reading is the last one with these numbers put in, in its order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryMoved {
+    pub host: String,
+    pub taken_at_ms: u64,
+    /// Each GPU's used bytes.
+    pub used: Vec<Option<u64>>,
+    /// Per GPU, what NVML charges each of its listed processes.
+    pub charged: Vec<Vec<Option<u64>>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gauges: Option<Vec<Gauges>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moved: Option<Vec<(u32, Gauges)>>,
 }

@@ -193,6 +193,13 @@ impl Sink for FleetSink {
         };
         self.judged(j, events)
     }
+    fn memory(&self, moved: crate::core::sse::MemoryMoved) -> Option<bool> {
+        let Ok(judged) = self.ledger.lock().map(|mut l| l.memory(&moved)) else {
+            return Some(false);
+        };
+        let (j, events) = judged?;
+        Some(self.judged(j, events))
+    }
     fn status(&self, status: ConnStatus) -> bool {
         let Ok(events) = self.ledger.lock().map(|mut l| l.status(&status, now_ms())) else {
             return false;

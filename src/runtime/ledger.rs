@@ -223,6 +223,22 @@ impl Ledger {
         Some(self.judge(snap, Vec::new()))
     }
 
+    /// A reading that reads as the last one but for its memory: the last one with `moved`'s numbers put in,
+    /// judged as any new reading. `None` before any reading, or when the numbers do not fit the last one.
+    pub fn memory(
+        &mut self,
+        moved: &crate::core::sse::MemoryMoved,
+    ) -> Option<(Judgement, Vec<Event>)> {
+        let mut snap = self.last.as_ref()?.snap.clone();
+        if !snap.put_memory(moved.taken_at_ms, &moved.used, &moved.charged) {
+            return None;
+        }
+        if let Some(g) = &moved.gauges {
+            snap.refresh(moved.taken_at_ms, g);
+        }
+        Some(self.reading(snap))
+    }
+
     /// The last reading with its jobs seen again at `at`, when that changes what they say.
     fn jobs_moved(&mut self, at: u64) -> Option<(Judgement, Vec<Event>)> {
         if !self.jobs.due(at) {
@@ -802,6 +818,47 @@ mod tests {
             panic!("{j:?}")
         };
         assert_eq!(ghost_of(&j.snap.findings), Some((Severity::Leak, None)));
+    }
+
+    #[test]
+    fn memory_alone_is_put_onto_the_last_reading_and_judged_anew() {
+        let mut l = Ledger::new("gpu-x", AnalyzeOptions::default());
+        let moved = |at: u64, used: u64, charged: u64| crate::core::sse::MemoryMoved {
+            host: "gpu-x".into(),
+            taken_at_ms: at,
+            used: vec![Some(used * MIB)],
+            charged: vec![vec![Some(charged * MIB)]],
+            gauges: None,
+            moved: None,
+        };
+        assert!(
+            l.memory(&moved(500, 1, 1)).is_none(),
+            "nothing to put it onto"
+        );
+        l.reading(reading(1_000, true));
+        // 2 GiB used, 1 GiB charged: more than the context overhead goes unexplained.
+        let (j, ev) = l.memory(&moved(2_000, 2048, 1024)).expect("it fits");
+        let Judgement::New(j) = j else {
+            panic!("{j:?}")
+        };
+        assert_eq!(j.snap.taken_at_ms, 2_000);
+        assert_eq!(j.snap.gpus[0].memory.used, Some(2048 * MIB));
+        assert_eq!(j.snap.gpus[0].processes[0].used_bytes, Some(1024 * MIB));
+        assert!(
+            ev.iter().any(|e| matches!(
+                &e.what,
+                EventKind::FindingAppeared {
+                    kind: crate::core::model::FindingKind::Residual,
+                    ..
+                }
+            )),
+            "{ev:?}"
+        );
+        let two_processes = crate::core::sse::MemoryMoved {
+            charged: vec![vec![None, None]],
+            ..moved(3_000, 1, 1)
+        };
+        assert!(l.memory(&two_processes).is_none(), "another shape");
     }
 
     #[test]

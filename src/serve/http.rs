@@ -250,6 +250,8 @@ pub struct EventsQuery {
     hosts: Option<String>,
     /// `moved`: an `unchanged` carries only the GPUs whose gauges moved (`moved`), not every GPU's.
     gauges: Option<String>,
+    /// `moved`: a reading that reads as the last one sent but for its memory is sent as a `memory` event.
+    memory: Option<String>,
 }
 
 async fn all_events(
@@ -304,6 +306,8 @@ struct Asked {
     _place: tokio::sync::OwnedSemaphorePermit,
     /// Its `unchanged` events carry only the GPUs whose gauges moved.
     only_moved: bool,
+    /// It is sent `memory` events.
+    memory_alone: bool,
 }
 
 impl Drop for Asked {
@@ -337,6 +341,20 @@ fn events(web: Web, hosts: &[usize], q: &EventsQuery, resume: Option<(u64, u64)>
                 .into_response();
         }
     };
+    let memory_alone = match q.memory.as_deref() {
+        None | Some("whole") => false,
+        Some("moved") => true,
+        Some(other) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "memory: \"{}\" is neither whole nor moved\n",
+                    crate::core::escape::escape(other)
+                ),
+            )
+                .into_response();
+        }
+    };
     let Ok(place) = web.streams.clone().try_acquire_owned() else {
         let mut r = (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -359,6 +377,7 @@ fn events(web: Web, hosts: &[usize], q: &EventsQuery, resume: Option<(u64, u64)>
         hosts: hosts.to_vec(),
         _place: place,
         only_moved,
+        memory_alone,
     };
     let mut r =
         axum::body::Body::from_stream(stream(web.shared, hosts, asked, resume)).into_response();
@@ -480,6 +499,8 @@ struct Follow {
     gauges: Vec<crate::core::model::Gauges>,
     /// Its `unchanged` carries only the GPUs whose gauges moved (`gauges=moved`).
     only_moved: bool,
+    /// A reading that reads as the last one it sent but for its memory goes as `memory` (`memory=moved`).
+    memory_alone: bool,
 }
 
 /// The events of a host's new reading for a stream: the whole snapshot when it says something new to this
@@ -498,29 +519,63 @@ fn reading_events(shared: &Shared, f: &mut Follow, out: &mut Vec<Frame>) {
     };
     let gauges = r.snap.gauges();
     if f.content == Some(r.content) {
-        let moved = gauges != f.gauges;
-        let by_gpu = moved && f.only_moved && gauges.len() == f.gauges.len();
+        let (all, moved) = moved_gauges(f, gauges);
         let u = sse::Unchanged {
             host: ch.label.clone(),
             taken_at_ms: r.snap.taken_at_ms,
-            gauges: (moved && !by_gpu).then(|| gauges.clone()),
-            moved: by_gpu.then(|| {
-                (0u32..)
-                    .zip(gauges.iter().zip(&f.gauges))
-                    .filter(|(_, (now, sent))| now != sent)
-                    .map(|(i, (now, _))| (i, now.clone()))
-                    .collect()
-            }),
+            gauges: all,
+            moved,
         };
-        if moved {
-            f.gauges = gauges;
-        }
         out.push(event(sse::Kind::Unchanged, &u));
+    } else if f.memory_alone && f.content.is_some() && f.content == r.memory_from {
+        f.content = Some(r.content);
+        let (all, moved) = moved_gauges(f, gauges);
+        let m = sse::MemoryMoved {
+            host: ch.label.clone(),
+            taken_at_ms: r.snap.taken_at_ms,
+            used: r.snap.gpus.iter().map(|g| g.memory.used).collect(),
+            charged: r
+                .snap
+                .gpus
+                .iter()
+                .map(|g| g.processes.iter().map(|p| p.used_bytes).collect())
+                .collect(),
+            gauges: all,
+            moved,
+        };
+        out.push(event(sse::Kind::Memory, &m));
     } else {
         f.content = Some(r.content);
         f.gauges = gauges;
         out.push(Frame::of(r.sse_as(shared.http_view)));
     }
+}
+
+/// An event's `gauges` (every GPU's) and `moved` (by position).
+type SentGauges = (
+    Option<Vec<crate::core::model::Gauges>>,
+    Option<Vec<(u32, crate::core::model::Gauges)>>,
+);
+
+/// The gauges a reading that is not sent whole carries: none when none moved since the stream last sent
+/// them; else every GPU's, or only the GPUs whose moved (by position) where the stream asked.
+fn moved_gauges(f: &mut Follow, gauges: Vec<crate::core::model::Gauges>) -> SentGauges {
+    if gauges == f.gauges {
+        return (None, None);
+    }
+    let by_gpu = f.only_moved && gauges.len() == f.gauges.len();
+    let out = if by_gpu {
+        let moved = (0u32..)
+            .zip(gauges.iter().zip(&f.gauges))
+            .filter(|(_, (now, sent))| now != sent)
+            .map(|(i, (now, _))| (i, now.clone()))
+            .collect();
+        (None, Some(moved))
+    } else {
+        (Some(gauges.clone()), None)
+    };
+    f.gauges = gauges;
+    out
 }
 
 /// The channels of the one host a stream follows.
@@ -632,6 +687,7 @@ fn begin(
             status: None,
             gauges: Vec::new(),
             only_moved: asked.only_moved,
+            memory_alone: asked.memory_alone,
         })
         .collect();
     debug_assert!(

@@ -148,6 +148,9 @@ pub struct Reading {
     pub snap: HostSnapshot,
     /// Bumped when what the reading says changes, not its time: subscribers send a whole snapshot only then.
     pub content: u64,
+    /// The content of the reading before it, when this one reads the same but for its memory: a stream that
+    /// sent that one and asked (`memory=moved`) is sent the memory alone.
+    pub memory_from: Option<u64>,
     json: OnceLock<String>,
     /// The same with every process hidden but by PID and memory (`None`: nothing to hide).
     json_no_others: OnceLock<Option<String>>,
@@ -160,6 +163,7 @@ impl Reading {
     fn of(judged: Judged) -> Reading {
         Reading {
             content: judged.content,
+            memory_from: None,
             snap: judged.snap,
             json: OnceLock::new(),
             json_no_others: OnceLock::new(),
@@ -516,7 +520,20 @@ impl Hub {
 
     fn on_event(&mut self, ev: HostEvent) {
         match ev {
-            HostEvent::Reading { host, judged } => self.publish(host.0, Reading::of(*judged)),
+            HostEvent::Reading { host, judged } => {
+                let mut r = Reading::of(*judged);
+                // A host read from Prometheus carries findings its client cannot make again: sent whole.
+                if !r.snap.source.judged_remotely() {
+                    r.memory_from = self.writers.get(host.0).and_then(|w| {
+                        w.latest
+                            .borrow()
+                            .as_ref()
+                            .filter(|p| p.content != r.content && p.snap.same_but_memory(&r.snap))
+                            .map(|p| p.content)
+                    });
+                }
+                self.publish(host.0, r);
+            }
             HostEvent::Fresh {
                 host,
                 taken_at_ms,
@@ -527,6 +544,7 @@ impl Hub {
                     w.latest.borrow().as_ref().map(|r| Reading {
                         snap: r.snap.clone(),
                         content: r.content,
+                        memory_from: r.memory_from,
                         json: OnceLock::new(),
                         json_no_others: OnceLock::new(),
                         sse: OnceLock::new(),

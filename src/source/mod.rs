@@ -103,6 +103,12 @@ pub trait Sink: Send + Sync {
     fn fresh(&self, _taken_at_ms: u64, _gauges: Vec<crate::core::model::Gauges>) -> bool {
         true
     }
+    /// A reading that reads as the last one handed over but for its memory (a serve's `memory` event, its
+    /// gauges every GPU's or none): put onto that reading and judged. `None` when there is no such reading
+    /// or the numbers do not fit it: the stream is then opened anew, which begins with a whole reading.
+    fn memory(&self, _moved: crate::core::sse::MemoryMoved) -> Option<bool> {
+        None
+    }
     fn status(&self, status: ConnStatus) -> bool;
     /// The answer to the action request with this id.
     fn answer(&self, id: u64, answer: ActionAnswer) -> bool;

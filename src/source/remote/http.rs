@@ -509,6 +509,12 @@ impl Stream<'_> {
                         .sink
                         .fresh(u.taken_at_ms, u.gauges.unwrap_or_default())
             }
+            // Only a stream that asks is sent memory alone; this one does not.
+            Some(sse::Kind::Memory) => {
+                return Step::End(Ended::Failed(
+                    "the serve sent memory alone, which this stream did not ask for".into(),
+                ));
+            }
             Some(sse::Kind::Status) => {
                 if let Ok(s) = serde_json::from_str::<sse::Status>(&ev.data)
                     && s.status == sse::Conn::Down

@@ -178,6 +178,8 @@ impl Group {
         // (an older serve ignores the ask and sends them all).
         let mut query: Vec<(&str, &str)> = names.iter().map(|n| ("hosts", n.as_str())).collect();
         query.push(("gauges", "moved"));
+        // And a warming host's reading as its memory alone, put onto the reading before it here.
+        query.push(("memory", "moved"));
         let opened = super::http::open_events(
             &self.http,
             &url,
@@ -364,6 +366,7 @@ impl Group {
                 let gauges = heard_gauges(&mut st.members[at].gauges, u.gauges, u.moved);
                 st.heard(at, &self.hosts[at]) && self.hosts[at].sink.fresh(u.taken_at_ms, gauges)
             }
+            Some(sse::Kind::Memory) => return self.on_memory(st, &ev.data),
             Some(sse::Kind::Status) => match serde_json::from_str::<sse::Status>(&ev.data) {
                 Ok(s) if s.status == sse::Conn::Down => match self.by_name.get(&s.host) {
                     Some(&at) => {
@@ -385,6 +388,39 @@ impl Group {
             Step::Go
         } else {
             Step::End(Ended::Stopped)
+        }
+    }
+
+    /// A `memory` event: the host's last reading with these numbers put in.
+    fn on_memory(&mut self, st: &mut Stream, data: &str) -> Step {
+        let Ok(m) = serde_json::from_str::<MemoryRef>(data) else {
+            return Step::End(Ended::Failed(format!(
+                "garbage from the serve: {:?}",
+                preview(data)
+            )));
+        };
+        let Some(&at) = self.by_name.get(m.host.as_ref()) else {
+            return Step::Go;
+        };
+        let gauges = heard_gauges(&mut st.members[at].gauges, m.gauges, m.moved);
+        let moved = sse::MemoryMoved {
+            host: m.host.into_owned(),
+            taken_at_ms: m.taken_at_ms,
+            used: m.used,
+            charged: m.charged,
+            gauges: (!gauges.is_empty()).then_some(gauges),
+            moved: None,
+        };
+        if !st.heard(at, &self.hosts[at]) {
+            return Step::End(Ended::Stopped);
+        }
+        match self.hosts[at].sink.memory(moved) {
+            Some(true) => Step::Go,
+            Some(false) => Step::End(Ended::Stopped),
+            // Not the reading it moves from: a new stream begins with whole readings.
+            None => Step::End(Ended::Failed(
+                "the serve sent memory for a reading this client does not have".into(),
+            )),
         }
     }
 
@@ -456,6 +492,20 @@ fn heard_gauges(
         }
         (None, None) => Vec::new(),
     }
+}
+
+/// `sse::MemoryMoved` read with its host's name borrowed.
+#[derive(serde::Deserialize)]
+struct MemoryRef<'a> {
+    #[serde(borrow)]
+    host: std::borrow::Cow<'a, str>,
+    taken_at_ms: u64,
+    used: Vec<Option<u64>>,
+    charged: Vec<Vec<Option<u64>>>,
+    #[serde(default)]
+    gauges: Option<Vec<Gauges>>,
+    #[serde(default)]
+    moved: Option<Vec<(usize, Gauges)>>,
 }
 
 /// What one event, chunk or command amounts to.
