@@ -2556,6 +2556,8 @@ fn memory_alone_travels_and_the_client_puts_it_onto_the_reading_it_has() {
     );
     assert!(data.len() < 1024, "{} bytes: {data}", data.len());
     drop(s);
+    let refused = up.raw_get("/api/v1/events?memory=some");
+    assert!(refused.starts_with("HTTP/1.0 400"), "{refused}");
     // gpusweep's client of both hosts (one stream, which asks for the memory alone) and the serve itself:
     // gpu-a's memory as each says it, by the time it was read.
     let specs = gpusweep::core::host::parse_specs(

@@ -319,6 +319,19 @@ impl Drop for Asked {
     }
 }
 
+/// A query parameter that picks one of two ways: `off` (or left out) or `on`; anything else is refused.
+fn choice(name: &str, said: Option<&str>, off: &str, on: &str) -> Result<bool, String> {
+    match said {
+        None => Ok(false),
+        Some(v) if v == off => Ok(false),
+        Some(v) if v == on => Ok(true),
+        Some(other) => Err(format!(
+            "{name}: \"{}\" is neither {off} nor {on}\n",
+            crate::core::escape::escape(other)
+        )),
+    }
+}
+
 fn events(web: Web, hosts: &[usize], q: &EventsQuery, resume: Option<(u64, u64)>) -> Response {
     let interval = match q.interval.as_deref().map(parse_duration) {
         None => None,
@@ -327,33 +340,13 @@ fn events(web: Web, hosts: &[usize], q: &EventsQuery, resume: Option<(u64, u64)>
             return (StatusCode::BAD_REQUEST, format!("interval: {e}\n")).into_response();
         }
     };
-    let only_moved = match q.gauges.as_deref() {
-        None | Some("all") => false,
-        Some("moved") => true,
-        Some(other) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "gauges: \"{}\" is neither all nor moved\n",
-                    crate::core::escape::escape(other)
-                ),
-            )
-                .into_response();
-        }
+    let only_moved = match choice("gauges", q.gauges.as_deref(), "all", "moved") {
+        Ok(b) => b,
+        Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),
     };
-    let memory_alone = match q.memory.as_deref() {
-        None | Some("whole") => false,
-        Some("moved") => true,
-        Some(other) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "memory: \"{}\" is neither whole nor moved\n",
-                    crate::core::escape::escape(other)
-                ),
-            )
-                .into_response();
-        }
+    let memory_alone = match choice("memory", q.memory.as_deref(), "whole", "moved") {
+        Ok(b) => b,
+        Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),
     };
     let Ok(place) = web.streams.clone().try_acquire_owned() else {
         let mut r = (
