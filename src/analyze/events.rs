@@ -85,6 +85,15 @@ pub fn between(prev: Option<&HostSnapshot>, next: &HostSnapshot) -> Vec<EventKin
             });
         }
     }
+    out.extend(verdict_events(prev, next, first));
+    out
+}
+
+/// The findings that cleared, appeared or rose, and the GPUs that turned clean, between `prev` and `next`:
+/// all `between` reads of `prev` but its processes (a reading that moved only its memory is judged against
+/// its findings and GPU states alone).
+pub fn verdict_events(prev: &HostSnapshot, next: &HostSnapshot, first: bool) -> Vec<EventKind> {
+    let mut out = Vec::new();
     // A finding whose severity rose (one seen to appear, now confirmed) is told again.
     let was: BTreeMap<Subject, Severity> = prev
         .findings

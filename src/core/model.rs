@@ -795,7 +795,26 @@ impl HostSnapshot {
         self.reads_the_same(next, false, false)
     }
 
-    /// The memory of `memory_in` put onto this reading, taken at `taken_at_ms`: `false`, and nothing
+    /// Whether these numbers have this reading's shape: one per GPU, one per listed process.
+    pub fn memory_fits(&self, used: &[Option<u64>], charged: &[Vec<Option<u64>>]) -> bool {
+        self.gpus.len() == used.len()
+            && self.gpus.len() == charged.len()
+            && self
+                .gpus
+                .iter()
+                .zip(charged)
+                .all(|(g, c)| g.processes.len() == c.len())
+    }
+
+    /// Whether these numbers are the ones this reading says (of its shape).
+    pub fn memory_is(&self, used: &[Option<u64>], charged: &[Vec<Option<u64>>]) -> bool {
+        self.memory_fits(used, charged)
+            && self.gpus.iter().zip(used).zip(charged).all(|((g, u), c)| {
+                g.memory.used == *u && g.processes.iter().zip(c).all(|(p, b)| p.used_bytes == *b)
+            })
+    }
+
+    /// These numbers put onto this reading, taken at `taken_at_ms`: `false`, and nothing
     /// changed, when its shape is not this reading's (one number per GPU, one per listed process).
     pub fn put_memory(
         &mut self,
@@ -803,14 +822,7 @@ impl HostSnapshot {
         used: &[Option<u64>],
         charged: &[Vec<Option<u64>>],
     ) -> bool {
-        let fits = self.gpus.len() == used.len()
-            && self.gpus.len() == charged.len()
-            && self
-                .gpus
-                .iter()
-                .zip(charged)
-                .all(|(g, c)| g.processes.len() == c.len());
-        if !fits {
+        if !self.memory_fits(used, charged) {
             return false;
         }
         for ((g, u), c) in self.gpus.iter_mut().zip(used).zip(charged) {

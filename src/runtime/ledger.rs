@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use crate::analyze::confirm::Confirm;
-use crate::analyze::events::{between, gpus_of_targets, released_by_deaths};
+use crate::analyze::events::{between, gpus_of_targets, released_by_deaths, verdict_events};
 use crate::analyze::jobs::{JobBook, JobChange};
 use crate::analyze::{AnalyzeOptions, analyzed};
 use crate::core::action::{ActionAnswer, ActionRequest};
@@ -229,14 +229,45 @@ impl Ledger {
         &mut self,
         moved: &crate::core::sse::MemoryMoved,
     ) -> Option<(Judgement, Vec<Event>)> {
-        let mut snap = self.last.as_ref()?.snap.clone();
-        if !snap.put_memory(moved.taken_at_ms, &moved.used, &moved.charged) {
+        let last = self.last.as_ref()?;
+        if !last.snap.memory_fits(&moved.used, &moved.charged) {
             return None;
         }
-        if let Some(g) = &moved.gauges {
-            snap.refresh(moved.taken_at_ms, g);
+        let at = moved.taken_at_ms;
+        let gauges = moved.gauges.clone().unwrap_or_default();
+        // The same numbers (what moved at the serve was not these): fresh, as an `unchanged` is.
+        if last.snap.memory_is(&moved.used, &moved.charged) {
+            return self.fresh(at, gauges);
         }
-        Some(self.reading(snap))
+        // After a silence the reading goes on whole with the host back up: the ordinary way.
+        if self.resend || last.snap.source.judged_remotely() {
+            let mut snap = last.snap.clone();
+            snap.put_memory(at, &moved.used, &moved.charged);
+            snap.refresh(at, &gauges);
+            return Some(self.reading(snap));
+        }
+        // The last reading becomes the new one in place (a whole reading copied and dropped per step of a
+        // warm-up was a quarter of a 10,000-host client's time): its processes are the new one's, so only
+        // its findings and GPU states are kept apart, to judge the new one against.
+        let mut snap = std::mem::take(&mut self.last.take()?.snap);
+        let before = HostSnapshot {
+            findings: std::mem::take(&mut snap.findings),
+            gpus: snap
+                .gpus
+                .iter()
+                .map(|g| crate::core::model::Gpu {
+                    index: g.index,
+                    state: g.state,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        snap.put_memory(at, &moved.used, &moved.charged);
+        snap.refresh(at, &gauges);
+        let snap = analyzed(snap, &self.opts);
+        let (snap, changes) = self.with_jobs(snap, at);
+        Some(self.judge_against(snap, changes, Some(&before)))
     }
 
     /// The last reading with its jobs seen again at `at`, when that changes what they say.
@@ -281,10 +312,17 @@ impl Ledger {
     }
 
     /// An analyzed reading with its jobs: judged, its events made, kept as the last.
-    fn judge(
+    fn judge(&mut self, snap: HostSnapshot, changes: Vec<JobChange>) -> (Judgement, Vec<Event>) {
+        self.judge_against(snap, changes, None)
+    }
+
+    /// `judge`, against `before` (the last reading's findings and GPU states, when the new one is the last
+    /// with only its memory moved) rather than the last reading kept.
+    fn judge_against(
         &mut self,
         mut snap: HostSnapshot,
         changes: Vec<JobChange>,
+        before: Option<&HostSnapshot>,
     ) -> (Judgement, Vec<Event>) {
         // A host read from Prometheus comes with its own gpusweep's findings, confirmed there.
         if !snap.source.judged_remotely() {
@@ -297,15 +335,17 @@ impl Ledger {
             }
             self.confirm_due = applied.due_ms;
         }
-        let changed = self
-            .last
-            .as_ref()
-            .is_none_or(|l| !l.snap.says_the_same(&snap));
+        // Memory that moved is news.
+        let changed = before.is_some()
+            || self
+                .last
+                .as_ref()
+                .is_none_or(|l| !l.snap.says_the_same(&snap));
         if changed {
             self.content += 1;
         }
         let judged = Judged::of(snap, self.content);
-        let mut events = self.events(&judged);
+        let mut events = self.events(&judged, before);
         let at = judged.snap.taken_at_ms;
         events.extend(changes.into_iter().map(|c| self.event(at, job_event(c))));
         self.resend = false;
@@ -344,10 +384,10 @@ impl Ledger {
     }
 
     /// The events of a judged reading against the last, with the clocks of time to clean kept.
-    fn events(&mut self, judged: &Judged) -> Vec<Event> {
+    fn events(&mut self, judged: &Judged, before: Option<&HostSnapshot>) -> Vec<Event> {
         let next = &judged.snap;
         let at = next.taken_at_ms;
-        let prev = self.last.as_ref().map(|l| &l.snap);
+        let prev = before.or(self.last.as_ref().map(|l| &l.snap));
         let mut out = Vec::new();
         if prev.is_none() || self.down {
             out.push(EventKind::HostUp {
@@ -355,13 +395,20 @@ impl Ledger {
             });
             self.down = false;
         }
-        if let Some(p) = prev {
-            // A GPU process's death is when it leaves /proc or turns zombie; NVML may list it a while longer.
-            for g in released_by_deaths(p, next) {
-                self.exited.insert(g, at);
+        // Only memory moved since `before`: no process came or went.
+        let kinds = if let Some(b) = before {
+            verdict_events(b, next, false)
+        } else {
+            if let Some(p) = prev {
+                // A GPU process's death is when it leaves /proc or turns zombie; NVML may list it a while
+                // longer.
+                for g in released_by_deaths(p, next) {
+                    self.exited.insert(g, at);
+                }
             }
-        }
-        for mut e in between(prev, next) {
+            between(prev, next)
+        };
+        for mut e in kinds {
             if let EventKind::GpuClean {
                 gpu,
                 after_ms,
@@ -859,6 +906,79 @@ mod tests {
             ..moved(3_000, 1, 1)
         };
         assert!(l.memory(&two_processes).is_none(), "another shape");
+    }
+
+    /// Memory put onto the last reading in place is judged as the whole reading with those numbers would
+    /// be: the same reading, the same events, the same revisions.
+    #[test]
+    fn memory_in_place_judges_as_the_whole_reading_would() {
+        use crate::core::model::Gpu;
+        // GPU 0 held by 42; GPU 1 held by nobody, its memory draining.
+        let first = || {
+            let mut s = reading(1_000, true);
+            s.gpus.push(Gpu {
+                index: 1,
+                memory: Memory {
+                    used: Some(4096 * MIB),
+                    total: Some(80 << 30),
+                    reserved: None,
+                },
+                ..Default::default()
+            });
+            s
+        };
+        let steps: [(u64, [u64; 2], u64); 4] = [
+            (2_000, [1024, 2048], 1024),
+            (3_000, [3072, 0], 1024),
+            (4_000, [3072, 0], 1024),
+            (9_000, [3072, 0], 3072),
+        ];
+        let mut by_memory = Ledger::new("gpu-x", AnalyzeOptions::default());
+        let mut whole = Ledger::new("gpu-x", AnalyzeOptions::default());
+        by_memory.reading(first());
+        whole.reading(first());
+        for (at, used, charged) in steps {
+            let moved = crate::core::sse::MemoryMoved {
+                host: "gpu-x".into(),
+                taken_at_ms: at,
+                used: used.iter().map(|u| Some(u * MIB)).collect(),
+                charged: vec![vec![Some(charged * MIB)], vec![]],
+                gauges: None,
+                moved: None,
+            };
+            let mut snap = whole.last().expect("a reading").snap.clone();
+            assert!(snap.put_memory(at, &moved.used, &moved.charged));
+            let a = by_memory.memory(&moved).expect("it fits");
+            let b = whole.reading(snap);
+            match (&a.0, &b.0) {
+                // The same numbers again: fresh both ways (no gauges said: as before).
+                (
+                    Judgement::Same { taken_at_ms: x, .. },
+                    Judgement::Same { taken_at_ms: y, .. },
+                ) => assert_eq!((x, &a.1), (y, &b.1), "at {at}"),
+                _ => assert_eq!(a, b, "at {at}"),
+            }
+        }
+        let kinds_seen: Vec<_> = {
+            let mut l = Ledger::new("gpu-x", AnalyzeOptions::default());
+            l.reading(first());
+            let moved = crate::core::sse::MemoryMoved {
+                host: "gpu-x".into(),
+                taken_at_ms: 2_000,
+                used: vec![Some(1024 * MIB), Some(0)],
+                charged: vec![vec![Some(1024 * MIB)], vec![]],
+                gauges: None,
+                moved: None,
+            };
+            l.memory(&moved).expect("it fits").1
+        };
+        // GPU 1 drained: its residual cleared and it reads clean.
+        assert!(
+            kinds_seen
+                .iter()
+                .any(|e| matches!(e.what, EventKind::GpuClean { gpu: 1, .. })),
+            "{kinds_seen:?}"
+        );
     }
 
     #[test]
