@@ -396,24 +396,28 @@ async fn several_hosts_are_named_one_by_one() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[allow(clippy::too_many_lines)] // one stream each way, start to end
-async fn an_unchanged_reading_carries_the_gauges_only_when_they_moved() {
-    let dir = tempfile::tempdir().expect("tmp");
-    // A quiet demo host whose busy GPU's utilization runs in a wave: its readings say nothing new but that.
-    let serve = Serve::start(dir.path(), &["--demo", "--hosts", "gpu-b0001"], &[]);
-    let mut r = client()
-        .get(serve.url("/api/v1/events?interval=100ms"))
-        .send()
-        .await
-        .expect("events");
+/// The event stream at `url`, read until `enough` says so (within 20 s).
+async fn stream_until(url: &str, enough: impl Fn(&str) -> bool) -> String {
+    let mut r = client().get(url).send().await.expect("events");
     let mut got = String::new();
     let said = Instant::now();
-    while got.matches("event: unchanged").count() < 6 {
+    while !enough(&got) {
         assert!(said.elapsed() < Duration::from_secs(20), "{got}");
         let chunk = r.chunk().await.expect("chunk").expect("open");
         got.push_str(&String::from_utf8_lossy(&chunk));
     }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unchanged_reading_carries_the_gauges_only_when_they_moved() {
+    let dir = tempfile::tempdir().expect("tmp");
+    // A quiet demo host whose busy GPU's utilization runs in a wave: its readings say nothing new but that.
+    let serve = Serve::start(dir.path(), &["--demo", "--hosts", "gpu-b0001"], &[]);
+    let got = stream_until(&serve.url("/api/v1/events?interval=100ms"), |got| {
+        got.matches("event: unchanged").count() >= 6
+    })
+    .await;
     let mut last: Option<serde_json::Value> = None;
     let mut moved = 0;
     for ev in got.split("\n\n") {
@@ -447,18 +451,11 @@ async fn an_unchanged_reading_carries_the_gauges_only_when_they_moved() {
     assert!(moved > 0, "the wave's gauges never came: {got}");
     // Asked for `gauges=moved`, an unchanged carries only the GPUs whose gauges moved, by position: gpu-b's
     // busy GPU 6, never its seven idle ones.
-    let mut r = client()
-        .get(serve.url("/api/v1/events?interval=100ms&gauges=moved"))
-        .send()
-        .await
-        .expect("events");
-    let mut got = String::new();
-    let said = Instant::now();
-    while got.matches("\"moved\"").count() < 3 {
-        assert!(said.elapsed() < Duration::from_secs(20), "{got}");
-        let chunk = r.chunk().await.expect("chunk").expect("open");
-        got.push_str(&String::from_utf8_lossy(&chunk));
-    }
+    let got = stream_until(
+        &serve.url("/api/v1/events?interval=100ms&gauges=moved"),
+        |got| got.matches("\"moved\"").count() >= 3,
+    )
+    .await;
     for ev in got.split("\n\n").filter(|e| e.contains("event: unchanged")) {
         let data = ev
             .lines()

@@ -194,7 +194,7 @@ impl Sink for FleetSink {
         self.judged(j, events)
     }
     fn memory(&self, moved: crate::core::sse::MemoryMoved) -> Option<bool> {
-        let Ok(judged) = self.ledger.lock().map(|mut l| l.memory(&moved)) else {
+        let Ok(judged) = self.ledger.lock().map(|mut l| l.memory(moved)) else {
             return Some(false);
         };
         let (j, events) = judged?;

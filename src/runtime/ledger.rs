@@ -227,14 +227,14 @@ impl Ledger {
     /// judged as any new reading. `None` before any reading, or when the numbers do not fit the last one.
     pub fn memory(
         &mut self,
-        moved: &crate::core::sse::MemoryMoved,
+        moved: crate::core::sse::MemoryMoved,
     ) -> Option<(Judgement, Vec<Event>)> {
         let last = self.last.as_ref()?;
         if !last.snap.memory_fits(&moved.used, &moved.charged) {
             return None;
         }
         let at = moved.taken_at_ms;
-        let gauges = moved.gauges.clone().unwrap_or_default();
+        let gauges = moved.gauges.unwrap_or_default();
         // The same numbers (what moved at the serve was not these): fresh, as an `unchanged` is.
         if last.snap.memory_is(&moved.used, &moved.charged) {
             return self.fresh(at, gauges);
@@ -879,12 +879,12 @@ mod tests {
             moved: None,
         };
         assert!(
-            l.memory(&moved(500, 1, 1)).is_none(),
+            l.memory(moved(500, 1, 1)).is_none(),
             "nothing to put it onto"
         );
         l.reading(reading(1_000, true));
         // 2 GiB used, 1 GiB charged: more than the context overhead goes unexplained.
-        let (j, ev) = l.memory(&moved(2_000, 2048, 1024)).expect("it fits");
+        let (j, ev) = l.memory(moved(2_000, 2048, 1024)).expect("it fits");
         let Judgement::New(j) = j else {
             panic!("{j:?}")
         };
@@ -905,7 +905,7 @@ mod tests {
             charged: vec![vec![None, None]],
             ..moved(3_000, 1, 1)
         };
-        assert!(l.memory(&two_processes).is_none(), "another shape");
+        assert!(l.memory(two_processes).is_none(), "another shape");
     }
 
     /// Memory put onto the last reading in place is judged as the whole reading with those numbers would
@@ -948,7 +948,7 @@ mod tests {
             };
             let mut snap = whole.last().expect("a reading").snap.clone();
             assert!(snap.put_memory(at, &moved.used, &moved.charged));
-            let a = by_memory.memory(&moved).expect("it fits");
+            let a = by_memory.memory(moved).expect("it fits");
             let b = whole.reading(snap);
             match (&a.0, &b.0) {
                 // The same numbers again: fresh both ways (no gauges said: as before).
@@ -970,7 +970,7 @@ mod tests {
                 gauges: None,
                 moved: None,
             };
-            l.memory(&moved).expect("it fits").1
+            l.memory(moved).expect("it fits").1
         };
         // GPU 1 drained: its residual cleared and it reads clean.
         assert!(

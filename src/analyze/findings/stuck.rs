@@ -18,8 +18,11 @@ pub fn find(snap: &Indexed<'_>, out: &mut Findings) {
     let leaving = snap.gpus.iter().flat_map(|g| {
         g.processes
             .iter()
-            .filter(|lp| asleep(lp.pid) && snap.holder(lp.pid).is_none())
-            .filter(|lp| snap.proc(lp.pid).is_some_and(|p| p.exiting))
+            .filter(|lp| snap.holder(lp.pid).is_none())
+            .filter(|lp| {
+                snap.proc(lp.pid)
+                    .is_some_and(|p| p.exiting && p.state == ProcState::DiskSleep)
+            })
             .map(|lp| (lp.pid, vec![g.index]))
     });
     let mut seen = std::collections::BTreeMap::<u32, Vec<u32>>::new();
