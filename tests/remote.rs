@@ -51,12 +51,20 @@ async fn fleet_of(spec: HostSpec, interval: Duration, audit: &Path) -> Fleet {
 
 /// A fleet of `specs` as the front ends start one, read every `interval`.
 pub(crate) async fn fleet_of_all(specs: &[HostSpec], interval: Duration, audit: &Path) -> Fleet {
-    let opts = FleetOptions {
+    Fleet::start(specs, &options(interval, audit))
+        .await
+        .expect("fleet")
+}
+
+/// The options a front end starts its fleet with, read every `interval`.
+pub(crate) fn options(interval: Duration, audit: &Path) -> FleetOptions {
+    FleetOptions {
         interval,
         analyze: AnalyzeOptions::default(),
         procfs: ProcfsConfig::default(),
         load_nvml: false,
         gauges: true,
+        memory_alone: false,
         counters: false,
         audit: AuditLog {
             path: Some(audit.to_path_buf()),
@@ -71,8 +79,7 @@ pub(crate) async fn fleet_of_all(specs: &[HostSpec], interval: Duration, audit: 
         serve_socket: None,
         acts: false,
         events_file: None,
-    };
-    Fleet::start(specs, &opts).await.expect("fleet")
+    }
 }
 
 /// PIDs whose command line is exactly `sleep SECS`.

@@ -2603,27 +2603,72 @@ fn memory_alone_travels_and_the_client_puts_it_onto_the_reading_it_has() {
                 std::thread::sleep(Duration::from_millis(20));
             }
         });
-        let client = rt.block_on(async {
+        let (client, alone, same_as_ledger) = rt.block_on(async {
+            use gpusweep::runtime::fleet::HostEvent;
+            // A front end that holds every reading (the TUI): memory alone is put onto the one it holds.
             let audit = down_dir.path().join("audit.jsonl");
-            let mut fleet =
-                crate::remote::fleet_of_all(&specs, Duration::from_millis(200), &audit).await;
-            let mut seen = Vec::new();
+            let opts = gpusweep::runtime::FleetOptions {
+                memory_alone: true,
+                ..crate::remote::options(Duration::from_millis(200), &audit)
+            };
+            let mut fleet = gpusweep::runtime::Fleet::start(&specs, &opts)
+                .await
+                .expect("fleet");
+            let (mut seen, mut alone, mut same_as_ledger) = (Vec::new(), 0, 0);
+            let mut held: Option<gpusweep::runtime::Judged> = None;
             let t = Instant::now();
             while t.elapsed() < Duration::from_secs(8) {
                 let ev = tokio::time::timeout(Duration::from_secs(5), fleet.recv())
                     .await
                     .expect("a reading within 5 s")
                     .expect("the fleet goes on");
-                if let gpusweep::runtime::fleet::HostEvent::Reading { host, judged } = ev
-                    && fleet.label(host).ends_with("gpu-a")
+                let host = match ev {
+                    HostEvent::Reading { host, judged } if fleet.label(host).ends_with("gpu-a") => {
+                        held = Some(*judged);
+                        host
+                    }
+                    HostEvent::Memory { host, memory } if fleet.label(host).ends_with("gpu-a") => {
+                        let onto = held.as_mut().expect("a reading before memory alone");
+                        assert!(memory.put_onto(onto), "memory alone fits the reading held");
+                        alone += 1;
+                        host
+                    }
+                    HostEvent::Fresh {
+                        host,
+                        taken_at_ms,
+                        gauges,
+                    } if fleet.label(host).ends_with("gpu-a") => {
+                        if let Some(h) = held.as_mut() {
+                            h.snap.refresh(taken_at_ms, &gauges);
+                        }
+                        continue;
+                    }
+                    _ => continue,
+                };
+                let Some(h) = &held else { continue };
+                seen.push((
+                    h.snap.taken_at_ms,
+                    h.snap
+                        .gpus
+                        .iter()
+                        .map(|g| g.memory.used)
+                        .collect::<Vec<_>>(),
+                ));
+                // The ledger's own whole reading, where it has not moved on since: the same.
+                if let Some(l) = fleet.latest(host)
+                    && l.snap.taken_at_ms == h.snap.taken_at_ms
                 {
-                    let used: Vec<Option<u64>> =
-                        judged.snap.gpus.iter().map(|g| g.memory.used).collect();
-                    seen.push((judged.snap.taken_at_ms, used));
+                    assert_eq!(&l, h, "the reading held against the ledger's");
+                    same_as_ledger += 1;
                 }
             }
-            seen
+            (seen, alone, same_as_ledger)
         });
+        assert!(alone >= 3, "{alone} readings came as memory alone");
+        assert!(
+            same_as_ledger >= 5,
+            "{same_as_ledger} compared with the ledger's"
+        );
         done.store(true, std::sync::atomic::Ordering::Relaxed);
         let upstream = upstream.lock().expect("samples");
         let mut matched = 0;

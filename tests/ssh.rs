@@ -514,6 +514,7 @@ async fn agent_killed_mid_stream_is_reported_and_reconnected() {
         procfs: ProcfsConfig::default(),
         load_nvml: false,
         gauges: true,
+        memory_alone: false,
         counters: false,
         audit: AuditLog {
             path: Some(s.path("audit.jsonl")),

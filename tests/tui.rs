@@ -30,11 +30,17 @@ struct Demo {
     /// Each host's ledger, as the fleet keeps them: readings are judged there, actions recorded.
     ledgers: Vec<Ledger>,
     t: Arc<AtomicU64>,
+    /// Readings that moved only their memory go to the ledger as that (as a serve's stream sends them),
+    /// and on to the app as that: how many did.
+    memory_alone: Option<usize>,
 }
 
 impl Demo {
     /// The three demo hosts, polled once a second for `secs` seconds of warm-up.
     fn new(secs: u64) -> Demo {
+        Demo::start(secs, false)
+    }
+    fn start(secs: u64, memory_alone: bool) -> Demo {
         let (clock, t) = DemoClock::manual(0);
         let hosts: Vec<DemoHost> = DEMO_HOSTS
             .iter()
@@ -42,7 +48,13 @@ impl Demo {
             .collect();
         let ledgers = DEMO_HOSTS
             .iter()
-            .map(|h| Ledger::new(h, AnalyzeOptions::default()))
+            .map(|h| {
+                let mut l = Ledger::new(h, AnalyzeOptions::default());
+                if memory_alone {
+                    l.hand_on_memory_alone();
+                }
+                l
+            })
             .collect();
         let app = App::new(
             DEMO_HOSTS
@@ -62,6 +74,7 @@ impl Demo {
             hosts,
             ledgers,
             t,
+            memory_alone: memory_alone.then_some(0),
         };
         for s in 0..=secs {
             d.at(s * 1000);
@@ -78,13 +91,36 @@ impl Demo {
     }
     /// A reading of host `i`, through its ledger to the app, as the fleet hands it on.
     fn feed(&mut self, i: usize, snap: gpusweep::core::model::HostSnapshot) -> Vec<Effect> {
-        let (j, events) = self.ledgers[i].reading(snap);
+        let moved = self.memory_alone.and_then(|_| {
+            let last = &self.ledgers[i].last()?.snap;
+            last.same_but_memory(&snap)
+                .then(|| gpusweep::core::sse::MemoryMoved {
+                    host: snap.host.clone(),
+                    taken_at_ms: snap.taken_at_ms,
+                    used: snap.gpus.iter().map(|g| g.memory.used).collect(),
+                    charged: snap
+                        .gpus
+                        .iter()
+                        .map(|g| g.processes.iter().map(|p| p.used_bytes).collect())
+                        .collect(),
+                    gauges: Some(snap.gauges()),
+                    moved: None,
+                })
+        });
+        let (j, events) = match moved.and_then(|m| self.ledgers[i].memory(m)) {
+            Some(judged) => judged,
+            None => self.ledgers[i].reading(snap),
+        };
+        if let (Some(n), Judgement::Memory(_)) = (&mut self.memory_alone, &j) {
+            *n += 1;
+        }
         let mut eff = Vec::new();
         if !events.is_empty() {
             eff.extend(self.app.update(Action::Events(HostId(i), events)));
         }
         eff.extend(match j {
             Judgement::New(judged) => self.app.update(Action::Reading(HostId(i), judged)),
+            Judgement::Memory(m) => self.app.update(Action::Memory(HostId(i), m)),
             Judgement::Same {
                 taken_at_ms,
                 gauges,
@@ -674,6 +710,56 @@ fn screen_kill_dialog_warns_about_a_benign_holder() {
         d.app.dialog()
     );
     both("kill_benign", &mut d);
+}
+
+/// Memory alone, put onto the reading the app holds, shows what the whole readings show: every host's
+/// reading, counts, history and process ages, and the screen, second by second of the warm-up.
+#[test]
+fn reducer_memory_alone_shows_what_whole_readings_show() {
+    let mut whole = Demo::new(0);
+    let mut alone = Demo::start(0, true);
+    for s in 1..=45 {
+        for d in [&mut whole, &mut alone] {
+            d.at(s * 1000);
+            d.poll();
+        }
+        for (a, b) in whole.app.store.hosts.iter().zip(&alone.app.store.hosts) {
+            assert_eq!(a.snap, b.snap, "{} at {s} s", a.label);
+            assert_eq!(
+                (a.counts, a.leaks, &a.history, &a.held_since, a.last_seen_ms),
+                (b.counts, b.leaks, &b.history, &b.held_since, b.last_seen_ms),
+                "{} at {s} s",
+                a.label
+            );
+        }
+        assert_eq!(whole.screen(160, 48), alone.screen(160, 48), "at {s} s");
+    }
+    let n = alone.memory_alone.unwrap_or(0);
+    assert!(n >= 10, "{n} readings went as memory alone");
+    // Memory alone with no reading to put it onto asks for the ledger's whole reading.
+    let mut fresh = App::new(
+        vec!["gpu-a".into()],
+        Duration::from_secs(1),
+        Keymap::default(),
+        AnalyzeOptions::default(),
+        false,
+    );
+    let m = gpusweep::runtime::MemoryJudged {
+        taken_at_ms: BASE_MS,
+        gauges: Vec::new(),
+        used: vec![Some(0)],
+        charged: vec![Vec::new()],
+        states: vec![Some(GpuState::Clean)],
+        findings: Vec::new(),
+        jobs: Vec::new(),
+        counts: gpusweep::runtime::StateCounts::default(),
+        leaks: 0,
+        all_clean: true,
+        content: 1,
+    };
+    let eff = fresh.update(Action::Memory(HostId(0), Box::new(m)));
+    assert!(matches!(eff[..], [Effect::Whole(HostId(0))]), "{eff:?}");
+    assert!(fresh.store.hosts[0].snap.is_none());
 }
 
 #[test]

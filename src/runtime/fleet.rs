@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
 
 use super::eventlog::Recorder;
-use super::ledger::{Judged, Judgement, Ledger};
+use super::ledger::{Judged, Judgement, Ledger, MemoryJudged};
 use super::poll;
 use crate::act::{AuditLog, Deliverer};
 use crate::analyze::AnalyzeOptions;
@@ -38,6 +38,12 @@ pub enum HostEvent {
     Reading {
         host: HostId,
         judged: Box<Judged>,
+    },
+    /// A new reading that moved only its memory since the last one handed on (to a front end that asked,
+    /// `FleetOptions::memory_alone`): to be put onto that one, kept fresh.
+    Memory {
+        host: HostId,
+        memory: Box<MemoryJudged>,
     },
     /// A new reading that says the same as the host's last one: only its time and GPU gauges are new (no
     /// gauges: as before).
@@ -71,6 +77,9 @@ pub struct FleetOptions {
     pub load_nvml: bool,
     /// Read utilization, temperature and power of this host's GPUs (readers of the verdict alone skip them).
     pub gauges: bool,
+    /// The front end holds every reading it is handed (kept fresh): a reading that moved only its memory
+    /// comes as `HostEvent::Memory`, to be put onto it. Others get every new reading whole.
+    pub memory_alone: bool,
     /// And dcgm-exporter's counters (clocks, energy, engines, GPM ratios...): the serve's, at its interval.
     pub counters: bool,
     pub audit: AuditLog,
@@ -122,6 +131,8 @@ enum Waiting {
     #[default]
     Nothing,
     Reading(Box<Judged>),
+    /// Memory alone, onto what the front end took last (and a fresh one's gauges, where none came).
+    Memory(Box<MemoryJudged>),
     Fresh(u64, Vec<Gauges>),
 }
 
@@ -168,11 +179,32 @@ impl FleetSink {
         }
         match j {
             Judgement::New(judged) => self.put(|w| *w = Waiting::Reading(judged)),
+            Judgement::Memory(mut m) => self.put(|w| match w {
+                // Made from the ledger's last reading, which this one is: it fits.
+                Waiting::Reading(j) => {
+                    let whole = m.put_onto(j);
+                    debug_assert!(whole, "memory alone fits the reading it was judged after");
+                }
+                Waiting::Memory(earlier) => {
+                    if m.gauges.is_empty() {
+                        m.gauges = std::mem::take(&mut earlier.gauges);
+                    }
+                    *earlier = m;
+                }
+                Waiting::Fresh(_, gauges) => {
+                    if m.gauges.is_empty() {
+                        m.gauges = std::mem::take(gauges);
+                    }
+                    *w = Waiting::Memory(m);
+                }
+                Waiting::Nothing => *w = Waiting::Memory(m),
+            }),
             Judgement::Same {
                 taken_at_ms,
                 gauges,
             } => self.put(|w| match w {
                 Waiting::Reading(j) => j.snap.refresh(taken_at_ms, &gauges),
+                Waiting::Memory(m) => m.refresh(taken_at_ms, gauges),
                 // No gauges said: those waiting still hold.
                 Waiting::Fresh(t, waiting) => {
                     *t = taken_at_ms;
@@ -509,7 +541,11 @@ impl Fleet {
         let i = self.handles.len();
         let label = self.labels.get(i).cloned().unwrap_or_default();
         let slot: Slot = Arc::default();
-        let ledger = Arc::new(Mutex::new(Ledger::new(&label, opts.analyze)));
+        let mut ledger = Ledger::new(&label, opts.analyze);
+        if opts.memory_alone {
+            ledger.hand_on_memory_alone();
+        }
+        let ledger = Arc::new(Mutex::new(ledger));
         let sink: Arc<dyn Sink> = Arc::new(FleetSink {
             host: HostId(i),
             ledger: ledger.clone(),
@@ -669,6 +705,7 @@ impl Fleet {
                 match waiting {
                     Waiting::Nothing => return None,
                     Waiting::Reading(judged) => HostEvent::Reading { host, judged },
+                    Waiting::Memory(memory) => HostEvent::Memory { host, memory },
                     Waiting::Fresh(taken_at_ms, gauges) => HostEvent::Fresh {
                         host,
                         taken_at_ms,
@@ -916,5 +953,84 @@ mod tests {
         assert!(s.fresh(4, hot(10)));
         let waiting = std::mem::take(&mut *s.slot.lock().expect("slot"));
         assert!(matches!(&waiting, Waiting::Fresh(4, g) if *g == hot(10)));
+    }
+
+    /// Memory alone waits in a host's slot with whatever came before or after it: put onto what the front
+    /// end holds, it makes the reading the ledger keeps, at every take.
+    #[test]
+    fn memory_alone_waiting_with_anything_makes_the_ledgers_reading() {
+        use crate::core::model::{Gpu, MIB, Memory};
+        let (mut s, _rx) = sink();
+        let mut ledger = Ledger::new("h", AnalyzeOptions::default());
+        ledger.hand_on_memory_alone();
+        s.ledger = Arc::new(Mutex::new(ledger));
+        let used = |mib: u64| Memory {
+            used: Some(mib * MIB),
+            total: Some(80 << 30),
+            reserved: None,
+        };
+        let whole = |at: u64, gpus: usize| HostSnapshot {
+            taken_at_ms: at,
+            gpus: (0..gpus)
+                .map(|i| Gpu {
+                    index: u32::try_from(i).unwrap_or(0),
+                    memory: used(0),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let moved =
+            |at: u64, mib: u64, gauges: Option<Vec<Gauges>>| crate::core::sse::MemoryMoved {
+                host: "h".into(),
+                taken_at_ms: at,
+                used: vec![Some(mib * MIB)],
+                charged: vec![vec![]],
+                gauges,
+                moved: None,
+            };
+        let mut held: Option<Judged> = None;
+        let take = |s: &FleetSink, held: &mut Option<Judged>| {
+            match std::mem::take(&mut *s.slot.lock().expect("slot")) {
+                Waiting::Reading(j) => *held = Some(*j),
+                Waiting::Memory(m) => assert!(m.put_onto(held.as_mut().expect("held"))),
+                Waiting::Fresh(t, g) => held.as_mut().expect("held").snap.refresh(t, &g),
+                Waiting::Nothing => {}
+            }
+            let l = s.ledger.lock().expect("ledger");
+            assert_eq!(held.as_ref(), l.last());
+        };
+        assert!(s.reading(whole(1_000, 1)));
+        take(&s, &mut held);
+        // Alone; then two in a row, with gauges said by the first only, and a fresh one between.
+        assert_eq!(s.memory(moved(2_000, 512, Some(hot(50)))), Some(true));
+        take(&s, &mut held);
+        assert_eq!(s.memory(moved(3_000, 1024, Some(hot(60)))), Some(true));
+        assert!(s.fresh(4_000, hot(70)));
+        assert_eq!(s.memory(moved(5_000, 0, None)), Some(true));
+        take(&s, &mut held);
+        assert_eq!(
+            held.as_ref().map(|j| j.snap.gpus[0].utilization),
+            Some(Some(70))
+        );
+        // A fresh one before it, then one after it.
+        assert!(s.fresh(6_000, hot(80)));
+        assert_eq!(s.memory(moved(7_000, 2048, None)), Some(true));
+        assert!(s.fresh(8_000, hot(90)));
+        take(&s, &mut held);
+        // A whole reading waiting takes the memory in place.
+        assert!(s.reading(whole(9_000, 1)));
+        assert_eq!(s.memory(moved(10_000, 4096, Some(hot(10)))), Some(true));
+        take(&s, &mut held);
+        assert!(
+            matches!(&held, Some(j) if j.snap.gpus[0].memory.used == Some(4096 * MIB)),
+            "{held:?}"
+        );
+        // Numbers of another shape are not put anywhere.
+        assert!(s.memory(moved(11_000, 1, None)).is_some());
+        assert!(s.reading(whole(12_000, 2)));
+        take(&s, &mut held);
+        assert_eq!(s.memory(moved(13_000, 1, None)), None);
+        take(&s, &mut held);
     }
 }

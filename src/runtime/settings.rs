@@ -513,6 +513,7 @@ pub fn resolve(o: &Overrides) -> Result<Settings, SettingsError> {
         procfs,
         load_nvml: !o.no_nvml,
         gauges: true,
+        memory_alone: false,
         counters: false,
         audit: AuditLog::default_location(),
         kill_without_pidfd: o.kill_without_pidfd || config.kill_without_pidfd.unwrap_or(false),

@@ -161,10 +161,14 @@ pub struct Reading {
 
 impl Reading {
     fn of(judged: Judged) -> Reading {
+        Reading::of_snap(judged.snap, judged.content)
+    }
+
+    fn of_snap(snap: HostSnapshot, content: u64) -> Reading {
         Reading {
-            content: judged.content,
+            content,
             memory_from: None,
-            snap: judged.snap,
+            snap,
             json: OnceLock::new(),
             json_no_others: OnceLock::new(),
             sse: OnceLock::new(),
@@ -499,7 +503,7 @@ impl Hub {
         loop {
             tokio::select! {
                 ev = fleet.recv() => match ev {
-                    Some(ev) => self.on_event(ev),
+                    Some(ev) => self.on_event(ev, &fleet),
                     None => return,
                 },
                 ask = self.acts.recv() => match ask {
@@ -518,7 +522,7 @@ impl Hub {
         }
     }
 
-    fn on_event(&mut self, ev: HostEvent) {
+    fn on_event(&mut self, ev: HostEvent, fleet: &Fleet) {
         match ev {
             HostEvent::Reading { host, judged } => {
                 let mut r = Reading::of(*judged);
@@ -533,6 +537,27 @@ impl Hub {
                     });
                 }
                 self.publish(host.0, r);
+            }
+            // Only its memory moved: put onto the reading kept, which a stream that asked is sent alone.
+            HostEvent::Memory { host, memory } => {
+                let mut onto = self.writers.get(host.0).and_then(|w| {
+                    w.latest.borrow().as_ref().map(|r| Reading {
+                        memory_from: Some(r.content),
+                        ..Reading::of_snap(r.snap.clone(), memory.content)
+                    })
+                });
+                let fits = onto
+                    .as_mut()
+                    .is_some_and(|r| memory.put_onto_reading(&mut r.snap));
+                match onto {
+                    Some(r) if fits => self.publish(host.0, r),
+                    // None kept, or not the one it was judged after: the ledger's whole reading.
+                    _ => {
+                        if let Some(j) = fleet.latest(host) {
+                            self.publish(host.0, Reading::of(j));
+                        }
+                    }
+                }
             }
             HostEvent::Fresh {
                 host,

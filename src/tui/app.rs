@@ -44,7 +44,7 @@ use crate::core::format::millis;
 use crate::core::model::{HostId, HostSnapshot};
 use crate::core::signal::Protected;
 use crate::core::smem::{Dtype, Tile, TileError};
-use crate::runtime::{Judged, StateCounts};
+use crate::runtime::{Judged, MemoryJudged, StateCounts};
 use crate::source::{ConnStatus, HostCmd};
 
 /// Grace between TERM and KILL for sweeps started from the TUI.
@@ -54,6 +54,8 @@ pub const TUI_GRACE: Duration = Duration::from_secs(10);
 pub enum Action {
     /// A reading that says something new, as the host's ledger judged it.
     Reading(HostId, Box<Judged>),
+    /// A reading that moved only its memory since the one shown, as the host's ledger judged it.
+    Memory(HostId, Box<MemoryJudged>),
     /// A reading at this Unix ms that says the same as the host's last snapshot, with its GPU gauges.
     Fresh(HostId, u64, Vec<crate::core::model::Gauges>),
     Status(HostId, ConnStatus),
@@ -88,6 +90,8 @@ pub enum Effect {
     DrawNow,
     /// Read this host live from this address (`http(s)://...` or `ssh://name`) instead of Prometheus.
     OpenLive(HostId, String),
+    /// Show this host's whole reading as its ledger keeps it: memory alone did not fit the one shown.
+    Whole(HostId),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -555,6 +559,17 @@ impl App {
         match action {
             Action::Reading(i, judged) => {
                 self.store.reading(i, *judged);
+                if i.0 == self.view.sel.host {
+                    self.rebuild_rows();
+                }
+                let effects = self.observe(i);
+                self.clamp();
+                effects
+            }
+            Action::Memory(i, memory) => {
+                if !self.store.memory(i, *memory) {
+                    return vec![Effect::Whole(i)];
+                }
                 if i.0 == self.view.sel.host {
                     self.rebuild_rows();
                 }

@@ -49,6 +49,7 @@ pub fn new_app(s: &Settings, labels: Vec<String>, specs: &[HostSpec]) -> anyhow:
 pub fn action_of(ev: HostEvent) -> Action {
     match ev {
         HostEvent::Reading { host, judged } => Action::Reading(host, judged),
+        HostEvent::Memory { host, memory } => Action::Memory(host, memory),
         HostEvent::Events { host, events } => Action::Events(host, events),
         HostEvent::Answer { host, id, answer } => Action::Answer(host, id, answer),
         HostEvent::Status { host, status } => Action::Status(host, status),
@@ -87,6 +88,11 @@ fn apply(
                 }
             }
             Effect::DrawNow => now = true,
+            Effect::Whole(h) => {
+                if let Some(j) = fleet.latest(h) {
+                    queue.extend(app.update(Action::Reading(h, Box::new(j))));
+                }
+            }
         }
     }
     Ok(now)
@@ -166,8 +172,10 @@ pub fn run(s: &Settings) -> anyhow::Result<i32> {
         .map_err(|e| anyhow!(e))?;
     let res = rt.block_on(async {
         // The TUI writes the file itself, its own events (a watch's scope turning clean) among the hosts'.
+        // It holds every host's reading: one that moved only its memory comes as that.
         let opts = crate::runtime::FleetOptions {
             events_file: None,
+            memory_alone: true,
             ..s.fleet.clone()
         };
         let mut fleet = Fleet::start(&s.specs, &opts).await?;

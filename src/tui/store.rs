@@ -7,7 +7,7 @@ use std::collections::{HashMap, VecDeque};
 use crate::core::event::Event;
 use crate::core::model::{Gauges, HostId, HostSnapshot, MIB};
 use crate::core::signal::Protected;
-use crate::runtime::{Judged, StateCounts};
+use crate::runtime::{Judged, MemoryJudged, StateCounts};
 use crate::source::ConnStatus;
 
 /// Samples of memory history kept per GPU (10 minutes at a 1 s poll).
@@ -139,6 +139,32 @@ impl Store {
         h.leaks = judged.leaks;
         h.simulated = judged.provenance.simulated;
         h.snap = Some(judged.snap);
+    }
+
+    /// A reading that moved only its memory since the one shown: put onto it. `false`, and nothing
+    /// changed, where none is shown or it has another shape.
+    pub fn memory(&mut self, id: HostId, m: MemoryJudged) -> bool {
+        let Some(h) = self.hosts.get_mut(id.0) else {
+            return false;
+        };
+        let (counts, leaks) = (m.counts, m.leaks);
+        let Some(mut snap) = h.snap.take() else {
+            return false;
+        };
+        let fits = m.put_onto_reading(&mut snap);
+        if fits {
+            h.last_seen_ms = Some(snap.taken_at_ms);
+            // The same processes as before: only the memory history moves.
+            h.remember_memory(&snap);
+        }
+        h.snap = Some(snap);
+        if !fits {
+            return false;
+        }
+        h.status = ConnStatus::Up;
+        h.counts = counts;
+        h.leaks = leaks;
+        true
     }
 
     /// A reading that said the same as the last: its time and gauges; the memory it said before goes on
