@@ -3,7 +3,7 @@
 //!
 //! `cargo bench --bench analyze`: 1,000 and 10,000 holders side by side; the ratio of the two is what
 //! matters (about 10 when linear, about 100 when quadratic). `jobs_*`: the ledger's job book on the same
-//! readings.
+//! readings; `jobs_warming_host`: the book on one warming demo host's reading.
 
 // In tests a panic is the failure message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -99,9 +99,29 @@ fn bench(c: &mut Criterion) {
     }
 }
 
+/// The job book on a warming demo host (one job of eight ranks, its memory moving), seen reading after
+/// reading: what a fleet client pays per warming host per second.
+fn warming(c: &mut Criterion) {
+    use gpusweep::source::demo::{DemoClock, DemoHost};
+    let (clock, t) = DemoClock::manual(0);
+    let host = DemoHost::new("gpu-a", clock);
+    t.store(10_000, std::sync::atomic::Ordering::SeqCst);
+    let judged = analyzed(host.snapshot(), &AnalyzeOptions::default());
+    let mut book =
+        gpusweep::analyze::jobs::JobBook::new(gpusweep::analyze::jobs::JobOptions::default());
+    book.observe(&judged, 0);
+    let mut at = 0;
+    c.bench_function("jobs_warming_host", |b| {
+        b.iter(|| {
+            at += 1000;
+            book.observe(&judged, at)
+        });
+    });
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
-    targets = bench
+    targets = bench, warming
 }
 criterion_main!(benches);

@@ -411,3 +411,29 @@ fn a_script_shell_is_a_launcher_and_an_interactive_one_is_not() {
     assert_eq!(seen.reports[0].id, "tree:50");
     assert!(seen.reports[0].name.contains("launch.sh"));
 }
+
+/// A lost rank is named by the command line it last had (a process may rewrite its own), made printable.
+#[test]
+fn a_lost_rank_is_named_by_its_last_command_line_made_printable() {
+    let retitled = |at: u64, title: &str| {
+        let mut s = reading(at, &[Some(8192); 2], &[]);
+        if let Some(p) = s.processes.iter_mut().find(|p| p.pid == 102) {
+            p.cmdline = title.to_string();
+        }
+        s
+    };
+    for (titles, want) in [
+        (["python3 serve.py", "worker 1 loading"], "worker 1 loading"),
+        (["worker\x1b[2J", "worker\x1b[2J"], "worker\\x1b[2J"),
+        (["worker 1", "worker\x1b[2J"], "worker\\x1b[2J"),
+        (["worker\x1b[2J", "worker\\x1b[2J"], "worker\\x1b[2J"),
+    ] {
+        let mut b = JobBook::new(opts());
+        b.observe(&retitled(0, titles[0]), 0);
+        b.observe(&retitled(0, titles[1]), S);
+        let seen = b.observe(&reading(0, &[Some(8192), None], &[]), 2 * S);
+        let lost = &seen.reports[0].lost;
+        assert_eq!(lost.len(), 1, "{titles:?}");
+        assert_eq!(lost[0].cmdline, want, "{titles:?}");
+    }
+}
