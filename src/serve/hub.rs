@@ -161,14 +161,10 @@ pub struct Reading {
 
 impl Reading {
     fn of(judged: Judged) -> Reading {
-        Reading::of_snap(judged.snap, judged.content)
-    }
-
-    fn of_snap(snap: HostSnapshot, content: u64) -> Reading {
         Reading {
-            content,
+            content: judged.content,
             memory_from: None,
-            snap,
+            snap: judged.snap,
             json: OnceLock::new(),
             json_no_others: OnceLock::new(),
             sse: OnceLock::new(),
@@ -538,25 +534,17 @@ impl Hub {
                 }
                 self.publish(host.0, r);
             }
-            // Only its memory moved: put onto the reading kept, which a stream that asked is sent alone.
-            HostEvent::Memory { host, memory } => {
-                let mut onto = self.writers.get(host.0).and_then(|w| {
-                    w.latest.borrow().as_ref().map(|r| Reading {
-                        memory_from: Some(r.content),
-                        ..Reading::of_snap(r.snap.clone(), memory.content)
-                    })
-                });
-                let fits = onto
-                    .as_mut()
-                    .is_some_and(|r| memory.put_onto_reading(&mut r.snap));
-                match onto {
-                    Some(r) if fits => self.publish(host.0, r),
-                    // None kept, or not the one it was judged after: the ledger's whole reading.
-                    _ => {
-                        if let Some(j) = fleet.latest(host) {
-                            self.publish(host.0, Reading::of(j));
-                        }
-                    }
+            // The serve's fleet hands every reading on whole (it reads this host or demo hosts, never memory
+            // alone from another serve); were memory alone to come, the ledger's whole reading goes out.
+            HostEvent::Memory { host, .. } => {
+                if let Some(j) = fleet.latest(host) {
+                    self.on_event(
+                        HostEvent::Reading {
+                            host,
+                            judged: Box::new(j),
+                        },
+                        fleet,
+                    );
                 }
             }
             HostEvent::Fresh {

@@ -240,11 +240,8 @@ async fn serve(s: &Settings, a: &ServeArgs, plan: Plan) -> anyhow::Result<i32> {
         listen,
     } = plan;
     // The serve exports dcgm-exporter's counters: read them at its interval.
-    // It keeps every host's reading: one that moved only its memory comes as that, and is sent as that to
-    // the streams that ask.
     let opts = crate::runtime::FleetOptions {
         counters: true,
-        memory_alone: true,
         ..s.fleet.clone()
     };
     let fleet = Fleet::start(&s.specs, &opts).await?;
