@@ -9,12 +9,15 @@ BIN=${BIN:-target/release/gpusweep}
 [ -x "$BIN" ] || cargo build --release
 D=$(mktemp -d)
 S=gpusweep-shot-$$
-trap 'tmux -L "$S" kill-server 2>/dev/null; rm -rf "$D"' EXIT
+N=0
+trap 'for i in $(seq 0 "$N"); do tmux -L "$S-$i" kill-server 2>/dev/null; done; rm -rf "$D"' EXIT
 
 # shot NAME KEYS... : start the demo, let it warm up, type KEYS (a number sleeps that long), capture NAME.png.
 shot() {
   local out=$1; shift
-  tmux -L "$S" kill-server 2>/dev/null || true
+  # A tmux server of its own per shot: one just killed may still be going away.
+  N=$((N + 1))
+  local S="$S-$N"
   tmux -L "$S" new-session -d -s shot -x 150 -y 40 "GPUSWEEP_CONFIG=$D/none.toml GPUSWEEP_AUDIT_LOG=$D/a.jsonl exec $BIN --demo"
   sleep 4                                 # a few readings, so the sparklines have history
   for k in "$@"; do

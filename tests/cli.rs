@@ -1612,7 +1612,9 @@ fn help_fits_80_columns_every_flag_is_described_and_completions_and_man_are_gene
     let o = env.run(&["--help"]);
     let t = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(
-        t.contains("  unkillable ") && t.contains("129/130/143"),
+        t.contains("  unkillable ")
+            && t.contains("129/130/143")
+            && t.contains("  3  `run --fail-fast`"),
         "{t}"
     );
     let o = env.run(&["completions", "bash"]);

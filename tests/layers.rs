@@ -133,7 +133,7 @@ const UNSAFE_OUTSIDE_ACT: &[(&str, &str)] = &[
     ),
     (
         "serve/memory.rs",
-        "malloc_trim(3), to give a burst's freed memory back to the system",
+        "mimalloc's mi_collect, to give a burst's freed memory back to the system",
     ),
 ];
 

@@ -73,6 +73,8 @@ Exit codes:
      GPUs that cannot be read (no driver) unless --no-nvml; a GPU a
      host lacks; a --job that names no process; the action was not
      confirmed; --readonly refused it
+  3  `run --fail-fast`: the job lost a rank while its other ranks
+     held GPU memory, and was ended
   129/130/143  ended by HUP, INT or TERM (128 + the signal)
 
 Findings:

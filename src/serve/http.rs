@@ -6,7 +6,8 @@
 //! /metrics             OpenMetrics text: dcgm-exporter's memory gauges and gpusweep's own
 //! /api/v1/snapshot     the JSON contract of `gpusweep snapshot --json`
 //! /api/v1/events       server-sent events: hello, snapshot (when a reading says something new), unchanged
-//!                      (a reading that says the same; only its time), event (the timeline), status, gap;
+//!                      (a reading that says the same: its time, and its gauges when they moved), memory
+//!                      (only its memory moved, to a stream that asks), event (the timeline), status, gap;
 //!                      each with an id (EPOCH-SEQ), so a client that reconnects with Last-Event-ID is
 //!                      given the timeline events it missed
 //! /healthz             200 when every host has a fresh reading, 503 saying why not
