@@ -113,7 +113,11 @@ impl Source for LocalSource {
             .iter()
             .flat_map(|g| g.processes.iter().map(|p| p.pid))
             .collect();
-        if !early {
+        if early {
+            // /proc was read before NVML (it was loading): a process that opened its GPU in between is listed
+            // without its device seen. Its fds, looked at again, say whether it holds the GPU or is a ghost.
+            self.scanner.recheck_listed(&mut self.table, &listed);
+        } else {
             // Judged by holders alone (no GPU readable), every poll must know every process.
             let depth = match self.depth() {
                 Depth::Known if gpus.iter().all(|g| g.memory.used.is_none()) => Depth::Listing,

@@ -362,6 +362,14 @@ impl ProcScanner {
         }
     }
 
+    /// The processes NVML lists looked at again after a scan that came before the listing: those not known to
+    /// hold a GPU have their fds walked (see `refresh`). What the scan was (full or not) stays as it was.
+    pub fn recheck_listed(&mut self, table: &mut ProcTable, listed: &HashSet<u32>) {
+        let full = table.full;
+        self.scan(table, Depth::Known, listed);
+        table.full = full;
+    }
+
     /// Read one process's stat into `table` (forgetting it when gone, and all that was known of an earlier
     /// process under its PID); true when its fds are to be walked this time.
     fn refresh(
@@ -431,7 +439,13 @@ impl ProcScanner {
                         || table.unreadable.contains(&pid)
                         || always.contains(&pid)
                 }
-                Depth::Known => !same || never_walked,
+                // Listed by NVML yet not known to hold a GPU: it opened one since its last walk (a rank
+                // whose context just came to be), or it is a ghost; its fds say which.
+                Depth::Known => {
+                    !same
+                        || never_walked
+                        || (always.contains(&pid) && !table.holders.contains_key(&pid))
+                }
             };
         }
         table.procs.insert(pid, p);
@@ -1284,6 +1298,52 @@ mod tests {
         assert!(!t.procs.contains_key(&103));
         s.scan(&mut t, Depth::Full, &HashSet::new());
         assert!(t.procs.contains_key(&103));
+    }
+
+    /// A process known not to hold a GPU that NVML now lists has its fds walked at once, even between
+    /// listings (a scan of the known processes): NVML lists a rank the moment its context exists, and a scan that trusted the last walk
+    /// called it a PID reused by another program (seen on an H100 as a job's ranks started).
+    #[test]
+    fn a_known_process_listed_by_nvml_is_walked_again_between_listings() {
+        use std::io::{BufRead, Write};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dev = dir.path().join("nvidia0");
+        std::fs::write(&dev, b"").expect("write");
+        let mut child = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "read _; exec 3<'{}'; echo opened; read _",
+                dev.display()
+            ))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("bash");
+        let pid = child.id();
+        let cfg = ProcfsConfig {
+            device_globs: vec![format!("{}/nvidia*", dir.path().display())],
+            ..Default::default()
+        };
+        let mut s = ProcScanner::new(cfg).expect("scanner");
+        let mut t = ProcTable::default();
+        s.scan(&mut t, Depth::Full, &HashSet::new());
+        assert!(t.procs.contains_key(&pid) && !t.holders.contains_key(&pid));
+        // It opens the device; NVML lists it.
+        let mut stdin = child.stdin.take().expect("stdin");
+        writeln!(stdin).expect("go");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("opened");
+        assert_eq!(line.trim(), "opened");
+        // Looked at again after the listing that named it (a first reading scans /proc before NVML is
+        // read): the full scan stays full.
+        s.recheck_listed(&mut t, &HashSet::from([pid]));
+        let (held, full) = (t.holders.contains_key(&pid), t.full);
+        drop(stdin);
+        let _ = child.wait();
+        assert!(held, "the listed process's device was not seen");
+        assert!(full, "the scan before was full");
     }
 
     #[test]
