@@ -93,19 +93,17 @@ impl Demo {
     fn feed(&mut self, i: usize, snap: gpusweep::core::model::HostSnapshot) -> Vec<Effect> {
         let moved = self.memory_alone.and_then(|_| {
             let last = &self.ledgers[i].last()?.snap;
-            last.same_but_memory(&snap)
-                .then(|| gpusweep::core::sse::MemoryMoved {
+            last.same_but_memory(&snap).then(|| {
+                let (used, charged) = snap.memory_numbers();
+                gpusweep::core::sse::MemoryMoved {
                     host: snap.host.clone(),
                     taken_at_ms: snap.taken_at_ms,
-                    used: snap.gpus.iter().map(|g| g.memory.used).collect(),
-                    charged: snap
-                        .gpus
-                        .iter()
-                        .map(|g| g.processes.iter().map(|p| p.used_bytes).collect())
-                        .collect(),
+                    used,
+                    charged,
                     gauges: Some(snap.gauges()),
                     moved: None,
-                })
+                }
+            })
         });
         let (j, events) = match moved.and_then(|m| self.ledgers[i].memory(m)) {
             Some(judged) => judged,

@@ -795,6 +795,18 @@ impl HostSnapshot {
         self.reads_the_same(next, false, false)
     }
 
+    /// Its memory as numbers: each GPU's used bytes, and per GPU what NVML charges each listed process (what a
+    /// `memory` event carries, and what `put_memory` puts back).
+    pub fn memory_numbers(&self) -> (Vec<Option<u64>>, Vec<Vec<Option<u64>>>) {
+        let used = self.gpus.iter().map(|g| g.memory.used).collect();
+        let charged = self
+            .gpus
+            .iter()
+            .map(|g| g.processes.iter().map(|p| p.used_bytes).collect())
+            .collect();
+        (used, charged)
+    }
+
     /// Whether these numbers have this reading's shape: one per GPU, one per listed process.
     pub fn memory_fits(&self, used: &[Option<u64>], charged: &[Vec<Option<u64>>]) -> bool {
         self.gpus.len() == used.len()

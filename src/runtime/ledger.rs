@@ -136,15 +136,12 @@ pub struct MemoryJudged {
 impl MemoryJudged {
     fn of(j: &Judged, gauges: Vec<Gauges>) -> MemoryJudged {
         let s = &j.snap;
+        let (used, charged) = s.memory_numbers();
         MemoryJudged {
             taken_at_ms: s.taken_at_ms,
             gauges,
-            used: s.gpus.iter().map(|g| g.memory.used).collect(),
-            charged: s
-                .gpus
-                .iter()
-                .map(|g| g.processes.iter().map(|p| p.used_bytes).collect())
-                .collect(),
+            used,
+            charged,
             states: s.gpus.iter().map(|g| g.state).collect(),
             findings: s.findings.clone(),
             jobs: s.jobs.clone(),

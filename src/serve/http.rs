@@ -524,16 +524,12 @@ fn reading_events(shared: &Shared, f: &mut Follow, out: &mut Vec<Frame>) {
     } else if f.memory_alone && f.content.is_some() && f.content == r.memory_from {
         f.content = Some(r.content);
         let (all, moved) = moved_gauges(f, gauges);
+        let (used, charged) = r.snap.memory_numbers();
         let m = sse::MemoryMoved {
             host: ch.label.clone(),
             taken_at_ms: r.snap.taken_at_ms,
-            used: r.snap.gpus.iter().map(|g| g.memory.used).collect(),
-            charged: r
-                .snap
-                .gpus
-                .iter()
-                .map(|g| g.processes.iter().map(|p| p.used_bytes).collect())
-                .collect(),
+            used,
+            charged,
             gauges: all,
             moved,
         };

@@ -1306,9 +1306,7 @@ mod tests {
     #[test]
     fn a_known_process_listed_by_nvml_is_walked_again_between_listings() {
         use std::io::{BufRead, Write};
-        let dir = tempfile::tempdir().expect("tempdir");
-        let dev = dir.path().join("nvidia0");
-        std::fs::write(&dev, b"").expect("write");
+        let (_dir, dev, cfg) = stand_in_device();
         let mut child = std::process::Command::new("bash")
             .arg("-c")
             .arg(format!(
@@ -1320,10 +1318,6 @@ mod tests {
             .spawn()
             .expect("bash");
         let pid = child.id();
-        let cfg = ProcfsConfig {
-            device_globs: vec![format!("{}/nvidia*", dir.path().display())],
-            ..Default::default()
-        };
         let mut s = ProcScanner::new(cfg).expect("scanner");
         let mut t = ProcTable::default();
         s.scan(&mut t, Depth::Full, &HashSet::new());
@@ -1346,16 +1340,23 @@ mod tests {
         assert!(full, "the scan before was full");
     }
 
-    #[test]
-    fn scan_finds_self_with_a_stand_in_device_open() {
+    /// A stand-in GPU device (an ordinary file) in a directory of its own, and a scanner's config that takes
+    /// it for one.
+    fn stand_in_device() -> (tempfile::TempDir, std::path::PathBuf, ProcfsConfig) {
         let dir = tempfile::tempdir().expect("tempdir");
         let dev = dir.path().join("nvidia0");
         std::fs::write(&dev, b"").expect("write");
-        let _f = std::fs::File::open(&dev).expect("open");
         let cfg = ProcfsConfig {
             device_globs: vec![format!("{}/nvidia*", dir.path().display())],
             ..Default::default()
         };
+        (dir, dev, cfg)
+    }
+
+    #[test]
+    fn scan_finds_self_with_a_stand_in_device_open() {
+        let (_dir, dev, cfg) = stand_in_device();
+        let _f = std::fs::File::open(&dev).expect("open");
         let mut s = ProcScanner::new(cfg).expect("scanner");
         let mut t = ProcTable::default();
         s.scan(&mut t, Depth::Full, &HashSet::new());
