@@ -2417,3 +2417,58 @@ fn check_speaks_node_problem_detectors_plugin_protocol() {
     assert_eq!(code, Some(2), "{line}");
     assert!(line.starts_with("unknown"), "{line}");
 }
+
+/// A gate inside a PID namespace of its own (node-problem-detector without `hostPID`) cannot see who holds
+/// the 4 GiB NVML charges to a process outside it: `check`, `wait` and the gate's answer is unknown (exit 2,
+/// said on stdout where NPD reads it), never OK. Where every GPU reads zero, the zero itself was observed.
+#[test]
+fn a_gate_blind_to_the_host_says_unknown_not_ok() {
+    let env = Env::new();
+    let dir = env.dir.path();
+    let lib = crate::support::standin_nvml(dir);
+    env.device();
+    // A host process holds GPU 0, charged 4 GiB: outside the namespace the gate runs in.
+    let holder = crate::support::Reaped(
+        Command::new("sleep")
+            .arg("300")
+            .stdin(std::fs::File::open(env.device()).expect("open"))
+            .spawn()
+            .expect("sleep"),
+    );
+    let boxed = |args: &[&str], state: &str| {
+        crate::support::set_nvml(dir, state);
+        let mut c = Command::new("unshare");
+        c.args(["--pid", "--fork", "--mount-proc", BIN])
+            .args(args)
+            .args(["--device-glob", &env.glob()])
+            .env("GPUSWEEP_AUDIT_LOG", env.audit())
+            .env("GPUSWEEP_CONFIG", dir.join("no-config.toml"))
+            .env("GPUSWEEP_SOCKET", dir.join("no-serve.sock"))
+            .env_remove("GPUSWEEP_HOSTS")
+            .env_remove("GPUSWEEP_NODE_SERVE")
+            .env("GPUSWEEP_NVML_LIBRARY", &lib)
+            .env("STANDIN_NVML_STATE", dir.join("nvml"))
+            .stdin(Stdio::null());
+        c.output().expect("unshare (util-linux) runs as root")
+    };
+    let held = format!("4096 {}:4096\n", holder.0.id());
+    let o = boxed(&["check"], &held);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        out.starts_with("unknown"),
+        "on stdout, where NPD reads: {out}"
+    );
+    assert!(
+        out.contains("PID namespace"),
+        "the blind spot is named: {out}"
+    );
+    let o = boxed(&["wait", "--timeout", "1s"], &held);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("PID namespace"), "{}", text(&o));
+    // Nothing used: the zero was read, and it is OK even from inside.
+    let o = boxed(&["check"], "0\n");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = boxed(&["wait", "--timeout", "5s"], "0\n");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}

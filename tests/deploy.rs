@@ -45,6 +45,30 @@ fn what_the_manifests_ask_of_gpusweep_is_what_it_does() {
     assert!(ds.contains("- name: metrics") && ds.contains("containerPort: 9401"));
     assert!(pm.contains("- port: metrics") && pm.contains("path: /metrics"));
     assert!(ds.contains("\"--listen\", \"0.0.0.0:9401\""));
+    // Closed by default: a token from a Secret, a NetworkPolicy, the runtime's seccomp profile; the gates
+    // reach their own node's serve through a node-local Service, never a port of the node.
+    assert!(ds.contains("\"--token-file\", \"/etc/gpusweep/token\""));
+    assert!(ds.contains("mountPath: /etc/gpusweep") && ds.contains("secretName: gpusweep-token"));
+    assert!(ds.contains("kind: NetworkPolicy") && ds.contains("gpusweep.io/client: \"true\""));
+    assert!(ds.contains("seccompProfile:") && ds.contains("type: RuntimeDefault"));
+    assert!(ds.contains("name: gpusweep-node") && ds.contains("internalTrafficPolicy: Local"));
+    assert!(!ds.contains("hostPort") && !ds.contains("hostNetwork"));
+    let gate = std::fs::read_to_string(deploy("gate-pod.yaml")).expect("gate pod");
+    assert!(
+        gate.contains("http://gpusweep-node.gpusweep.svc:9401"),
+        "{gate}"
+    );
+    assert!(
+        gate.contains("gpusweep.io/client: \"true\""),
+        "through the NetworkPolicy"
+    );
+    assert!(
+        gate.contains("secretName: gpusweep-token") && gate.contains("GPUSWEEP_HTTP_TOKEN_FILE")
+    );
+    assert!(
+        pm.contains("name: gpusweep-token"),
+        "Prometheus scrapes with the token: {pm}"
+    );
     // The plugin config is JSON node-problem-detector reads; its rule runs `gpusweep check` with a line no
     // longer than NPD keeps.
     let npd = std::fs::read_to_string(deploy("npd-gpusweep.yaml")).expect("npd");
@@ -68,7 +92,13 @@ fn what_the_manifests_ask_of_gpusweep_is_what_it_does() {
     for (cmd, opts) in [
         (
             "serve",
-            &["--listen", "--no-socket", "--readonly", "--shm-dir"][..],
+            &[
+                "--listen",
+                "--token-file",
+                "--no-socket",
+                "--readonly",
+                "--shm-dir",
+            ][..],
         ),
         ("check", &["--max-line"][..]),
         ("wait", &["--hosts", "--gpus", "--timeout"][..]),
@@ -84,8 +114,9 @@ fn what_the_manifests_ask_of_gpusweep_is_what_it_does() {
     }
 }
 
-/// The gate's command line, as `gate-pod.yaml` writes it, with the serve's port for 9401 and `timeout`.
-fn gate_script(port: &str, timeout: &str) -> String {
+/// The gate's command line, as `gate-pod.yaml` writes it, with the serve at `127.0.0.1:port` for its node's
+/// Service and `timeout`; and the path its token is mounted at.
+fn gate_script(port: &str, timeout: &str) -> (String, String) {
     let pod = std::fs::read_to_string(deploy("gate-pod.yaml")).expect("gate pod");
     let line = pod
         .lines()
@@ -94,14 +125,34 @@ fn gate_script(port: &str, timeout: &str) -> String {
         .trim()
         .trim_start_matches("- ")
         .to_string();
-    line.replace(":9401", &format!(":{port}"))
-        .replace("--timeout 10m", &format!("--timeout {timeout}"))
+    let token = pod
+        .lines()
+        .skip_while(|l| !l.contains("name: GPUSWEEP_HTTP_TOKEN_FILE"))
+        .nth(1)
+        .and_then(|l| l.trim().strip_prefix("value: "))
+        .expect("the token's path")
+        .to_string();
+    (
+        line.replace(
+            "gpusweep-node.gpusweep.svc:9401",
+            &format!("127.0.0.1:{port}"),
+        )
+        .replace("--timeout 10m", &format!("--timeout {timeout}")),
+        token,
+    )
 }
 
 #[test]
+#[allow(clippy::too_many_lines)] // one gate: clean, held, without the token
 fn the_init_container_gate_passes_on_its_clean_gpus_and_holds_on_a_held_one() {
     use std::io::BufRead;
+    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("tmp");
+    // The DaemonSet's Secret, as its volume lays it out (0400 for the serve; the gate reads its own copy).
+    let token = "3f6c0e7d9a1b2c4d5e6f708192a3b4c5";
+    let serve_token = dir.path().join("serve-token");
+    std::fs::write(&serve_token, format!("{token}\n")).expect("token");
+    std::fs::set_permissions(&serve_token, std::fs::Permissions::from_mode(0o400)).expect("chmod");
     // The node's serve: the demo's gpu-b, whose GPUs 0-5 read clean and 6-7 are held.
     let mut serve = crate::support::Reaped(
         crate::support::gpusweep(dir.path())
@@ -113,7 +164,9 @@ fn the_init_container_gate_passes_on_its_clean_gpus_and_holds_on_a_held_one() {
                 "--listen",
                 "127.0.0.1:0",
                 "--no-socket",
+                "--token-file",
             ])
+            .arg(&serve_token)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -133,6 +186,7 @@ fn the_init_container_gate_passes_on_its_clean_gpus_and_holds_on_a_held_one() {
     // The GPUs' UUIDs, as NVIDIA's device plugin puts them in NVIDIA_VISIBLE_DEVICES.
     let o = crate::support::gpusweep(dir.path())
         .args(["snapshot", "--json", "--hosts", &format!("http://{addr}")])
+        .env("GPUSWEEP_HTTP_TOKEN_FILE", &serve_token)
         .output()
         .expect("snapshot");
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
@@ -143,20 +197,34 @@ fn the_init_container_gate_passes_on_its_clean_gpus_and_holds_on_a_held_one() {
             .to_string()
     };
     let bin_dir = Path::new(BIN).parent().expect("bin dir");
-    let gate = |devices: &str, timeout: &str| {
+    // The gate's token where the pod mounts it, moved under this test's directory.
+    let gate = |devices: &str, timeout: &str, with_token: bool| {
+        let (script, path) = gate_script(&port, timeout);
+        let mounted = dir.path().join(path.trim_start_matches('/'));
+        std::fs::create_dir_all(mounted.parent().expect("dir")).expect("mkdir");
+        let _ = std::fs::remove_file(&mounted);
+        if with_token {
+            std::fs::write(&mounted, token).expect("the gate's token");
+        }
         let o = Command::new("sh")
-            .args(["-c", &gate_script(&port, timeout)])
-            .env("NODE_IP", "127.0.0.1")
+            .args(["-c", &script])
             .env("NVIDIA_VISIBLE_DEVICES", devices)
+            .env("GPUSWEEP_HTTP_TOKEN_FILE", &mounted)
             .env("PATH", format!("{}:/usr/bin:/bin", bin_dir.display()))
             .env("GPUSWEEP_CONFIG", dir.path().join("none.toml"))
             .output()
             .expect("the gate");
         (o.status.code(), text(&o))
     };
-    let (code, t) = gate(&format!("{},{}", uuid(0), uuid(1)), "10m");
+    let (code, t) = gate(&format!("{},{}", uuid(0), uuid(1)), "10m", true);
     assert_eq!(code, Some(0), "the pod's GPUs are clean: {t}");
-    let (code, t) = gate(&format!("{},{}", uuid(0), uuid(6)), "2s");
+    let (code, t) = gate(&format!("{},{}", uuid(0), uuid(6)), "2s", true);
     assert_eq!(code, Some(1), "GPU 6 is held: {t}");
     assert!(t.contains("GPU 6"), "{t}");
+    // A pod given every GPU: NVIDIA_VISIBLE_DEVICES=all, and two of them are held.
+    let (code, t) = gate("all", "2s", true);
+    assert_eq!(code, Some(1), "every GPU, 6 and 7 held: {t}");
+    // Without the token the serve answers nothing: no verdict, never a start.
+    let (code, t) = gate(&format!("{},{}", uuid(0), uuid(1)), "10m", false);
+    assert_eq!(code, Some(2), "no token, no verdict: {t}");
 }

@@ -23,6 +23,13 @@ impl Drop for Proc {
 
 /// `gpusweep serve --demo --hosts HOST` on a port of its own; returns it and its `127.0.0.1:PORT`.
 fn serve(dir: &Path, host: &str, extra: &[&str]) -> (Proc, String) {
+    serve_on(dir, host, "127.0.0.1", extra)
+}
+
+/// `gpusweep serve --demo --hosts HOST` on a port of its own at loopback address `ip`; returns it and its
+/// `IP:PORT`.
+fn serve_on(dir: &Path, host: &str, ip: &str, extra: &[&str]) -> (Proc, String) {
+    let listen = format!("{ip}:0");
     let mut c = gpusweep(dir);
     c.args([
         "serve",
@@ -30,7 +37,7 @@ fn serve(dir: &Path, host: &str, extra: &[&str]) -> (Proc, String) {
         "--hosts",
         host,
         "--listen",
-        "127.0.0.1:0",
+        &listen,
         "--interval",
         "200ms",
     ])
@@ -417,7 +424,12 @@ fn prometheus_scrapes_dcgm_names_and_gpusweep_reads_the_fleet_back() {
 
 /// A scrape target that serves `body` as its metrics, whatever it is asked.
 fn static_target(body: String) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    static_target_on("127.0.0.1", body)
+}
+
+/// A scrape target at loopback address `ip` that serves `body` as its metrics, whatever it is asked.
+fn static_target_on(ip: &str, body: String) -> String {
+    let listener = TcpListener::bind((ip, 0)).expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
@@ -564,6 +576,115 @@ fn a_scrape_target_speaks_only_for_itself_and_a_clean_that_contradicts_its_bytes
         .output()
         .expect("wait");
     assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+/// What an impostor exports for `host`: eight clean GPUs, and a serve's info so that its address would be
+/// where the host is opened live.
+fn impostor_of(host: &str) -> String {
+    let mut body = String::from("# TYPE DCGM_FI_DEV_FB_USED gauge\n");
+    for g in 0..8 {
+        body.push_str(&format!(
+            "DCGM_FI_DEV_FB_USED{{gpu=\"{g}\",Hostname=\"{host}\"}} 0\n"
+        ));
+    }
+    body.push_str("# TYPE gpusweep_gpu_clean gauge\n");
+    for g in 0..8 {
+        body.push_str(&format!(
+            "gpusweep_gpu_clean{{gpu=\"{g}\",Hostname=\"{host}\"}} 1\n"
+        ));
+    }
+    body.push_str(&format!(
+        "# TYPE gpusweep_serve_info gauge\n\
+         gpusweep_serve_info{{Hostname=\"{host}\",scheme=\"http\",api_path=\"\",version=\"1\"}} 1\n"
+    ));
+    body
+}
+
+#[test]
+#[allow(clippy::too_many_lines)] // one scenario: two hosts, each with an impostor, their own targets stopped
+fn while_a_hosts_own_target_is_silent_nothing_else_speaks_for_it() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    // Two hosts whose GPUs hold memory, each beside an impostor at 127.0.0.2: gpu-b's own address sorts
+    // before the impostor's, gpu-c's after it (the order a remembered instance could depend on).
+    let (mut own_b, b) = serve_on(tmp, "gpu-b", "127.0.0.1", &[]);
+    let (mut own_c, c) = serve_on(tmp, "gpu-c", "127.0.0.3", &[]);
+    let fake_b = static_target_on("127.0.0.2", impostor_of("gpu-b"));
+    let fake_c = static_target_on("127.0.0.2", impostor_of("gpu-c"));
+    let (_prometheus, prom) = prometheus(
+        tmp,
+        &[
+            ("gpusweep", vec![b.clone(), c.clone()]),
+            ("other", vec![fake_b.clone(), fake_c.clone()]),
+        ],
+    );
+    let http = Http::new();
+    for host in ["gpu-b", "gpu-c"] {
+        await_query(
+            &http,
+            &prom,
+            &format!(r#"count(gpusweep_gpu_clean{{Hostname="{host}"}})"#),
+            "both voices for the host",
+            |r| r.first().is_some_and(|(_, v)| is(*v, 16.0)),
+        );
+    }
+    let spec = |host: &str| format!("prom:{prom}?{{Hostname=\"{host}\"}}");
+    let wait = |host: &str| {
+        let out = gpusweep(tmp)
+            .args(["wait", "--hosts", &spec(host), "--timeout", "3s"])
+            .output()
+            .expect("wait");
+        (out.status.code(), text(&out))
+    };
+    // Both voices heard: a conflict, never clean.
+    for host in ["gpu-b", "gpu-c"] {
+        let (code, said) = wait(host);
+        assert_eq!(code, Some(2), "{host} while both answer: {said}");
+    }
+    // The hosts' own targets fall silent; the impostors still answer.
+    stop_target(&http, &prom, &mut own_b, &b);
+    stop_target(&http, &prom, &mut own_c, &c);
+    for (host, own, fake) in [("gpu-b", &b, &fake_b), ("gpu-c", &c, &fake_c)] {
+        let (code, said) = wait(host);
+        assert_eq!(
+            code,
+            Some(2),
+            "{host}'s own target is silent: nothing else speaks for it: {said}"
+        );
+        let doc = snapshot_json(tmp, &spec(host));
+        let h = &doc["hosts"][0];
+        assert_eq!(h["host"], host, "{doc}");
+        assert!(
+            h["error"]
+                .as_str()
+                .is_some_and(|e| e.contains(own.as_str())),
+            "the error names the host's own target: {doc}"
+        );
+        assert!(
+            !h["live_url"]
+                .as_str()
+                .is_some_and(|u| u.contains(fake.as_str())),
+            "the impostor's address is never where the host is opened: {doc}"
+        );
+        assert!(
+            h["gpus"]
+                .as_array()
+                .is_none_or(|g| g.iter().all(|g| g["state"] != "clean")),
+            "no GPU of a silent host reads clean: {doc}"
+        );
+    }
+    // And the whole fleet at once (no narrowing by name): the same.
+    let out = gpusweep(tmp)
+        .args([
+            "wait",
+            "--hosts",
+            &format!("prom:{prom}"),
+            "--timeout",
+            "3s",
+        ])
+        .output()
+        .expect("wait");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
 
 #[test]

@@ -698,3 +698,219 @@ fn fail_fast_lets_a_job_that_is_ending_anyway_end_on_its_own() {
     assert_eq!(status.code(), Some(0), "COMMAND's status: {t}");
     assert!(!t.contains("ending the job now"), "{t}");
 }
+
+/// The cgroup v2 mount and this test's own cgroup there.
+fn own_v2_cgroup() -> PathBuf {
+    let mount = std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("mountinfo")
+        .lines()
+        .find(|l| l.contains(" - cgroup2 "))
+        .and_then(|l| l.split_whitespace().nth(4).map(PathBuf::from))
+        .expect("a cgroup v2 mount");
+    let own = std::fs::read_to_string("/proc/self/cgroup").expect("cgroup");
+    let own = own
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .expect("v2 line")
+        .trim_start_matches('/')
+        .to_string();
+    mount.join(own)
+}
+
+/// A cgroup a user was handed, as systemd delegates one (the directory and its files are the user's), with
+/// `rel` made inside it by that user; the leaf's path.
+fn delegated_cgroup(base: &Path, rel: &str, uid: u32) -> PathBuf {
+    std::fs::create_dir_all(base).expect("a cgroup the test creates (needs root)");
+    let mut d = base.to_path_buf();
+    for part in Path::new(rel).components() {
+        d = d.join(part);
+        std::fs::create_dir_all(&d).expect("mkdir");
+        std::os::unix::fs::chown(&d, Some(uid), Some(uid)).expect("chown");
+        for f in ["cgroup.procs", "cgroup.subtree_control"] {
+            let _ = std::os::unix::fs::chown(d.join(f), Some(uid), Some(uid));
+        }
+    }
+    d
+}
+
+/// Cgroup trees a test made (or a job's leaf it started): their processes killed and the trees removed
+/// however the test ends.
+struct CgroupsGone(Vec<PathBuf>);
+
+impl Drop for CgroupsGone {
+    fn drop(&mut self) {
+        for base in &self.0 {
+            for d in walkdir(base) {
+                let _ = std::fs::write(d.join("cgroup.kill"), "1");
+            }
+            let _ = await_empty(base);
+            remove_cgroups(base);
+        }
+    }
+}
+
+/// Whether every cgroup under `base` is empty of processes within 5 s.
+fn await_empty(base: &Path) -> bool {
+    let t = std::time::Instant::now();
+    while t.elapsed() < std::time::Duration::from_secs(5) {
+        if walkdir(base).iter().all(|d| {
+            std::fs::read_to_string(d.join("cgroup.procs")).is_ok_and(|s| s.trim().is_empty())
+        }) {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    false
+}
+
+/// Remove a cgroup tree made by a test, deepest first (each must be empty of processes).
+fn remove_cgroups(base: &Path) {
+    let mut dirs: Vec<PathBuf> = walkdir(base);
+    dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+    for d in dirs {
+        let _ = std::fs::remove_dir(&d);
+    }
+}
+
+fn walkdir(d: &Path) -> Vec<PathBuf> {
+    let mut out = vec![d.to_path_buf()];
+    for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(walkdir(&e.path()));
+        }
+    }
+    out
+}
+
+/// A process of user `nobody` (65534) holding stand-in `device`, moved into cgroup `leaf`.
+fn strangers_holder(device: &Path, leaf: &Path) -> crate::support::Reaped {
+    let c = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sleep",
+            "300",
+        ])
+        .stdin(std::fs::File::open(device).expect("open"))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("setpriv (util-linux)");
+    std::fs::write(leaf.join("cgroup.procs"), c.id().to_string()).expect("move into the cgroup");
+    crate::support::Reaped(c)
+}
+
+#[test]
+#[allow(clippy::too_many_lines)] // one job, a stranger's look-alike leaf, the stranger gone
+fn a_strangers_look_alike_run_leaf_is_no_rank_of_the_job_and_its_exit_ends_nothing() {
+    let env = Env::new();
+    for i in 1..3 {
+        std::fs::write(env.path(&format!("nvidia{i}")), b"").expect("stand-in device");
+    }
+    set_nvml(env.dir.path(), "0\n0\n0\n");
+    let script =
+        "for i in 0 1; do sleep 300 <nvidia$i >/dev/null 2>&1 & echo $! >>workers; done; wait";
+    let (mut child, said) = run_on_standin(&env, &["--fail-fast=1s"], script);
+    let base = own_v2_cgroup().join(unique("gpusweep-test-user"));
+    // Declared after the run: dropped first, its processes never outlive a failing test.
+    let _gone = CgroupsGone(vec![
+        base.clone(),
+        own_v2_cgroup().join(format!("gpusweep-run-{}", child.0.id())),
+    ]);
+    let said = || said.lock().map(|s| s.clone()).unwrap_or_default();
+    let w = pids_in(&env.path("workers"), 2);
+    let reads = || {
+        std::fs::read_to_string(env.path("reads"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let nvml = |stranger: Option<u32>| {
+        let third = stranger.map_or_else(|| "0\n".to_string(), |p| format!("4096 {p}:4096\n"));
+        format!("4096 {}:4096\n4096 {}:4096\n{third}", w[0], w[1])
+    };
+    set_nvml(env.dir.path(), &nvml(None));
+    await_cond("the job loading", 20, || said().contains("loading "));
+    // A stranger (nobody, in a subtree of its own as systemd delegates one) names a cgroup after this job's
+    // supervisor and holds GPU 2 from it.
+    let leaf = delegated_cgroup(
+        &base,
+        &format!("app.slice/gpusweep-run-{}", child.0.id()),
+        65534,
+    );
+    let mut stranger = strangers_holder(&env.path("nvidia2"), &leaf);
+    set_nvml(env.dir.path(), &nvml(Some(stranger.0.id())));
+    let snap = env.snapshot();
+    let p = snap["hosts"][0]["processes"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["pid"] == stranger.0.id()))
+        .expect("the stranger is shown")
+        .clone();
+    assert_ne!(
+        p["job"]["kind"], "run",
+        "a look-alike leaf names no run job: {p}"
+    );
+    // The stranger leaves; the job's two ranks hold on. Past --fail-fast's second, it is still running.
+    let _ = stranger.0.kill();
+    let _ = stranger.0.wait();
+    set_nvml(env.dir.path(), &nvml(None));
+    let n = reads();
+    await_cond("readings past --fail-fast", 20, || reads() >= n + 30);
+    assert!(
+        child.0.try_wait().ok().flatten().is_none(),
+        "the job was ended: {}",
+        said()
+    );
+    assert!(!said().contains("lost a rank"), "{}", said());
+    // Its own ranks end; the job ends as COMMAND does.
+    for p in &w {
+        let _ = Command::new("kill")
+            .args(["-TERM", &p.to_string()])
+            .status();
+    }
+    set_nvml(env.dir.path(), "0\n0\n0\n");
+    await_cond("run to end", 30, || {
+        child.0.try_wait().ok().flatten().is_some()
+    });
+    let status = child.0.wait().expect("status");
+    assert_ne!(status.code(), Some(3), "{}", said());
+}
+
+#[test]
+fn a_users_look_alike_slurm_cgroup_names_no_slurm_job() {
+    let env = Env::new();
+    // A user's delegated subtree with Slurm's names at any depth: job 4711 is not theirs to claim.
+    let base = own_v2_cgroup().join(unique("gpusweep-test-user"));
+    let _gone = CgroupsGone(vec![base.clone()]);
+    let leaf = delegated_cgroup(
+        &base,
+        "user@65534.service/app.slice/x_slurmstepd.scope/job_4711/step_0",
+        65534,
+    );
+    let mut holder = strangers_holder(&env.path("nvidia0"), &leaf);
+    let v = env.snapshot();
+    let p = v["hosts"][0]["processes"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["pid"] == holder.0.id()))
+        .expect("the holder is shown")
+        .clone();
+    assert_ne!(p["job"]["kind"], "slurm", "{p}");
+    // `kill --job slurm:4711` finds nothing of it.
+    let glob = format!("{}/nvidia*", env.dir.path().display());
+    let o = env
+        .cmd(&[
+            "kill",
+            "--no-nvml",
+            "--device-glob",
+            &glob,
+            "--job",
+            "slurm:4711",
+            "--yes",
+        ])
+        .output()
+        .expect("kill");
+    assert!(text(&o).contains("no process of job"), "{}", text(&o));
+    assert!(alive(holder.0.id()), "{}", text(&o));
+    let _ = holder.0.kill();
+    let _ = holder.0.wait();
+}

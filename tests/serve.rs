@@ -2685,3 +2685,30 @@ fn memory_alone_travels_and_the_client_puts_it_onto_the_reading_it_has() {
         );
     });
 }
+
+#[test]
+fn a_serve_open_beyond_loopback_without_a_token_says_so() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut c = gpusweep(dir.path());
+    c.args([
+        "serve",
+        "--demo",
+        "--hosts",
+        "gpu-a",
+        "--listen",
+        "0.0.0.0:0",
+        "--no-socket",
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    let mut child = crate::support::Reaped(c.spawn().expect("serve"));
+    let mut err = BufReader::new(child.0.stderr.take().expect("stderr"));
+    let (mut banner, mut warning) = (String::new(), String::new());
+    err.read_line(&mut banner).expect("banner");
+    err.read_line(&mut warning).expect("warning");
+    assert!(banner.starts_with("gpusweep serve:"), "{banner}");
+    assert!(
+        warning.contains("warning") && warning.contains("--token-file"),
+        "{warning}"
+    );
+}

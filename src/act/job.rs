@@ -44,12 +44,7 @@ impl Containment {
 /// The cgroup v2 mount point, from `/proc/self/mountinfo` (never assumed to be /sys/fs/cgroup: hybrid hosts
 /// mount it at /sys/fs/cgroup/unified).
 pub fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
-    mountinfo.lines().find_map(|l| {
-        let (left, right) = l.split_once(" - ")?;
-        (right.split_whitespace().next()? == "cgroup2")
-            .then(|| left.split_whitespace().nth(4).map(PathBuf::from))
-            .flatten()
-    })
+    crate::core::cgroup::Mounts::parse(mountinfo).v2
 }
 
 /// Make a leaf for the job under our own cgroup, or say why not. `root` replaces the cgroup v2 mount point

@@ -10,13 +10,18 @@ use crate::core::smem::{Dtype, Tile};
 
 /// A `--gpus` list as one value (clap would take a bare `Vec` for repeated values).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GpuList(pub Vec<crate::core::parse::GpuRef>);
+pub struct GpuList(Vec<crate::core::parse::GpuRef>);
 
-impl std::ops::Deref for GpuList {
-    type Target = [crate::core::parse::GpuRef];
-    fn deref(&self) -> &Self::Target {
-        &self.0
+impl GpuList {
+    /// The GPUs named; None for `all` (every GPU of every host read, as `NVIDIA_VISIBLE_DEVICES=all` says).
+    pub fn chosen(&self) -> Option<&[crate::core::parse::GpuRef]> {
+        (!self.0.is_empty()).then_some(self.0.as_slice())
     }
+}
+
+/// `--gpus` of a command: the GPUs named, or None for every GPU (no `--gpus`, or `--gpus all`).
+pub fn chosen(g: Option<&GpuList>) -> Option<Vec<crate::core::parse::GpuRef>> {
+    g.and_then(GpuList::chosen).map(<[_]>::to_vec)
 }
 
 /// A value clap could not take, said in the operator's terms.
@@ -31,7 +36,11 @@ pub enum ValueError {
 }
 
 /// clap value parser for GPU lists: indices, ranges and UUIDs.
+/// A GPU list, or `all` (what `NVIDIA_VISIBLE_DEVICES` holds for a pod given every GPU).
 pub(crate) fn gpu_list_arg(s: &str) -> Result<GpuList, crate::core::parse::ParseError> {
+    if s.trim().eq_ignore_ascii_case("all") {
+        return Ok(GpuList(Vec::new()));
+    }
     crate::core::parse::gpu_refs_arg(s).map(GpuList)
 }
 

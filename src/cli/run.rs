@@ -74,7 +74,7 @@ pub fn visible_devices(v: &str) -> Result<Vec<String>, String> {
 /// The GPUs the job will use, as references `wait` understands: --gpus, else CUDA_VISIBLE_DEVICES, else all.
 fn chosen(a: &RunArgs, snap: &HostSnapshot) -> anyhow::Result<Option<Vec<GpuRef>>> {
     if a.gpus.is_some() {
-        return Ok(a.gpus.clone().map(|g| g.0));
+        return Ok(super::args::chosen(a.gpus.as_ref()));
     }
     let Ok(v) = std::env::var("CUDA_VISIBLE_DEVICES") else {
         return Ok(None);

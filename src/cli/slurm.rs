@@ -55,7 +55,7 @@ fn job_uid() -> Option<u32> {
 /// The job's GPUs: --gpus, else SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES; `None`: every GPU of the node.
 fn job_gpus(a: &GateArgs) -> anyhow::Result<Option<Vec<GpuRef>>> {
     if a.gpus.is_some() {
-        return Ok(a.gpus.clone().map(|g| g.0));
+        return Ok(super::args::chosen(a.gpus.as_ref()));
     }
     for var in ["SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"] {
         if let Ok(v) = std::env::var(var)
@@ -144,6 +144,11 @@ pub fn prolog(s: &Settings, a: &GateArgs) -> anyhow::Result<i32> {
     if watch.all_clean() {
         println!("gpusweep: job {job}: its GPUs are clean");
         return Ok(0);
+    }
+    // Held where this gate cannot see by whom: unknown, an error, not a drain on a guess.
+    if let Some(b) = super::wait::blind_gate(&snaps[0]) {
+        println!("gpusweep: job {job}: unknown: {b}");
+        return Ok(2);
     }
     let why = reason(&watch, &snaps[0]);
     println!("{why}");

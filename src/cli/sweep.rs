@@ -94,13 +94,9 @@ async fn start(
     if snaps.iter().all(|h| h.error.is_some()) {
         bail!("no host could be read");
     }
-    let watch = watch_for(
-        fleet,
-        &snaps,
-        a.gpus.as_deref(),
-        a.job.as_deref(),
-        tolerance,
-    )?;
+    // `--gpus all` is no `--gpus`.
+    let named_gpus = a.gpus.as_ref().and_then(super::args::GpuList::chosen);
+    let watch = watch_for(fleet, &snaps, named_gpus, a.job.as_deref(), tolerance)?;
     let mut all = Plan::default();
     for (i, snap) in snaps.iter().enumerate() {
         let id = HostId(i);
@@ -108,7 +104,8 @@ async fn start(
             continue;
         }
         // A host no signal can reach is refused by name, never swept "successfully" with nothing sent.
-        let in_scope = (a.gpus.is_none() && a.job.is_none()) || watch.per_host.contains_key(&id);
+        let in_scope =
+            (named_gpus.is_none() && a.job.is_none()) || watch.per_host.contains_key(&id);
         let read_only = fleet
             .spec(id)
             .is_some_and(crate::core::host::HostSpec::read_only);
@@ -119,7 +116,7 @@ async fn start(
                 escape(&snap.host)
             );
         }
-        let chosen = a.gpus.is_some() || a.job.is_some();
+        let chosen = named_gpus.is_some() || a.job.is_some();
         let gpus: Option<&[u32]> = match (chosen, watch.per_host.get(&id)) {
             (false, _) => None,
             (true, Some(scope)) => scope.gpus.as_deref(),

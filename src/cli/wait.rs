@@ -18,7 +18,8 @@ use crate::source::ConnStatus;
 
 #[derive(Debug, clap::Args)]
 pub struct WaitArgs {
-    /// GPUs: indices, ranges and UUIDs (0,1,4-7,GPU-...). Default: all. A GPU a host lacks is an error.
+    /// GPUs: indices, ranges and UUIDs (0,1,4-7,GPU-...), or `all` (as NVIDIA_VISIBLE_DEVICES says for a
+    /// pod given every GPU). Default: all. A GPU a host lacks is an error.
     #[arg(long, value_name = "LIST", value_parser = super::args::gpu_list_arg)]
     pub gpus: Option<super::args::GpuList>,
     /// Clean means at most this many MiB used. Default 0.
@@ -91,6 +92,28 @@ pub fn unusable(snap: &HostSnapshot, load_nvml: bool) -> Option<String> {
         ));
     }
     None
+}
+
+/// Why a gate cannot judge a host it does not see whole: a GPU holds memory while the reading sees only its
+/// own PID namespace (node-problem-detector without `hostPID`), so who holds it is outside its sight. None
+/// where it sees the host, or where every GPU reads clean (that zero was read, whoever else there is).
+pub fn blind_gate(snap: &HostSnapshot) -> Option<String> {
+    if !snap.in_child_pid_namespace {
+        return None;
+    }
+    let held: Vec<String> = snap
+        .gpus
+        .iter()
+        .filter(|g| g.state != Some(crate::core::model::GpuState::Clean))
+        .map(|g| g.index.to_string())
+        .collect();
+    (!held.is_empty()).then(|| {
+        format!(
+            "{}: GPU {} hold memory, and this reading runs in a PID namespace of its own that cannot see who              holds it; run on the host (hostPID) or read the node's serve (--node-serve http://NODE:9401)",
+            escape(&snap.host),
+            held.join(",")
+        )
+    })
 }
 
 /// The watch over the hosts and GPUs chosen, seeded with their first readings.
@@ -259,19 +282,21 @@ pub fn run(s: &Settings, a: &WaitArgs) -> anyhow::Result<i32> {
         let watch = watch_for(
             &fleet,
             &snaps,
-            a.gpus.as_deref(),
+            a.gpus.as_ref().and_then(super::args::GpuList::chosen),
             a.job.as_deref(),
             tolerance,
         )?;
         if a.job.is_some() && watch.expected.is_empty() {
             return Ok(None);
         }
+        // A host it cannot see whole: not clean by the deadline is unknown, not "still held".
+        let blind: Vec<String> = snaps.iter().filter_map(blind_gate).collect();
         watch_until_clean(&mut fleet, watch, a.timeout, started)
             .await
-            .map(Some)
+            .map(|(clean, watch)| Some((clean, watch, blind)))
     });
     rt.shutdown_background();
-    let Some((clean, watch)) = res? else {
+    let Some((clean, watch, blind)) = res? else {
         println!(
             "job {}: none of its processes holds a GPU; nothing to wait for",
             escape(a.job.as_deref().unwrap_or_default())
@@ -290,7 +315,7 @@ pub fn run(s: &Settings, a: &WaitArgs) -> anyhow::Result<i32> {
         );
         Ok(0)
     } else {
-        let undecided = watch.undecided();
+        let undecided = watch.undecided() || !blind.is_empty();
         println!(
             "timed out after {}; {}:",
             fmt_ms(millis(started.elapsed())),
@@ -302,6 +327,9 @@ pub fn run(s: &Settings, a: &WaitArgs) -> anyhow::Result<i32> {
         );
         for r in watch.remaining() {
             println!("  {}", escape(&r));
+        }
+        for b in &blind {
+            println!("  unknown: {b}");
         }
         // Something could not be read: an error, never "still held".
         Ok(if undecided { 2 } else { 1 })

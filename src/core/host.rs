@@ -392,59 +392,99 @@ fn split_top(s: &str) -> Vec<String> {
 /// Most hosts one spec may expand to: a typo like `node[1-999999]` is an error, not a hang.
 pub const MAX_EXPANSION: usize = 10_000;
 
-/// Expand the first bracket range, recursively: `node[01-03]` -> node01 node02 node03 (width kept).
-pub fn expand(s: &str) -> Result<Vec<String>, SpecError> {
+/// The most bytes one spec's hosts may take once expanded: counted before a name is made, so a long spec
+/// with a range cannot make gigabytes of names before the count refuses it.
+pub const MAX_EXPANSION_BYTES: usize = 16 * 1024 * 1024;
+
+/// A spec cut at its brackets: each piece is a literal (one item) or a bracket's items.
+fn pieces(s: &str) -> Result<Vec<Vec<String>>, SpecError> {
     let range = |why: String| SpecError::Range {
         spec: s.to_string(),
         why,
     };
-    let Some(open) = s.find('[') else {
-        return Ok(vec![s.to_string()]);
-    };
-    let close = s[open..]
-        .find(']')
-        .map(|i| open + i)
-        .ok_or_else(|| SpecError::Bracket(s.to_string()))?;
-    let (pre, body, post) = (&s[..open], &s[open + 1..close], &s[close + 1..]);
-    let mut items: Vec<String> = Vec::new();
-    for part in body.split(',') {
-        let part = part.trim();
-        if let Some((a, b)) = part.split_once('-') {
-            if let (Ok(x), Ok(y)) = (a.parse::<u64>(), b.parse::<u64>()) {
-                if y < x {
-                    return Err(range(format!("range {part} runs backwards")));
-                }
-                if y - x >= MAX_EXPANSION as u64 {
-                    return Err(range(format!(
-                        "range {part} is larger than {MAX_EXPANSION} hosts"
-                    )));
-                }
-                let width = if a.starts_with('0') { a.len() } else { 0 };
-                items.extend((x..=y).map(|n| format!("{n:0width$}")));
-            } else if a.len() == 1 && b.len() == 1 && a.is_ascii() && b.is_ascii() {
-                let (x, y) = (a.as_bytes()[0], b.as_bytes()[0]);
-                if !(x.is_ascii_alphanumeric() && y.is_ascii_alphanumeric()) || y < x {
-                    return Err(range(format!("bad range {part}")));
-                }
-                items.extend((x..=y).map(|c| (c as char).to_string()));
-            } else {
-                return Err(range(format!("bad range {part} (use 01-16 or a-c)")));
-            }
-        } else if !part.is_empty() {
-            items.push(part.to_string());
-        } else {
-            return Err(range("empty item in brackets".into()));
-        }
-    }
     let mut out = Vec::new();
-    for it in items {
-        for rest in expand(post)? {
-            out.push(format!("{pre}{it}{rest}"));
-            if out.len() > MAX_EXPANSION {
+    let mut rest = s;
+    while let Some(open) = rest.find('[') {
+        let close = rest[open..]
+            .find(']')
+            .map(|i| open + i)
+            .ok_or_else(|| SpecError::Bracket(s.to_string()))?;
+        out.push(vec![rest[..open].to_string()]);
+        let mut items: Vec<String> = Vec::new();
+        for part in rest[open + 1..close].split(',') {
+            let part = part.trim();
+            if let Some((a, b)) = part.split_once('-') {
+                if let (Ok(x), Ok(y)) = (a.parse::<u64>(), b.parse::<u64>()) {
+                    if y < x {
+                        return Err(range(format!("range {part} runs backwards")));
+                    }
+                    if y - x >= MAX_EXPANSION as u64 {
+                        return Err(range(format!(
+                            "range {part} is larger than {MAX_EXPANSION} hosts"
+                        )));
+                    }
+                    let width = if a.starts_with('0') { a.len() } else { 0 };
+                    items.extend((x..=y).map(|n| format!("{n:0width$}")));
+                } else if a.len() == 1 && b.len() == 1 && a.is_ascii() && b.is_ascii() {
+                    let (x, y) = (a.as_bytes()[0], b.as_bytes()[0]);
+                    if !(x.is_ascii_alphanumeric() && y.is_ascii_alphanumeric()) || y < x {
+                        return Err(range(format!("bad range {part}")));
+                    }
+                    items.extend((x..=y).map(|c| (c as char).to_string()));
+                } else {
+                    return Err(range(format!("bad range {part} (use 01-16 or a-c)")));
+                }
+            } else if !part.is_empty() {
+                items.push(part.to_string());
+            } else {
+                return Err(range("empty item in brackets".into()));
+            }
+            if items.len() > MAX_EXPANSION {
                 return Err(range(format!("expands to more than {MAX_EXPANSION} hosts")));
             }
         }
+        out.push(items);
+        rest = &rest[close + 1..];
     }
+    out.push(vec![rest.to_string()]);
+    Ok(out)
+}
+
+/// How many hosts, and at most how many bytes of names, `pieces` make: None past the limits.
+fn size_of(pieces: &[Vec<String>]) -> Option<(usize, usize)> {
+    let mut n = 1usize;
+    let mut longest = 0usize;
+    for p in pieces {
+        n = n.checked_mul(p.len()).filter(|n| *n <= MAX_EXPANSION)?;
+        longest += p.iter().map(String::len).max().unwrap_or(0);
+    }
+    n.checked_mul(longest)
+        .filter(|b| *b <= MAX_EXPANSION_BYTES)
+        .map(|b| (n, b))
+}
+
+/// Expand every bracket range: `node[01-03]` -> node01 node02 node03 (width kept), `r[1-2]n[1-2]` -> r1n1
+/// r1n2 r2n1 r2n2. Counted before any name is made.
+pub fn expand(s: &str) -> Result<Vec<String>, SpecError> {
+    let pieces = pieces(s)?;
+    let (n, _) = size_of(&pieces).ok_or_else(|| SpecError::Range {
+        spec: crate::core::format::truncate(s, 120),
+        why: format!(
+            "expands to more than {MAX_EXPANSION} hosts or {} MiB of names",
+            MAX_EXPANSION_BYTES >> 20
+        ),
+    })?;
+    let mut out = vec![String::new()];
+    for p in &pieces {
+        let mut next = Vec::with_capacity(out.len() * p.len());
+        for head in &out {
+            for item in p {
+                next.push(format!("{head}{item}"));
+            }
+        }
+        out = next;
+    }
+    debug_assert_eq!(out.len(), n);
     Ok(out)
 }
 
@@ -653,17 +693,33 @@ fn hostfile_line(line: &str) -> String {
 /// Slurm's hostlist syntax (`gpu[01-04,07]`, `rack[1-2]-n[01-02]`, `a,b[1-3]`): every host it names, in
 /// order, duplicates dropped. Zero padding is kept from the range's first number, as Slurm does.
 pub fn expand_hostlist(list: &str) -> Result<Vec<String>, SpecError> {
-    let mut out: Vec<String> = Vec::new();
+    let too_many = || SpecError::Range {
+        spec: crate::core::format::truncate(list, 120),
+        why: format!(
+            "more than {MAX_EXPANSION} hosts or {} MiB of names",
+            MAX_EXPANSION_BYTES >> 20
+        ),
+    };
+    // Counted whole before a name is made.
+    let items: Vec<Vec<Vec<String>>> = split_top(list)
+        .iter()
+        .map(|i| pieces(i))
+        .collect::<Result<_, _>>()?;
+    let (mut n, mut bytes) = (0usize, 0usize);
+    for p in &items {
+        let (k, b) = size_of(p).ok_or_else(too_many)?;
+        n += k;
+        bytes += b;
+        if n > MAX_EXPANSION || bytes > MAX_EXPANSION_BYTES {
+            return Err(too_many());
+        }
+    }
+    let mut seen = std::collections::HashSet::with_capacity(n);
+    let mut out: Vec<String> = Vec::with_capacity(n);
     for item in split_top(list) {
         for h in expand(&item)? {
-            if !out.contains(&h) {
+            if seen.insert(h.clone()) {
                 out.push(h);
-            }
-            if out.len() > MAX_EXPANSION {
-                return Err(SpecError::Range {
-                    spec: list.to_string(),
-                    why: format!("more than {MAX_EXPANSION} hosts"),
-                });
             }
         }
     }
@@ -696,6 +752,22 @@ mod tests {
         assert!(expand("n[3-1]").is_err());
         assert!(expand("n[1-99999999]").is_err());
         assert!(expand("n[1-").is_err());
+    }
+
+    #[test]
+    fn a_hostlist_is_counted_before_a_name_is_made() {
+        // 10^6 hosts from three small ranges, and 9,999 names of 21 KB each (200 MB): both refused from
+        // their counts alone.
+        assert!(expand("a[1-100]b[1-100]c[1-100]").is_err());
+        let long = format!("n[1-9999]{}", "x".repeat(21_000));
+        assert!(expand(&long).is_err());
+        assert!(expand_hostlist(&long).is_err());
+        // Many items of a list, each under the limit, are counted together.
+        assert!(expand_hostlist("a[1-4000],b[1-4000],c[1-4000]").is_err());
+        // At the limit exactly, every host is made, duplicates dropped.
+        let v = expand_hostlist("n[1-5000],m[1-4990],n[1-10]").expect("10,000 hosts");
+        assert_eq!(v.len(), 9_990);
+        assert_eq!(v[0], "n1");
     }
 
     #[test]

@@ -456,15 +456,25 @@ pub fn from_cgroup(path: &str) -> Option<Job> {
         })
 }
 
+/// A process's most telling cgroup: its path, the job its name claims, and (in a v1 hierarchy) the
+/// controllers that name the hierarchy, where the claim's proof is to be read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placed {
+    pub path: Option<String>,
+    pub job: Option<Job>,
+    /// None: the v2 hierarchy.
+    pub controllers: Option<String>,
+}
+
 /// The most telling cgroup path of a `/proc/PID/cgroup` file and the job it names: the v2 line (`0::`) when
 /// it names a job, else a v1 line that does (Slurm on hybrid hosts keeps its jobs in v1 hierarchies), else
 /// the v2 line alone.
-pub fn from_proc_cgroup(s: &str) -> (Option<String>, Option<Job>) {
+pub fn from_proc_cgroup(s: &str) -> Placed {
     let mut unified = None;
     let mut v1 = None;
     for line in s.lines() {
         let mut f = line.splitn(3, ':');
-        let (Some(id), Some(_), Some(path)) = (f.next(), f.next(), f.next()) else {
+        let (Some(id), Some(controllers), Some(path)) = (f.next(), f.next(), f.next()) else {
             continue;
         };
         let path = path.trim();
@@ -473,18 +483,27 @@ pub fn from_proc_cgroup(s: &str) -> (Option<String>, Option<Job>) {
         } else if v1.is_none()
             && let Some(job) = from_cgroup(path)
         {
-            v1 = Some((path.to_string(), job));
+            v1 = Some(Placed {
+                path: Some(path.to_string()),
+                job: Some(job),
+                controllers: Some(controllers.to_string()),
+            });
         }
     }
     if let Some(u) = &unified
         && let Some(job) = from_cgroup(u)
     {
-        return (unified, Some(job));
+        return Placed {
+            path: unified,
+            job: Some(job),
+            controllers: None,
+        };
     }
-    match v1 {
-        Some((path, job)) => (Some(path), Some(job)),
-        None => (unified, None),
-    }
+    v1.unwrap_or(Placed {
+        path: unified,
+        job: None,
+        controllers: None,
+    })
 }
 
 #[cfg(test)]
@@ -536,8 +555,9 @@ mod tests {
                 step: Some("batch".into())
             })
         );
-        let (path, job) =
-            from_proc_cgroup("4:memory:/slurm/uid_0/job_9/step_0/task_0\n1:cpu:/\n0::/\n");
+        let placed = from_proc_cgroup("4:memory:/slurm/uid_0/job_9/step_0/task_0\n1:cpu:/\n0::/\n");
+        assert_eq!(placed.controllers.as_deref(), Some("memory"));
+        let Placed { path, job, .. } = placed;
         assert_eq!(path.as_deref(), Some("/slurm/uid_0/job_9/step_0/task_0"));
         assert!(matches!(job, Some(Job::Slurm { job: 9, .. })));
     }

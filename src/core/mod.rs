@@ -2,6 +2,7 @@
 //! requests and outcomes, parsers and formatting, shared-memory limits. No I/O beyond reading the host name.
 
 pub mod action;
+pub mod cgroup;
 pub mod escape;
 pub mod event;
 pub mod format;

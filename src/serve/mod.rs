@@ -190,6 +190,18 @@ pub fn run(s: &Settings, a: &ServeArgs) -> anyhow::Result<i32> {
     Ok(code)
 }
 
+/// A warning when HTTP leaves loopback with no token: every process list and whole command line (keys passed
+/// as flags included) is then anyone's on the network to read.
+fn open_without_token(listen: SocketAddr, token: bool) -> Option<String> {
+    (!token && !listen.ip().is_loopback()).then(|| {
+        format!(
+            "gpusweep serve: warning: {listen} is reachable beyond this host and no --token-file is set: anyone \
+             who reaches it reads every GPU process and its whole command line; set --token-file (and a firewall \
+             or NetworkPolicy)"
+        )
+    })
+}
+
 /// The first line a serve says: what it serves, where, and how.
 /// The accept queue a burst needs (a thousand clients' streams at once, a Prometheus with many targets on this
 /// serve, clients reconnecting after a blip): as long as the kernel allows. `net.core.somaxconn` caps what is
@@ -277,6 +289,12 @@ async fn serve(s: &Settings, a: &ServeArgs, plan: Plan) -> anyhow::Result<i32> {
         served.push(format!("socket {}", file.0.display()));
     }
     eprintln!("{}", banner(&labels, &served, token.is_some(), s.demo));
+    if let Some(w) = http
+        .as_ref()
+        .and_then(|_| open_without_token(listen, token.is_some()))
+    {
+        eprintln!("{w}");
+    }
     // What anyone may open is a share of the descriptors (main raised the soft limit to the hard one).
     let budget = listen::Budget::of(crate::runtime::raise_fd_limit().unwrap_or(1024));
     let router = http::router(http::Web {
@@ -316,5 +334,21 @@ async fn until_signal(hub: tokio::task::JoinHandle<()>) -> i32 {
             eprintln!("gpusweep serve: every collector stopped");
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_address_beyond_loopback_without_a_token_is_warned_of() {
+        let at = |s: &str| s.parse::<SocketAddr>().expect("addr");
+        assert!(open_without_token(at("0.0.0.0:9401"), false).is_some());
+        assert!(open_without_token(at("[::]:9401"), false).is_some());
+        assert!(open_without_token(at("10.0.0.1:9401"), false).is_some());
+        assert!(open_without_token(at("0.0.0.0:9401"), true).is_none());
+        assert!(open_without_token(at("127.0.0.1:9401"), false).is_none());
+        assert!(open_without_token(at("[::1]:9401"), false).is_none());
     }
 }

@@ -1,5 +1,6 @@
 //! This host: NVML (when a driver exists), /proc and /dev/shm, joined into one snapshot.
 
+pub mod cgroups;
 pub mod early;
 pub mod exits;
 pub mod nvml;

@@ -170,6 +170,8 @@ pub struct ProcScanner {
     clk_tck: u64,
     boot_time: Option<u64>,
     users: HashMap<u32, String>,
+    /// Where the cgroup hierarchies are: a job a cgroup's name claims is believed only from its owner there.
+    cgroups: crate::core::cgroup::Mounts,
     buf: String,
     path_buf: String,
     /// System V limits and segments, re-read on full scans only.
@@ -256,6 +258,7 @@ impl ProcScanner {
             rustix::fs::Mode::empty(),
         )
         .ok();
+        let cgroups = super::cgroups::mounts(&cfg.proc_root);
         Ok(ProcScanner {
             proc_fd,
             listed_last_pid: None,
@@ -266,6 +269,7 @@ impl ProcScanner {
             clk_tck,
             boot_time,
             users: read_passwd(Path::new("/etc/passwd")),
+            cgroups,
             buf: String::with_capacity(4096),
             path_buf: String::with_capacity(64),
             sysv: (None, None, None, Vec::new()),
@@ -582,7 +586,7 @@ impl ProcScanner {
             }
             // Read each time: a process can be moved to another cgroup (a job's supervisor moves its child).
             (p.cgroup, p.job) = fs::read_to_string(dir.join("cgroup"))
-                .map(|s| crate::core::job::from_proc_cgroup(&s))
+                .map(|s| super::cgroups::job_of(&s, &self.cgroups, &self.cfg.proc_root))
                 .unwrap_or_default();
             let cached = self
                 .cache
@@ -1096,9 +1100,11 @@ const PIDFS_MAGIC: rustix::fs::FsWord = 0x5049_4446;
 /// double-forked ones), its environment carries `SLURM_JOB_ID=<id>` and it runs as the job's user
 /// (`job_uid`, from `SLURM_JOB_UID`): anyone can put the variable in their environment, only the job's
 /// user's processes are taken by it, and with no `job_uid` none are. Reading other users' environments
-/// needs root, as an epilog has.
+/// needs root, as an epilog has. A cgroup counts only where root owns Slurm's directories for it
+/// (`cgroups::job_of`): a look-alike in a user's subtree is that user's, not the job's.
 pub fn slurm_job_pids(proc_root: &Path, job: u64, job_uid: Option<u32>) -> Vec<u32> {
     let want = format!("SLURM_JOB_ID={job}");
+    let mounts = super::cgroups::mounts(proc_root);
     let mut out = Vec::new();
     let Ok(dir) = fs::read_dir(proc_root) else {
         return out;
@@ -1115,7 +1121,7 @@ pub fn slurm_job_pids(proc_root: &Path, job: u64, job_uid: Option<u32>) -> Vec<u
         }
         let by_cgroup = fs::read_to_string(d.join("cgroup")).is_ok_and(|s| {
             matches!(
-                crate::core::job::from_proc_cgroup(&s).1,
+                super::cgroups::job_of(&s, &mounts, proc_root).1,
                 Some(crate::core::job::Job::Slurm { job: j, .. }) if j == job
             )
         });

@@ -5,7 +5,7 @@
 //! reading did not change is only marked fresh. Read-only: kills and removals are refused, saying how to act.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -192,7 +192,7 @@ impl std::fmt::Display for Target {
 }
 
 /// Why a host's series cannot be trusted: more than one scrape target reports it.
-fn conflict(name: &str, targets: &std::collections::BTreeSet<Target>) -> Option<String> {
+fn conflict(name: &str, targets: &BTreeSet<Target>) -> Option<String> {
     if targets.len() < 2 {
         return None;
     }
@@ -394,8 +394,9 @@ struct Ident {
 #[derive(Debug, Default)]
 struct Identities {
     gpus: HashMap<(String, u32), Ident>,
-    /// Per host: its scrape target, and where its serve's API answers (scheme, path) where it runs one.
-    instance: HashMap<String, String>,
+    /// Per host: every scrape target that named it within the lookback (a target that has just failed
+    /// included: its silence is the host's, never leave for another to speak).
+    voices: HashMap<String, BTreeSet<Target>>,
     /// By (host, the scrape target that said it): a target speaks only for the host it is.
     serve: HashMap<(String, String), (String, String)>,
     /// (host, scrape target) whose serve says its readings are simulated (a demo serve).
@@ -415,7 +416,7 @@ struct HostData {
     /// (kind, severity) -> count, for kinds other than the per-GPU unexplained ones.
     counts: Vec<(String, String, f64)>,
     /// Every scrape target that sent a series naming this host: more than one is a conflict.
-    targets: std::collections::BTreeSet<Target>,
+    targets: BTreeSet<Target>,
 }
 
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -702,6 +703,8 @@ struct Glance {
     taken: Vec<Option<f64>>,
     /// Its revision's series names it by `Hostname` (as a serve does): a narrowed read can ask for it.
     by_hostname: Vec<bool>,
+    /// The scrape target that sent its revision: another than the one its reading was believed from is news.
+    target: Vec<Option<Target>>,
 }
 
 /// One host's part of a glance.
@@ -709,6 +712,7 @@ struct Seen {
     revision: Option<f64>,
     taken: Option<f64>,
     by_hostname: bool,
+    target: Option<Target>,
 }
 
 async fn glance(
@@ -732,6 +736,7 @@ async fn glance(
             .iter()
             .map(|s| s.is_some_and(|s| s.label(m::L_HOSTNAME).is_some_and(|h| !h.is_empty())))
             .collect(),
+        target: revision.iter().map(|s| s.map(Sample::target)).collect(),
         taken: sole_per_host(&taken, names)
             .iter()
             .map(|s| s.and_then(Sample::value))
@@ -793,11 +798,11 @@ fn only_hosts<'a>(names: impl Iterator<Item = Option<&'a str>>) -> Option<String
 fn identity_queries(p: &PromServer) -> [String; 4] {
     [
         format!(
-            "max by (Hostname, hostname, instance, gpu, UUID, modelName, pci_bus_id, device) (last_over_time({}[{LOOKBACK}]))",
+            "max by (Hostname, hostname, job, instance, gpu, UUID, modelName, pci_bus_id, device) (last_over_time({}[{LOOKBACK}]))",
             p.sel(m::FB_USED)
         ),
         format!(
-            "max by (Hostname, hostname, instance, scheme, api_path, simulated) (last_over_time({}[{LOOKBACK}]))",
+            "max by (Hostname, hostname, job, instance, scheme, api_path, simulated) (last_over_time({}[{LOOKBACK}]))",
             p.sel(m::SERVE_INFO)
         ),
         format!(
@@ -842,9 +847,10 @@ impl Identities {
             let (Some(host), Some(gpu)) = (x.host(), x.gpu()) else {
                 continue;
             };
-            if let Some(i) = x.label("instance") {
-                self.instance.insert(host.to_string(), i.to_string());
-            }
+            self.voices
+                .entry(host.to_string())
+                .or_default()
+                .insert(x.target());
             let nonempty = |k: &str| x.label(k).filter(|v| !v.is_empty()).map(str::to_string);
             self.gpus.insert(
                 (host.to_string(), gpu),
@@ -882,9 +888,10 @@ impl Identities {
     fn serves_from(&mut self, samples: &[Sample]) {
         for x in samples {
             let Some(host) = x.host() else { continue };
-            if let Some(i) = x.label("instance") {
-                self.instance.insert(host.to_string(), i.to_string());
-            }
+            self.voices
+                .entry(host.to_string())
+                .or_default()
+                .insert(x.target());
             let scheme = match x.label("scheme") {
                 Some("https") => "https",
                 _ => "http",
@@ -1097,6 +1104,9 @@ struct Poller {
     whole_next: bool,
     /// Whether each host's serve names it by `Hostname`, as last seen: one gone silent can still be asked for.
     by_hostname: Vec<bool>,
+    /// Every scrape target heard naming each host while this client ran: a voice once heard is the host's
+    /// (or a conflict) for good, whatever Prometheus's lookback has forgotten.
+    voices: Vec<BTreeSet<Target>>,
     down: Vec<Option<String>>,
     asked: Vec<Duration>,
     interval: Duration,
@@ -1157,23 +1167,11 @@ impl Poller {
                     revision: get(&g.revision),
                     taken: get(&g.taken),
                     by_hostname: at.and_then(|at| g.by_hostname.get(at).copied()) == Some(true),
+                    target: at.and_then(|at| g.target.get(at).cloned().flatten()),
                 }
             })
             .collect();
-        let mut moved = Vec::with_capacity(seen.len());
-        for (i, s) in seen.iter().enumerate() {
-            if s.revision.is_some() {
-                self.by_hostname[i] = s.by_hostname;
-            }
-            moved.push(
-                self.whole_next
-                    || self.said[i].is_none()
-                    || self.down[i].is_some()
-                    || s.revision.is_none()
-                    || s.revision != self.revision[i]
-                    || s.taken.is_none(),
-            );
-        }
+        let moved = self.moved(&seen);
         let n_moved = moved.iter().filter(|m| **m).count();
         let now = crate::core::model::now_ms();
         let mut listening = self.hosts.iter().any(|h| h.detached.load(Ordering::SeqCst));
@@ -1210,6 +1208,29 @@ impl Poller {
             None => listening,
             Some(q) => self.read(Some((&q, &moved)), &seen, now).await || listening,
         }
+    }
+
+    /// Which hosts a glance says moved: read again when unread, down, without a revision, at another revision,
+    /// or heard from another target than the one its reading was believed from.
+    fn moved(&mut self, seen: &[Seen]) -> Vec<bool> {
+        let mut moved = Vec::with_capacity(seen.len());
+        for (i, s) in seen.iter().enumerate() {
+            if s.revision.is_some() {
+                self.by_hostname[i] = s.by_hostname;
+            }
+            moved.push(
+                self.whole_next
+                    || self.said[i].is_none()
+                    || self.down[i].is_some()
+                    || s.revision.is_none()
+                    || s.revision != self.revision[i]
+                    || s.taken.is_none()
+                    || self.said[i]
+                        .as_ref()
+                        .is_some_and(|d| own_target(d) != s.target.as_ref()),
+            );
+        }
+        moved
     }
 
     /// Read the series of every host, or (`narrowed`) of the hosts that moved with the queries naming them,
@@ -1254,17 +1275,26 @@ impl Poller {
         now: u64,
     ) -> bool {
         let h = &self.hosts[i];
-        // Its scrape target: the instance its series named, or its own name for a target never scraped.
-        let inst = self.ids.instance.get(&h.name).unwrap_or(&h.name);
-        let target_down = up.get(inst).is_some_and(|v| *v < 1.0);
-        let why = match d {
-            _ if target_down => Some(format!(
-                "Prometheus cannot scrape it (up == 0 for {})",
-                escape(inst)
-            )),
-            None => Some("no series for it in Prometheus now".to_string()),
-            Some(d) => conflict(&h.name, &d.targets),
-        };
+        // Every target that has spoken for it: in this poll, within the lookback, or ever while this client
+        // ran. Two are a conflict whether or not both still answer; the one alone is the host's own, and its
+        // silence is the host's.
+        let voices = &mut self.voices[i];
+        voices.extend(d.iter().flat_map(|d| d.targets.iter().cloned()));
+        if let Some(v) = self.ids.voices.get(&h.name) {
+            voices.extend(v.iter().cloned());
+        }
+        let why = conflict(&h.name, voices).or_else(|| {
+            // Its own target, or its own name for a target never scraped.
+            let inst = voices.first().map_or(&h.name, |t| &t.instance);
+            match d {
+                _ if up.get(inst).is_some_and(|v| *v < 1.0) => Some(format!(
+                    "Prometheus cannot scrape it (up == 0 for {})",
+                    escape(inst)
+                )),
+                None => Some("no series for it in Prometheus now".to_string()),
+                Some(_) => None,
+            }
+        });
         if let Some(why) = why {
             if self.down[i].as_deref() == Some(why.as_str()) {
                 return true;
@@ -1310,6 +1340,7 @@ pub async fn run(
         revision: vec![None; n],
         whole_next: true,
         by_hostname: vec![false; n],
+        voices: vec![BTreeSet::new(); n],
         down: vec![None; n],
         asked: vec![interval; n],
         interval,
@@ -1454,7 +1485,7 @@ mod tests {
 
     #[test]
     fn two_targets_naming_one_host_are_a_conflict() {
-        let one: std::collections::BTreeSet<Target> = [Target {
+        let one: BTreeSet<Target> = [Target {
             job: "gpusweep".into(),
             instance: "10.0.0.2:9401".into(),
         }]
