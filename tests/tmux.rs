@@ -233,16 +233,22 @@ struct DemoServe(std::process::Child, String);
 
 impl DemoServe {
     fn start(dir: &std::path::Path) -> DemoServe {
+        let mut c = Command::new(BIN);
+        c.args([
+            "serve",
+            "--demo",
+            "--hosts",
+            "gpu-b",
+            "--listen",
+            "127.0.0.1:0",
+        ]);
+        DemoServe::spawn(c, dir)
+    }
+
+    /// `c` (a `gpusweep serve`) started; its HTTP address read from its banner.
+    fn spawn(mut c: Command, dir: &std::path::Path) -> DemoServe {
         use std::io::BufRead;
-        let mut child = Command::new(BIN)
-            .args([
-                "serve",
-                "--demo",
-                "--hosts",
-                "gpu-b",
-                "--listen",
-                "127.0.0.1:0",
-            ])
+        let mut child = c
             .env("GPUSWEEP_CONFIG", dir.join("none.toml"))
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
@@ -300,6 +306,74 @@ fn a_demo_read_through_a_serve_is_marked_demo_in_the_header_and_dialogs() {
     // A key right after Esc would read as Alt+key: q waits for the dialog to close.
     t.keys(&["Escape"]);
     t.await_gone("DEMO: simulated");
+    t.keys(&["q"]);
+    t.await_text("EXITED 0");
+}
+
+/// The mission's loop: kill, then re-watch until every GPU reads zero. `w` on a swept host whose reading has
+/// stopped changing ends with its banner (it takes the host's current reading when it starts); the same for
+/// a steady, clean host read through a serve over HTTP.
+#[test]
+fn w_on_a_steady_clean_host_ends_with_its_banner_in_the_demo_and_over_http() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let cmd = format!(
+        "GPUSWEEP_CONFIG={0}/none.toml GPUSWEEP_AUDIT_LOG={0}/a.jsonl {BIN} --demo; echo EXITED $?; sleep 30",
+        dir.path().display(),
+    );
+    let t = Tmux::start("rewatch", 160, 48, &cmd);
+    t.await_text("gpu-b [······");
+    t.keys(&["j", "Enter"]);
+    t.await_text("▶ GPUs on gpu-b");
+    t.keys(&["S"]);
+    t.await_text("Sweep");
+    t.keys(&["Tab"]);
+    t.await_text("[all of gpu-b]");
+    t.keys(&["Enter"]);
+    t.await_text("gpu-b: all 8 GPUs read zero after");
+    // Steady now. Esc dismisses the banner; w watches gpu-b again.
+    t.keys(&["Escape"]);
+    t.await_gone("Esc to dismiss");
+    t.keys(&["w"]);
+    let s = t.await_text("gpu-b: all 8 GPUs read zero after");
+    assert!(!s.contains("re-watching gpu-b"), "{s}");
+    t.keys(&["Escape"]);
+    t.await_gone("Esc to dismiss");
+    t.keys(&["q"]);
+    t.await_text("EXITED 0");
+    drop(t);
+
+    // Over HTTP: this host's serve on two stand-in GPUs that read zero.
+    let lib = crate::support::standin_nvml(dir.path());
+    crate::support::set_nvml(dir.path(), "0\n0\n");
+    for i in 0..2 {
+        std::fs::write(dir.path().join(format!("nvidia{i}")), b"").expect("stand-in device");
+    }
+    let mut c = Command::new(BIN);
+    c.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--no-socket",
+        "--device-glob",
+    ])
+    .arg(format!("{}/nvidia*", dir.path().display()))
+    .env("GPUSWEEP_NVML_LIBRARY", &lib)
+    .env("STANDIN_NVML_STATE", dir.path().join("nvml"));
+    let serve = DemoServe::spawn(c, dir.path());
+    let cmd = format!(
+        "GPUSWEEP_CONFIG={0}/none.toml {BIN} --hosts http://{1}; echo EXITED $?; sleep 30",
+        dir.path().display(),
+        serve.1
+    );
+    let t = Tmux::start("rewatch-http", 160, 48, &cmd);
+    t.await_text("2/2 clean");
+    t.keys(&["Enter"]);
+    t.await_text("▶ GPUs");
+    t.keys(&["w"]);
+    let s = t.await_text("all 2 GPUs read zero after");
+    assert!(!s.contains("no reading yet"), "{s}");
+    t.keys(&["Escape"]);
+    t.await_gone("Esc to dismiss");
     t.keys(&["q"]);
     t.await_text("EXITED 0");
 }

@@ -797,6 +797,51 @@ fn reducer_a_silent_host_is_reported_after_the_connect_timeout() {
     );
 }
 
+/// The mission's loop: swept, then `w` again on a host whose reading has stopped changing. The watch takes the
+/// host's current reading when it starts: the banner comes with the next poll (a reading that says the same),
+/// not never.
+#[test]
+fn reducer_w_on_a_swept_steady_host_ends_with_its_banner() {
+    let (mut d, _) = swept_gpu_b();
+    assert!(d.app.rewatch().is_none(), "the sweep's own watch ended");
+    let banner = d.app.view.banner.clone();
+    assert!(
+        banner.as_deref().is_some_and(|b| b.contains("zero")),
+        "{banner:?}"
+    );
+    // Steady: every reading from now on says the same.
+    d.at(32_000);
+    d.poll();
+    d.ch('w');
+    assert!(
+        d.app.rewatch().is_none(),
+        "its current reading already reads zero: the watch ends as it starts"
+    );
+    assert!(
+        d.app
+            .view
+            .banner
+            .as_deref()
+            .is_some_and(|b| b.contains("gpu-b") && b.contains("zero")),
+        "{:?}",
+        d.app.view.banner
+    );
+    // And a watch begun while a host's reading says nothing new ends at the next reading that says the same.
+    d.at(33_000);
+    d.poll();
+    while d.app.view.sel.focus != Panel::Hosts {
+        d.key(KeyCode::Esc);
+    }
+    d.ch('w');
+    assert!(
+        d.app.rewatch().is_some(),
+        "every host: gpu-a still warms up"
+    );
+    d.at(34_000);
+    d.poll();
+    assert!(d.app.rewatch().is_some(), "gpu-a still holds memory");
+}
+
 #[test]
 fn reducer_w_on_an_opened_host_watches_that_host() {
     let mut d = gpu_b();

@@ -62,9 +62,25 @@ impl App {
             self.cfg.analyze.tolerance,
             self.view.now_ms,
         );
+        let hosts: Vec<HostId> = watch.expected.iter().map(|(h, _)| *h).collect();
         self.rewatch = Some(Rewatch { watch, label });
         self.view.banner = None;
-        self.watch_fast()
+        let mut effects = self.watch_fast();
+        // Each host's current reading, whatever the readings since have said: a host whose reading stopped
+        // changing sends none that is new, and its watch would otherwise wait for ever.
+        for h in hosts {
+            let status = self.store.hosts.get(h.0).map(|x| x.status.clone());
+            match status {
+                Some(st @ (ConnStatus::Down(_) | ConnStatus::Stale { .. })) => {
+                    self.unreadable(h, &st)
+                }
+                _ => effects.extend(self.observe(h)),
+            }
+            if self.rewatch.is_none() {
+                break;
+            }
+        }
+        effects
     }
 
     /// A confirmed sweep: TERM to the plan's targets host by host, then watch the scope until clean.
