@@ -2712,3 +2712,68 @@ fn a_serve_open_beyond_loopback_without_a_token_says_so() {
         "{warning}"
     );
 }
+
+/// A host is judged once, where its history is: a client that attaches to a serve after gpu-d lost rank 3
+/// (the demo's warm-up crash at 24 s) shows the lost rank, the job's phase and the finding the serve shows,
+/// over HTTP and through the socket, not a fresh judgement with no history.
+#[test]
+fn a_client_attached_after_the_crash_shows_what_the_node_saw() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let sock = dir.path().join("serve.sock");
+    let sock_s = sock.to_str().expect("utf-8").to_string();
+    let serve = Serve::start(
+        dir.path(),
+        &["--demo", "--hosts", "gpu-d", "--socket", &sock_s],
+        &[],
+    );
+    let lost = |doc: &serde_json::Value| -> Option<(String, usize)> {
+        let h = &doc["hosts"][0];
+        let job = h["jobs"]
+            .as_array()?
+            .iter()
+            .find(|j| j["phase"] == "lost_rank")?;
+        let finding = h["findings"]
+            .as_array()?
+            .iter()
+            .any(|f| f["kind"] == "lost_rank");
+        finding.then(|| {
+            (
+                job["id"].as_str().unwrap_or("").to_string(),
+                job["lost"].as_array().map_or(0, Vec::len),
+            )
+        })
+    };
+    // The node's own view: the lost rank, once the warm-up crashed.
+    let mut node = None;
+    await_cond("gpu-d's lost rank at the serve", 60, || {
+        let r = serve.raw_get("/api/v1/snapshot");
+        let body = r.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        node = serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .as_ref()
+            .and_then(lost);
+        node.is_some()
+    });
+    let node = node.expect("the serve's lost rank");
+    assert!(node.1 > 0, "{node:?}");
+    // Clients attached now, after the crash.
+    for spec in [
+        format!(
+            "http://{}/hosts/gpu-d",
+            serve.addr.as_deref().expect("http")
+        ),
+        format!("unix:{sock_s}"),
+    ] {
+        let o = gpusweep(dir.path())
+            .args(["snapshot", "--json", "--hosts", &spec])
+            .output()
+            .expect("snapshot");
+        let doc: serde_json::Value =
+            serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{spec}: {}", text(&o)));
+        assert_eq!(
+            lost(&doc),
+            Some(node.clone()),
+            "{spec}: the serve's lost rank and phase: {doc}"
+        );
+    }
+}

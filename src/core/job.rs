@@ -298,6 +298,56 @@ pub struct JobReport {
     pub kept: bool,
 }
 
+impl JobReport {
+    /// Whether `b` says what this report says but for what NVML charges its ranks.
+    pub fn same_but_memory(&self, b: &JobReport) -> bool {
+        let JobReport {
+            id,
+            job,
+            launcher,
+            name,
+            ranks,
+            gpus,
+            bytes: _,
+            started_ms,
+            phase,
+            phase_since_ms,
+            warmup_ms,
+            settled_bytes,
+            lost,
+            kept,
+        } = self;
+        *id == b.id
+            && *job == b.job
+            && *launcher == b.launcher
+            && *name == b.name
+            && ranks.len() == b.ranks.len()
+            && ranks.iter().zip(&b.ranks).all(|(x, y)| {
+                (x.pid, &x.gpus, x.state, x.straggler) == (y.pid, &y.gpus, y.state, y.straggler)
+            })
+            && *gpus == b.gpus
+            && *started_ms == b.started_ms
+            && *phase == b.phase
+            && *phase_since_ms == b.phase_since_ms
+            && *warmup_ms == b.warmup_ms
+            && *settled_bytes == b.settled_bytes
+            && *lost == b.lost
+            && *kept == b.kept
+    }
+
+    /// Its ranks' charges (and their sum) as `charged` says them now: a reading whose memory alone moved.
+    pub fn recharge(&mut self, charged: impl Fn(u32) -> Option<u64>) {
+        let mut total: Option<u64> = None;
+        for r in &mut self.ranks {
+            r.bytes = charged(r.pid);
+            if let Some(b) = r.bytes {
+                total = Some(total.unwrap_or(0).saturating_add(b));
+            }
+        }
+        self.bytes = total;
+    }
+}
+
 /// "loading 412 GiB of 1120 GiB on 8 GPUs, 2m10s", "settled at 1120 GiB after a 4m12s warm-up".
 pub fn phase_line(snap: &super::model::HostSnapshot, j: &JobReport) -> String {
     use super::format::{fmt_bytes, fmt_gpus, fmt_span};

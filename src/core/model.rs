@@ -211,7 +211,13 @@ impl SourceKind {
     /// Whether the host's findings and GPU states come judged from elsewhere (Prometheus carries a serve's
     /// verdicts, not the processes to judge by): the client does not analyze them again.
     pub fn judged_remotely(self) -> bool {
-        self == SourceKind::Prometheus
+        // A host is judged once, where its history is: a serve's readings (over HTTP or its socket) come
+        // with its findings, GPU states and jobs (lost ranks, phases), which a client reading them afresh
+        // would not have.
+        matches!(
+            self,
+            SourceKind::Prometheus | SourceKind::Http | SourceKind::Serve
+        )
     }
     /// Whether no kill, sweep or removal can be sent through this source.
     pub fn read_only(self) -> bool {
@@ -955,6 +961,20 @@ impl HostSnapshot {
 }
 
 /// Two readings' findings say the same, their wording (which may quote an age) aside.
+impl HostSnapshot {
+    /// Whether `next`'s judgement (findings, and jobs but for their memory) is this reading's: a serve then
+    /// may send only its memory, and a client that keeps the serve's judgement loses nothing by it.
+    pub fn same_judgement_but_memory(&self, next: &HostSnapshot) -> bool {
+        same_findings(&self.findings, &next.findings)
+            && self.jobs.len() == next.jobs.len()
+            && self
+                .jobs
+                .iter()
+                .zip(&next.jobs)
+                .all(|(a, b)| a.same_but_memory(b))
+    }
+}
+
 fn same_findings(a: &[Finding], b: &[Finding]) -> bool {
     a.len() == b.len()
         && a.iter().zip(b).all(|(x, y)| {

@@ -331,7 +331,7 @@ impl Ledger {
             return self.fresh(at, gauges);
         }
         // After a silence the reading goes on whole with the host back up: the ordinary way.
-        if self.resend || last.snap.source.judged_remotely() {
+        if self.resend {
             let mut snap = last.snap.clone();
             snap.put_memory(at, &moved.used, &moved.charged);
             snap.refresh(at, &gauges);
@@ -341,8 +341,15 @@ impl Ledger {
         // warm-up was a quarter of a 10,000-host client's time): its processes are the new one's, so only
         // its findings and GPU states are kept apart, to judge the new one against.
         let mut snap = std::mem::take(&mut self.last.take()?.snap);
+        // A serve's judgement stays the serve's: its findings and jobs are kept (the serve sends memory
+        // alone only when they are unchanged but for memory), its ranks' charges put in.
+        let remote = snap.source.judged_remotely();
         let before = HostSnapshot {
-            findings: std::mem::take(&mut snap.findings),
+            findings: if remote {
+                snap.findings.clone()
+            } else {
+                std::mem::take(&mut snap.findings)
+            },
             gpus: snap
                 .gpus
                 .iter()
@@ -356,6 +363,22 @@ impl Ledger {
         };
         snap.put_memory(at, &moved.used, &moved.charged);
         snap.refresh(at, &gauges);
+        if remote {
+            let charges: Vec<(u32, Option<u64>)> = snap
+                .jobs
+                .iter()
+                .flat_map(|j| j.ranks.iter().map(|r| (r.pid, snap.charged(r.pid))))
+                .collect();
+            let of = |pid: u32| {
+                charges
+                    .iter()
+                    .find(|(p, _)| *p == pid)
+                    .and_then(|(_, b)| *b)
+            };
+            for j in &mut snap.jobs {
+                j.recharge(of);
+            }
+        }
         let snap = analyzed(snap, &self.opts);
         let (snap, changes) = self.with_jobs(snap, at);
         let (judged, events) = self.judge_against(snap, changes, Some(&before));
@@ -400,7 +423,7 @@ impl Ledger {
 
     /// The reading's jobs, seen by the book: reports and findings put in, and what changed.
     fn with_jobs(&mut self, mut snap: HostSnapshot, at: u64) -> (HostSnapshot, Vec<JobChange>) {
-        // A host read from Prometheus carries no processes: its jobs are its own gpusweep's to tell.
+        // A host read from Prometheus or a serve: its jobs are its own gpusweep's to tell, with their history.
         if snap.source.judged_remotely() {
             return (snap, Vec::new());
         }

@@ -528,7 +528,11 @@ impl Hub {
                         w.latest
                             .borrow()
                             .as_ref()
-                            .filter(|p| p.content != r.content && p.snap.same_but_memory(&r.snap))
+                            .filter(|p| {
+                                p.content != r.content
+                                    && p.snap.same_but_memory(&r.snap)
+                                    && p.snap.same_judgement_but_memory(&r.snap)
+                            })
                             .map(|p| p.content)
                     });
                 }
