@@ -72,7 +72,7 @@ impl App {
             let status = self.store.hosts.get(h.0).map(|x| x.status.clone());
             match status {
                 Some(st @ (ConnStatus::Down(_) | ConnStatus::Stale { .. })) => {
-                    self.unreadable(h, &st)
+                    self.unreadable(h, &st);
                 }
                 _ => effects.extend(self.observe(h)),
             }
