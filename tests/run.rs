@@ -914,3 +914,78 @@ fn a_users_look_alike_slurm_cgroup_names_no_slurm_job() {
     let _ = holder.0.kill();
     let _ = holder.0.wait();
 }
+
+/// A job gpusweep itself ends is no crash: `sweep --job` over a launcher's ranks, two of which shrug off TERM
+/// until the grace runs out, writes no `rank_lost` (the readings between the signal and the KILL see some
+/// ranks gone while others hold their GPUs, which is what a crash looks like from the outside).
+#[test]
+fn a_job_swept_by_gpusweep_loses_no_rank() {
+    let env = Env::new();
+    for i in 1..4 {
+        std::fs::write(env.path(&format!("nvidia{i}")), b"").expect("stand-in device");
+    }
+    let script = "sleep 300 <nvidia0 & sleep 301 <nvidia1 & \
+                  sh -c \"trap '' TERM; sleep 302\" <nvidia2 & sh -c \"trap '' TERM; sleep 303\" <nvidia3 & \
+                  echo $$ >launcher; wait";
+    let launcher = crate::support::Reaped(
+        Command::new("sh")
+            .args(["-c", script])
+            .current_dir(env.dir.path())
+            .spawn()
+            .expect("sh"),
+    );
+    let pid = pids_in(&env.path("launcher"), 1)[0];
+    assert_eq!(pid, launcher.0.id());
+    let glob = format!("{}/nvidia*", env.dir.path().display());
+    // The job its ranks (the launcher's children) are in, as gpusweep names it.
+    let mut job = String::new();
+    await_cond("the job's ranks", 20, || {
+        let v = env.snapshot();
+        let h = &v["hosts"][0];
+        let kids: Vec<u64> = h["processes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["ppid"] == pid)
+            .filter_map(|p| p["pid"].as_u64())
+            .collect();
+        let found = h["jobs"].as_array().into_iter().flatten().find(|j| {
+            j["ranks"].as_array().is_some_and(|r| {
+                r.iter()
+                    .filter(|r| r["pid"].as_u64().is_some_and(|p| kids.contains(&p)))
+                    .count()
+                    >= 4
+            })
+        });
+        job = found
+            .and_then(|j| j["id"].as_str())
+            .unwrap_or("")
+            .to_string();
+        !job.is_empty()
+    });
+    let events = env.path("events.jsonl");
+    let o = env
+        .cmd(&[
+            "sweep",
+            "--no-nvml",
+            "--device-glob",
+            &glob,
+            "--job",
+            &job,
+            "--yes",
+            "--grace",
+            "2s",
+            "--interval",
+            "100ms",
+            "--events",
+            events.to_str().expect("utf-8"),
+        ])
+        .output()
+        .expect("sweep");
+    let log = std::fs::read_to_string(&events).unwrap_or_default();
+    assert!(log.contains("signal_sent"), "{}\n{log}", text(&o));
+    assert!(
+        !log.contains("\"rank_lost\"") && !log.contains("\"lost_rank\""),
+        "ended by gpusweep, not lost: {log}"
+    );
+}

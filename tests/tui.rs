@@ -1190,6 +1190,58 @@ fn screen_jobs_view_names_the_lost_rank_and_sweeps_the_job_alone() {
     );
 }
 
+/// A job gpusweep itself ends is no crash: sweeping gpu-a's healthy warm-up from the jobs view writes no
+/// `rank_lost` and leaves no `lost_rank` phase or finding.
+#[test]
+fn reducer_a_job_swept_by_gpusweep_loses_no_rank() {
+    let mut d = Demo::new(30);
+    d.ch('J');
+    let at = d
+        .app
+        .job_rows()
+        .iter()
+        .position(|r| r.id == "sglang-ep8.service")
+        .expect("gpu-a's job");
+    while d.app.jobs_sel() != Some(at) {
+        d.key(KeyCode::Down);
+    }
+    d.ch('S');
+    assert!(matches!(d.app.dialog(), Some(Dialog::Sweep(_))));
+    let eff = d.key(KeyCode::Enter);
+    d.run_effects(&eff);
+    for ms in [31_000, 31_200, 32_000] {
+        d.at(ms);
+        d.poll();
+    }
+    let lost: Vec<String> = d
+        .app
+        .store
+        .timeline
+        .iter()
+        .filter(|e| {
+            e.host == "gpu-a"
+                && matches!(&e.what, gpusweep::core::event::EventKind::RankLost { .. })
+        })
+        .map(gpusweep::core::event::Event::describe)
+        .collect();
+    assert!(lost.is_empty(), "ended by gpusweep, not lost: {lost:#?}");
+    let a = d.app.store.hosts[0].snap.as_ref().expect("gpu-a");
+    assert!(
+        !a.findings
+            .iter()
+            .any(|f| f.kind == gpusweep::core::model::FindingKind::LostRank),
+        "{:?}",
+        a.findings
+    );
+    assert!(
+        !a.jobs
+            .iter()
+            .any(|j| j.phase == gpusweep::core::job::Phase::LostRank),
+        "{:?}",
+        a.jobs
+    );
+}
+
 #[test]
 fn the_hosts_are_filtered_by_name_and_by_state_and_moves_stay_among_them() {
     let mut d = Demo::new(30);

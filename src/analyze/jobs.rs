@@ -268,7 +268,13 @@ pub struct JobBook {
     observed_at: u64,
     /// The first clock to run out after it (worked out once per reading seen, asked at every one).
     next_clock: Option<u64>,
+    /// Processes gpusweep itself signalled (pid -> start time, when): a rank of them that leaves was ended,
+    /// not lost.
+    signalled: HashMap<u32, (u64, u64)>,
 }
+
+/// How long a signal gpusweep sent explains a rank's exit (a sweep's grace, and more).
+const SIGNALLED_FOR_MS: u64 = 10 * 60 * 1000;
 
 /// The book's answer for one reading.
 #[derive(Debug, Default)]
@@ -298,6 +304,7 @@ impl JobBook {
             tracks: HashMap::new(),
             observed_at: 0,
             next_clock: None,
+            signalled: HashMap::new(),
         }
     }
 
@@ -363,6 +370,15 @@ impl JobBook {
         out.findings = findings.out;
         self.next_clock = self.first_clock();
         out
+    }
+
+    /// gpusweep signalled these processes (pid, start time) at `at`: their exits are its doing.
+    pub fn signalled(&mut self, targets: impl Iterator<Item = (u32, u64)>, at: u64) {
+        self.signalled
+            .retain(|_, (_, t)| at.saturating_sub(*t) < SIGNALLED_FOR_MS);
+        for (pid, start) in targets {
+            self.signalled.insert(pid, (start, at));
+        }
     }
 
     #[allow(clippy::too_many_lines)] // one job's whole reading: lost ranks, phase, stragglers, report
@@ -468,6 +484,11 @@ impl JobBook {
             }
         }
         newly_lost.retain(|l| !t.lost_pids.contains(&l.pid));
+        // A rank gpusweep signalled was ended, not lost (a sweep of a healthy job is no crash).
+        newly_lost.retain(|l| {
+            let seen = t.ranks.get(&l.pid).map(|s| s.start_time);
+            self.signalled.get(&l.pid).map(|(start, _)| *start) != seen
+        });
         let left_bytes = sum_known(alive.iter().map(|m| m.bytes));
         // The others still hold GPU memory (or, where it is unread, their GPUs).
         let others_hold = match left_bytes {

@@ -594,6 +594,8 @@ impl Ledger {
             return Vec::new();
         };
         let pids: Vec<u32> = r.targets.iter().map(|t| t.pid).collect();
+        self.jobs
+            .signalled(r.targets.iter().map(|t| (t.pid, t.start_time)), now_ms);
         let gpus = self
             .last
             .as_ref()
