@@ -2471,4 +2471,52 @@ fn a_gate_blind_to_the_host_says_unknown_not_ok() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let o = boxed(&["wait", "--timeout", "5s"], "0\n");
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // Judging by holders alone (`--no-nvml`), a gate that cannot see every process's descriptors cannot
+    // observe that nobody holds a GPU: from inside the namespace, or as a user who cannot read root's fds.
+    for args in [
+        &["wait", "--no-nvml", "--timeout", "2s"][..],
+        &["check", "--no-nvml"],
+    ] {
+        let o = boxed(args, "0\n");
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains("holders alone"), "{}", text(&o));
+    }
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN])
+        .args(["wait", "--no-nvml", "--gpus", "0", "--timeout", "2s"])
+        .args(["--device-glob", &env.glob()])
+        .env("GPUSWEEP_AUDIT_LOG", dir.join("nobody-audit.jsonl"))
+        .env("GPUSWEEP_CONFIG", dir.join("no-config.toml"))
+        .env("GPUSWEEP_SOCKET", dir.join("no-serve.sock"))
+        .env_remove("GPUSWEEP_HOSTS")
+        .output()
+        .expect("setpriv (util-linux)");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("holders alone") && text(&o).contains("descriptors could not be read"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// Hosts are counted before any is dialled: two lists within the limit each but past it together, and a
+/// hostfile past 16 MiB, are refused at once (exit 2), nothing read.
+#[test]
+fn too_many_hosts_in_all_or_too_large_a_hostfile_is_refused() {
+    let env = Env::new();
+    let o = env.run(&[
+        "snapshot",
+        "--hosts",
+        "gpu-a[0001-6000]",
+        "--hosts",
+        "gpu-b[0001-6000]",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("in all"), "{}", text(&o));
+    let big = env.dir.path().join("hosts.txt");
+    let line = format!("{}\n", "n".repeat(1023));
+    std::fs::write(&big, line.repeat(17 * 1024)).expect("hostfile");
+    let o = env.run(&["snapshot", "--hostfile", big.to_str().expect("utf-8")]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("larger than 16 MiB"), "{}", text(&o));
 }

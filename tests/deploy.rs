@@ -50,6 +50,8 @@ fn what_the_manifests_ask_of_gpusweep_is_what_it_does() {
     assert!(ds.contains("\"--token-file\", \"/etc/gpusweep/token\""));
     assert!(ds.contains("mountPath: /etc/gpusweep") && ds.contains("secretName: gpusweep-token"));
     assert!(ds.contains("kind: NetworkPolicy") && ds.contains("gpusweep.io/client: \"true\""));
+    // A pod's label is its author's: the gates' namespaces are an administrator's to name.
+    assert!(ds.contains("gpusweep.io/gates: \"true\"") && !ds.contains("namespaceSelector: {}"));
     assert!(ds.contains("seccompProfile:") && ds.contains("type: RuntimeDefault"));
     assert!(ds.contains("name: gpusweep-node") && ds.contains("internalTrafficPolicy: Local"));
     assert!(!ds.contains("hostPort") && !ds.contains("hostNetwork"));

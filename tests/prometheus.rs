@@ -446,10 +446,9 @@ fn static_target_on(ip: &str, body: String) -> String {
     addr
 }
 
-/// Start Prometheus scraping `jobs` (name, targets) every second; its base URL. A job whose name starts with
-/// `honor` keeps its targets' own `instance` labels (`honor_labels: true`), as some fleets configure it.
-fn prometheus(tmp: &Path, jobs: &[(&str, Vec<String>)]) -> (Proc, String) {
-    let port = free_port();
+/// Prometheus's configuration: `jobs` (name, targets) scraped every second; a job whose name starts with
+/// `honor` keeps its targets' own `job` and `instance` labels (`honor_labels: true`).
+fn write_config(tmp: &Path, jobs: &[(&str, Vec<String>)]) {
     let mut cfg =
         String::from("global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\nscrape_configs:\n");
     for (name, targets) in jobs {
@@ -465,6 +464,19 @@ fn prometheus(tmp: &Path, jobs: &[(&str, Vec<String>)]) -> (Proc, String) {
         ));
     }
     std::fs::write(tmp.join("prometheus.yml"), cfg).expect("config");
+}
+
+/// Make Prometheus read its configuration again (SIGHUP).
+fn reload(p: &Proc) {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(p.0.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).expect("SIGHUP");
+}
+
+/// Start Prometheus scraping `jobs` (name, targets) every second; its base URL. A job whose name starts with
+/// `honor` keeps its targets' own `instance` labels (`honor_labels: true`), as some fleets configure it.
+fn prometheus(tmp: &Path, jobs: &[(&str, Vec<String>)]) -> (Proc, String) {
+    let port = free_port();
+    write_config(tmp, jobs);
     let p = Proc(
         Command::new("prometheus")
             .arg(format!(
@@ -687,6 +699,102 @@ fn while_a_hosts_own_target_is_silent_nothing_else_speaks_for_it() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
 
+/// The same with what the lookback forgets and what `honor_labels` lets a target say. gpu-b's own target
+/// has been down longer than the lookback (3 s here, 10 minutes by default): Prometheus still scrapes it, so
+/// it is still gpu-b's, and an impostor answering alone is a conflict, never a clean. gpu-c's own target is
+/// removed from Prometheus's configuration while a forger in an `honor_labels` job goes on exporting series
+/// under that target's `job` and `instance`: Prometheus scrapes no such target (no `up`), so they are no
+/// one's word.
+#[test]
+#[allow(clippy::too_many_lines)] // one Prometheus: a long silence, then a reload
+fn a_silence_past_the_lookback_and_a_forged_target_are_never_a_voice() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let (mut own_b, b) = serve_on(tmp, "gpu-b", "127.0.0.1", &[]);
+    let fake_b = static_target_on("127.0.0.2", impostor_of("gpu-b"));
+    let (_own_c, c) = serve_on(tmp, "gpu-c", "127.0.0.3", &[]);
+    // The forger: gpu-c's series, clean, labelled as gpu-c's own target.
+    let forged = impostor_of("gpu-c").replace(
+        "Hostname=\"gpu-c\"",
+        &format!("Hostname=\"gpu-c\",job=\"gpusweep\",instance=\"{c}\""),
+    );
+    let forger = static_target_on("127.0.0.2", forged);
+    let jobs = |with_c: bool| {
+        let mut own = vec![b.clone()];
+        if with_c {
+            own.push(c.clone());
+        }
+        vec![
+            ("gpusweep", own),
+            ("other", vec![fake_b.clone()]),
+            ("honoring", vec![forger.clone()]),
+        ]
+    };
+    let (prometheus, prom) = prometheus(tmp, &jobs(true));
+    let http = Http::new();
+    await_query(
+        &http,
+        &prom,
+        r#"count(gpusweep_gpu_clean{Hostname="gpu-b"})"#,
+        "both voices for gpu-b",
+        |r| r.first().is_some_and(|(_, v)| is(*v, 16.0)),
+    );
+    let wait = |host: &str| {
+        let out = gpusweep(tmp)
+            .env("GPUSWEEP_PROM_LOOKBACK", "3s")
+            .args([
+                "wait",
+                "--hosts",
+                &format!("prom:{prom}?{{Hostname=\"{host}\"}}"),
+                "--timeout",
+                "3s",
+            ])
+            .output()
+            .expect("wait");
+        (out.status.code(), text(&out))
+    };
+    // gpu-b's own target falls silent, and stays so past the lookback.
+    stop_target(&http, &prom, &mut own_b, &b);
+    await_query(
+        &http,
+        &prom,
+        &format!(r#"last_over_time(DCGM_FI_DEV_FB_USED{{instance="{b}"}}[3s])"#),
+        "gpu-b's series older than the lookback",
+        <[_]>::is_empty,
+    );
+    let (code, said) = wait("gpu-b");
+    assert_eq!(
+        code,
+        Some(2),
+        "silent past the lookback, still gpu-b's own: {said}"
+    );
+    assert!(said.contains(&b) && said.contains(&fake_b), "{said}");
+    // gpu-c's own target is taken out of Prometheus's configuration; the forger goes on.
+    write_config(tmp, &jobs(false));
+    reload(&prometheus);
+    await_query(
+        &http,
+        &prom,
+        &format!(r#"up{{instance="{c}",job="gpusweep"}}"#),
+        "gpu-c's own target no longer scraped",
+        <[_]>::is_empty,
+    );
+    await_query(
+        &http,
+        &prom,
+        r#"gpusweep_gpu_clean{Hostname="gpu-c"}"#,
+        "the forger's series",
+        |r| !r.is_empty(),
+    );
+    let (code, said) = wait("gpu-c");
+    assert_eq!(
+        code,
+        Some(2),
+        "a target Prometheus does not scrape is no one's word: {said}"
+    );
+    assert!(said.contains("does not scrape"), "{said}");
+}
+
 #[test]
 fn open_live_goes_only_to_a_scraped_target_and_never_takes_a_user_or_port_from_a_label() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -735,7 +843,13 @@ fn open_live_goes_only_to_a_scraped_target_and_never_takes_a_user_or_port_from_a
             .is_some_and(|u| u.contains("127.0.0.1:1")),
         "a label's address is not where the token goes: {f}"
     );
-    assert_eq!(f["live_url"], "ssh://forger", "its name alone: {f}");
+    // Its series name a target Prometheus does not scrape (the address it gave itself): no one's word.
+    assert!(
+        f["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("does not scrape")),
+        "{f}"
+    );
     let u = host("root@127.0.0.1:2222");
     assert!(u["live_url"].is_null(), "no user or port from a label: {u}");
     // Narrowed by a label only the data carries, the honest serve is still opened at its own target.

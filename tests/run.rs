@@ -879,23 +879,37 @@ fn a_strangers_look_alike_run_leaf_is_no_rank_of_the_job_and_its_exit_ends_nothi
 #[test]
 fn a_users_look_alike_slurm_cgroup_names_no_slurm_job() {
     let env = Env::new();
-    // A user's delegated subtree with Slurm's names at any depth: job 4711 is not theirs to claim.
+    // Slurm's names where a user chose them: in their user manager's subtree at any depth; under a service
+    // delegated to them (`Delegate=yes` with `User=`), a `job_4711` of their own above a look-alike
+    // `x_slurmstepd.scope/job_4711`; and a unit name in their subtree. None is the job or unit it says.
     let base = own_v2_cgroup().join(unique("gpusweep-test-user"));
     let _gone = CgroupsGone(vec![base.clone()]);
-    let leaf = delegated_cgroup(
-        &base,
-        "user@65534.service/app.slice/x_slurmstepd.scope/job_4711/step_0",
-        65534,
-    );
-    let mut holder = strangers_holder(&env.path("nvidia0"), &leaf);
+    let cases = [
+        (
+            "user@65534.service/app.slice/x_slurmstepd.scope/job_4711/step_0",
+            "slurm",
+        ),
+        (
+            "deleg.service/job_4711/x_slurmstepd.scope/job_4711/step_0",
+            "slurm",
+        ),
+        ("user@65534.service/app.slice/vllm.service", "systemd"),
+    ];
+    let mut holders = Vec::new();
+    for (rel, _) in &cases {
+        let leaf = delegated_cgroup(&base, rel, 65534);
+        holders.push(strangers_holder(&env.path("nvidia0"), &leaf));
+    }
     let v = env.snapshot();
-    let p = v["hosts"][0]["processes"]
-        .as_array()
-        .and_then(|ps| ps.iter().find(|p| p["pid"] == holder.0.id()))
-        .expect("the holder is shown")
-        .clone();
-    assert_ne!(p["job"]["kind"], "slurm", "{p}");
-    // `kill --job slurm:4711` finds nothing of it.
+    for (h, (rel, kind)) in holders.iter().zip(&cases) {
+        let p = v["hosts"][0]["processes"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["pid"] == h.0.id()))
+            .expect("the holder is shown")
+            .clone();
+        assert_ne!(p["job"]["kind"], *kind, "{rel}: {p}");
+    }
+    // `kill --job slurm:4711` finds nothing of them.
     let glob = format!("{}/nvidia*", env.dir.path().display());
     let o = env
         .cmd(&[
@@ -910,9 +924,11 @@ fn a_users_look_alike_slurm_cgroup_names_no_slurm_job() {
         .output()
         .expect("kill");
     assert!(text(&o).contains("no process of job"), "{}", text(&o));
-    assert!(alive(holder.0.id()), "{}", text(&o));
-    let _ = holder.0.kill();
-    let _ = holder.0.wait();
+    for h in &mut holders {
+        assert!(alive(h.0.id()), "{}", text(&o));
+        let _ = h.0.kill();
+        let _ = h.0.wait();
+    }
 }
 
 /// A job gpusweep itself ends is no crash: `sweep --job` over a launcher's ranks, two of which shrug off TERM

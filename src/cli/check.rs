@@ -6,7 +6,7 @@
 use std::io::Write;
 
 use super::common::{first_snapshots, runtime};
-use super::wait::{blind_gate, unusable};
+use super::wait::{blind_gate, blind_holders, unusable};
 use crate::core::format::{escape, fmt_bytes, truncate};
 use crate::core::model::{Finding, HostSnapshot, Severity};
 use crate::runtime::{Fleet, Settings};
@@ -49,7 +49,10 @@ fn problem(snap: &HostSnapshot, f: &Finding) -> String {
 
 /// A host's status and line.
 fn judge(snap: &HostSnapshot, load_nvml: bool) -> (i32, String) {
-    if let Some(e) = unusable(snap, load_nvml).or_else(|| blind_gate(snap)) {
+    if let Some(e) = unusable(snap, load_nvml)
+        .or_else(|| blind_holders(snap))
+        .or_else(|| blind_gate(snap))
+    {
         return (UNKNOWN, format!("unknown: {e}"));
     }
     let host = escape(&snap.host);

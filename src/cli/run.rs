@@ -238,6 +238,9 @@ struct PhaseWatch {
     said: Option<(crate::core::job::Phase, Instant)>,
     /// The reading last looked at.
     content: u64,
+    /// Every process seen in the job (its leaf, or the supervisor's descendants): only their loss is the
+    /// job's. A process of another job that the readings group with it (a look-alike name) is not.
+    members: std::collections::HashSet<u32>,
 }
 
 impl PhaseWatch {
@@ -263,15 +266,21 @@ impl PhaseWatch {
         }
         self.content = latest.content;
         let snap = &latest.snap;
+        self.members.extend(jobs::members(contain, self.me));
         if self.id.is_none() {
-            let members = jobs::members(contain, self.me);
             self.id = snap
                 .jobs
                 .iter()
-                .find(|j| j.ranks.iter().any(|r| members.contains(&r.pid)))
+                .find(|j| j.ranks.iter().any(|r| self.members.contains(&r.pid)))
                 .map(|j| j.id.clone());
         }
         let report = snap.jobs.iter().find(|j| Some(&j.id) == self.id.as_ref())?;
+        // Only a rank of this job lost is this job's loss.
+        let lost: Vec<&crate::core::job::LostRank> = report
+            .lost
+            .iter()
+            .filter(|l| self.members.contains(&l.pid))
+            .collect();
         let now = Instant::now();
         let due = match self.said {
             None => true,
@@ -288,7 +297,7 @@ impl PhaseWatch {
             );
             self.said = Some((report.phase, now));
         }
-        if report.phase != Phase::LostRank {
+        if report.phase != Phase::LostRank || lost.is_empty() {
             self.lost_since = None;
             return None;
         }
@@ -297,8 +306,7 @@ impl PhaseWatch {
             .fail_fast
             .is_some_and(|wait| now.duration_since(since) >= wait)
         {
-            let lost: Vec<String> = report
-                .lost
+            let lost: Vec<String> = lost
                 .iter()
                 .map(|l| {
                     format!(
@@ -529,6 +537,7 @@ pub fn supervise_job(s: &Settings, a: &RunArgs) -> anyhow::Result<i32> {
         id: None,
         said: None,
         content: 0,
+        members: std::collections::HashSet::new(),
     };
     let stop = supervise(job.child.id(), a.grace, &sigs, || {
         phases.check(&mut fleet, &job.contain)

@@ -123,7 +123,9 @@ fn start(s: &Settings) -> anyhow::Result<(tokio::runtime::Runtime, Fleet, Vec<Ho
     let mut fleet =
         rt.block_on(async { Fleet::start(&s.specs, &s.fleet.clone().without_gauges()).await })?;
     let snaps = rt.block_on(first_snapshots(&mut fleet, s.connect_timeout));
-    if let Some(e) = unusable(&snaps[0], s.fleet.load_nvml) {
+    if let Some(e) =
+        unusable(&snaps[0], s.fleet.load_nvml).or_else(|| super::wait::blind_holders(&snaps[0]))
+    {
         bail!("{e}");
     }
     Ok((rt, fleet, snaps))

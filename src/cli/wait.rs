@@ -109,11 +109,34 @@ pub fn blind_gate(snap: &HostSnapshot) -> Option<String> {
         .collect();
     (!held.is_empty()).then(|| {
         format!(
-            "{}: GPU {} hold memory, and this reading runs in a PID namespace of its own that cannot see who              holds it; run on the host (hostPID) or read the node's serve (--node-serve http://NODE:9401)",
+            "{}: GPU {} hold memory, and this reading runs in a PID namespace of its own that cannot see who holds it; run on the host (hostPID) or read the node's serve (--node-serve http://NODE:9401)",
             escape(&snap.host),
             held.join(",")
         )
     })
+}
+
+/// Why a gate judging by holders alone (no GPU memory read: `--no-nvml`) cannot judge at all: some
+/// processes' descriptors could not be read (not root), or it sees only its own PID namespace. Then no
+/// absence of holders was observed, whatever it found.
+pub fn blind_holders(snap: &HostSnapshot) -> Option<String> {
+    if !judged_by_holders_only(snap) {
+        return None;
+    }
+    let why = if snap.in_child_pid_namespace {
+        "it runs in a PID namespace of its own and cannot see the host's processes".to_string()
+    } else if snap.unreadable_processes > 0 {
+        format!(
+            "{} processes' descriptors could not be read (run as root)",
+            snap.unreadable_processes
+        )
+    } else {
+        return None;
+    };
+    Some(format!(
+        "{}: judging by GPU holders alone (no GPU memory read), {why}: who holds a GPU cannot be told",
+        escape(&snap.host)
+    ))
 }
 
 /// The watch over the hosts and GPUs chosen, seeded with their first readings.
@@ -269,7 +292,10 @@ pub fn run(s: &Settings, a: &WaitArgs) -> anyhow::Result<i32> {
         let mut fleet = Fleet::start(&s.specs, &opts).await?;
         // At least one reading of every host, whatever the timeout: a gate never passes on no reading.
         let snaps = first_snapshots(&mut fleet, s.connect_timeout).await;
-        if let Some(e) = snaps.iter().find_map(|h| unusable(h, s.fleet.load_nvml)) {
+        if let Some(e) = snaps
+            .iter()
+            .find_map(|h| unusable(h, s.fleet.load_nvml).or_else(|| blind_holders(h)))
+        {
             bail!("{e}");
         }
         for snap in snaps.iter().filter(|h| judged_by_holders_only(h)) {

@@ -95,26 +95,36 @@ pub enum Claim {
     },
 }
 
-/// What `path` must show for `job` (read from it by `job::from_cgroup`) to be believed.
-pub fn claim(job: &Job, path: &str) -> Claim {
+/// What `path` (in the v2 hierarchy, or with `v1` in a v1 one) must show for `job` (read from it by
+/// `job::from_cgroup`) to be believed.
+pub fn claim(job: &Job, path: &str, v1: bool) -> Claim {
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
     let prefix = |n: usize| format!("/{}", parts[..n].join("/"));
     // systemd hands a user's manager (`user@UID.service`) a subtree of its own: nothing under it is a
-    // scheduler's.
+    // scheduler's or a runtime's, whatever it is called.
     let delegated = |n: usize| parts[..n].iter().any(|p| p.starts_with("user@"));
     match job {
         Job::Slurm { job, .. } => {
             let name = format!("job_{job}");
-            let Some(i) = parts.iter().position(|p| *p == name) else {
+            // The very `job_<id>` the name was read from: the first in Slurm's layout.
+            let at = |i: usize| {
+                parts[i] == name
+                    && ((i >= 1 && parts[i - 1].ends_with("slurmstepd.scope"))
+                        || (i == 2
+                            && parts[1].starts_with("uid_")
+                            && (parts[0] == "slurm" || parts[0].starts_with("slurm_"))))
+            };
+            let Some(i) = (0..parts.len()).find(|&i| at(i)) else {
                 return Claim::Refused;
             };
-            if delegated(i) || i == 0 {
+            if delegated(i) {
                 return Claim::Refused;
             }
-            if parts[i - 1].ends_with("slurmstepd.scope") {
-                // v2: slurmd's scope and the job's directory are root's.
-                Claim::RootOwned(vec![prefix(i), prefix(i + 1)])
-            } else if i == 2 {
+            if !v1 && parts[i - 1].ends_with("slurmstepd.scope") {
+                // v2: every directory from the top down to the job's is root's (slurmd made them; a
+                // delegated one on the way is someone else's subtree).
+                Claim::RootOwned((1..=i + 1).map(prefix).collect())
+            } else if v1 && i == 2 {
                 // v1: `slurm[_<node>]/uid_<n>/job_<id>` at the top of a hierarchy, which only root can
                 // make.
                 Claim::RootOwned(vec![prefix(1)])
@@ -133,6 +143,8 @@ pub fn claim(job: &Job, path: &str) -> Claim {
                 None => Claim::Refused,
             }
         }
+        // A container's or unit's name inside a user's own subtree is that user's to choose.
+        _ if delegated(parts.len()) => Claim::Refused,
         _ => Claim::Free,
     }
 }
@@ -177,19 +189,48 @@ mod tests {
     fn a_slurm_name_inside_a_users_subtree_is_refused_and_slurmds_own_must_be_roots() {
         let users = "/user.slice/user-1000.slice/user@1000.service/app.slice/x_slurmstepd.scope/job_4711/step_0";
         let job = from_cgroup(users).expect("the name claims a Slurm job");
-        assert_eq!(claim(&job, users), Claim::Refused);
+        assert_eq!(claim(&job, users, false), Claim::Refused);
         let slurmd = "/system.slice/slurmstepd.scope/job_4711/step_0/user/task_0";
         let job = from_cgroup(slurmd).expect("slurm");
         assert_eq!(
-            claim(&job, slurmd),
+            claim(&job, slurmd, false),
             Claim::RootOwned(vec![
+                "/system.slice".into(),
                 "/system.slice/slurmstepd.scope".into(),
                 "/system.slice/slurmstepd.scope/job_4711".into()
             ])
         );
         let v1 = "/slurm/uid_0/job_9/step_0/task_0";
         let job = from_cgroup(v1).expect("slurm v1");
-        assert_eq!(claim(&job, v1), Claim::RootOwned(vec!["/slurm".into()]));
+        assert_eq!(
+            claim(&job, v1, true),
+            Claim::RootOwned(vec!["/slurm".into()])
+        );
+        assert_eq!(claim(&job, v1, false), Claim::Refused, "v1's layout in v2");
+        // A `job_<id>` earlier in the path is not the one the name was read from: every directory down to
+        // the one it was is proven.
+        let nested = "/system.slice/deleg.service/job_4711/x_slurmstepd.scope/job_4711/step_0";
+        let job = from_cgroup(nested).expect("the name claims a Slurm job");
+        assert_eq!(
+            claim(&job, nested, false),
+            Claim::RootOwned(
+                [
+                    "/system.slice",
+                    "/system.slice/deleg.service",
+                    "/system.slice/deleg.service/job_4711",
+                    "/system.slice/deleg.service/job_4711/x_slurmstepd.scope",
+                    "/system.slice/deleg.service/job_4711/x_slurmstepd.scope/job_4711",
+                ]
+                .map(String::from)
+                .to_vec()
+            )
+        );
+        // A unit or container named inside a user's subtree is theirs.
+        let unit = "/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service";
+        assert_eq!(
+            claim(&from_cgroup(unit).expect("unit"), unit, false),
+            Claim::Refused
+        );
     }
 
     #[test]
@@ -197,7 +238,7 @@ mod tests {
         let path = "/user.slice/user-0.slice/session-3.scope/gpusweep-run-812";
         let job = from_cgroup(path).expect("run");
         assert_eq!(
-            claim(&job, path),
+            claim(&job, path, false),
             Claim::RunLeaf {
                 supervisor: 812,
                 parent: "/user.slice/user-0.slice/session-3.scope".into(),
@@ -206,7 +247,7 @@ mod tests {
         );
         let docker = "/system.slice/docker-4f1c2b3a5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f70.scope";
         assert_eq!(
-            claim(&from_cgroup(docker).expect("docker"), docker),
+            claim(&from_cgroup(docker).expect("docker"), docker, false),
             Claim::Free
         );
     }

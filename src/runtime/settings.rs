@@ -330,10 +330,7 @@ fn specs(
 ) -> Result<(Vec<HostSpec>, bool), SettingsError> {
     let mut values = o.hosts.clone();
     if let Some(f) = &o.hostfile {
-        let text = std::fs::read_to_string(f).map_err(|e| SettingsError::Hostfile {
-            path: f.display().to_string(),
-            why: e.to_string(),
-        })?;
+        let text = read_hostfile(f)?;
         values.extend(host::parse_hostfile(&text));
     }
     if o.demo {
@@ -360,7 +357,35 @@ fn specs(
     }
     let values = expanded;
     let specs = host::parse_specs(&values, &config.groups)?;
+    // Every spec within the limit is not all of them within it.
+    if specs.len() > host::MAX_EXPANSION {
+        return Err(SettingsError::Hosts(host::SpecError::Range {
+            spec: format!("{} hosts named", specs.len()),
+            why: format!("more than {} hosts in all", host::MAX_EXPANSION),
+        }));
+    }
     Ok((specs, true))
+}
+
+/// The most a hostfile may be: 10,000 hosts of a long spec each fit well within it.
+const MAX_HOSTFILE: u64 = 16 * 1024 * 1024;
+
+/// A hostfile's text, refused past `MAX_HOSTFILE` before it is read whole.
+fn read_hostfile(f: &std::path::Path) -> Result<String, SettingsError> {
+    use std::io::Read;
+    let err = |why: String| SettingsError::Hostfile {
+        path: f.display().to_string(),
+        why,
+    };
+    let file = std::fs::File::open(f).map_err(|e| err(e.to_string()))?;
+    let mut text = String::new();
+    file.take(MAX_HOSTFILE + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| err(e.to_string()))?;
+    if text.len() as u64 > MAX_HOSTFILE {
+        return Err(err(format!("larger than {} MiB", MAX_HOSTFILE >> 20)));
+    }
+    Ok(text)
 }
 
 /// A Slurm client's answer, or why there is none.

@@ -48,7 +48,7 @@ fn proven(
             .and_then(|d| fs::metadata(d).ok())
             .map(|m| m.uid())
     };
-    match crate::core::cgroup::claim(job, path) {
+    match crate::core::cgroup::claim(job, path, controllers.is_some()) {
         Claim::Free => true,
         Claim::Refused => false,
         Claim::RootOwned(dirs) => dirs.iter().all(|d| owner(d) == Some(0)),

@@ -174,7 +174,7 @@ impl Sample<'_> {
 
 /// A scrape target: Prometheus's own `job` and `instance` labels. A host is judged only from the series of
 /// one target; two targets speaking for one host are a conflict.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Target {
     pub job: String,
     pub instance: String,
@@ -304,8 +304,9 @@ impl PromServer {
     /// out of a verdict); and every target Prometheus cannot scrape, named by its instance, that no series
     /// ever named.
     pub async fn discover(&self, http: &HttpClient) -> Result<Vec<String>, String> {
+        let lb = lookback();
         let seen = format!(
-            "max by (Hostname, hostname, instance) (last_over_time({{__name__=~\"{}|{}\"{}}}[{LOOKBACK}]))",
+            "max by (Hostname, hostname, instance) (last_over_time({{__name__=~\"{}|{}\"{}}}[{lb}]))",
             m::FB_USED,
             m::READING_TIMESTAMP,
             self.selector
@@ -347,8 +348,23 @@ impl PromServer {
     }
 }
 
-/// How far back a host counts as part of the fleet (Prometheus keeps a dead target's last samples).
-const LOOKBACK: &str = "10m";
+/// How far back a host counts as part of the fleet (Prometheus keeps a dead target's last samples): 10
+/// minutes, or `GPUSWEEP_PROM_LOOKBACK` (a Prometheus duration such as `30m`, `2h`).
+fn lookback() -> &'static str {
+    static LOOKBACK: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    LOOKBACK.get_or_init(|| {
+        std::env::var("GPUSWEEP_PROM_LOOKBACK")
+            .ok()
+            .filter(|v| {
+                let digits = v.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+                let unit = &v[digits.len()..];
+                !digits.is_empty()
+                    && digits.bytes().all(|b| b.is_ascii_digit())
+                    && matches!(unit, "ms" | "s" | "m" | "h" | "d")
+            })
+            .unwrap_or_else(|| "10m".to_string())
+    })
+}
 
 /// The largest answer a query may have: every query is aggregated per host and GPU, so 10,000 hosts of 8
 /// GPUs answer in about 25 MiB.
@@ -547,12 +563,7 @@ fn unexplained(name: &str, index: u32, g: &GpuData, findings: &mut Vec<Finding>)
 /// Where the host can be read live: its serve, at its own scrape target (an address Prometheus scrapes, as `up`
 /// says; never one a label names), else SSH to its name where that is a host name alone (a user or a port is
 /// never taken from a label). None otherwise.
-fn live_url(
-    name: &str,
-    d: &HostData,
-    ids: &Identities,
-    up: &HashMap<String, f64>,
-) -> Option<String> {
+fn live_url(name: &str, d: &HostData, ids: &Identities, up: &Up) -> Option<String> {
     let serve = own_target(d).and_then(|target| {
         let (scheme, path) = ids
             .serve
@@ -560,8 +571,10 @@ fn live_url(
         let authority =
             |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']');
         let inst = &target.instance;
-        (up.contains_key(inst) && !inst.is_empty() && inst.chars().all(authority))
-            .then(|| format!("{scheme}://{inst}{path}"))
+        (up.get(target).is_some_and(|v| *v >= 1.0)
+            && !inst.is_empty()
+            && inst.chars().all(authority))
+        .then(|| format!("{scheme}://{inst}{path}"))
     });
     serve.or_else(|| crate::core::host::is_bare_host(name).then(|| format!("ssh://{name}")))
 }
@@ -576,13 +589,7 @@ fn own_target(d: &HostData) -> Option<&Target> {
 }
 
 /// The snapshot of one host from what Prometheus holds of it.
-fn snapshot(
-    name: &str,
-    d: &HostData,
-    ids: &Identities,
-    up: &HashMap<String, f64>,
-    polled_ms: u64,
-) -> HostSnapshot {
+fn snapshot(name: &str, d: &HostData, ids: &Identities, up: &Up, polled_ms: u64) -> HostSnapshot {
     let mut gpus = Vec::new();
     let mut findings = Vec::new();
     for (&index, g) in &d.gpus {
@@ -631,6 +638,7 @@ struct Queries {
 impl Queries {
     /// Every host's series, or (`only`, a matcher on `Hostname`) those of some hosts.
     fn new(p: &PromServer, only: Option<&str>) -> Queries {
+        let lb = lookback();
         let sel = |name: &str| p.sel_only(name, only);
         let by_gpu = |name: &str| {
             format!(
@@ -664,8 +672,9 @@ impl Queries {
             // `up` of the scrape targets whose series the selector picks: Prometheus's own word on which
             // addresses it scrapes (a target's labels cannot add one), whatever labels the selector names.
             up: format!(
-                "max by (instance) (up and on (instance) group by (instance) \
-                 (last_over_time({}[{LOOKBACK}]) or last_over_time({}[{LOOKBACK}])))",
+                "max by (job, instance) (up and on (job, instance) group by (job, instance) \
+                 (last_over_time({}[{lb}]) or last_over_time({}[{lb}]))) \
+                 or max by (job, instance) (up == 0)",
                 sel(m::FB_USED),
                 sel(m::SERVE_INFO)
             ),
@@ -796,22 +805,23 @@ fn only_hosts<'a>(names: impl Iterator<Item = Option<&'a str>>) -> Option<String
 
 /// The four queries of an identity read: GPU identities, serves, usable and reserved memory.
 fn identity_queries(p: &PromServer) -> [String; 4] {
+    let lb = lookback();
     [
         format!(
-            "max by (Hostname, hostname, job, instance, gpu, UUID, modelName, pci_bus_id, device) (last_over_time({}[{LOOKBACK}]))",
+            "max by (Hostname, hostname, job, instance, gpu, UUID, modelName, pci_bus_id, device) (last_over_time({}[{lb}]))",
             p.sel(m::FB_USED)
         ),
         format!(
-            "max by (Hostname, hostname, job, instance, scheme, api_path, simulated) (last_over_time({}[{LOOKBACK}]))",
+            "max by (Hostname, hostname, job, instance, scheme, api_path, simulated) (last_over_time({}[{lb}]))",
             p.sel(m::SERVE_INFO)
         ),
         format!(
-            "max by (Hostname, hostname, gpu) (last_over_time({}[{LOOKBACK}]) + last_over_time({}[{LOOKBACK}]))",
+            "max by (Hostname, hostname, gpu) (last_over_time({}[{lb}]) + last_over_time({}[{lb}]))",
             p.sel(m::FB_FREE),
             p.sel(m::FB_USED)
         ),
         format!(
-            "max by (Hostname, hostname, gpu) (last_over_time({}[{LOOKBACK}]))",
+            "max by (Hostname, hostname, gpu) (last_over_time({}[{lb}]))",
             p.sel(m::FB_RESERVED)
         ),
     ]
@@ -837,7 +847,52 @@ async fn identities(p: &PromServer, http: &HttpClient) -> Result<Identities, Str
     ids.sizes_from(&p.samples(&usable_body)?, true);
     ids.sizes_from(&p.samples(&reserved_body)?, false);
     ids.serves_from(&p.samples(&serve_body)?);
+    down_voices(p, http, &mut ids).await?;
     Ok(ids)
+}
+
+/// How far back a target that is down now is asked which host it spoke for: past the lookback, a host
+/// whose own target has been down for an hour is still that target's (and not an impostor's to speak for).
+const DOWN_LOOKBACK: &str = "7d";
+
+/// The most down targets asked about, in matchers of at most `MAX_ONLY` bytes each.
+const MAX_DOWN_ASKED: usize = 1_000;
+
+/// Every target Prometheus scrapes that is down now, and the host its series last named within
+/// `DOWN_LOOKBACK`: a voice of that host for as long as Prometheus keeps scraping it. Few targets are down
+/// at once, so their old series are read by instance alone.
+async fn down_voices(
+    p: &PromServer,
+    http: &HttpClient,
+    ids: &mut Identities,
+) -> Result<(), String> {
+    let spent = AtomicUsize::new(0);
+    let body = p
+        .fetch(http, "max by (job, instance) (up == 0)", &spent)
+        .await?;
+    let samples = p.samples(&body)?;
+    let down: BTreeSet<&str> = samples.iter().filter_map(|s| s.label("instance")).collect();
+    let names = format!("{}|{}", m::SERVE_INFO, m::FB_USED);
+    let sel = p
+        .selector
+        .as_ref()
+        .map(|s| format!(",{s}"))
+        .unwrap_or_default();
+    for matcher in instance_matchers(down.into_iter(), MAX_DOWN_ASKED) {
+        let q = format!(
+            "max by (Hostname, hostname, job, instance) (last_over_time({{__name__=~\"{names}\",{matcher}{sel}}}[{DOWN_LOOKBACK}]))"
+        );
+        let body = p.fetch(http, &q, &spent).await?;
+        for x in p.samples(&body)? {
+            if let Some(host) = x.host() {
+                ids.voices
+                    .entry(host.to_string())
+                    .or_default()
+                    .insert(x.target());
+            }
+        }
+    }
+    Ok(())
 }
 
 impl Identities {
@@ -958,9 +1013,13 @@ impl Names {
     }
 }
 
+/// Prometheus's own `up` of each scrape target it scrapes (a target cannot forge it): those that named a
+/// fleet host in the lookback, and every target that is down.
+type Up = HashMap<Target, f64>;
+
 /// What one poll read: each host's data by its place in `Names` (None: no series for it), and `up` by
 /// scrape target.
-type Polled = (Vec<Option<HostData>>, HashMap<String, f64>);
+type Polled = (Vec<Option<HostData>>, Up);
 
 /// One poll: every query, joined into per-host data, by each name's place in `names` (hosts Prometheus
 /// knows but the fleet does not are left out).
@@ -983,7 +1042,59 @@ async fn poll(
     let answers = [
         bodies.0?, bodies.1?, bodies.2?, bodies.3?, bodies.4?, bodies.5?, bodies.6?,
     ];
-    table(server, names, &answers)
+    let (hosts, mut up) = table(server, names, &answers)?;
+    // Targets whose series came without memory or a serve's info (the `up` query's own filter): asked
+    // for by instance, so a target Prometheus scrapes is never taken for one it does not.
+    let missing: BTreeSet<&str> = hosts
+        .iter()
+        .flatten()
+        .flat_map(|d| d.targets.iter())
+        .filter(|t| !up.contains_key(*t))
+        .map(|t| t.instance.as_str())
+        .collect();
+    for m in instance_matchers(missing.into_iter(), MAX_DOWN_ASKED) {
+        let body = server
+            .fetch(http, &format!("max by (job, instance) (up{{{m}}})"), &spent)
+            .await?;
+        for s in server.samples(&body)? {
+            if let Some(v) = s.value() {
+                up.insert(s.target(), v);
+            }
+        }
+    }
+    Ok((hosts, up))
+}
+
+/// `instance=~"a|b"` matchers naming these instances, each at most `MAX_ONLY` bytes, regular-expression
+/// and PromQL escaped; at most `most` instances, and only plain ones (nothing a target said goes into a
+/// query otherwise).
+fn instance_matchers<'a>(instances: impl Iterator<Item = &'a str>, most: usize) -> Vec<String> {
+    let plain =
+        |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']');
+    let mut out = Vec::new();
+    let mut chunk = String::new();
+    for inst in instances
+        .filter(|i| !i.is_empty() && i.chars().all(plain))
+        .take(most)
+    {
+        if !chunk.is_empty() {
+            chunk.push('|');
+        }
+        for c in inst.chars() {
+            // A regular expression's metacharacter, its backslash doubled inside a PromQL string.
+            if matches!(c, '.' | '[' | ']') {
+                chunk.push_str("\\\\");
+            }
+            chunk.push(c);
+        }
+        if chunk.len() >= MAX_ONLY {
+            out.push(format!("instance=~\"{}\"", std::mem::take(&mut chunk)));
+        }
+    }
+    if !chunk.is_empty() {
+        out.push(format!("instance=~\"{chunk}\""));
+    }
+    out
 }
 
 /// The host's data in this poll's table, begun at its first sample; the sample's scrape target is noted.
@@ -1076,10 +1187,10 @@ fn table(
             g.unexplained.sort_by(|a, b| a.0.cmp(&b.0));
         }
     }
-    let up: HashMap<String, f64> = server
+    let up: Up = server
         .samples(up)?
         .iter()
-        .filter_map(|sample| Some((sample.label("instance")?.to_string(), sample.value()?)))
+        .filter_map(|sample| Some((sample.target(), sample.value()?)))
         .collect();
     Ok((hosts, up))
 }
@@ -1267,13 +1378,7 @@ impl Poller {
 
     /// One host's part of a poll: unreadable (its target down, no series, two targets), only fresh, or a
     /// reading. False once its sink stops listening.
-    fn host(
-        &mut self,
-        i: usize,
-        d: Option<&HostData>,
-        up: &HashMap<String, f64>,
-        now: u64,
-    ) -> bool {
+    fn host(&mut self, i: usize, d: Option<&HostData>, up: &Up, now: u64) -> bool {
         let h = &self.hosts[i];
         // Every target that has spoken for it: in this poll, within the lookback, or ever while this client
         // ran. Two are a conflict whether or not both still answer; the one alone is the host's own, and its
@@ -1283,18 +1388,7 @@ impl Poller {
         if let Some(v) = self.ids.voices.get(&h.name) {
             voices.extend(v.iter().cloned());
         }
-        let why = conflict(&h.name, voices).or_else(|| {
-            // Its own target, or its own name for a target never scraped.
-            let inst = voices.first().map_or(&h.name, |t| &t.instance);
-            match d {
-                _ if up.get(inst).is_some_and(|v| *v < 1.0) => Some(format!(
-                    "Prometheus cannot scrape it (up == 0 for {})",
-                    escape(inst)
-                )),
-                None => Some("no series for it in Prometheus now".to_string()),
-                Some(_) => None,
-            }
-        });
+        let why = judge_voices(&h.name, voices, d, up);
         if let Some(why) = why {
             if self.down[i].as_deref() == Some(why.as_str()) {
                 return true;
@@ -1313,6 +1407,52 @@ impl Poller {
         // Whether the snapshot says anything new is the runtime's to decide, once.
         let snap = snapshot(&h.name, d, &self.ids, up, now);
         (!was_down || h.sink.status(ConnStatus::Up)) && h.sink.reading(snap)
+    }
+}
+
+/// Why a host cannot be read from the targets that spoke for it (`voices`), this poll's data and `up`; None
+/// when its one own target, scraped and up, speaks for it alone. A target that has left Prometheus's
+/// scraping (no `up`: gone from discovery, as a restarted pod's old address) no longer speaks; series that
+/// name a target Prometheus does not scrape (a target relabelling itself with `honor_labels`) are no one's
+/// word.
+fn judge_voices(
+    name: &str,
+    voices: &BTreeSet<Target>,
+    d: Option<&HostData>,
+    up: &Up,
+) -> Option<String> {
+    if let Some(t) = d.and_then(|d| d.targets.iter().find(|t| !up.contains_key(*t))) {
+        return Some(format!(
+            "series for host {:?} name the scrape target {t}, which Prometheus does not scrape (a target \
+             that relabels itself, honor_labels?): no one's word",
+            escape(name)
+        ));
+    }
+    let live: BTreeSet<Target> = voices
+        .iter()
+        .filter(|t| up.contains_key(*t))
+        .cloned()
+        .collect();
+    if let Some(why) = conflict(name, &live) {
+        return Some(why);
+    }
+    let down = |t: &Target| {
+        format!(
+            "Prometheus cannot scrape it (up == 0 for {})",
+            escape(&t.instance)
+        )
+    };
+    match (live.first(), d) {
+        (Some(t), _) if up.get(t).is_some_and(|v| *v < 1.0) => Some(down(t)),
+        (_, None) => {
+            // A target never scraped is named by its instance.
+            let never = up.iter().find(|(t, v)| t.instance == name && **v < 1.0);
+            Some(never.map_or_else(
+                || "no series for it in Prometheus now".to_string(),
+                |(t, _)| down(t),
+            ))
+        }
+        (_, Some(_)) => None,
     }
 }
 
@@ -1614,7 +1754,7 @@ mod tests {
         let (table, _) = table(&p, &Names::new(&hosts), &answers).expect("a table");
         let d = table[0].as_ref().expect("node1's data");
         assert!(d.gpus_unreadable);
-        let s = snapshot("node1", d, &Identities::default(), &HashMap::new(), 5);
+        let s = snapshot("node1", d, &Identities::default(), &Up::new(), 5);
         assert_ne!(s.gpus[0].judged, Some(GpuState::Clean), "{s:?}");
         assert!(
             s.gpu_error
@@ -1640,10 +1780,66 @@ mod tests {
             job: "gpusweep".into(),
             instance: "10.0.0.2:9401".into(),
         });
-        let up: HashMap<String, f64> = [("10.0.0.2:9401".to_string(), 1.0)].into();
+        let own = Target {
+            job: "gpusweep".into(),
+            instance: "10.0.0.2:9401".into(),
+        };
+        let up: Up = [(own, 1.0)].into();
         let s = snapshot("gpu-b", &d, &ids, &up, 5);
         assert!(!s.simulated, "marked DEMO by another target");
         assert_eq!(s.live_url.as_deref(), Some("http://10.0.0.2:9401"));
+    }
+
+    #[test]
+    fn a_host_is_read_only_from_its_one_own_target_scraped_and_up() {
+        let t = |job: &str, inst: &str| Target {
+            job: job.into(),
+            instance: inst.into(),
+        };
+        let (own, fake) = (t("gpusweep", "10.0.0.2:9401"), t("other", "10.0.0.66:9400"));
+        let data = |targets: &[&Target]| HostData {
+            targets: targets.iter().map(|x| (*x).clone()).collect(),
+            ..Default::default()
+        };
+        let voices = |v: &[&Target]| v.iter().map(|x| (*x).clone()).collect::<BTreeSet<_>>();
+        let up = |v: &[(&Target, f64)]| v.iter().map(|(x, u)| ((*x).clone(), *u)).collect::<Up>();
+        // Its own target alone, up: read.
+        let d = data(&[&own]);
+        assert_eq!(
+            judge_voices("gpu-b", &voices(&[&own]), Some(&d), &up(&[(&own, 1.0)])),
+            None
+        );
+        // Its own target down, an impostor answering: a conflict naming both.
+        let d = data(&[&fake]);
+        let why = judge_voices(
+            "gpu-b",
+            &voices(&[&own, &fake]),
+            Some(&d),
+            &up(&[(&own, 0.0), (&fake, 1.0)]),
+        )
+        .expect("never the impostor's word");
+        assert!(
+            why.contains("10.0.0.2:9401") && why.contains("10.0.0.66:9400"),
+            "{why}"
+        );
+        // Its own target gone from Prometheus's scraping (a restarted pod's old address): no voice any more.
+        assert_eq!(
+            judge_voices(
+                "gpu-b",
+                &voices(&[&own, &fake]),
+                Some(&d),
+                &up(&[(&fake, 1.0)])
+            ),
+            None
+        );
+        // Series naming a target Prometheus does not scrape (relabelled with honor_labels): no one's word.
+        let d = data(&[&own]);
+        let why =
+            judge_voices("gpu-b", &voices(&[&own]), Some(&d), &up(&[])).expect("a forged target");
+        assert!(why.contains("does not scrape"), "{why}");
+        // Its own target alone and down.
+        let why = judge_voices("gpu-b", &voices(&[&own]), None, &up(&[(&own, 0.0)])).expect("down");
+        assert!(why.contains("up == 0"), "{why}");
     }
 
     #[test]
@@ -1679,7 +1875,7 @@ mod tests {
             q.used,
             r#"max by (Hostname, hostname, job, instance, gpu) (DCGM_FI_DEV_FB_USED{job="gpu"})"#
         );
-        assert!(q.up.starts_with("max by (instance) (up and on (instance)"));
+        assert!(q.up.starts_with("max by (job, instance) (up and on (job, instance)"));
         assert!(q.up.contains(r#"DCGM_FI_DEV_FB_USED{job="gpu"}[10m]"#));
         let p = server("http://p:9090", "");
         assert!(
