@@ -2777,3 +2777,39 @@ fn a_client_attached_after_the_crash_shows_what_the_node_saw() {
         );
     }
 }
+
+/// Streams that read nothing of a many-host serve each hold what waits for them (megabytes); while more
+/// than four stall at once, each is let go after 5 s instead of 30 s.
+#[test]
+fn many_streams_that_never_read_are_let_go_sooner() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().expect("tmp");
+    let serve = Serve::start(
+        dir.path(),
+        &[
+            "--demo",
+            "--hosts",
+            "gpu-b[0001-0900],gpu-a[001-100]",
+            "--interval",
+            "200ms",
+        ],
+        &[],
+    );
+    let pid = serve.child.id();
+    let (_, fds0) = rss_and_fds(pid);
+    let addr = serve.addr.clone().expect("http");
+    let streams: Vec<std::net::TcpStream> = (0..12)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(&addr).expect("connect");
+            write!(s, "GET /api/v1/events HTTP/1.1\r\nHost: x\r\n\r\n").expect("ask");
+            s
+        })
+        .collect();
+    await_cond("the streams open", 20, || rss_and_fds(pid).1 >= fds0 + 12);
+    // Never read: once they stall, all but four are let go well before the 30 s a lone one is given (then
+    // the serve is no longer crowded, and the last four get the 30 s).
+    await_cond("the stalled streams let go", 25, || {
+        rss_and_fds(pid).1 <= fds0 + 4
+    });
+    drop(streams);
+}

@@ -28,6 +28,23 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// go: what waits for it would otherwise stay in the serve's memory. The socket's peers get the same.
 pub const WRITE_STALL: Duration = Duration::from_secs(30);
 
+/// While more clients than this stall at once, each is let go after `WRITE_STALL_CROWDED`: what waits for
+/// each (a many-host serve's reading, megabytes) adds up, and readers that read lose nothing by it.
+pub const CROWDED: usize = 4;
+pub const WRITE_STALL_CROWDED: Duration = Duration::from_secs(5);
+
+/// Connections whose last write waits for their client now.
+static STALLED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How long a stalled client is kept, with `stalled` clients stalled at once.
+pub fn stall_limit(stalled: usize) -> Duration {
+    if stalled > CROWDED {
+        WRITE_STALL_CROWDED
+    } else {
+        WRITE_STALL
+    }
+}
+
 /// How the serve's file descriptors are shared among what anyone can open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
@@ -187,13 +204,14 @@ async fn one<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(io: I, svc: Mar
         .keep_alive(false)
         .serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
-    let mut check = tokio::time::interval(WRITE_STALL / 6);
+    let mut check = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
             _ = &mut conn => return,
             _ = check.tick() => {
                 let since = stalled.lock().ok().and_then(|s| *s);
-                if since.is_some_and(|t: std::time::Instant| t.elapsed() >= WRITE_STALL) {
+                let limit = stall_limit(STALLED.load(std::sync::atomic::Ordering::Relaxed));
+                if since.is_some_and(|t: std::time::Instant| t.elapsed() >= limit) {
                     return;
                 }
             }
@@ -209,12 +227,28 @@ struct Watched<I> {
 
 impl<I> Watched<I> {
     fn note(&self, pending: bool) {
+        use std::sync::atomic::Ordering;
         if let Ok(mut s) = self.stalled.lock() {
             match (pending, s.is_some()) {
-                (true, false) => *s = Some(std::time::Instant::now()),
-                (false, true) => *s = None,
+                (true, false) => {
+                    *s = Some(std::time::Instant::now());
+                    STALLED.fetch_add(1, Ordering::Relaxed);
+                }
+                (false, true) => {
+                    *s = None;
+                    STALLED.fetch_sub(1, Ordering::Relaxed);
+                }
                 _ => {}
             }
+        }
+    }
+}
+
+impl<I> Drop for Watched<I> {
+    fn drop(&mut self) {
+        // A connection let go (or ended) while stalled is stalled no more.
+        if self.stalled.lock().is_ok_and(|s| s.is_some()) {
+            STALLED.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 }
