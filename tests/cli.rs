@@ -2422,6 +2422,7 @@ fn check_speaks_node_problem_detectors_plugin_protocol() {
 /// the 4 GiB NVML charges to a process outside it: `check`, `wait` and the gate's answer is unknown (exit 2,
 /// said on stdout where NPD reads it), never OK. Where every GPU reads zero, the zero itself was observed.
 #[test]
+#[allow(clippy::too_many_lines)] // one gate, every way it can be blind
 fn a_gate_blind_to_the_host_says_unknown_not_ok() {
     let env = Env::new();
     let dir = env.dir.path();
@@ -2497,6 +2498,22 @@ fn a_gate_blind_to_the_host_says_unknown_not_ok() {
         "{}",
         text(&o)
     );
+    // A /proc that hides other users' processes (hidepid): root's holder is invisible, not absent.
+    let script = format!(
+        "mount --make-rprivate / && mount -t proc -o hidepid=2 proc /proc && exec setpriv --reuid=65534 \
+         --regid=65534 --clear-groups {BIN} wait --no-nvml --timeout 2s --device-glob '{}'",
+        env.glob()
+    );
+    let o = Command::new("unshare")
+        .args(["-m", "sh", "-c", &script])
+        .env("GPUSWEEP_AUDIT_LOG", dir.join("nobody-audit.jsonl"))
+        .env("GPUSWEEP_CONFIG", dir.join("no-config.toml"))
+        .env("GPUSWEEP_SOCKET", dir.join("no-serve.sock"))
+        .env_remove("GPUSWEEP_HOSTS")
+        .output()
+        .expect("unshare (util-linux)");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("hidepid"), "{}", text(&o));
 }
 
 /// Hosts are counted before any is dialled: two lists within the limit each but past it together, and a

@@ -894,6 +894,10 @@ fn a_users_look_alike_slurm_cgroup_names_no_slurm_job() {
             "slurm",
         ),
         ("user@65534.service/app.slice/vllm.service", "systemd"),
+        (
+            "deleg2.service/docker-4f1c2b3a5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f70.scope",
+            "docker",
+        ),
     ];
     let mut holders = Vec::new();
     for (rel, _) in &cases {
@@ -1004,4 +1008,240 @@ fn a_job_swept_by_gpusweep_loses_no_rank() {
         !log.contains("\"rank_lost\"") && !log.contains("\"lost_rank\""),
         "ended by gpusweep, not lost: {log}"
     );
+}
+
+/// `GET path` of a serve at `addr`, the body of its HTTP/1.0 answer as JSON.
+fn get_json(addr: &str, path: &str) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    write!(s, "GET {path} HTTP/1.0\r\n\r\n").expect("ask");
+    let mut r = String::new();
+    s.read_to_string(&mut r).expect("answer");
+    let body = r.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).unwrap_or(serde_json::Value::Null)
+}
+
+/// The launcher of the EP scene: four ranks, each holding its stand-in GPU (rank 2 a shell that forks a
+/// data-loader inheriting its GPU), and a sidecar that opens GPU 3; their PIDs written to `pids`.
+const EP_LAUNCHER: &str = r#"
+import subprocess, sys, time
+dev = lambda i: open(f"nvidia{i}")
+ranks = []
+for i in range(4):
+    cmd = ["sh", "-c", "exec 3<&0; sleep 301 <&3 & wait"] if i == 2 else ["sleep", "300"]
+    ranks.append(subprocess.Popen(cmd, stdin=dev(i)))
+side = subprocess.Popen(["sleep", "302"], stdin=dev(3))
+with open("pids.tmp", "w") as f:
+    f.write(" ".join(str(p.pid) for p in ranks) + f" {side.pid}\n")
+import os
+os.rename("pids.tmp", "pids")
+time.sleep(600)
+"#;
+
+/// An EP warm-up watched by a serve, as an operator lives it: a slow rank named beside the job's helpers; a
+/// rank stopped (SIGSTOP) named as such; a rank killed, then the launcher (the ritual): one job still, its lost
+/// rank named, its launcher said gone; and `sweep --job` ending every rank and helper it had.
+#[test]
+#[allow(clippy::too_many_lines)] // one scene, start to sweep
+fn an_ep_job_stays_one_unit_through_its_crash_and_is_swept_whole() {
+    use std::io::BufRead;
+    let env = Env::new();
+    for i in 1..4 {
+        std::fs::write(env.path(&format!("nvidia{i}")), b"").expect("stand-in device");
+    }
+    std::fs::write(
+        env.path("no-config.toml"),
+        "[jobs]\nsettle = \"60s\"\nstraggler = \"1s\"\nstuck = \"1s\"\n",
+    )
+    .expect("config");
+    set_nvml(env.dir.path(), "0\n0\n0\n0\n");
+    let lib = standin_nvml(env.dir.path());
+    std::fs::write(env.path("launcher.py"), EP_LAUNCHER).expect("launcher");
+    // Started on its own (a double fork): its parent is PID 1 or a subreaper, as a launcher's is.
+    let o = Command::new("setsid")
+        .args(["-f", "/usr/bin/python3", "launcher.py"])
+        .current_dir(env.dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .status()
+        .expect("setsid");
+    assert!(o.success());
+    let pids: Vec<u32> = {
+        let mut v = Vec::new();
+        await_cond("the launcher's pids", 20, || {
+            v = std::fs::read_to_string(env.path("pids"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect();
+            v.len() == 5
+        });
+        v
+    };
+    let (ranks, sidecar) = (&pids[..4], pids[4]);
+    let launcher = crate::support::stat_field(ranks[0], 1)
+        .and_then(|p| p.parse::<u32>().ok())
+        .expect("the launcher");
+    assert!(launcher > 1 && launcher != std::process::id(), "{launcher}");
+    let mut loader = None;
+    await_cond("rank 2's data-loader", 20, || {
+        loader = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", ranks[2]))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok());
+        loader.is_some()
+    });
+    let loader = loader.expect("loader");
+    // Whatever happens, nothing of the scene outlives the test.
+    struct Gone(Vec<u32>);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            for p in self
+                .0
+                .iter()
+                .filter(|p| **p > 1 && **p != std::process::id())
+            {
+                let _ = Command::new("kill").args(["-9", &p.to_string()]).status();
+            }
+        }
+    }
+    let _gone = Gone([&pids[..], &[launcher, loader]].concat());
+    let glob = format!("{}/nvidia*", env.dir.path().display());
+    let mut serve = crate::support::Reaped(
+        env.cmd(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-socket",
+            "--interval",
+            "200ms",
+        ])
+        .args(["--device-glob", &glob])
+        .env("GPUSWEEP_NVML_LIBRARY", &lib)
+        .env("STANDIN_NVML_STATE", env.path("nvml"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("serve"),
+    );
+    let mut banner = String::new();
+    std::io::BufReader::new(serve.0.stderr.take().expect("stderr"))
+        .read_line(&mut banner)
+        .expect("banner");
+    let addr = banner
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{banner}"))
+        .to_string();
+    let job_id = format!("tree:{launcher}");
+    let job = || {
+        let v = get_json(&addr, "/api/v1/snapshot");
+        v["hosts"][0]["jobs"]
+            .as_array()
+            .and_then(|j| j.iter().find(|j| j["id"] == job_id.as_str()).cloned())
+            .unwrap_or(serde_json::Value::Null)
+    };
+    let state = |mib: [Option<u64>; 4]| {
+        let mut s = String::new();
+        for (i, m) in mib.iter().enumerate() {
+            match m {
+                Some(m) => s.push_str(&format!("{m} {}:{m}\n", ranks[i])),
+                None => s.push_str("0\n"),
+            }
+        }
+        set_nvml(env.dir.path(), &s);
+    };
+    // Loading, rank 0 at a quarter of its peers' pace: a straggler, named with the helpers present.
+    let mut step = 0u64;
+    await_cond("rank 0 named a straggler", 60, || {
+        step += 1;
+        state([
+            Some(512 * step),
+            Some(2048 * step),
+            Some(2048 * step),
+            Some(2048 * step),
+        ]);
+        std::thread::sleep(std::time::Duration::from_millis(250)); // the warm-up's pace, not a wait
+        let j = job();
+        j["ranks"].as_array().is_some_and(|r| {
+            r.iter()
+                .any(|r| r["pid"] == ranks[0] && r["straggler"] == true)
+        })
+    });
+    let j = job();
+    assert_eq!(j["ranks"].as_array().map(Vec::len), Some(4), "{j}");
+    let mut helpers: Vec<u64> = j["helpers"]
+        .as_array()
+        .expect("helpers")
+        .iter()
+        .filter_map(|h| h["pid"].as_u64())
+        .collect();
+    helpers.sort_unstable();
+    let mut want = vec![u64::from(loader), u64::from(sidecar)];
+    want.sort_unstable();
+    assert_eq!(helpers, want, "{j}");
+    // Rank 1 stopped (a debugger, SIGSTOP): named as such once past the window.
+    let _ = Command::new("kill")
+        .args(["-STOP", &ranks[1].to_string()])
+        .status();
+    await_cond("the stopped rank named", 20, || {
+        job()["lost"].as_array().is_some_and(|l| {
+            l.iter()
+                .any(|l| l["pid"] == ranks[1] && l["how"] == "stopped")
+        })
+    });
+    // Rank 3 dies; then the ritual: the launcher killed. One job still, its lost ranks named.
+    let _ = Command::new("kill")
+        .args(["-9", &ranks[3].to_string()])
+        .status();
+    let held = Some(2048 * step);
+    state([Some(512 * step), held, held, None]);
+    await_cond("rank 3 lost", 20, || {
+        job()["lost"]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|l| l["pid"] == ranks[3]))
+    });
+    let _ = Command::new("kill")
+        .args(["-9", &launcher.to_string()])
+        .status();
+    await_cond("the launcher gone", 20, || {
+        job()["launcher_gone_ms"].is_u64()
+    });
+    let v = get_json(&addr, "/api/v1/snapshot");
+    let jobs = v["hosts"][0]["jobs"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(jobs.len(), 1, "one job: {v}");
+    let j = &jobs[0];
+    assert_eq!(j["phase"], "lost_rank", "{j}");
+    assert!(
+        j["lost"]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|l| l["pid"] == ranks[3])),
+        "{j}"
+    );
+    // `sweep --job` ends every rank and helper it had (read afresh, the launcher long gone).
+    let _ = Command::new("kill")
+        .args(["-CONT", &ranks[1].to_string()])
+        .status();
+    let o = env
+        .cmd(&[
+            "sweep",
+            "--job",
+            &job_id,
+            "--yes",
+            "--grace",
+            "2s",
+            "--no-wait",
+        ])
+        .args(["--device-glob", &glob])
+        .env("GPUSWEEP_NVML_LIBRARY", &lib)
+        .env("STANDIN_NVML_STATE", env.path("nvml"))
+        .output()
+        .expect("sweep");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    for p in [ranks[0], ranks[1], ranks[2], loader, sidecar] {
+        await_cond("the job's processes ended", 20, || !alive(p));
+    }
 }

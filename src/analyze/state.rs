@@ -15,7 +15,8 @@ pub fn gpu_clean(g: &Gpu, tolerance: u64) -> Option<bool> {
     }
     if let Some(said) = g.judged {
         return match (said, g.memory.used) {
-            (GpuState::Clean, Some(u)) => Some(u <= tolerance),
+            // Its own bytes and its own process list both have to agree with a "clean".
+            (GpuState::Clean, Some(u)) => Some(u <= tolerance && g.processes.is_empty()),
             (GpuState::Clean | GpuState::Unknown | GpuState::Error, _) => None,
             (GpuState::InUse | GpuState::Leak, _) => Some(false),
         };
@@ -96,6 +97,14 @@ mod tests {
             GpuState::InUse
         );
         assert_eq!(st(&said(GpuState::Clean, None)), GpuState::Unknown);
+        // Nothing used, yet a process listed on it (71 GiB charged, by its own word): not clean.
+        let mut listed = said(GpuState::Clean, Some(0));
+        listed.processes.push(crate::core::model::ListedProcess {
+            pid: 7306,
+            used_bytes: Some(71 * 1024 * MIB),
+            ..Default::default()
+        });
+        assert_eq!(st(&listed), GpuState::InUse);
         assert_eq!(st(&said(GpuState::Leak, Some(0))), GpuState::Leak);
         assert_eq!(st(&said(GpuState::Error, None)), GpuState::Error);
         let tolerant = AnalyzeOptions {

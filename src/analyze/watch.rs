@@ -154,9 +154,10 @@ pub fn judged_by_holders_only(snap: &HostSnapshot) -> bool {
 /// rank of the launcher tree the reading's jobs call `tree:PID`.
 pub fn of_job(snap: &HostSnapshot, p: &crate::core::model::Proc, query: &str) -> bool {
     p.job.as_ref().is_some_and(|j| j.matches(query))
-        || snap.jobs.iter().any(|j| {
-            j.job.is_none() && j.id == query.trim() && j.ranks.iter().any(|r| r.pid == p.pid)
-        })
+        || snap
+            .jobs
+            .iter()
+            .any(|j| j.job.is_none() && j.id == query.trim() && j.members().any(|r| r.pid == p.pid))
 }
 
 /// Whether any process of the reading belongs to the job `query` names.

@@ -271,7 +271,7 @@ impl PhaseWatch {
             self.id = snap
                 .jobs
                 .iter()
-                .find(|j| j.ranks.iter().any(|r| self.members.contains(&r.pid)))
+                .find(|j| j.members().any(|r| self.members.contains(&r.pid)))
                 .map(|j| j.id.clone());
         }
         let report = snap.jobs.iter().find(|j| Some(&j.id) == self.id.as_ref())?;

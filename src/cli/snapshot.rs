@@ -192,16 +192,27 @@ fn job_table(o: &mut String, snap: &HostSnapshot) {
     }
     o.push_str("\n   JOBS\n");
     for j in &snap.jobs {
+        let helpers = if j.helpers.is_empty() {
+            String::new()
+        } else {
+            format!(" and {} helper(s)", j.helpers.len())
+        };
         let _ = writeln!(
             o,
-            "   {:<22} {} rank(s) on GPU {:<8} {}{}",
+            "   {:<22} {} rank(s){helpers} on GPU {:<8} {}{}",
             truncate(&escape(&j.id), 22),
             j.ranks.len(),
             fmt_gpus(&j.gpus),
             crate::core::job::phase_line(snap, j),
             if j.kept { " (kept on purpose)" } else { "" }
         );
-        let _ = writeln!(o, "       {}", truncate(&j.name, 100));
+        let gone = j.launcher_gone_ms.map_or_else(String::new, |t| {
+            format!(
+                " (its launcher is gone since {})",
+                crate::core::format::fmt_clock(t)
+            )
+        });
+        let _ = writeln!(o, "       {}{gone}", truncate(&j.name, 100));
     }
 }
 

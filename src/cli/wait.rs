@@ -125,6 +125,8 @@ pub fn blind_holders(snap: &HostSnapshot) -> Option<String> {
     }
     let why = if snap.in_child_pid_namespace {
         "it runs in a PID namespace of its own and cannot see the host's processes".to_string()
+    } else if snap.lacks(crate::core::model::Feature::OthersProcesses) {
+        "its /proc hides other users' processes (hidepid)".to_string()
     } else if snap.unreadable_processes > 0 {
         format!(
             "{} processes' descriptors could not be read (run as root)",

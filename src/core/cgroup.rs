@@ -80,8 +80,6 @@ impl Mounts {
 /// What a cgroup path must show before the job it names is believed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
-    /// Nothing beyond the name (jobs whose names no user can fake a scheduler's trust with).
-    Free,
     /// Never: the name sits where its scheduler never puts it (inside a user's delegated subtree).
     Refused,
     /// These cgroup directories (paths in the same hierarchy) must be owned by root.
@@ -125,9 +123,9 @@ pub fn claim(job: &Job, path: &str, v1: bool) -> Claim {
                 // delegated one on the way is someone else's subtree).
                 Claim::RootOwned((1..=i + 1).map(prefix).collect())
             } else if v1 && i == 2 {
-                // v1: `slurm[_<node>]/uid_<n>/job_<id>` at the top of a hierarchy, which only root can
-                // make.
-                Claim::RootOwned(vec![prefix(1)])
+                // v1: `slurm[_<node>]/uid_<n>/job_<id>` at the top of a hierarchy, all three root's (a user
+                // handed their `uid_<n>` could name any job in it).
+                Claim::RootOwned((1..=3).map(prefix).collect())
             } else {
                 Claim::Refused
             }
@@ -143,9 +141,11 @@ pub fn claim(job: &Job, path: &str, v1: bool) -> Claim {
                 None => Claim::Refused,
             }
         }
-        // A container's or unit's name inside a user's own subtree is that user's to choose.
+        // A container's or unit's name inside a user's own subtree is that user's to choose; elsewhere it is
+        // the runtime's or systemd's only where every directory down to it is root's (a service delegated
+        // to a user may hold directories of any name).
         _ if delegated(parts.len()) => Claim::Refused,
-        _ => Claim::Free,
+        _ => Claim::RootOwned((1..=parts.len()).map(prefix).collect()),
     }
 }
 
@@ -204,7 +204,11 @@ mod tests {
         let job = from_cgroup(v1).expect("slurm v1");
         assert_eq!(
             claim(&job, v1, true),
-            Claim::RootOwned(vec!["/slurm".into()])
+            Claim::RootOwned(vec![
+                "/slurm".into(),
+                "/slurm/uid_0".into(),
+                "/slurm/uid_0/job_9".into()
+            ])
         );
         assert_eq!(claim(&job, v1, false), Claim::Refused, "v1's layout in v2");
         // A `job_<id>` earlier in the path is not the one the name was read from: every directory down to
@@ -248,7 +252,7 @@ mod tests {
         let docker = "/system.slice/docker-4f1c2b3a5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f70.scope";
         assert_eq!(
             claim(&from_cgroup(docker).expect("docker"), docker, false),
-            Claim::Free
+            Claim::RootOwned(vec!["/system.slice".into(), docker.into()])
         );
     }
 }

@@ -236,18 +236,28 @@ pub struct Rank {
 #[serde(rename_all = "snake_case")]
 pub enum LostHow {
     Exited,
+    /// Exited, and its parent has not reaped it past the window.
     Zombie,
     /// In state D (uninterruptible) past the window: no signal reaches it.
     StuckD,
+    /// Stopped (state T: SIGSTOP, or t: a debugger) past the window: its collective hangs as surely as if
+    /// it had died.
+    Stopped,
 }
 
 impl LostHow {
     pub fn describe(self) -> &'static str {
         match self {
             LostHow::Exited => "exited",
-            LostHow::Zombie => "turned zombie",
+            LostHow::Zombie => "exited and was not reaped (a zombie)",
             LostHow::StuckD => "is stuck in state D",
+            LostHow::Stopped => "is stopped (SIGSTOP or a debugger)",
         }
+    }
+
+    /// Whether a rank so held up no longer holds its GPU (a zombie has closed its files).
+    pub fn off_the_gpu(self) -> bool {
+        matches!(self, LostHow::Exited | LostHow::Zombie)
     }
 }
 
@@ -275,9 +285,17 @@ pub struct JobReport {
     pub job: Option<Job>,
     /// The launcher its ranks descend from (the top of the tree below a shell, a terminal or PID 1).
     pub launcher: Option<u32>,
+    /// Since when its launcher is gone (Unix ms): its ranks were reparented, and it is still one job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launcher_gone_ms: Option<u64>,
     /// The launcher's command line, or the first rank's, cut and escaped.
     pub name: String,
+    /// Its ranks: the members NVML charges or that hold a GPU as their own.
     pub ranks: Vec<Rank>,
+    /// Its helpers: members NVML does not list whose GPUs its ranks (or their own ancestors) hold, a
+    /// data-loader forked from a rank, a sidecar. Swept with the job; never counted as ranks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub helpers: Vec<Rank>,
     /// Every GPU its live ranks hold or are listed on.
     pub gpus: Vec<u32>,
     /// What NVML charges its live ranks, over every GPU; `null` when no rank's charge is known.
@@ -305,8 +323,10 @@ impl JobReport {
             id,
             job,
             launcher,
+            launcher_gone_ms,
             name,
             ranks,
+            helpers,
             gpus,
             bytes: _,
             started_ms,
@@ -320,11 +340,10 @@ impl JobReport {
         *id == b.id
             && *job == b.job
             && *launcher == b.launcher
+            && *launcher_gone_ms == b.launcher_gone_ms
             && *name == b.name
-            && ranks.len() == b.ranks.len()
-            && ranks.iter().zip(&b.ranks).all(|(x, y)| {
-                (x.pid, &x.gpus, x.state, x.straggler) == (y.pid, &y.gpus, y.state, y.straggler)
-            })
+            && same_ranks(ranks, &b.ranks)
+            && same_ranks(helpers, &b.helpers)
             && *gpus == b.gpus
             && *started_ms == b.started_ms
             && *phase == b.phase
@@ -335,8 +354,16 @@ impl JobReport {
             && *kept == b.kept
     }
 
+    /// Every process of it, ranks then helpers (what a sweep of it ends).
+    pub fn members(&self) -> impl Iterator<Item = &Rank> {
+        self.ranks.iter().chain(&self.helpers)
+    }
+
     /// Its ranks' charges (and their sum) as `charged` says them now: a reading whose memory alone moved.
     pub fn recharge(&mut self, charged: impl Fn(u32) -> Option<u64>) {
+        for h in &mut self.helpers {
+            h.bytes = charged(h.pid);
+        }
         let mut total: Option<u64> = None;
         for r in &mut self.ranks {
             r.bytes = charged(r.pid);
@@ -346,6 +373,14 @@ impl JobReport {
         }
         self.bytes = total;
     }
+}
+
+/// Whether two lists of ranks are the same processes, GPUs, states and stragglers (charges aside).
+fn same_ranks(a: &[Rank], b: &[Rank]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            (x.pid, &x.gpus, x.state, x.straggler) == (y.pid, &y.gpus, y.state, y.straggler)
+        })
 }
 
 /// "loading 412 GiB of 1120 GiB on 8 GPUs, 2m10s", "settled at 1120 GiB after a 4m12s warm-up".

@@ -10,6 +10,7 @@ pub mod host;
 pub mod job;
 pub mod metrics;
 pub mod model;
+pub mod mountinfo;
 pub mod parse;
 pub mod procstat;
 pub mod protocol;

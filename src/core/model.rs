@@ -111,6 +111,8 @@ pub enum Feature {
     /// Utilization, temperature and power: left unread by a reading that only needs the verdict (their first
     /// reading in a process costs the driver ~5 ms per GPU).
     Gauges,
+    /// Other users' processes: the `/proc` read hides them (`hidepid`) from this reader.
+    OthersProcesses,
 }
 
 impl Feature {
@@ -134,6 +136,10 @@ impl Feature {
                  a GPU in use cannot be told from a leak"
             }
             Feature::Gauges => "utilization, temperature and power (not read: --no-gauges)",
+            Feature::OthersProcesses => {
+                "other users' processes (this /proc hides them: hidepid, and this reader is not root nor \
+                 in its exempt group): a GPU another user holds cannot be seen"
+            }
         }
     }
 }
@@ -337,6 +343,10 @@ pub struct Proc {
     pub ppid: u32,
     /// Session id; a process that is its own session leader is a daemon, not an orphan.
     pub sid: u32,
+    /// Process group: a launcher and the ranks it forks share it (a shell gives each pipeline its own),
+    /// and the kernel keeps it when the launcher dies and its ranks are reparented.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pgid: Option<u32>,
     /// State from /proc/PID/stat (R, S, D, Z, T...), one letter in JSON.
     pub state: ProcState,
     /// Start time in clock ticks since boot: with the pid, the identity a kill is checked against.

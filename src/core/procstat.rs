@@ -17,7 +17,7 @@ pub fn parse_stat(s: &str) -> Option<Proc> {
     let mut f = s[close + 1..].split_ascii_whitespace();
     let state = ProcState::from_char(f.next()?.chars().next()?);
     let ppid = f.next()?.parse().ok()?;
-    let _pgrp = f.next()?;
+    let pgid = f.next()?.parse().ok();
     let sid = f.next()?.parse().ok()?;
     let _tty = f.next()?;
     let _tpgid = f.next()?;
@@ -30,6 +30,7 @@ pub fn parse_stat(s: &str) -> Option<Proc> {
         pid,
         ppid,
         sid,
+        pgid,
         state,
         start_time,
         comm,

@@ -367,7 +367,7 @@ impl Ledger {
             let charges: Vec<(u32, Option<u64>)> = snap
                 .jobs
                 .iter()
-                .flat_map(|j| j.ranks.iter().map(|r| (r.pid, snap.charged(r.pid))))
+                .flat_map(|j| j.members().map(|r| (r.pid, snap.charged(r.pid))))
                 .collect();
             let of = |pid: u32| {
                 charges

@@ -13,6 +13,7 @@ use std::collections::HashSet;
 
 use crate::core::event::{Event, EventKind};
 use crate::core::model::{HostSnapshot, Proc};
+pub use crate::core::mountinfo::{Hiding, proc_hiding};
 
 /// Which processes a reader may see whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,42 +28,6 @@ pub enum View {
 
 /// What stands in for a hidden process's name.
 pub const HIDDEN: &str = "hidden";
-
-/// How a `/proc` mount hides processes: `hidepid` set (not 0/off), and the group exempt from it (`gid=`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Hiding {
-    pub exempt_gid: Option<u32>,
-}
-
-/// How the `/proc` a `mountinfo` shows hides processes (the topmost proc mount on `/proc`); `None` when it
-/// shows every process.
-pub fn proc_hiding(mountinfo: &str) -> Option<Hiding> {
-    let mut top = None;
-    for line in mountinfo.lines() {
-        let mut halves = line.splitn(2, " - ");
-        let (Some(before), Some(after)) = (halves.next(), halves.next()) else {
-            continue;
-        };
-        let mountpoint = before.split(' ').nth(4);
-        let mut a = after.split(' ');
-        let fstype = a.next();
-        let superopts = a.nth(1).unwrap_or("");
-        if mountpoint == Some("/proc") && fstype == Some("proc") {
-            top = Some(superopts.to_string());
-        }
-    }
-    let opts = top?;
-    let mut hides = false;
-    let mut exempt_gid = None;
-    for o in opts.split(',') {
-        match o.split_once('=') {
-            Some(("hidepid", v)) => hides = !matches!(v, "0" | "off"),
-            Some(("gid", g)) => exempt_gid = g.parse().ok(),
-            _ => {}
-        }
-    }
-    hides.then_some(Hiding { exempt_gid })
-}
 
 /// The view of a socket peer, from its credentials (SO_PEERCRED) and the `/proc` of its mount namespace. A
 /// peer whose namespace cannot be read is shown only its own processes.
@@ -196,7 +161,7 @@ pub fn redact(snap: &HostSnapshot, view: View) -> Option<HostSnapshot> {
     // and its lost ranks' command lines go (named by its launcher's PID, as NVML's PIDs are shown).
     for j in &mut out.jobs {
         let of_others = j.launcher.is_some_and(|l| hidden.contains(&l))
-            || j.ranks.iter().any(|r| hidden.contains(&r.pid));
+            || j.members().any(|r| hidden.contains(&r.pid));
         if of_others {
             HIDDEN.clone_into(&mut j.name);
             j.job = None;
@@ -354,6 +319,8 @@ mod tests {
         };
         snap.jobs = vec![
             crate::core::job::JobReport {
+                launcher_gone_ms: None,
+                helpers: Vec::new(),
                 id: "slurm:4711".into(),
                 job: Some(crate::core::job::Job::Slurm {
                     job: 4711,
@@ -380,6 +347,8 @@ mod tests {
                 kept: false,
             },
             crate::core::job::JobReport {
+                launcher_gone_ms: None,
+                helpers: Vec::new(),
                 id: "tree:20".into(),
                 job: None,
                 launcher: Some(20),

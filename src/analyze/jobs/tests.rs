@@ -273,11 +273,36 @@ fn a_zombie_rank_is_lost_and_a_rank_in_d_only_past_the_window() {
     let mut b = JobBook::new(opts());
     b.observe(&reading(0, &[Some(8192); 3], &[]), 0);
     let seen = b.observe(&reading(0, &[Some(8192); 3], &['S', 'Z', 'S']), S);
+    // It exited; a zombie a moment, until its launcher reaps it, is no news.
+    assert!(
+        seen.reports[0]
+            .lost
+            .iter()
+            .any(|l| l.pid == 102 && l.how == LostHow::Exited),
+        "{:?}",
+        seen.reports[0]
+    );
+    // Not reaped past the window: said so.
+    let seen = b.observe(&reading(0, &[Some(8192); 3], &['S', 'Z', 'S']), 7 * S);
     assert!(
         seen.reports[0]
             .lost
             .iter()
             .any(|l| l.pid == 102 && l.how == LostHow::Zombie),
+        "{:?}",
+        seen.reports[0]
+    );
+    // Stopped (SIGSTOP, a debugger) past the window hangs the collective too.
+    let mut b = JobBook::new(opts());
+    b.observe(&reading(0, &[Some(8192); 3], &[]), 0);
+    let seen = b.observe(&reading(0, &[Some(8192); 3], &['S', 'T', 'S']), S);
+    assert!(seen.reports[0].lost.is_empty());
+    let seen = b.observe(&reading(0, &[Some(8192); 3], &['S', 'T', 'S']), 7 * S);
+    assert!(
+        seen.reports[0]
+            .lost
+            .iter()
+            .any(|l| l.pid == 102 && l.how == LostHow::Stopped),
         "{:?}",
         seen.reports[0]
     );
@@ -314,7 +339,7 @@ fn a_killed_rank_left_a_zombie_off_the_gpu_is_lost() {
         seen.reports[0]
             .lost
             .iter()
-            .any(|l| l.pid == 102 && l.how == LostHow::Zombie),
+            .any(|l| l.pid == 102 && l.how == LostHow::Exited),
         "{:?}",
         seen.reports[0]
     );
@@ -436,4 +461,118 @@ fn a_lost_rank_is_named_by_its_last_command_line_made_printable() {
         assert_eq!(lost.len(), 1, "{titles:?}");
         assert_eq!(lost[0].cmdline, want, "{titles:?}");
     }
+}
+
+/// `r` with its launcher (pid 100) gone: its ranks reparented to PID 1, in the process group it led.
+fn launcher_killed(mut r: HostSnapshot) -> HostSnapshot {
+    r.processes.retain(|p| p.pid != 100);
+    for p in &mut r.processes {
+        if p.ppid == 100 {
+            p.ppid = 1;
+            p.pgid = Some(100);
+        }
+    }
+    r
+}
+
+#[test]
+fn a_job_whose_launcher_died_stays_one_job_and_keeps_its_lost_rank() {
+    let mut b = JobBook::new(opts());
+    b.observe(&reading(0, &[Some(4096); 4], &[]), 0);
+    b.observe(&reading(0, &[Some(8192); 4], &[]), S);
+    // Rank 3 dies mid-warm-up; then the launcher is killed (the ritual): the others are reparented.
+    let seen = b.observe(
+        &launcher_killed(reading(0, &[Some(8192), Some(8192), Some(8192), None], &[])),
+        2 * S,
+    );
+    assert_eq!(seen.reports.len(), 1, "one job: {:?}", seen.reports);
+    let j = &seen.reports[0];
+    assert_eq!(j.id, "tree:100");
+    assert_eq!(j.launcher_gone_ms, Some(2 * S));
+    assert_eq!(j.ranks.len(), 3);
+    assert_eq!(j.phase, Phase::LostRank);
+    assert!(j.lost.iter().any(|l| l.pid == 104), "{j:?}");
+    assert!(
+        seen.findings
+            .iter()
+            .any(|f| f.kind == FindingKind::LostRank && f.detail.contains("its 3 other rank(s)")),
+        "{:?}",
+        seen.findings
+    );
+    // Still one job, its lost rank still named, while the others hold memory.
+    let seen = b.observe(
+        &launcher_killed(reading(0, &[Some(8192), Some(8192), Some(8192), None], &[])),
+        3 * S,
+    );
+    assert_eq!(seen.reports.len(), 1);
+    assert!(seen.reports[0].lost.iter().any(|l| l.pid == 104));
+}
+
+#[test]
+fn ranks_read_first_after_their_launcher_died_are_one_job_by_their_process_group() {
+    let mut b = JobBook::new(opts());
+    let seen = b.observe(&launcher_killed(reading(0, &[Some(8192); 4], &[])), 0);
+    assert_eq!(seen.reports.len(), 1, "{:?}", seen.reports);
+    assert_eq!(seen.reports[0].id, "tree:100");
+    assert_eq!(seen.reports[0].ranks.len(), 4);
+    assert_eq!(seen.reports[0].launcher_gone_ms, Some(0));
+}
+
+/// `r` with a data-loader that rank 3 (pid 103) forked after opening GPU 2, and a sidecar of the launcher that
+/// opens GPU 3: neither is listed by NVML.
+fn with_helpers(mut r: HostSnapshot) -> HostSnapshot {
+    for (pid, ppid, gpu) in [(201, 103, 2), (202, 100, 3)] {
+        r.processes.push(Proc {
+            pid,
+            ppid,
+            comm: "python3".into(),
+            cmdline: format!("python3 helper-{pid}"),
+            start_time: 7,
+            ..Default::default()
+        });
+        r.holders.push(Holder {
+            pid,
+            gpus: vec![gpu],
+            ..Default::default()
+        });
+    }
+    r
+}
+
+#[test]
+fn helpers_are_the_jobs_but_no_ranks_and_a_straggler_is_named_beside_them() {
+    let mut b = JobBook::new(opts());
+    let mut straggler = None;
+    for step in 1..=12 {
+        let mib = |full: u64| Some(full * step);
+        let r = with_helpers(reading(
+            0,
+            &[mib(1024), mib(4096), mib(4096), mib(4096)],
+            &[],
+        ));
+        let seen = b.observe(&r, step * S);
+        let j = &seen.reports[0];
+        assert_eq!(seen.reports.len(), 1, "{:?}", seen.reports);
+        assert_eq!(j.ranks.len(), 4, "{j:?}");
+        let helpers: Vec<u32> = j.helpers.iter().map(|h| h.pid).collect();
+        assert_eq!(helpers, [201, 202]);
+        if let Some(r) = j.ranks.iter().find(|r| r.straggler) {
+            straggler = Some(r.pid);
+        }
+    }
+    assert_eq!(
+        straggler,
+        Some(101),
+        "rank 0 loads at a quarter of its peers' pace"
+    );
+    // A helper's exit is no lost rank.
+    let mut r = with_helpers(reading(
+        0,
+        &[Some(12_288), Some(49_152), Some(49_152), Some(49_152)],
+        &[],
+    ));
+    r.processes.retain(|p| p.pid != 201);
+    r.holders.retain(|h| h.pid != 201);
+    let seen = b.observe(&r, 13 * S);
+    assert!(seen.reports[0].lost.is_empty(), "{:?}", seen.reports[0]);
 }

@@ -49,7 +49,6 @@ fn proven(
             .map(|m| m.uid())
     };
     match crate::core::cgroup::claim(job, path, controllers.is_some()) {
-        Claim::Free => true,
         Claim::Refused => false,
         Claim::RootOwned(dirs) => dirs.iter().all(|d| owner(d) == Some(0)),
         Claim::RunLeaf {

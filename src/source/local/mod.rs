@@ -48,6 +48,8 @@ pub struct LocalSource {
     drain: Option<Drain>,
     self_pid: u32,
     in_child_ns: bool,
+    /// The `/proc` read hides other users' processes from this reader (`hidepid`).
+    others_hidden: bool,
     /// How much of each GPU is read.
     readout: nvml::Readout,
 }
@@ -67,6 +69,7 @@ impl LocalSource {
             .then(|| early::take(gauges))
             .flatten();
         let in_child_ns = procfs::in_child_pid_namespace(&procfs.proc_root);
+        let others_hidden = procfs::others_hidden(&procfs.proc_root);
         Ok(LocalSource {
             host,
             nvml: Err(if load_nvml {
@@ -85,6 +88,7 @@ impl LocalSource {
             drain: None,
             self_pid: std::process::id(),
             in_child_ns,
+            others_hidden,
             readout,
         })
     }
@@ -156,6 +160,10 @@ impl Source for LocalSource {
         if gauges_unread {
             snap.missing_features
                 .push(crate::core::model::Feature::Gauges);
+        }
+        if self.others_hidden {
+            snap.missing_features
+                .push(crate::core::model::Feature::OthersProcesses);
         }
         trace(&self.host, "snapshot built");
         self.follow_exits(&snap);

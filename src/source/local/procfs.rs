@@ -1047,6 +1047,25 @@ pub const INIT_PID_NS_INO: u64 = 0xEFFF_FFFC;
 /// True when this process lives in a child PID namespace (a container), where NVML's host PIDs are not
 /// visible. The link `/proc/self/ns/pid` names the namespace; any but the initial one is a child. (`NSpid`
 /// alone cannot tell once /proc was remounted inside, as `unshare --pid --fork --mount-proc` does.)
+/// Whether the `/proc` at `proc_root` hides other users' processes from this process: mounted with
+/// `hidepid`, and this process neither root nor in the group it exempts.
+pub fn others_hidden(proc_root: &Path) -> bool {
+    let Some(h) = fs::read_to_string(proc_root.join("self/mountinfo"))
+        .ok()
+        .and_then(|m| crate::core::mountinfo::proc_hiding(&m))
+    else {
+        return false;
+    };
+    if rustix::process::geteuid().is_root() {
+        return false;
+    }
+    let exempt = h.exempt_gid.is_some_and(|g| {
+        rustix::process::getegid().as_raw() == g
+            || rustix::process::getgroups().is_ok_and(|gs| gs.iter().any(|x| x.as_raw() == g))
+    });
+    !exempt
+}
+
 pub fn in_child_pid_namespace(proc_root: &Path) -> bool {
     let by_link = fs::read_link(proc_root.join("self/ns/pid"))
         .ok()

@@ -417,6 +417,9 @@ struct Identities {
     serve: HashMap<(String, String), (String, String)>,
     /// (host, scrape target) whose serve says its readings are simulated (a demo serve).
     simulated: std::collections::HashSet<(String, String)>,
+    /// Down targets that could not be asked which host they spoke for (past the limit, or a name no query
+    /// can carry).
+    unasked_down: usize,
     read_at: Option<Instant>,
 }
 
@@ -855,8 +858,9 @@ async fn identities(p: &PromServer, http: &HttpClient) -> Result<Identities, Str
 /// whose own target has been down for an hour is still that target's (and not an impostor's to speak for).
 const DOWN_LOOKBACK: &str = "7d";
 
-/// The most down targets asked about, in matchers of at most `MAX_ONLY` bytes each.
-const MAX_DOWN_ASKED: usize = 1_000;
+/// The most down targets asked about, in matchers of at most `MAX_ONLY` bytes each: as many as a fleet
+/// may have hosts.
+const MAX_DOWN_ASKED: usize = MAX_HOSTS;
 
 /// Every target Prometheus scrapes that is down now, and the host its series last named within
 /// `DOWN_LOOKBACK`: a voice of that host for as long as Prometheus keeps scraping it. Few targets are down
@@ -878,7 +882,10 @@ async fn down_voices(
         .as_ref()
         .map(|s| format!(",{s}"))
         .unwrap_or_default();
-    for matcher in instance_matchers(down.into_iter(), MAX_DOWN_ASKED) {
+    let (matchers, skipped) = instance_matchers(down.into_iter(), MAX_DOWN_ASKED);
+    // A down target not asked about may be any host's own: no host's word stands alone then.
+    ids.unasked_down = skipped;
+    for matcher in matchers {
         let q = format!(
             "max by (Hostname, hostname, job, instance) (last_over_time({{__name__=~\"{names}\",{matcher}{sel}}}[{DOWN_LOOKBACK}]))"
         );
@@ -1052,7 +1059,7 @@ async fn poll(
         .filter(|t| !up.contains_key(*t))
         .map(|t| t.instance.as_str())
         .collect();
-    for m in instance_matchers(missing.into_iter(), MAX_DOWN_ASKED) {
+    for m in instance_matchers(missing.into_iter(), MAX_DOWN_ASKED).0 {
         let body = server
             .fetch(http, &format!("max by (job, instance) (up{{{m}}})"), &spent)
             .await?;
@@ -1065,27 +1072,37 @@ async fn poll(
     Ok((hosts, up))
 }
 
-/// `instance=~"a|b"` matchers naming these instances, each at most `MAX_ONLY` bytes, regular-expression
-/// and PromQL escaped; at most `most` instances, and only plain ones (nothing a target said goes into a
-/// query otherwise).
-fn instance_matchers<'a>(instances: impl Iterator<Item = &'a str>, most: usize) -> Vec<String> {
-    let plain =
-        |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']');
+/// `instance=~"a|b"` matchers naming these instances, each at most `MAX_ONLY` bytes, every regular-
+/// expression metacharacter and PromQL string escape escaped; at most `most` instances. Also how many could
+/// not be named (past `most`, or with a control character): what was asked of those is unknown.
+fn instance_matchers<'a>(
+    instances: impl Iterator<Item = &'a str>,
+    most: usize,
+) -> (Vec<String>, usize) {
     let mut out = Vec::new();
     let mut chunk = String::new();
-    for inst in instances
-        .filter(|i| !i.is_empty() && i.chars().all(plain))
-        .take(most)
-    {
+    let (mut named, mut skipped) = (0usize, 0usize);
+    for inst in instances {
+        if inst.is_empty() || inst.chars().any(char::is_control) || named >= most {
+            skipped += 1;
+            continue;
+        }
+        named += 1;
         if !chunk.is_empty() {
             chunk.push('|');
         }
         for c in inst.chars() {
-            // A regular expression's metacharacter, its backslash doubled inside a PromQL string.
-            if matches!(c, '.' | '[' | ']') {
-                chunk.push_str("\\\\");
+            match c {
+                // A regular expression's metacharacter is escaped by a backslash, which a PromQL string
+                // doubles; a backslash itself is two, four in the string.
+                '\\' => chunk.push_str(r"\\\\"),
+                '.' | '+' | '*' | '?' | '(' | ')' | '|' | '[' | ']' | '{' | '}' | '^' | '$' => {
+                    chunk.push_str(r"\\");
+                    chunk.push(c);
+                }
+                '"' => chunk.push_str(r#"\""#),
+                c => chunk.push(c),
             }
-            chunk.push(c);
         }
         if chunk.len() >= MAX_ONLY {
             out.push(format!("instance=~\"{}\"", std::mem::take(&mut chunk)));
@@ -1094,7 +1111,7 @@ fn instance_matchers<'a>(instances: impl Iterator<Item = &'a str>, most: usize) 
     if !chunk.is_empty() {
         out.push(format!("instance=~\"{chunk}\""));
     }
-    out
+    (out, skipped)
 }
 
 /// The host's data in this poll's table, begun at its first sample; the sample's scrape target is noted.
@@ -1388,7 +1405,15 @@ impl Poller {
         if let Some(v) = self.ids.voices.get(&h.name) {
             voices.extend(v.iter().cloned());
         }
-        let why = judge_voices(&h.name, voices, d, up);
+        let why = if self.ids.unasked_down > 0 {
+            Some(format!(
+                "{} scrape targets that are down could not be asked which host they spoke for: any of them \
+                 may be this host's own",
+                self.ids.unasked_down
+            ))
+        } else {
+            judge_voices(&h.name, voices, d, up)
+        };
         if let Some(why) = why {
             if self.down[i].as_deref() == Some(why.as_str()) {
                 return true;
@@ -1788,6 +1813,32 @@ mod tests {
         let s = snapshot("gpu-b", &d, &ids, &up, 5);
         assert!(!s.simulated, "marked DEMO by another target");
         assert_eq!(s.live_url.as_deref(), Some("http://10.0.0.2:9401"));
+    }
+
+    #[test]
+    fn any_instance_is_asked_for_escaped_and_one_that_cannot_be_is_counted() {
+        let (m, skipped) = instance_matchers(
+            [
+                "10.0.0.2:9401",
+                "gpu-b/serve",
+                r#"x"y\z"#,
+                "bad\nname",
+                "(a)+",
+            ]
+            .into_iter(),
+            100,
+        );
+        assert_eq!(skipped, 1, "a control character cannot be asked for");
+        assert_eq!(
+            m,
+            [r#"instance=~"10\\.0\\.0\\.2:9401|gpu-b/serve|x\"y\\\\z|\\(a\\)\\+""#]
+        );
+        let (m, skipped) = instance_matchers(["a", "b", "c"].into_iter(), 2);
+        assert_eq!(
+            (m.len(), skipped),
+            (1, 1),
+            "past the limit: counted, not asked"
+        );
     }
 
     #[test]

@@ -62,7 +62,7 @@ pub fn plan_for_job(app: &App, row: &crate::tui::app::JobRow) -> Plan {
         let ranks: Vec<u32> = crate::analyze::watch::job_processes(s, &row.id)
             .into_iter()
             .map(|(pid, _)| pid)
-            .chain(j.ranks.iter().map(|r| r.pid))
+            .chain(j.members().map(|r| r.pid))
             .collect();
         let mut p = plan(*host, s, Some(&j.gpus), &h.protected);
         p.items.retain(|i| ranks.contains(&i.pid));

@@ -120,8 +120,16 @@ fn detail(app: &App, f: &mut Frame, area: Rect, r: &JobRow) {
             continue;
         };
         let label = escape(&hv.label).into_owned();
+        let gone = j.launcher_gone_ms.map_or_else(String::new, |t| {
+            format!(
+                "  (launcher {} gone at {})",
+                j.launcher
+                    .map_or_else(|| "?".to_string(), |p| p.to_string()),
+                crate::core::format::fmt_clock(t)
+            )
+        });
         lines.push(Line::from(Span::styled(
-            truncate(&format!("{label}: {}", j.name), w),
+            truncate(&format!("{label}: {}{gone}", j.name), w),
             Style::default().add_modifier(Modifier::BOLD),
         )));
         let width = w.saturating_sub(14).min(120);
@@ -132,51 +140,76 @@ fn detail(app: &App, f: &mut Frame, area: Rect, r: &JobRow) {
             Span::styled("  memory     ", fg(app, Color::DarkGray)),
             Span::styled(spark, fg(app, Color::Cyan)),
         ]));
-        for k in &j.ranks {
-            let mark = if k.straggler {
-                "  straggler: behind its peers"
-            } else {
-                ""
-            };
-            let st = if k.straggler {
-                fg(app, Color::Yellow)
-            } else {
-                Style::default()
-            };
-            lines.push(Line::from(Span::styled(
-                truncate(
-                    &format!(
-                        "  rank {:>7}  GPU {:<6} {:>10}  {}{mark}",
-                        k.pid,
-                        fmt_gpus(&k.gpus),
-                        fmt_bytes(k.bytes),
-                        k.state
-                    ),
-                    w,
-                ),
-                st,
-            )));
-        }
-        for l in &j.lost {
-            lines.push(Line::from(Span::styled(
-                truncate(
-                    &format!(
-                        "  lost {:>7}  GPU {:<6} {:>10}  {} at {}",
-                        l.pid,
-                        fmt_gpus(&l.gpus),
-                        fmt_bytes(l.bytes),
-                        l.how.describe(),
-                        crate::core::format::fmt_clock(l.at_ms)
-                    ),
-                    w,
-                ),
-                fg(app, Color::Red),
-            )));
-        }
+        process_lines(app, j, w, &mut lines);
     }
     let skip = lines.len().saturating_sub(area.height as usize);
     f.render_widget(
         Paragraph::new(lines.into_iter().skip(skip).collect::<Vec<_>>()),
         area,
     );
+}
+
+/// A job's ranks (a straggler marked), its helpers, and the ranks it lost, one line each.
+fn process_lines(
+    app: &App,
+    j: &crate::core::job::JobReport,
+    w: usize,
+    lines: &mut Vec<Line<'static>>,
+) {
+    for k in &j.ranks {
+        let mark = if k.straggler {
+            "  straggler: behind its peers"
+        } else {
+            ""
+        };
+        let st = if k.straggler {
+            fg(app, Color::Yellow)
+        } else {
+            Style::default()
+        };
+        lines.push(Line::from(Span::styled(
+            truncate(
+                &format!(
+                    "  rank {:>7}  GPU {:<6} {:>10}  {}{mark}",
+                    k.pid,
+                    fmt_gpus(&k.gpus),
+                    fmt_bytes(k.bytes),
+                    k.state
+                ),
+                w,
+            ),
+            st,
+        )));
+    }
+    for k in &j.helpers {
+        lines.push(Line::from(Span::styled(
+            truncate(
+                &format!(
+                    "  helper {:>5}  GPU {:<6} {:>10}  {}",
+                    k.pid,
+                    fmt_gpus(&k.gpus),
+                    fmt_bytes(k.bytes),
+                    k.state
+                ),
+                w,
+            ),
+            fg(app, Color::DarkGray),
+        )));
+    }
+    for l in &j.lost {
+        lines.push(Line::from(Span::styled(
+            truncate(
+                &format!(
+                    "  lost {:>7}  GPU {:<6} {:>10}  {} at {}",
+                    l.pid,
+                    fmt_gpus(&l.gpus),
+                    fmt_bytes(l.bytes),
+                    l.how.describe(),
+                    crate::core::format::fmt_clock(l.at_ms)
+                ),
+                w,
+            ),
+            fg(app, Color::Red),
+        )));
+    }
 }
