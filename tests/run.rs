@@ -1245,3 +1245,93 @@ fn an_ep_job_stays_one_unit_through_its_crash_and_is_swept_whole() {
         await_cond("the job's processes ended", 20, || !alive(p));
     }
 }
+
+/// Memory on a GPU past what its live listed process is charged, held by a process that opened the GPU after
+/// it was first walked (a sidecar): every process's descriptors are walked again at once, and the holder is
+/// named within a few readings, not at the next slow full walk (30 s), and before its memory is a confirmed
+/// leak with "no holder found".
+#[test]
+fn a_residual_walks_every_process_and_finds_a_holder_that_opened_the_gpu_late() {
+    use std::io::BufRead;
+    let env = Env::new();
+    let lib = standin_nvml(env.dir.path());
+    set_nvml(env.dir.path(), "0\n");
+    // The rank: holds GPU 0 from the start. The sidecar: walked first with no GPU, opens it a moment later.
+    let rank = crate::support::Reaped(
+        Command::new("sleep")
+            .arg("300")
+            .stdin(std::fs::File::open(env.path("nvidia0")).expect("open"))
+            .spawn()
+            .expect("rank"),
+    );
+    let fifo = Command::new("mkfifo")
+        .arg(env.path("go"))
+        .status()
+        .expect("mkfifo");
+    assert!(fifo.success());
+    let sidecar = crate::support::Reaped(
+        Command::new("sh")
+            .args(["-c", "read _ <go; exec sleep 301 <nvidia0"])
+            .current_dir(env.dir.path())
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("sidecar"),
+    );
+    let glob = format!("{}/nvidia*", env.dir.path().display());
+    let mut serve = crate::support::Reaped(
+        env.cmd(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-socket",
+            "--interval",
+            "200ms",
+        ])
+        .args(["--device-glob", &glob])
+        .env("GPUSWEEP_NVML_LIBRARY", &lib)
+        .env("STANDIN_NVML_STATE", env.path("nvml"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("serve"),
+    );
+    let mut banner = String::new();
+    std::io::BufReader::new(serve.0.stderr.take().expect("stderr"))
+        .read_line(&mut banner)
+        .expect("banner");
+    let addr = banner
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{banner}"))
+        .to_string();
+    set_nvml(env.dir.path(), &format!("1024 {}:1024\n", rank.0.id()));
+    let host = || get_json(&addr, "/api/v1/snapshot")["hosts"][0].clone();
+    // Its first full walk is done (the rank is known to hold GPU 0; the sidecar to hold nothing).
+    await_cond("the rank seen holding its GPU", 20, || {
+        host()["holders"]
+            .as_array()
+            .is_some_and(|h| h.iter().any(|h| h["pid"] == rank.0.id()))
+    });
+    // The sidecar opens GPU 0 and allocates 4 GiB that NVML does not charge to anyone alive.
+    std::fs::write(env.path("go"), "\n").expect("go");
+    await_cond("the sidecar holding the GPU", 10, || {
+        std::fs::read_link(format!("/proc/{}/fd/0", sidecar.0.id()))
+            .is_ok_and(|l| l.ends_with("nvidia0"))
+    });
+    set_nvml(env.dir.path(), &format!("5120 {}:1024\n", rank.0.id()));
+    await_cond("the sidecar named as the holder", 10, || {
+        host()["holders"]
+            .as_array()
+            .is_some_and(|h| h.iter().any(|h| h["pid"] == sidecar.0.id()))
+    });
+    let h = host();
+    assert!(
+        !h["findings"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|f| f["action"]
+                .as_str()
+                .is_some_and(|a| a.contains("no holder found")))),
+        "{h}"
+    );
+}

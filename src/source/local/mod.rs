@@ -321,8 +321,14 @@ impl LocalSource {
     }
 }
 
+/// Memory past what live listed processes are charged that is still context overhead, not a residual (as
+/// `AnalyzeOptions::residual_slack`).
+const RESIDUAL_SLACK: u64 = 256 * crate::core::model::MIB;
+
 /// What no live listed process explains, per GPU: the listed PIDs that are gone, and whether memory is used
-/// with nothing listed. Empty when everything is explained.
+/// beyond what the live listed ones are charged (with nothing listed, any at all). Empty when everything is
+/// explained. A change of it walks every process's descriptors at once: a process that opened the GPU after
+/// it was first walked (a sidecar) is found before its memory is called a leak.
 fn unexplained(gpus: &[Gpu], table: &ProcTable) -> Vec<(u32, Vec<u32>, bool)> {
     gpus.iter()
         .filter_map(|g| {
@@ -332,8 +338,19 @@ fn unexplained(gpus: &[Gpu], table: &ProcTable) -> Vec<(u32, Vec<u32>, bool)> {
                 .map(|p| p.pid)
                 .filter(|pid| !table.procs.contains_key(pid))
                 .collect();
-            let unowned = g.processes.is_empty() && g.memory.used.unwrap_or(0) > 0;
-            (!gone.is_empty() || unowned).then_some((g.index, gone, unowned))
+            let used = g.memory.used.unwrap_or(0);
+            let charged: Option<u64> = g
+                .processes
+                .iter()
+                .filter(|p| table.procs.contains_key(&p.pid))
+                .map(|p| p.used_bytes)
+                .sum();
+            let residual = if g.processes.is_empty() {
+                used > 0
+            } else {
+                charged.is_some_and(|c| used.saturating_sub(c) > RESIDUAL_SLACK)
+            };
+            (!gone.is_empty() || residual).then_some((g.index, gone, residual))
         })
         .collect()
 }
