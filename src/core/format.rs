@@ -142,6 +142,31 @@ pub fn millis(d: std::time::Duration) -> u64 {
 
 pub use super::escape::{escape, shell_quote};
 
+/// A command line as a narrow column should show it: each absolute path (the interpreter's, the script's, a
+/// `--flag=/path`'s) by its last component, so what tells ranks apart (the script, `--local_rank 5`,
+/// `TP5`) comes before the cut. `/opt/conda/bin/python3.12 -u /srv/launch.py --rank 5` reads
+/// `python3.12 -u launch.py --rank 5`. For showing only: records keep the whole line.
+pub fn brief_cmd(cmd: &str) -> String {
+    let brief = |w: &str| -> String {
+        let (key, value) = match w.split_once('=') {
+            Some((k, v)) if k.starts_with('-') => (Some(k), v),
+            _ => (None, w),
+        };
+        let value = if value.starts_with('/') && value.len() > 1 {
+            value
+                .trim_end_matches('/')
+                .rsplit('/')
+                .next()
+                .filter(|b| !b.is_empty())
+                .unwrap_or(value)
+        } else {
+            value
+        };
+        key.map_or_else(|| value.to_string(), |k| format!("{k}={value}"))
+    };
+    cmd.split(' ').map(brief).collect::<Vec<_>>().join(" ")
+}
+
 /// Cut `s` to at most `max` characters, with an ellipsis when cut.
 pub fn truncate(s: &str, max: usize) -> String {
     if s.chars().count() <= max {
@@ -157,6 +182,17 @@ pub fn truncate(s: &str, max: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_brief_command_keeps_what_tells_ranks_apart() {
+        assert_eq!(
+            brief_cmd("/opt/conda/envs/serve/bin/python3.12 -u /workspace/sglang/launch.py --model-path=/models/Qwen3 --rank 5"),
+            "python3.12 -u launch.py --model-path=Qwen3 --rank 5"
+        );
+        assert_eq!(brief_cmd("sglang::scheduler_TP3_EP3"), "sglang::scheduler_TP3_EP3");
+        assert_eq!(brief_cmd("[kworker/0:1]"), "[kworker/0:1]");
+        assert_eq!(brief_cmd("/ x"), "/ x");
+    }
 
     #[test]
     fn gpu_sets_read_as_ranges() {

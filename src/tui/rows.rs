@@ -101,7 +101,7 @@ fn live_rows(s: &HostSnapshot, tree: bool) -> Vec<ProcRow> {
             gpus,
             bytes: s.charged(p.pid),
             started_at: p.started_at,
-            cmd: p.display_cmd(),
+            cmd: crate::core::format::brief_cmd(&p.display_cmd()),
             job: p
                 .job
                 .as_ref()

@@ -21,7 +21,7 @@ fn label(p: &Proc) -> String {
     format!(
         "{} ({})",
         p.pid,
-        crate::core::format::truncate(&p.display_cmd(), 40)
+        crate::core::format::truncate(&crate::core::format::brief_cmd(&p.display_cmd()), 40)
     )
 }
 

@@ -68,7 +68,7 @@ pub fn render(app: &App, f: &mut Frame, d: &Sweep) {
                 truncate(i.user.as_deref().unwrap_or("N/A"), 8),
                 fmt_gpus(&i.gpus),
                 fmt_bytes(i.bytes),
-                truncate(&i.cmdline, cmd_w)
+                truncate(&crate::core::format::brief_cmd(&i.cmdline), cmd_w)
             )));
         }
     }
