@@ -51,3 +51,47 @@ ok "no leak said while the ranks started and loaded" "python3 -c 'import json,sy
 ok "no ghost called a reused PID" '! grep -q "the PID was reused" "$OUT/events.jsonl"'
 ok "no rank left, GPU 0 reads zero" '[ "$left" = 0 ] && [ "$MEM" = 0 ]'
 grep -E '"event":"(job_started|job_phase|rank_lost|job_ended)"' "$OUT/events.jsonl" >>"$L"
+
+# Scene 2, watched by a serve: the job's helpers (a data-loader rank 1 forks once its GPU is open, a sidecar
+# opening /dev/nvidia0), rank 2 killed mid-warm-up, then the launcher killed (the ritual). Expected: one job
+# throughout (its ranks are not split into a job each when reparented), 4 ranks and 2 helpers, the lost rank
+# still named with the launcher said gone; `sweep --job` ends every rank and helper; GPU 0 reads zero.
+# Writes $OUT/scene2.json (the serve's jobs at each step).
+say "scene 2: serve; setsid ep_launcher.py --workers 4 --gpus 1 --gb 4 --steps 8 --loader 1 --sidecar 0 ($(date -u +%FT%TZ))"
+"$BIN" serve --listen 127.0.0.1:19401 --no-socket --interval 250ms 2>"$W/serve.err" &
+SRV=$!
+trap 'pkill -9 -f ep_launcher.py 2>/dev/null; kill $SRV 2>/dev/null; rm -rf "$W"' EXIT
+setsid -f python3 scripts/gpu/ep_launcher.py --workers 4 --gpus 1 --gb 4 --steps 8 --step-s 1 --loader 1 \
+  --sidecar 0 --ready-dir "$W/ready2" >"$W/out2" 2>&1
+wait_for "SIDECAR" "$W/out2" 60 || { res "FAIL: no launcher"; cat "$W/out2" >>"$L"; exit 1; }
+LP=$(sed -n 's/^LAUNCHER \([0-9]*\) WORKERS .*/\1/p' "$W/out2")
+WP2=$(sed -n 's/^LAUNCHER [0-9]* WORKERS //p' "$W/out2")
+SIDE=$(sed -n 's/^SIDECAR //p' "$W/out2")
+jobs_now() {
+  python3 - "$LP" <<'PY'
+import json, sys, urllib.request
+try:
+    v = json.load(urllib.request.urlopen("http://127.0.0.1:19401/api/v1/snapshot", timeout=5))
+except Exception as e:
+    print(json.dumps({"error": str(e)})); sys.exit(0)
+jobs = v["hosts"][0].get("jobs", [])
+print(json.dumps({"jobs": jobs, "mine": [j for j in jobs if j["id"] == "tree:" + sys.argv[1]]}))
+PY
+}
+until_job() { for _ in $(seq 1 "$2"); do J=$(jobs_now); echo "$J" >>"$OUT/scene2.json"; python3 -c "import json,sys; j=json.loads(sys.argv[1]); m=j.get('mine') or [{}]; m=m[0]; sys.exit(0 if ($1) else 1)" "$J" && return 0; sleep 0.5; done; return 1; }
+: >"$OUT/scene2.json"
+res "launcher $LP workers $WP2 sidecar $SIDE"
+ok "4 ranks and 2 helpers (the data-loader, the sidecar) while loading" 'until_job "len(m.get(\"ranks\",[]))==4 and len(m.get(\"helpers\",[]))==2" 120'
+R2=$(echo "$WP2" | cut -d, -f3)
+say "kill -9 $R2 (rank 2) mid-warm-up; then kill -9 $LP (the launcher)"
+kill -9 "$R2"
+ok "rank 2 lost" 'until_job "any(l[\"pid\"]==$R2 for l in m.get(\"lost\",[]))" 40'
+kill -9 "$LP"
+ok "one job still, its launcher said gone, rank 2 still named lost" 'until_job "m.get(\"launcher_gone_ms\") and any(l[\"pid\"]==$R2 for l in m.get(\"lost\",[])) and len(j[\"jobs\"])==1" 40'
+"$BIN" sweep --job "tree:$LP" --yes --grace 5s >"$W/sweep2" 2>&1; SRC=$?
+cat "$W/sweep2" >>"$L"
+# Ranks, the data-loader (rank 1's child, the same command line) and the sidecar.
+left2=0; for p in $(pgrep -f ep_launcher.py) $SIDE; do [ -e /proc/$p ] && ! grep -q '^State:.*Z' /proc/$p/status && left2=$((left2+1)); done
+MEM2=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+ok "sweep --job tree:$LP ended every rank and helper (exit $SRC, $left2 left), GPU 0 reads zero ($MEM2 MiB)" '[ "$SRC" = 0 ] && [ "$left2" = 0 ] && [ "$MEM2" = 0 ]'
+kill "$SRV" 2>/dev/null

@@ -1367,7 +1367,7 @@ fn a_zombie_adopted_by_a_pid_1_that_never_reaps_is_not_promised_a_reaping() {
         .clone();
     let detail = f["detail"].as_str().expect("detail");
     assert!(
-        detail.contains("PID 1 (sleep)") && detail.contains("not an init known to reap"),
+        detail.contains("PID 1 (sleep)") && detail.contains("not an init gpusweep knows"),
         "{detail}"
     );
     assert!(!detail.contains("will reap"), "{detail}");

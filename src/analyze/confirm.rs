@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use crate::core::format::fmt_span;
-use crate::core::model::{Finding, Severity, Subject};
+use crate::core::model::{Finding, FindingKind, Severity, Subject};
 
 /// When each finding of one watched host was first seen (Unix ms; 0: at the first reading).
 #[derive(Debug, Default)]
@@ -60,6 +60,21 @@ impl Confirm {
     }
 }
 
+impl Confirm {
+    /// A zombie that touches no GPU is not said at all until it lasts the window: every process's child is
+    /// one for a moment, until its parent reaps it (a shell's, gpusweep's own), and such a note offered a kill
+    /// of an unrelated parent. One touching a GPU (a rank's, a holder's child) is said at once, lowered.
+    pub fn withhold_passing(&self, findings: &mut Vec<Finding>, at: u64, window_ms: u64) {
+        findings.retain(|f| {
+            let young = self
+                .since
+                .get(&f.subject())
+                .is_some_and(|t| at < t.saturating_add(window_ms));
+            !(f.kind == FindingKind::Zombie && f.gpu.is_none() && young)
+        });
+    }
+}
+
 fn word(s: Severity) -> &'static str {
     match s {
         Severity::Leak => "leak",
@@ -104,7 +119,25 @@ fn restore(f: &mut Finding, window_ms: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::model::FindingKind;
+
+    #[test]
+    fn a_passing_zombie_of_no_gpu_is_withheld_and_one_of_a_gpu_said_at_once() {
+        let mut c = Confirm::default();
+        c.apply(&mut [], 0, 3_000);
+        let mut passing = finding(FindingKind::Zombie, Severity::Warning);
+        passing.gpu = None;
+        let of_a_rank = finding(FindingKind::Zombie, Severity::Warning);
+        let mut f = vec![passing.clone(), of_a_rank];
+        c.apply(&mut f, 1_000, 3_000);
+        c.withhold_passing(&mut f, 1_000, 3_000);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0].gpu, Some(0));
+        // Still there past the window: said.
+        let mut f = vec![passing];
+        c.apply(&mut f, 4_500, 3_000);
+        c.withhold_passing(&mut f, 4_500, 3_000);
+        assert_eq!(f.len(), 1, "{f:?}");
+    }
 
     fn finding(kind: FindingKind, severity: Severity) -> Finding {
         Finding {

@@ -186,10 +186,15 @@ mod tests {
     #[test]
     fn a_brief_command_keeps_what_tells_ranks_apart() {
         assert_eq!(
-            brief_cmd("/opt/conda/envs/serve/bin/python3.12 -u /workspace/sglang/launch.py --model-path=/models/Qwen3 --rank 5"),
+            brief_cmd(
+                "/opt/conda/envs/serve/bin/python3.12 -u /workspace/sglang/launch.py --model-path=/models/Qwen3 --rank 5"
+            ),
             "python3.12 -u launch.py --model-path=Qwen3 --rank 5"
         );
-        assert_eq!(brief_cmd("sglang::scheduler_TP3_EP3"), "sglang::scheduler_TP3_EP3");
+        assert_eq!(
+            brief_cmd("sglang::scheduler_TP3_EP3"),
+            "sglang::scheduler_TP3_EP3"
+        );
         assert_eq!(brief_cmd("[kworker/0:1]"), "[kworker/0:1]");
         assert_eq!(brief_cmd("/ x"), "/ x");
     }

@@ -457,6 +457,8 @@ impl Ledger {
             if applied.changed {
                 crate::analyze::state::judge_gpus(&mut snap, &self.opts);
             }
+            self.confirm
+                .withhold_passing(&mut snap.findings, at, self.opts.confirm_ms);
             self.confirm_due = applied.due_ms;
         }
         // Memory that moved is news.

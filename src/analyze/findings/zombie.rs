@@ -35,11 +35,12 @@ pub fn find(snap: &Indexed<'_>, out: &mut Findings) {
             )
         } else if p.ppid <= 1 {
             // Seen on real machines: a PID 1 that is a plain program (a container's entry point, an agent)
-            // never calls wait(), so its adopted children stay zombies until it exits.
+            // never calls wait(), so its adopted children stay zombies until it exits. Whether this one reaps
+            // is not known: it is not said.
             (
                 format!(
-                    "its parent is PID 1 ({}), which is not an init known to reap adopted children: it stays \
-                     until PID 1 exits",
+                    "its parent is PID 1 ({}), not an init gpusweep knows; if it does not reap the children it \
+                     adopts, this one stays until PID 1 exits",
                     init.unwrap_or("unknown")
                 ),
                 "nothing to do for the GPU (a zombie holds no memory); if zombies pile up, run containers with \
@@ -57,10 +58,20 @@ pub fn find(snap: &Indexed<'_>, out: &mut Findings) {
                 Some(p.ppid),
             )
         };
+        // It touches a GPU when NVML still lists it or its parent holds one (a rank's child).
+        let listed = snap
+            .gpus
+            .iter()
+            .find(|g| g.processes.iter().any(|l| l.pid == z))
+            .map(|g| g.index);
+        let parents = snap
+            .holder(p.ppid)
+            .filter(|h| !h.benign)
+            .and_then(|h| h.gpus.first().copied());
         out.push(Draft {
             kind: FindingKind::Zombie,
             severity: Severity::Warning,
-            gpu: None,
+            gpu: listed.or(parents),
             pid: Some(z),
             bytes: None,
             detail: format!(
