@@ -2362,8 +2362,17 @@ fn an_mpi_hostfile_is_read_as_it_is() {
         .filter_map(|h| h["host"].as_str())
         .collect();
     assert_eq!(hosts, ["gpu-a", "gpu-d"], "{t}");
-    // Every host has its jobs in the contract, always an array.
+    // Every host has its jobs in the contract, always an array, and every job its lost ranks (`jq
+    // '.hosts[].jobs[].lost[]'` reads them all).
     assert!(v["hosts"][1]["jobs"].is_array(), "{t}");
+    let jobs: Vec<&serde_json::Value> = v["hosts"]
+        .as_array()
+        .expect("hosts")
+        .iter()
+        .flat_map(|h| h["jobs"].as_array().into_iter().flatten())
+        .collect();
+    assert!(!jobs.is_empty(), "{t}");
+    assert!(jobs.iter().all(|j| j["lost"].is_array()), "{t}");
 }
 
 #[test]
@@ -2382,7 +2391,8 @@ fn check_speaks_node_problem_detectors_plugin_protocol() {
         let o = c.output().expect("check");
         let out = String::from_utf8_lossy(&o.stdout).to_string();
         assert_eq!(out.lines().count(), 1, "one line: {}", text(&o));
-        assert!(out.trim_end().chars().count() <= 80, "{out}");
+        // node-problem-detector keeps `max_output_length` bytes: never more, never a character cut.
+        assert!(out.trim_end().len() <= 80, "{out}");
         (o.status.code(), out)
     };
     // Clean: OK.
@@ -2416,6 +2426,22 @@ fn check_speaks_node_problem_detectors_plugin_protocol() {
     )]);
     assert_eq!(code, Some(2), "{line}");
     assert!(line.starts_with("unknown"), "{line}");
+    // A host name in UTF-8 and small limits: at most that many bytes, whole characters.
+    for max in ["80", "20", "5"] {
+        let o = env
+            .cmd(&[
+                "check",
+                "--max-line",
+                max,
+                "--hosts",
+                "cmd:echo ✓✓✓✓✓✓✓✓ héhé",
+            ])
+            .output()
+            .expect("check");
+        let out = String::from_utf8(o.stdout.clone()).expect("whole characters: valid UTF-8");
+        let n: usize = max.parse().expect("n");
+        assert!(out.trim_end().len() <= n, "{max}: {out:?}");
+    }
 }
 
 /// A gate inside a PID namespace of its own (node-problem-detector without `hostPID`) cannot see who holds

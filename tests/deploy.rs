@@ -84,6 +84,15 @@ fn what_the_manifests_ask_of_gpusweep_is_what_it_does() {
         .join("\n");
     let cfg: serde_json::Value = serde_json::from_str(&json).expect("NPD's JSON");
     let rule = &cfg["rules"][0];
+    // NPD refuses a monitor whose rule's program does not exist: it is where the .deb installs it.
+    let cargo = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+        .expect("Cargo.toml");
+    let deb_dir = cargo
+        .lines()
+        .find(|l| l.contains("\"target/release/gpusweep\""))
+        .and_then(|l| l.split('"').nth(3))
+        .expect("the .deb's binary");
+    assert_eq!(rule["path"], format!("/{deb_dir}gpusweep"), "{rule}");
     assert_eq!(rule["args"][0], "check");
     assert_eq!(rule["args"][1], "--max-line");
     assert_eq!(

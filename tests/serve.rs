@@ -637,6 +637,17 @@ async fn a_token_guards_every_route_but_healthz_and_tls_is_served_with_the_given
             .expect("body")
             .contains("DCGM_FI_DEV_FB_USED")
     );
+    // The scheme is case-insensitive: `bearer` and `BEARER` are Bearer.
+    for scheme in ["bearer", "BEARER"] {
+        let s = tls
+            .get(format!("{base}/metrics"))
+            .header("Authorization", format!("{scheme} {token}"))
+            .send()
+            .await
+            .expect("GET")
+            .status();
+        assert_eq!(s.as_u16(), 200, "{scheme}");
+    }
     let s = tls
         .get(format!("{base}/healthz"))
         .send()

@@ -7,13 +7,14 @@ use std::io::Write;
 
 use super::common::{first_snapshots, runtime};
 use super::wait::{blind_gate, blind_holders, unusable};
-use crate::core::format::{escape, fmt_bytes, truncate};
+use crate::core::format::{escape, fmt_bytes};
 use crate::core::model::{Finding, HostSnapshot, Severity};
 use crate::runtime::{Fleet, Settings};
 
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
-    /// The longest line printed (node-problem-detector keeps `max_output_length`, 80 by default).
+    /// The longest line printed, in bytes (node-problem-detector keeps `max_output_length` bytes, 80 by
+    /// default).
     #[arg(long, value_name = "N", default_value_t = 80)]
     pub max_line: usize,
 }
@@ -106,7 +107,7 @@ pub fn run(s: &Settings, a: &CheckArgs) -> anyhow::Result<i32> {
     writeln!(
         std::io::stdout().lock(),
         "{}",
-        truncate(&line, a.max_line.max(16))
+        crate::core::format::truncate_bytes(&line, a.max_line)
     )?;
     Ok(code)
 }

@@ -167,6 +167,22 @@ pub fn brief_cmd(cmd: &str) -> String {
     cmd.split(' ').map(brief).collect::<Vec<_>>().join(" ")
 }
 
+/// Cut `s` to at most `max` bytes of UTF-8, never inside a character, with `...` when cut (a reader that
+/// counts bytes, as node-problem-detector does, never cuts it again).
+pub fn truncate_bytes(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let room = max.saturating_sub(3);
+    let mut end = room;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut t = s[..end].to_string();
+    t.push_str(&"..."[..max.min(3)]);
+    t
+}
+
 /// Cut `s` to at most `max` characters, with an ellipsis when cut.
 pub fn truncate(s: &str, max: usize) -> String {
     if s.chars().count() <= max {
@@ -182,6 +198,17 @@ pub fn truncate(s: &str, max: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_line_cut_to_bytes_is_never_longer_nor_broken() {
+        let s = "gpu-node-7: GPU 0: 2048 MiB held by 4242 (k8s:3f2a9c1e) — résidu ünter ✓✓✓";
+        for max in [0, 1, 2, 3, 5, 16, 40, 61, 62, 63, 80] {
+            let t = truncate_bytes(s, max);
+            assert!(t.len() <= max, "{max}: {t:?} is {} bytes", t.len());
+        }
+        assert_eq!(truncate_bytes("short", 80), "short");
+        assert_eq!(truncate_bytes("✓✓✓✓", 7), "✓...");
+    }
 
     #[test]
     fn a_brief_command_keeps_what_tells_ranks_apart() {

@@ -309,7 +309,8 @@ pub struct JobReport {
     pub warmup_ms: Option<u64>,
     /// What it held when it settled.
     pub settled_bytes: Option<u64>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Always present (empty when none): `jq '.hosts[].jobs[].lost[]'` reads every job.
+    #[serde(default)]
     pub lost: Vec<LostRank>,
     /// Declared kept on purpose (config `keep`): shown, never swept, never a leak.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

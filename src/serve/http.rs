@@ -81,10 +81,11 @@ async fn auth(State(web): State<Web>, req: Request, next: Next) -> Response {
     if path == "/healthz" || (path.starts_with("/hosts/") && path.ends_with("/healthz")) {
         return next.run(req).await;
     }
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    let given = req.headers().get(header::AUTHORIZATION).and_then(|v| {
+        // The scheme is case-insensitive (RFC 9110 11.1): `bearer`, `BEARER` are `Bearer`.
+        let v = v.as_bytes();
+        (v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ")).then(|| &v[7..])
+    });
     if given.is_some_and(|g| same(g, token.as_bytes())) {
         return next.run(req).await;
     }
