@@ -1010,6 +1010,40 @@ fn a_job_swept_by_gpusweep_loses_no_rank() {
     );
 }
 
+/// `gpusweep serve` of this host on the stand-in devices and driver of `env`, polled every 200 ms; it and its
+/// `127.0.0.1:PORT`.
+fn standin_serve(env: &Env, lib: &Path, glob: &str) -> (crate::support::Reaped, String) {
+    use std::io::BufRead;
+    let mut serve = crate::support::Reaped(
+        env.cmd(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-socket",
+            "--interval",
+            "200ms",
+        ])
+        .args(["--device-glob", glob])
+        .env("GPUSWEEP_NVML_LIBRARY", lib)
+        .env("STANDIN_NVML_STATE", env.path("nvml"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("serve"),
+    );
+    let mut banner = String::new();
+    std::io::BufReader::new(serve.0.stderr.take().expect("stderr"))
+        .read_line(&mut banner)
+        .expect("banner");
+    let addr = banner
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{banner}"))
+        .to_string();
+    (serve, addr)
+}
+
 /// `GET path` of a serve at `addr`, the body of its HTTP/1.0 answer as JSON.
 fn get_json(addr: &str, path: &str) -> serde_json::Value {
     use std::io::{Read, Write};
@@ -1044,7 +1078,6 @@ time.sleep(600)
 #[test]
 #[allow(clippy::too_many_lines)] // one scene, start to sweep
 fn an_ep_job_stays_one_unit_through_its_crash_and_is_swept_whole() {
-    use std::io::BufRead;
     let env = Env::new();
     for i in 1..4 {
         std::fs::write(env.path(&format!("nvidia{i}")), b"").expect("stand-in device");
@@ -1106,33 +1139,7 @@ fn an_ep_job_stays_one_unit_through_its_crash_and_is_swept_whole() {
     }
     let _gone = Gone([&pids[..], &[launcher, loader]].concat());
     let glob = format!("{}/nvidia*", env.dir.path().display());
-    let mut serve = crate::support::Reaped(
-        env.cmd(&[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--no-socket",
-            "--interval",
-            "200ms",
-        ])
-        .args(["--device-glob", &glob])
-        .env("GPUSWEEP_NVML_LIBRARY", &lib)
-        .env("STANDIN_NVML_STATE", env.path("nvml"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("serve"),
-    );
-    let mut banner = String::new();
-    std::io::BufReader::new(serve.0.stderr.take().expect("stderr"))
-        .read_line(&mut banner)
-        .expect("banner");
-    let addr = banner
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("{banner}"))
-        .to_string();
+    let (_serve, addr) = standin_serve(&env, &lib, &glob);
     let job_id = format!("tree:{launcher}");
     let job = || {
         let v = get_json(&addr, "/api/v1/snapshot");
@@ -1252,7 +1259,6 @@ fn an_ep_job_stays_one_unit_through_its_crash_and_is_swept_whole() {
 /// leak with "no holder found".
 #[test]
 fn a_residual_walks_every_process_and_finds_a_holder_that_opened_the_gpu_late() {
-    use std::io::BufRead;
     let env = Env::new();
     let lib = standin_nvml(env.dir.path());
     set_nvml(env.dir.path(), "0\n");
@@ -1278,33 +1284,7 @@ fn a_residual_walks_every_process_and_finds_a_holder_that_opened_the_gpu_late() 
             .expect("sidecar"),
     );
     let glob = format!("{}/nvidia*", env.dir.path().display());
-    let mut serve = crate::support::Reaped(
-        env.cmd(&[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--no-socket",
-            "--interval",
-            "200ms",
-        ])
-        .args(["--device-glob", &glob])
-        .env("GPUSWEEP_NVML_LIBRARY", &lib)
-        .env("STANDIN_NVML_STATE", env.path("nvml"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("serve"),
-    );
-    let mut banner = String::new();
-    std::io::BufReader::new(serve.0.stderr.take().expect("stderr"))
-        .read_line(&mut banner)
-        .expect("banner");
-    let addr = banner
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("{banner}"))
-        .to_string();
+    let (_serve, addr) = standin_serve(&env, &lib, &glob);
     set_nvml(env.dir.path(), &format!("1024 {}:1024\n", rank.0.id()));
     let host = || get_json(&addr, "/api/v1/snapshot")["hosts"][0].clone();
     // Its first full walk is done (the rank is known to hold GPU 0; the sidecar to hold nothing).

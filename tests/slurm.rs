@@ -19,11 +19,56 @@ struct Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // Everything the daemons started first, while they live to reap it: a job's slurmstepd ignores TERM
+        // and would outlive slurmd, reparented to PID 1 (which here may never reap it).
+        let mut all: Vec<u32> = self.daemons.iter().map(Child::id).collect();
+        let mut i = 0;
+        while i < all.len() {
+            all.extend(children(all[i]));
+            i += 1;
+        }
+        let started = &all[self.daemons.len()..];
+        for pid in started.iter().rev() {
+            if let Ok(p) = i32::try_from(*pid) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        let t = std::time::Instant::now();
+        while started
+            .iter()
+            .any(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+            && t.elapsed() < Duration::from_secs(5)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         for d in &mut self.daemons {
             let _ = d.kill();
             let _ = d.wait();
         }
     }
+}
+
+/// The processes whose parent is `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let ppid = std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .and_then(|s| {
+                let after = s.get(s.rfind(')')? + 2..)?.to_string();
+                after.split_whitespace().nth(1)?.parse::<u32>().ok()
+            });
+        if ppid == Some(pid) {
+            out.push(p);
+        }
+    }
+    out
 }
 
 fn daemon(cmd: &mut Command) -> Child {

@@ -1056,7 +1056,13 @@ pub fn others_hidden(proc_root: &Path) -> bool {
     else {
         return false;
     };
-    if rustix::process::geteuid().is_root() {
+    // Root sees everyone only in the initial user namespace: uid 0 of a user namespace of its own (a
+    // fakeroot container, `unshare -Ur`) is hidden from like any user.
+    let initial_userns = fs::read_to_string(proc_root.join("self/uid_map")).is_ok_and(|m| {
+        let lines: Vec<Vec<&str>> = m.lines().map(|l| l.split_whitespace().collect()).collect();
+        lines == [vec!["0", "0", "4294967295"]]
+    });
+    if rustix::process::geteuid().is_root() && initial_userns {
         return false;
     }
     let exempt = h.exempt_gid.is_some_and(|g| {
