@@ -970,7 +970,6 @@ impl HostSnapshot {
     }
 }
 
-/// Two readings' findings say the same, their wording (which may quote an age) aside.
 impl HostSnapshot {
     /// Whether `next`'s judgement (findings, and jobs but for their memory) is this reading's: a serve then
     /// may send only its memory, and a client that keeps the serve's judgement loses nothing by it.
@@ -985,6 +984,7 @@ impl HostSnapshot {
     }
 }
 
+/// Two readings' findings say the same, their wording (which may quote an age) aside.
 fn same_findings(a: &[Finding], b: &[Finding]) -> bool {
     a.len() == b.len()
         && a.iter().zip(b).all(|(x, y)| {
