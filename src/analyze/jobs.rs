@@ -2,7 +2,9 @@
 //! else the launcher tree they descend from), and, reading after reading, how each job's warm-up stands
 //! (starting, loading, settled), which rank it lost while the others hold on, and which rank lags its peers
 //! while loading. The only part of analysis with a memory: a rank that exited is no longer in the reading, so
-//! the book remembers who the ranks were. No clock inside: the reading's time is the time.
+//! the book remembers who the ranks were, and which job each process was in (a job stays one when its launcher
+//! dies). Ranks are told from helpers (a forked data-loader, a sidecar: swept with the job, never lost). No
+//! clock inside: the reading's time is the time.
 
 use std::collections::{BTreeMap, HashMap};
 
