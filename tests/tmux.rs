@@ -377,3 +377,56 @@ fn w_on_a_steady_clean_host_ends_with_its_banner_in_the_demo_and_over_http() {
     t.keys(&["q"]);
     t.await_text("EXITED 0");
 }
+
+/// A TUI attached to a serve after gpu-d's warm-up crashed (the demo loses rank 3 at 24 s) shows what the node
+/// saw: the job's lost rank in the jobs view, not a fresh judgement with no history.
+#[test]
+fn a_tui_attached_after_the_crash_shows_the_lost_rank() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut c = Command::new(BIN);
+    c.args([
+        "serve",
+        "--demo",
+        "--hosts",
+        "gpu-d",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let serve = DemoServe::spawn(c, dir.path());
+    // The node's own view first: the crash has happened.
+    let t0 = Instant::now();
+    loop {
+        let o = Command::new(BIN)
+            .args([
+                "snapshot",
+                "--json",
+                "--hosts",
+                &format!("http://{}", serve.1),
+            ])
+            .env("GPUSWEEP_CONFIG", dir.path().join("none.toml"))
+            .output()
+            .expect("snapshot");
+        if String::from_utf8_lossy(&o.stdout).contains("lost_rank") {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "gpu-d never lost its rank"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let cmd = format!(
+        "GPUSWEEP_CONFIG={0}/none.toml {BIN} --hosts http://{1}; echo EXITED $?; sleep 30",
+        dir.path().display(),
+        serve.1
+    );
+    let t = Tmux::start("attached", 160, 48, &cmd);
+    t.await_text(&format!("{} [", serve.1));
+    t.keys(&["J"]);
+    let s = t.await_text("lost    6123");
+    assert!(s.contains("lost a rank"), "{s}");
+    t.keys(&["Escape"]);
+    t.await_gone("lost    6123");
+    t.keys(&["q"]);
+    t.await_text("EXITED 0");
+}
