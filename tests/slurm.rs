@@ -334,9 +334,17 @@ struct NotSlurm(PathBuf);
 
 impl Drop for NotSlurm {
     fn drop(&mut self) {
-        // Its one process is gone by now (the decoy is dropped first): the empty groups can go.
+        // Its one process was killed (the decoy is dropped first); the kernel lets go of it a moment after its
+        // reaping: the groups go once they are empty.
+        let empty = |d: &Path| {
+            std::fs::read_to_string(d.join("cgroup.procs")).is_ok_and(|s| s.trim().is_empty())
+        };
         for e in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
             if e.path().is_dir() {
+                let t = std::time::Instant::now();
+                while !empty(&e.path()) && t.elapsed() < Duration::from_secs(5) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
                 let _ = std::fs::remove_dir(e.path());
             }
         }
@@ -405,11 +413,12 @@ fn the_epilog_ends_only_the_jobs_processes_never_another_users_or_a_look_alike_c
             .spawn()
             .expect("a root daemon"),
     );
-    let in_cgroup = Decoy(Command::new("sleep").arg("300").spawn().expect("sleep"));
     let group = Path::new("/sys/fs/cgroup/pids").join(crate::support::unique("gpusweep-test"));
     let leaf = group.join(format!("job_{job}"));
     std::fs::create_dir_all(&leaf).expect("a cgroup v1 pids group (the CI machine has one)");
     let _cleanup = NotSlurm(group);
+    // Declared after the groups' guard: dropped (killed) before the groups are removed.
+    let in_cgroup = Decoy(Command::new("sleep").arg("300").spawn().expect("sleep"));
     std::fs::write(leaf.join("cgroup.procs"), in_cgroup.0.id().to_string()).expect("move in");
     let out = c.client("scontrol", &["release", &env_job]);
     assert!(out.trim().is_empty(), "{out}");
