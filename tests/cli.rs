@@ -2524,38 +2524,25 @@ fn a_gate_blind_to_the_host_says_unknown_not_ok() {
         "{}",
         text(&o)
     );
-    // A /proc that hides other users' processes (hidepid): root's holder is invisible, not absent.
-    let script = format!(
-        "mount --make-rprivate / && mount -t proc -o hidepid=2 proc /proc && exec setpriv --reuid=65534 \
-         --regid=65534 --clear-groups {BIN} wait --no-nvml --timeout 2s --device-glob '{}'",
-        env.glob()
-    );
-    let o = Command::new("unshare")
-        .args(["-m", "sh", "-c", &script])
-        .env("GPUSWEEP_AUDIT_LOG", dir.join("nobody-audit.jsonl"))
-        .env("GPUSWEEP_CONFIG", dir.join("no-config.toml"))
-        .env("GPUSWEEP_SOCKET", dir.join("no-serve.sock"))
-        .env_remove("GPUSWEEP_HOSTS")
-        .output()
-        .expect("unshare (util-linux)");
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("hidepid"), "{}", text(&o));
-    // Root of a user namespace of its own (a fakeroot container) is hidden from like any user.
-    let script = format!(
-        "mount --make-rprivate / && mount -t proc -o hidepid=2 proc /proc && exec setpriv --reuid=65534 \
-         --regid=65534 --clear-groups unshare -Ur {BIN} wait --no-nvml --timeout 2s --device-glob '{}'",
-        env.glob()
-    );
-    let o = Command::new("unshare")
-        .args(["-m", "sh", "-c", &script])
-        .env("GPUSWEEP_AUDIT_LOG", dir.join("nobody-audit.jsonl"))
-        .env("GPUSWEEP_CONFIG", dir.join("no-config.toml"))
-        .env("GPUSWEEP_SOCKET", dir.join("no-serve.sock"))
-        .env_remove("GPUSWEEP_HOSTS")
-        .output()
-        .expect("unshare (util-linux)");
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("hidepid"), "{}", text(&o));
+    // A /proc that hides other users' processes (hidepid): root's holder is invisible, not absent; and so it
+    // is to root of a user namespace of its own (a fakeroot container).
+    for userns in ["", "unshare -Ur"] {
+        let script = format!(
+            "mount --make-rprivate / && mount -t proc -o hidepid=2 proc /proc && exec setpriv --reuid=65534 \
+             --regid=65534 --clear-groups {userns} {BIN} wait --no-nvml --timeout 2s --device-glob '{}'",
+            env.glob()
+        );
+        let o = Command::new("unshare")
+            .args(["-m", "sh", "-c", &script])
+            .env("GPUSWEEP_AUDIT_LOG", dir.join("nobody-audit.jsonl"))
+            .env("GPUSWEEP_CONFIG", dir.join("no-config.toml"))
+            .env("GPUSWEEP_SOCKET", dir.join("no-serve.sock"))
+            .env_remove("GPUSWEEP_HOSTS")
+            .output()
+            .expect("unshare (util-linux)");
+        assert_eq!(o.status.code(), Some(2), "{userns}: {}", text(&o));
+        assert!(text(&o).contains("hidepid"), "{userns}: {}", text(&o));
+    }
 }
 
 /// Hosts are counted before any is dialled: two lists within the limit each but past it together, and a

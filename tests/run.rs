@@ -320,20 +320,7 @@ fn a_job_is_named_by_its_cgroup_and_an_orphaned_one_is_found_and_swept_by_job() 
 #[allow(clippy::too_many_lines)] // one scenario, start to end
 fn slurm_docker_and_unit_cgroups_name_real_processes() {
     let env = Env::new();
-    let mount = std::fs::read_to_string("/proc/self/mountinfo")
-        .expect("mountinfo")
-        .lines()
-        .find(|l| l.contains(" - cgroup2 "))
-        .and_then(|l| l.split_whitespace().nth(4).map(PathBuf::from))
-        .expect("a cgroup v2 mount");
-    let own = std::fs::read_to_string("/proc/self/cgroup").expect("cgroup");
-    let own = own
-        .lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .expect("v2 line")
-        .trim_start_matches('/')
-        .to_string();
-    let base = mount.join(&own).join(unique("gpusweep-test"));
+    let base = own_v2_cgroup().join(unique("gpusweep-test"));
     let cid = "4f1c2b3a5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f70";
     let cases = [
         ("slurmstepd.scope/job_777/step_0", "slurm"),
