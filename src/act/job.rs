@@ -63,10 +63,7 @@ pub fn contain(supervisor: u32, root: Option<&Path>) -> Containment {
     };
     let own = fs::read_to_string("/proc/self/cgroup")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("0::").map(|p| p.trim().to_string()))
-        })
+        .and_then(|s| crate::core::cgroup::unified_path(&s).map(str::to_string))
         .unwrap_or_else(|| "/".into());
     let parent = mount.join(own.trim_start_matches('/'));
     let leaf = parent.join(format!("{RUN_LEAF_PREFIX}{supervisor}"));

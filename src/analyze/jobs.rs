@@ -143,6 +143,19 @@ struct Remembered {
 /// helper forked after the launcher died); else its launcher tree, or, where the launcher is gone and the
 /// ranks reparented, the process group they kept (the launcher's PID: the same `tree:PID`).
 fn identity(snap: &Indexed<'_>, p: &Proc, known: &HashMap<(u32, u64), Remembered>) -> Remembered {
+    // Remembered first: most processes of most readings are, and need no walk to their launcher.
+    if p.job.is_none() {
+        let mut cur = p;
+        for _ in 0..MAX_DEPTH {
+            if let Some(r) = known.get(&(cur.pid, cur.start_time)) {
+                return r.clone();
+            }
+            match snap.proc(cur.ppid) {
+                Some(up) if up.pid > 1 && up.pid != cur.pid && up.job.is_none() => cur = up,
+                _ => break,
+            }
+        }
+    }
     let top = launcher(snap, p);
     let of_top = |id: String| Remembered {
         id,
@@ -152,16 +165,6 @@ fn identity(snap: &Indexed<'_>, p: &Proc, known: &HashMap<(u32, u64), Remembered
     };
     if let Some(j) = &p.job {
         return of_top(j.query());
-    }
-    let mut cur = p;
-    for _ in 0..MAX_DEPTH {
-        if let Some(r) = known.get(&(cur.pid, cur.start_time)) {
-            return r.clone();
-        }
-        match snap.proc(cur.ppid) {
-            Some(up) if up.pid > 1 && up.pid != cur.pid && up.job.is_none() => cur = up,
-            _ => break,
-        }
     }
     match p.pgid {
         // The group's leader gone (or a zombie nobody reaps): its ranks are one job still.

@@ -13,7 +13,7 @@ pub mod watch;
 
 pub use state::{GpuState, gpu_clean, gpu_state};
 
-use crate::core::model::{Finding, HostSnapshot, MIB};
+use crate::core::model::{Finding, HostSnapshot};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AnalyzeOptions {
@@ -32,7 +32,7 @@ impl Default for AnalyzeOptions {
     fn default() -> Self {
         AnalyzeOptions {
             tolerance: 0,
-            residual_slack: 256 * MIB,
+            residual_slack: crate::core::model::RESIDUAL_SLACK,
             jobs: jobs::JobOptions::default(),
             confirm_ms: 3_000,
         }

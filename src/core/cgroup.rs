@@ -77,6 +77,14 @@ impl Mounts {
     }
 }
 
+/// A process's v2 cgroup path, from its `/proc/PID/cgroup` text (the `0::` line).
+pub fn unified_path(proc_cgroup: &str) -> Option<&str> {
+    proc_cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::trim)
+}
+
 /// What a cgroup path must show before the job it names is believed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {

@@ -61,10 +61,9 @@ fn proven(
                 return false;
             };
             // The supervisor's own v2 cgroup, and its user; gone, only root's leaf is still proof.
-            let sup_cgroup = fs::read_to_string(sup.join("cgroup")).ok().and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("0::").map(|p| p.trim().to_string()))
-            });
+            let sup_cgroup = fs::read_to_string(sup.join("cgroup"))
+                .ok()
+                .and_then(|s| crate::core::cgroup::unified_path(&s).map(str::to_string));
             match (sup_cgroup, fs::metadata(&sup).ok().map(|m| m.uid())) {
                 (Some(own), Some(uid)) => {
                     controllers.is_none() && own == parent && leaf_owner == uid

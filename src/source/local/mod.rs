@@ -321,10 +321,6 @@ impl LocalSource {
     }
 }
 
-/// Memory past what live listed processes are charged that is still context overhead, not a residual (as
-/// `AnalyzeOptions::residual_slack`).
-const RESIDUAL_SLACK: u64 = 256 * crate::core::model::MIB;
-
 /// What no live listed process explains, per GPU: the listed PIDs that are gone, and whether memory is used
 /// beyond what the live listed ones are charged (with nothing listed, any at all). Empty when everything is
 /// explained. A change of it walks every process's descriptors at once: a process that opened the GPU after
@@ -348,7 +344,7 @@ fn unexplained(gpus: &[Gpu], table: &ProcTable) -> Vec<(u32, Vec<u32>, bool)> {
             let residual = if g.processes.is_empty() {
                 used > 0
             } else {
-                charged.is_some_and(|c| used.saturating_sub(c) > RESIDUAL_SLACK)
+                charged.is_some_and(|c| used.saturating_sub(c) > crate::core::model::RESIDUAL_SLACK)
             };
             (!gone.is_empty() || residual).then_some((g.index, gone, residual))
         })
