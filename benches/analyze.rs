@@ -60,6 +60,7 @@ fn host(n: u32) -> HostSnapshot {
             fd_count: 1,
             benign: false,
             kept: false,
+            declared: false,
         });
         if i % 3 == 0 {
             snap.gpus[g as usize].processes.push(ListedProcess {

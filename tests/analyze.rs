@@ -56,6 +56,7 @@ fn holder(pid: u32, gpus: &[u32]) -> Holder {
         fd_count: 23,
         benign: false,
         kept: false,
+        declared: false,
     }
 }
 

@@ -2566,3 +2566,139 @@ fn too_many_hosts_in_all_or_too_large_a_hostfile_is_refused() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("larger than 16 MiB"), "{}", text(&o));
 }
+
+/// Clean means idle: a GPU at 100% with 0 MiB and nothing listed or holding it is a leftover (a kernel left
+/// running), never clean, and no gate passes it; one reading is never enough to call it a leak. Work a live
+/// listed process does is "in use"; a GPU a program the config declares holds is its business. A benign
+/// opener is named as what blocks the reset the finding advises.
+#[test]
+#[allow(clippy::too_many_lines)] // one GPU at work, every way it can be explained
+fn a_gpu_at_work_for_nobody_is_no_clean_gpu() {
+    let env = Env::new();
+    let dir = env.dir.path();
+    let lib = crate::support::standin_nvml(dir);
+    env.device();
+    let run = |config: &str, args: &[&str]| {
+        std::fs::write(dir.join("no-config.toml"), config).expect("config");
+        let mut c = env.cmd(args);
+        c.args(["--device-glob", &env.glob()])
+            .env("GPUSWEEP_NVML_LIBRARY", &lib)
+            .env("STANDIN_NVML_STATE", dir.join("nvml"));
+        c.output().expect("gpusweep")
+    };
+    let json = |config: &str| -> serde_json::Value {
+        let o = run(config, &["snapshot", "--json"]);
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)))
+    };
+    let busy_findings = |v: &serde_json::Value| -> Vec<serde_json::Value> {
+        v["hosts"][0]["findings"]
+            .as_array()
+            .expect("findings")
+            .iter()
+            .filter(|f| f["kind"] == "busy_without_holder")
+            .cloned()
+            .collect()
+    };
+    // Idle: clean, and no finding.
+    crate::support::set_nvml(dir, "0 util=0\n");
+    let v = json("");
+    assert_eq!(v["hosts"][0]["gpus"][0]["state"], "clean", "{v}");
+    assert!(busy_findings(&v).is_empty(), "{v}");
+    // At work for nobody: not clean; on one reading a warning that says it is one reading.
+    crate::support::set_nvml(dir, "0 util=100\n");
+    let v = json("");
+    assert_eq!(v["hosts"][0]["gpus"][0]["state"], "in_use", "{v}");
+    let f = busy_findings(&v);
+    assert_eq!(f.len(), 1, "{v}");
+    assert_eq!(f[0]["severity"], "warning", "{v}");
+    let detail = f[0]["detail"].as_str().expect("detail");
+    assert!(
+        detail.contains("100% busy") && detail.contains("one reading"),
+        "{detail}"
+    );
+    assert!(
+        detail.contains("every process's descriptors were read"),
+        "what was checked is named: {detail}"
+    );
+    let o = run("", &["check"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    // A gate watching it past the confirm window: a leak, and still no pass.
+    let o = run("confirm = \"1s\"\n", &["wait", "--timeout", "3s"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("100% busy"), "{t}");
+    // A benign opener (the persistence daemon) explains nothing, and is named as what blocks the reset.
+    let persistenced = dir.join("nvidia-persistenced");
+    std::fs::copy("/bin/sleep", &persistenced).expect("a program of that name");
+    let daemon = crate::support::Reaped(
+        Command::new(&persistenced)
+            .arg("300")
+            .stdin(std::fs::File::open(env.device()).expect("open"))
+            .spawn()
+            .expect("the daemon"),
+    );
+    let dpid = daemon.0.id();
+    crate::support::await_cond("the daemon runs", 10, || {
+        std::fs::read_to_string(format!("/proc/{dpid}/comm"))
+            .is_ok_and(|c| c.trim() == "nvidia-persiste")
+    });
+    let v = json("");
+    let f = busy_findings(&v);
+    assert_eq!(f.len(), 1, "{v}");
+    let action = f[0]["action"].as_str().expect("action");
+    assert!(
+        action.contains("to reset GPU 0")
+            && action.contains(&format!("{dpid} (nvidia-persistenced)")),
+        "{action}"
+    );
+    let blockers = v["hosts"][0]["gpus"][0]["reset_blockers"]
+        .as_array()
+        .expect("reset blockers in the JSON")
+        .clone();
+    assert!(
+        blockers.iter().any(|b| b["pid"] == dpid
+            && b["benign"] == true
+            && b["program"] == "nvidia-persistenced"),
+        "{v}"
+    );
+    drop(daemon);
+    // A program the host's config declares (a burn-in it runs on purpose) holds it: its business.
+    let burner_exe = dir.join("my-burner");
+    std::fs::copy("/bin/sleep", &burner_exe).expect("a program of that name");
+    let burner = crate::support::Reaped(
+        Command::new(&burner_exe)
+            .arg("300")
+            .stdin(std::fs::File::open(env.device()).expect("open"))
+            .spawn()
+            .expect("the burner"),
+    );
+    let bpid = burner.0.id();
+    crate::support::await_cond("the burner runs", 10, || {
+        std::fs::read_to_string(format!("/proc/{bpid}/comm")).is_ok_and(|c| c.trim() == "my-burner")
+    });
+    // An opener NVML does not list is at work on it: in use.
+    let v = json("");
+    assert!(busy_findings(&v).is_empty(), "{v}");
+    assert_eq!(v["hosts"][0]["gpus"][0]["state"], "in_use", "{v}");
+    // Declared benign by the config: still its business, not a leftover.
+    let v = json("benign = [\"my-burner\"]\n");
+    assert!(busy_findings(&v).is_empty(), "{v}");
+    assert_eq!(v["hosts"][0]["gpus"][0]["state"], "in_use", "{v}");
+    drop(burner);
+    // A live listed process's work: in use, no finding.
+    let job = crate::support::Reaped(
+        Command::new("sleep")
+            .arg("300")
+            .stdin(std::fs::File::open(env.device()).expect("open"))
+            .spawn()
+            .expect("a job's process"),
+    );
+    crate::support::set_nvml(dir, &format!("1024 {}:1024 util=100\n", job.0.id()));
+    let v = json("");
+    assert_eq!(v["hosts"][0]["gpus"][0]["state"], "in_use", "{v}");
+    assert!(busy_findings(&v).is_empty(), "{v}");
+    // 0 leaves utilization out of the verdict.
+    crate::support::set_nvml(dir, "0 util=100\n");
+    let v = json("busy_percent = 0\n");
+    assert_eq!(v["hosts"][0]["gpus"][0]["state"], "clean", "{v}");
+}

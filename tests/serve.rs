@@ -2824,3 +2824,102 @@ fn many_streams_that_never_read_are_let_go_sooner() {
     });
     drop(streams);
 }
+
+/// The shipped alert fires on a leftover the serve exports: the series recorded from a real serve (a ghost:
+/// 4 GiB charged to a PID that is gone) fed to `promtool test rules` with `deploy/prometheus/gpusweep-alerts.yml`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines)] // one recorded series, the rule file checked and tested both ways
+async fn the_leftover_alert_fires_on_a_recorded_series() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let lib = standin_nvml(tmp);
+    std::fs::write(tmp.join("nvidia0"), b"").expect("stand-in device");
+    // A PID that was and is no more.
+    let mut gone = Command::new("true").spawn().expect("true");
+    let pid = gone.id();
+    gone.wait().expect("reaped");
+    set_nvml(tmp, &format!("4096 {pid}:4096\n0 util=0\n"));
+    let glob = format!("{}/nvidia*", tmp.display());
+    let env = [
+        ("GPUSWEEP_NVML_LIBRARY", lib.as_path()),
+        ("STANDIN_NVML_STATE", &tmp.join("nvml")),
+    ];
+    let serve = Serve::start(tmp, &["--no-socket", "--device-glob", &glob], &env);
+    let (_, _, m) = get(&serve.url("/metrics")).await;
+    let series: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("gpusweep_leftover_bytes{"))
+        .collect();
+    assert_eq!(series.len(), 1, "one leftover, on GPU 0: {m}");
+    let line = series[0];
+    assert!(
+        line.contains("kind=\"ghost\"")
+            && line.contains("gpu=\"0\"")
+            && line.contains("GPU_I_ID=\"\""),
+        "{line}"
+    );
+    let (labels, value) = line.rsplit_once(' ').expect("a value");
+    assert_eq!(
+        value.parse::<f64>().ok(),
+        Some(4096.0 * 1_048_576.0),
+        "{line}"
+    );
+    let host = labels
+        .split("Hostname=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .expect("Hostname");
+    let rules = std::fs::canonicalize("deploy/prometheus/gpusweep-alerts.yml").expect("rules");
+    let test = format!(
+        r#"rule_files: ["{rules}"]
+evaluation_interval: 15s
+tests:
+  - interval: 15s
+    input_series:
+      - series: '{labels}'
+        values: '{value}x8'
+      - series: 'gpusweep_gpus_readable{{Hostname="{host}"}}'
+        values: '1x8'
+    alert_rule_test:
+      - eval_time: 10s
+        alertname: GpuLeftover
+        exp_alerts: []
+      - eval_time: 30s
+        alertname: GpuLeftover
+        exp_alerts:
+          - exp_labels: {{severity: warning, Hostname: "{host}", gpu: "0", kind: ghost}}
+            exp_annotations:
+              summary: "GPU 0 of {host} holds a ghost leftover"
+              description: "gpusweep snapshot --hosts {host} names it; gpusweep sweep ends it."
+      - eval_time: 90s
+        alertname: GpuUnreadable
+        exp_alerts: []
+"#,
+        rules = rules.display()
+    );
+    let file = tmp.join("alerts.test.yml");
+    std::fs::write(&file, test).expect("test file");
+    let o = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&rules)
+        .output()
+        .expect("promtool (Debian's prometheus package)");
+    assert!(o.status.success(), "{}", text(&o));
+    let o = Command::new("promtool")
+        .args(["test", "rules"])
+        .arg(&file)
+        .output()
+        .expect("promtool");
+    assert!(o.status.success(), "{}", text(&o));
+    // The rule really reads the series: without it, nothing fires and the test above fails.
+    let empty = std::fs::read_to_string(&file)
+        .expect("read")
+        .replace(&format!("values: '{value}x8'"), "values: '_x8'");
+    std::fs::write(&file, empty).expect("test file");
+    let o = Command::new("promtool")
+        .args(["test", "rules"])
+        .arg(&file)
+        .output()
+        .expect("promtool");
+    assert!(!o.status.success(), "{}", text(&o));
+}

@@ -42,7 +42,10 @@ impl Confirm {
         for f in findings.iter_mut() {
             out.changed |= restore(f, window_ms);
             let subject = f.subject();
-            let t = if first {
+            // A busy GPU is never judged on one reading: its utilization is a sample of the last second,
+            // and a job that just ended reads busy for that second.
+            let unseen = first && f.kind == FindingKind::BusyWithoutHolder;
+            let t = if first && !unseen {
                 0
             } else {
                 self.since.get(&subject).copied().unwrap_or(at)
@@ -50,7 +53,7 @@ impl Confirm {
             since.insert(subject, t);
             let due = t.saturating_add(window_ms);
             if at < due && f.severity > Severity::Info {
-                lower(f, window_ms);
+                lower(f, window_ms, unseen);
                 out.changed = true;
                 out.due_ms = Some(out.due_ms.map_or(due, |d: u64| d.min(due)));
             }
@@ -83,22 +86,27 @@ fn word(s: Severity) -> &'static str {
     }
 }
 
-fn note(then: Severity, window_ms: u64) -> String {
+fn note(then: Severity, window_ms: u64, unseen: bool) -> String {
     format!(
-        " (just appeared: a {} if it lasts {})",
+        " ({}: a {} if it lasts {})",
+        if unseen {
+            "one reading"
+        } else {
+            "just appeared"
+        },
         word(then),
         fmt_span(window_ms)
     )
 }
 
-fn lower(f: &mut Finding, window_ms: u64) {
+fn lower(f: &mut Finding, window_ms: u64, unseen: bool) {
     let then = f.severity;
     f.severity = if then == Severity::Leak {
         Severity::Warning
     } else {
         Severity::Info
     };
-    f.detail.push_str(&note(then, window_ms));
+    f.detail.push_str(&note(then, window_ms, unseen));
     f.confirms_as = Some(then);
 }
 
@@ -107,10 +115,12 @@ fn restore(f: &mut Finding, window_ms: u64) -> bool {
     let Some(then) = f.confirms_as.take() else {
         return false;
     };
-    let suffix = note(then, window_ms);
-    if let Some(d) = f.detail.strip_suffix(&suffix) {
-        let n = d.len();
-        f.detail.truncate(n);
+    for unseen in [false, true] {
+        if let Some(d) = f.detail.strip_suffix(&note(then, window_ms, unseen)) {
+            let n = d.len();
+            f.detail.truncate(n);
+            break;
+        }
     }
     f.severity = then;
     true
@@ -119,6 +129,23 @@ fn restore(f: &mut Finding, window_ms: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_busy_gpu_is_never_a_leak_on_one_reading_and_is_once_it_lasted() {
+        let mut c = Confirm::default();
+        let mut f = [finding(FindingKind::BusyWithoutHolder, Severity::Leak)];
+        let a = c.apply(&mut f, 10_000, 3_000);
+        assert_eq!(a.due_ms, Some(13_000));
+        assert_eq!(f[0].severity, Severity::Warning);
+        assert_eq!(f[0].detail, "d (one reading: a leak if it lasts 3.0 s)");
+        c.apply(&mut f, 13_000, 3_000);
+        assert_eq!((f[0].severity, f[0].detail.as_str()), (Severity::Leak, "d"));
+        // Other kinds at the first reading are said as they are.
+        let mut other = Confirm::default();
+        let mut g = [finding(FindingKind::Ghost, Severity::Leak)];
+        other.apply(&mut g, 10_000, 3_000);
+        assert_eq!(g[0].severity, Severity::Leak);
+    }
 
     #[test]
     fn a_passing_zombie_of_no_gpu_is_withheld_and_one_of_a_gpu_said_at_once() {

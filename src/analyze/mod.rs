@@ -8,12 +8,17 @@ pub mod findings;
 pub mod index;
 pub mod jobs;
 pub mod plan;
+pub mod reset;
 pub mod state;
 pub mod watch;
 
 pub use state::{GpuState, gpu_clean, gpu_state};
 
 use crate::core::model::{Finding, HostSnapshot};
+
+/// A kernel left running reads 100%; a GPU that just finished reads its last sample for under a second, and
+/// the confirm window outlasts that.
+pub const DEFAULT_BUSY_PERCENT: u32 = 50;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AnalyzeOptions {
@@ -26,6 +31,9 @@ pub struct AnalyzeOptions {
     pub jobs: jobs::JobOptions,
     /// A finding seen to appear is said at its full severity once it has lasted this long (0: at once).
     pub confirm_ms: u64,
+    /// A GPU this busy (percent) with nothing listed and nobody holding it is not idle, so not clean
+    /// (0: utilization is not judged).
+    pub busy_percent: u32,
 }
 
 impl Default for AnalyzeOptions {
@@ -35,6 +43,7 @@ impl Default for AnalyzeOptions {
             residual_slack: crate::core::model::RESIDUAL_SLACK,
             jobs: jobs::JobOptions::default(),
             confirm_ms: 3_000,
+            busy_percent: DEFAULT_BUSY_PERCENT,
         }
     }
 }
@@ -44,6 +53,7 @@ pub fn analyze(snap: &HostSnapshot, opts: &AnalyzeOptions) -> Vec<Finding> {
     let mut out = findings::Findings::new(&snap.host);
     let snap = &index::Indexed::new(snap);
     findings::gpu::find(snap, opts, &mut out);
+    findings::busy::find(snap, opts, &mut out);
     findings::orphan::find(snap, &mut out);
     findings::zombie::find(snap, &mut out);
     findings::stuck::find(snap, &mut out);
@@ -86,7 +96,10 @@ fn kept_on_purpose(snap: &index::Indexed<'_>, out: &mut [Finding]) {
     for f in out.iter_mut() {
         let unexplained = matches!(
             f.kind,
-            FindingKind::Ghost | FindingKind::Residual | FindingKind::HiddenHolder
+            FindingKind::Ghost
+                | FindingKind::Residual
+                | FindingKind::HiddenHolder
+                | FindingKind::BusyWithoutHolder
         );
         let Some(g) = f.gpu.and_then(|i| snap.gpu(i)) else {
             continue;
@@ -118,6 +131,7 @@ pub fn order(out: &mut [Finding]) {
 pub fn analyzed(mut snap: HostSnapshot, opts: &AnalyzeOptions) -> HostSnapshot {
     if !snap.source.judged_remotely() {
         snap.findings = analyze(&snap, opts);
+        reset::fill(&mut snap);
     }
     state::judge_gpus(&mut snap, opts);
     snap

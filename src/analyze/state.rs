@@ -6,7 +6,7 @@ use super::AnalyzeOptions;
 pub use crate::core::model::GpuState;
 use crate::core::model::{FindingKind, Gpu, HostSnapshot};
 
-/// DESIGN's "clean": used at or under the tolerance and nothing listed. `None` when it cannot be told. A GPU
+/// DESIGN's "clean" by memory: used at or under the tolerance and nothing listed (`gpu_state` adds "idle"). `None` when it cannot be told. A GPU
 /// judged by the host's own gpusweep (read from Prometheus, without its process list) is clean only when
 /// that gpusweep says so and the memory it reports agrees.
 pub fn gpu_clean(g: &Gpu, tolerance: u64) -> Option<bool> {
@@ -35,7 +35,8 @@ pub fn gpu_state(snap: &HostSnapshot, g: &Gpu, opts: &AnalyzeOptions) -> GpuStat
     if g.error.is_some() && g.memory.used.is_none() {
         return GpuState::Error;
     }
-    match gpu_clean(g, opts.tolerance) {
+    let clean = gpu_clean(g, opts.tolerance).map(|c| c && !busy(snap, g, opts));
+    match clean {
         None if g.judged == Some(GpuState::Error) => GpuState::Error,
         None => GpuState::Unknown,
         Some(true) => GpuState::Clean,
@@ -47,7 +48,10 @@ pub fn gpu_state(snap: &HostSnapshot, g: &Gpu, opts: &AnalyzeOptions) -> GpuStat
                         && f.severity == crate::core::model::Severity::Leak
                         && matches!(
                             f.kind,
-                            FindingKind::Ghost | FindingKind::Residual | FindingKind::HiddenHolder
+                            FindingKind::Ghost
+                                | FindingKind::Residual
+                                | FindingKind::HiddenHolder
+                                | FindingKind::BusyWithoutHolder
                         )
                 });
             if leaking {
@@ -57,6 +61,20 @@ pub fn gpu_state(snap: &HostSnapshot, g: &Gpu, opts: &AnalyzeOptions) -> GpuStat
             }
         }
     }
+}
+
+/// Clean means idle: a GPU at work with nothing listed on it is not clean, whoever has it open. Its own
+/// reading's utilization where this host is judged here; the host's own finding where it was judged there.
+pub fn busy(snap: &HostSnapshot, g: &Gpu, opts: &AnalyzeOptions) -> bool {
+    let said = snap
+        .findings
+        .iter()
+        .any(|f| f.gpu == Some(g.index) && f.kind == FindingKind::BusyWithoutHolder);
+    said || (!snap.source.judged_remotely()
+        && g.judged.is_none()
+        && opts.busy_percent > 0
+        && g.processes.is_empty()
+        && g.utilization.is_some_and(|u| u >= opts.busy_percent))
 }
 
 /// Fill in every GPU's state (after the findings); a state some other reader gave it is judged again.

@@ -47,6 +47,9 @@ fn dirty_gpu_line(snap: &HostSnapshot, g: &crate::core::model::Gpu) -> String {
     if !holders.is_empty() {
         line.push_str(&format!(", held by {}", holders.join(",")));
     }
+    if let (true, Some(u)) = (g.processes.is_empty(), g.utilization.filter(|u| *u > 0)) {
+        line.push_str(&format!(", {u}% busy"));
+    }
     line
 }
 

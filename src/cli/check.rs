@@ -5,7 +5,7 @@
 
 use std::io::Write;
 
-use super::common::{first_snapshots, runtime};
+use super::common::{first_snapshots, readings_since, runtime};
 use super::wait::{blind_gate, blind_holders, unusable};
 use crate::core::format::{escape, fmt_bytes};
 use crate::core::model::{Finding, HostSnapshot, Severity};
@@ -48,6 +48,20 @@ fn problem(snap: &HostSnapshot, f: &Finding) -> String {
     )
 }
 
+/// When the latest reading with a busy-GPU finding still inside its confirm window was taken, if any.
+fn young_busy(snaps: &[HostSnapshot]) -> Option<u64> {
+    snaps
+        .iter()
+        .filter(|s| {
+            s.findings.iter().any(|f| {
+                f.kind == crate::core::model::FindingKind::BusyWithoutHolder
+                    && f.confirms_as.is_some()
+            })
+        })
+        .map(|s| s.taken_at_ms)
+        .max()
+}
+
 /// A host's status and line.
 fn judge(snap: &HostSnapshot, load_nvml: bool) -> (i32, String) {
     if let Some(e) = unusable(snap, load_nvml)
@@ -88,9 +102,18 @@ pub fn run(s: &Settings, a: &CheckArgs) -> anyhow::Result<i32> {
     let opts = s.fleet_via_serve().without_gauges();
     crate::runtime::load_local_early(&s.specs, &opts);
     let rt = runtime()?;
+    let confirm_ms = opts.analyze.confirm_ms;
     let snaps = rt.block_on(async {
         let mut fleet = Fleet::start(&s.specs, &opts).await?;
-        anyhow::Ok(first_snapshots(&mut fleet, s.connect_timeout).await)
+        let first = first_snapshots(&mut fleet, s.connect_timeout).await;
+        // A GPU at work for nobody is judged only once it has lasted the confirm window (one reading of
+        // utilization is a sample of the last second, which a job that just ended fills): read again then.
+        let Some(since) = young_busy(&first).map(|t| t.saturating_add(confirm_ms)) else {
+            return anyhow::Ok(first);
+        };
+        let wait = since.saturating_sub(crate::core::model::now_ms());
+        tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+        anyhow::Ok(readings_since(&mut fleet, since, s.connect_timeout).await)
     })?;
     rt.shutdown_background();
     // The worst host decides: unknown over a problem over OK (an unread host is never an OK).

@@ -123,6 +123,13 @@ fn gpu_table(o: &mut String, snap: &HostSnapshot) {
             listed(g)
         );
     }
+    // Where a reset may be the way out (a leak) or the driver asks for one: who would make it fail.
+    for g in &snap.gpus {
+        let asks = g.recovery_action.as_deref().is_some_and(|a| a != "none");
+        if g.state == Some(GpuState::Leak) || asks {
+            let _ = writeln!(o, "   {}", crate::analyze::reset::plan(snap, g));
+        }
+    }
 }
 
 fn listed(g: &Gpu) -> String {

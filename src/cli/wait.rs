@@ -109,7 +109,7 @@ pub fn blind_gate(snap: &HostSnapshot) -> Option<String> {
         .collect();
     (!held.is_empty()).then(|| {
         format!(
-            "{}: GPU {} hold memory, and this reading runs in a PID namespace of its own that cannot see who holds it; run on the host (hostPID) or read the node's serve (--node-serve http://NODE:9401)",
+            "{}: GPU {} not idle, and this reading runs in a PID namespace of its own that cannot see who holds it; run on the host (hostPID) or read the node's serve (--node-serve http://NODE:9401)",
             escape(&snap.host),
             held.join(",")
         )

@@ -128,6 +128,19 @@ pub const GPUS_READABLE: &str = "gpusweep_gpus_readable";
 /// Bytes no live listed process accounts for, in two parts that add up: `kind="ghost"`, charged by NVML to
 /// PIDs that are gone, and `kind="residual"`, charged to nobody. NaN where a ghost's charge is unknown.
 pub const UNEXPLAINED_BYTES: &str = "gpusweep_unexplained_bytes";
+/// What a leftover holds on a GPU, by `kind` (ghost, residual, orphan, hidden, busy) and `GPU_I_ID` (the MIG
+/// instance, empty for a whole GPU): present from the moment a leftover is seen, before the confirm window has
+/// passed, so an alert can fire within it. Bytes; NaN where unknown. The kinds overlap (`hidden` names who
+/// holds a `residual`; `busy` is the memory of a GPU at work for nobody, often 0).
+pub const LEFTOVER_BYTES: &str = "gpusweep_leftover_bytes";
+/// The MIG instance a series is about, as dcgm-exporter labels it (empty for a whole GPU).
+pub const L_GPU_I_ID: &str = "GPU_I_ID";
+/// How many processes would block a reset of the GPU (its device node's openers, benign ones included, and
+/// the control nodes').
+pub const RESET_BLOCKERS: &str = "gpusweep_reset_blockers";
+/// 1, with what the driver says the GPU needs to recover (`action`: none, gpu_reset, node_reboot,
+/// drain_p2p, drain_and_reset), where it says.
+pub const RECOVERY_ACTION: &str = "gpusweep_gpu_recovery_action";
 /// Findings now, by kind and severity (every kind and severity, 0 when none).
 pub const FINDINGS: &str = "gpusweep_findings";
 /// Bytes NVML charges each process, by GPU, PID and job; at most `PROCESS_SERIES` a host (the largest), the

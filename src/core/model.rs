@@ -318,6 +318,13 @@ pub struct Gpu {
     /// unified-memory parts such as GB10, GH200): memory nobody holds there is kept, not leaked.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub kept: bool,
+    /// Who would block a reset of this GPU, filled with the verdict (empty: nobody has it open).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reset_blockers: Vec<ResetBlocker>,
+    /// What the driver says this GPU needs to recover (NVML's recovery action: `none`, `gpu_reset`,
+    /// `node_reboot`, `drain_p2p`, `drain_and_reset`), where it reports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_action: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -417,6 +424,24 @@ pub struct Holder {
     /// memory service that outlives its workers): shown, never swept, never a leak, never waited for.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub kept: bool,
+    /// Benign or kept by the host's own config (not the built-in list of monitors): what it does with its
+    /// GPU is declared, so a GPU it holds busy is no leftover.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub declared: bool,
+}
+
+/// A process that would make a GPU reset (`nvidia-smi -r`) or a MIG destroy fail "in use": it has the GPU's
+/// device node, or a control node, open. Benign ones are blockers too (the persistence daemon, DCGM's host
+/// engine, a display server refuse a reset as surely as a job does).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ResetBlocker {
+    pub pid: u32,
+    /// What it runs (its comm, escaped where shown).
+    pub program: String,
+    /// The node that makes it a blocker: `/dev/nvidia3`, or a control node (`/dev/nvidiactl`).
+    pub node: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub benign: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -520,6 +545,9 @@ pub enum FindingKind {
     LostRank,
     /// While a job loads, one rank's memory lags its peers' median past the margin and window.
     Straggler,
+    /// A GPU kept busy (utilization at or over the threshold) through the confirm window while no process is
+    /// listed on it and none has it open: a kernel left running by a job that is gone.
+    BusyWithoutHolder,
 }
 
 impl FindingKind {
@@ -537,6 +565,7 @@ impl FindingKind {
             FindingKind::OrphanedJob => "orphaned_job",
             FindingKind::LostRank => "lost_rank",
             FindingKind::Straggler => "straggler",
+            FindingKind::BusyWithoutHolder => "busy_without_holder",
         }
     }
 }
@@ -694,6 +723,8 @@ impl Gpu {
             judged,
             state: _,
             kept,
+            reset_blockers: _,
+            recovery_action,
         } = self;
         *index == b.index
             && *uuid == b.uuid
@@ -720,6 +751,7 @@ impl Gpu {
             && *error == b.error
             && *judged == b.judged
             && *kept == b.kept
+            && *recovery_action == b.recovery_action
     }
 }
 
@@ -749,6 +781,11 @@ impl HostSnapshot {
         defang_opt(&mut self.live_url);
         for g in &mut self.gpus {
             defang_opt(&mut g.name);
+            defang_opt(&mut g.recovery_action);
+            for b in &mut g.reset_blockers {
+                defang(&mut b.program);
+                defang(&mut b.node);
+            }
             defang_opt(&mut g.uuid);
             defang_opt(&mut g.pci_bus_id);
             defang_opt(&mut g.compute_capability);

@@ -19,6 +19,9 @@ pub struct Config {
     /// A finding seen to appear while watching is said at its full severity once it has lasted this long
     /// ("3s" by default; "0s": at once).
     pub confirm: Option<String>,
+    /// Clean means idle: a GPU this busy (percent, default 50) with nothing listed and nobody holding it is
+    /// a leftover (`busy_without_holder`), never clean. 0 leaves utilization out of the verdict.
+    pub busy_percent: Option<u32>,
     /// Hosts watched when `--hosts` is not given.
     #[serde(default)]
     pub hosts: Vec<String>,
@@ -177,6 +180,13 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
     }
     c.jobs.options()?;
     c.confirm_ms()?;
+    if let Some(b) = c.busy_percent
+        && b > 100
+    {
+        return Err(ConfigError::Invalid(format!(
+            "busy_percent: {b} is outside 0..=100"
+        )));
+    }
     if let Some(t) = c.ssh.connect_timeout_s
         && !(1..=86_400).contains(&t)
     {
@@ -205,6 +215,7 @@ mod tests {
 interval = "500ms"
 tolerance_mib = 4
 confirm = "5s"
+busy_percent = 80
 hosts = ["node[01-02]"]
 benign = ["my-exporter"]
 [groups]
@@ -230,6 +241,8 @@ gpu_models = ["GB10", "GH200"]
             (120_000, 30_000, 10_000)
         );
         assert_eq!(c.tolerance_mib, Some(4));
+        assert_eq!(c.busy_percent, Some(80));
+        assert!(parse("busy_percent = 101").is_err());
         assert_eq!(c.confirm_ms().expect("a duration"), 5_000);
         assert_eq!(Config::default().confirm_ms().expect("default"), 3_000);
         assert_eq!(c.groups["prod"].len(), 2);

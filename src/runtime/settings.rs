@@ -533,6 +533,9 @@ pub fn resolve(o: &Overrides) -> Result<Settings, SettingsError> {
             tolerance: config.tolerance_mib.unwrap_or(0).saturating_mul(MIB),
             jobs: config.jobs.options()?,
             confirm_ms: config.confirm_ms()?,
+            busy_percent: config
+                .busy_percent
+                .unwrap_or(crate::analyze::DEFAULT_BUSY_PERCENT),
             ..Default::default()
         },
         procfs,

@@ -19,7 +19,7 @@ use crate::core::model::{FindingKind, Gpu, GpuState, HostSnapshot, MIB, Severity
 
 type Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
 
-const KINDS: [FindingKind; 12] = [
+const KINDS: [FindingKind; 13] = [
     FindingKind::Ghost,
     FindingKind::HiddenHolder,
     FindingKind::Residual,
@@ -32,6 +32,7 @@ const KINDS: [FindingKind; 12] = [
     FindingKind::OrphanedJob,
     FindingKind::LostRank,
     FindingKind::Straggler,
+    FindingKind::BusyWithoutHolder,
 ];
 
 const SEVERITIES: [(Severity, &str); 3] = [
@@ -90,6 +91,9 @@ struct Families {
     readable: Gauges,
     host_readable: Gauges,
     unexplained: Gauges,
+    leftover: Gauges,
+    blockers: Gauges,
+    recovery: Gauges,
     findings: Gauges,
     process: Gauges,
     shm: Gauges,
@@ -148,6 +152,7 @@ impl Families {
         }
         self.add_gpus(host, snap);
         self.add_unexplained(host, snap);
+        self.add_leftovers(host, snap);
         for kind in KINDS {
             for (sev, word) in SEVERITIES {
                 let n = snap
@@ -228,6 +233,12 @@ impl Families {
             if let Some(r) = g.memory.reserved {
                 set(&self.fb_reserved, &l, (r / MIB) as f64);
             }
+            if snap.holders_known() {
+                set(&self.blockers, &l, g.reset_blockers.len() as f64);
+            }
+            if let Some(a) = &g.recovery_action {
+                set(&self.recovery, &with(l.clone(), "action", a.clone()), 1.0);
+            }
             // The ledger's verdict: absent where the GPU's state could not be told.
             match g.state {
                 Some(GpuState::Clean) => set(&self.clean, &l, 1.0),
@@ -271,6 +282,59 @@ impl Families {
                 );
                 set(&self.unexplained, &l, bytes.map_or(f64::NAN, |b| b as f64));
             }
+        }
+    }
+
+    /// What each leftover holds, by GPU and kind, from the moment it is seen (a lowered finding included:
+    /// an alert need not wait a poll past the confirm window); a kept one (a note) is no leftover.
+    fn add_leftovers(&self, host: &str, snap: &HostSnapshot) {
+        let mut by: BTreeMap<(u32, &'static str), Option<u64>> = BTreeMap::new();
+        for f in &snap.findings {
+            let Some(gpu) = f.gpu else { continue };
+            if f.severity == Severity::Info {
+                continue;
+            }
+            let kind = match f.kind {
+                FindingKind::Ghost => "ghost",
+                FindingKind::Residual => "residual",
+                FindingKind::Orphan | FindingKind::OrphanedJob => "orphan",
+                FindingKind::HiddenHolder => "hidden",
+                FindingKind::BusyWithoutHolder => "busy",
+                _ => continue,
+            };
+            let e = by.entry((gpu, kind)).or_insert(Some(0));
+            *e = match (*e, f.bytes) {
+                (Some(a), Some(b)) => Some(a.saturating_add(b)),
+                _ => None,
+            };
+        }
+        // A residual counts every byte no live listed process accounts for, the ghosts' charges too: the rest
+        // is the residual's own, and none is none.
+        let ghosts: Vec<(u32, Option<u64>)> = by
+            .iter()
+            .filter(|((_, k), _)| *k == "ghost")
+            .map(|((g, _), b)| (*g, *b))
+            .collect();
+        for (gpu, ghost) in ghosts {
+            if let (Some(Some(r)), Some(g)) = (by.get_mut(&(gpu, "residual")), ghost) {
+                *r = r.saturating_sub(g);
+            }
+            if by.get(&(gpu, "residual")) == Some(&Some(0)) {
+                by.remove(&(gpu, "residual"));
+            }
+        }
+        for ((gpu, kind), bytes) in by {
+            let Some(g) = snap.gpu(gpu) else { continue };
+            let l = with(
+                with(
+                    gpu_labels(host, snap.driver_version.as_deref(), g),
+                    m::L_GPU_I_ID,
+                    "",
+                ),
+                "kind",
+                kind,
+            );
+            set(&self.leftover, &l, bytes.map_or(f64::NAN, |b| b as f64));
         }
     }
 
@@ -331,7 +395,7 @@ impl Families {
         );
         r.register(
             m::GPU_CLEAN,
-            "1 when the GPU is clean: used memory at or under the tolerance and no process listed; absent when it could not be read",
+            "1 when the GPU is clean: used memory at or under the tolerance, no process listed, not busy; absent when it could not be read",
             self.clean,
         );
         r.register(
@@ -349,6 +413,7 @@ impl Families {
             "GPU memory no live listed process accounts for, by finding kind; NaN where the size is unknown",
             self.unexplained,
         );
+        register_leftovers(&mut r, self.leftover, self.blockers, self.recovery);
         r.register(
             m::FINDINGS,
             "Findings now, by kind and severity",
@@ -394,6 +459,25 @@ impl Families {
         );
         r
     }
+}
+
+/// What leftovers hold, and what would block the reset that ends them.
+fn register_leftovers(r: &mut Registry, leftover: Gauges, blockers: Gauges, recovery: Gauges) {
+    r.register(
+        m::LEFTOVER_BYTES,
+        "What a leftover holds on a GPU from the moment it is seen, by kind (ghost, residual, orphan, hidden, busy; they overlap) and MIG instance; NaN where unknown",
+        leftover,
+    );
+    r.register(
+        m::RESET_BLOCKERS,
+        "Processes that would block a reset of the GPU: its device node's openers, benign ones included, and the control nodes'",
+        blockers,
+    );
+    r.register(
+        m::RECOVERY_ACTION,
+        "1, with what the driver says the GPU needs to recover (action)",
+        recovery,
+    );
 }
 
 /// The job families: phase, memory, warm-up histogram, lost-rank counter.

@@ -553,6 +553,8 @@ impl DemoHost {
             processes: listed,
             error: None,
             kept: false,
+            reset_blockers: Vec::new(),
+            recovery_action: Some("none".into()),
         }
     }
 
@@ -595,6 +597,7 @@ impl DemoHost {
                     devices,
                     benign: p.benign,
                     kept: false,
+                    declared: false,
                 });
             }
         }

@@ -203,7 +203,7 @@ fn ghosts(
 }
 
 /// What this reading could not see that may hold the memory, and how to see it: (what, action).
-fn blind_spot(snap: &Indexed<'_>) -> Option<(String, String)> {
+pub(super) fn blind_spot(snap: &Indexed<'_>) -> Option<(String, String)> {
     if snap.in_child_pid_namespace {
         return Some((
             "gpusweep runs inside a PID namespace of its own (a container without the host's PIDs), where NVML \

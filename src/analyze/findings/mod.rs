@@ -1,5 +1,6 @@
 //! Findings, one module per kind. Each takes the snapshot and pushes what it finds; `analyze` orders them.
 
+pub mod busy;
 pub mod gpu;
 pub mod orphan;
 pub mod shm;

@@ -341,8 +341,9 @@ fn unexplained(gpus: &[Gpu], table: &ProcTable) -> Vec<(u32, Vec<u32>, bool)> {
                 .filter(|p| table.procs.contains_key(&p.pid))
                 .map(|p| p.used_bytes)
                 .sum();
+            // Busy with nothing listed is as unexplained as memory is: whoever runs the work is looked for.
             let residual = if g.processes.is_empty() {
-                used > 0
+                used > 0 || g.utilization.is_some_and(|u| u > 0)
             } else {
                 charged.is_some_and(|c| used.saturating_sub(c) > crate::core::model::RESIDUAL_SLACK)
             };
@@ -386,6 +387,10 @@ pub fn build_snapshot(
                 .get(&pid)
                 .is_some_and(|p| scanner.is_benign(p, self_pid)),
             kept: table.procs.get(&pid).is_some_and(|p| scanner.is_kept(p)),
+            declared: table
+                .procs
+                .get(&pid)
+                .is_some_and(|p| scanner.is_declared(p)),
         })
         .collect();
     holders.sort_by_key(|h| h.pid);

@@ -28,6 +28,7 @@ type Ident = (
     Option<String>,
     Option<bool>,
     Option<bool>,
+    Option<String>,
 );
 
 const IDENT_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
@@ -149,6 +150,7 @@ impl NvmlReader {
                 .map(|c| format!("{}.{}", c.major, c.minor)),
             dev.mig_mode().ok().map(|m| m.current == 1),
             dev.is_in_persistent_mode().ok(),
+            recovery_action(dev),
         );
         trace("nvml", "identity read");
         if let Ok(mut m) = self.idents.lock() {
@@ -179,8 +181,11 @@ impl GpuReader for NvmlReader {
         let procs = read_processes(&dev);
         trace("nvml", "processes read");
         let id = self.identity(index, &dev);
+        let idle_listed = procs.as_ref().is_ok_and(Vec::is_empty);
         let (rates, temp, power_mw) = if self.readout == Readout::Verdict {
-            (None, None, None)
+            // Clean means idle: a GPU with nothing listed is asked whether it is at work (one call).
+            let rates = idle_listed.then(|| dev.utilization_rates().ok()).flatten();
+            (rates, None, None)
         } else {
             let g = (
                 dev.utilization_rates().ok(),
@@ -213,6 +218,7 @@ impl GpuReader for NvmlReader {
             gpu.compute_capability,
             gpu.mig_enabled,
             gpu.persistence_mode,
+            gpu.recovery_action,
         ) = id;
         gpu.utilization = rates.as_ref().map(|u| u.gpu);
         gpu.temperature_c = temp;
@@ -229,6 +235,35 @@ impl GpuReader for NvmlReader {
         }
         gpu
     }
+}
+
+/// What the driver says the GPU needs to recover (NVML's field 230, drivers 550 and later); `None` where it
+/// does not say.
+fn recovery_action(dev: &nvml_wrapper::Device) -> Option<String> {
+    use nvml_wrapper::enums::device::SampleValue;
+    use nvml_wrapper::structs::device::FieldId;
+    use nvml_wrapper::sys_exports::field_id as fi;
+    let values = dev
+        .field_values_for(&[FieldId(fi::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)])
+        .ok()?;
+    let v = values.into_iter().next()?.ok()?.value.ok()?;
+    let n = match v {
+        SampleValue::U32(x) => u64::from(x),
+        SampleValue::U64(x) => x,
+        SampleValue::I64(x) => u64::try_from(x).ok()?,
+        SampleValue::F64(_) => return None,
+    };
+    Some(
+        match n {
+            0 => "none",
+            1 => "gpu_reset",
+            2 => "node_reboot",
+            3 => "drain_p2p",
+            4 => "drain_and_reset",
+            _ => return Some(format!("unknown_{n}")),
+        }
+        .to_string(),
+    )
 }
 
 /// Compute and graphics processes, each PID once (compute first).

@@ -636,6 +636,19 @@ impl ProcScanner {
         is_benign_program(&p.comm, self.exe(p.pid).as_deref(), &self.cfg.benign)
     }
 
+    /// Benign or kept by the host's own config, not by the built-in list of monitors.
+    pub fn is_declared(&self, p: &Proc) -> bool {
+        let own: Vec<String> = self
+            .cfg
+            .benign
+            .iter()
+            .filter(|b| !DEFAULT_BENIGN.contains(&b.as_str()))
+            .cloned()
+            .collect();
+        (!own.is_empty() && is_benign_program(&p.comm, self.exe(p.pid).as_deref(), &own))
+            || self.is_kept(p)
+    }
+
     /// Kept on purpose by what the process runs, as benign is told (never by its argv).
     pub fn is_kept(&self, p: &Proc) -> bool {
         !self.cfg.keep.is_empty()

@@ -284,6 +284,7 @@ pub fn holders_from_fds(fds: &HashMap<u32, Vec<String>>, gpus: &[Gpu]) -> Vec<Ho
                 fd_count: u32::try_from(paths.len()).unwrap_or(u32::MAX),
                 benign: false,
                 kept: false,
+                declared: false,
             }
         })
         .collect();

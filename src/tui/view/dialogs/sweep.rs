@@ -18,7 +18,9 @@ use crate::tui::modes::sweep::{Sweep, SweepScope};
 pub fn render(app: &App, f: &mut Frame, d: &Sweep) {
     let area = f.area();
     let w = area.width.min(110);
-    let height = (d.plan.items.len() as u16 + 9).min(area.height);
+    let reset = reset_plan(app, d);
+    let extra = if reset.is_some() { 2 } else { 0 };
+    let height = (d.plan.items.len() as u16 + 9 + extra).min(area.height);
     let r = centered(area, w, height);
     let label = app.label(d.host);
     let mut scopes = vec![Span::raw(" scope   ")];
@@ -72,6 +74,10 @@ pub fn render(app: &App, f: &mut Frame, d: &Sweep) {
             )));
         }
     }
+    if let Some(plan) = reset {
+        lines.push(Line::default());
+        lines.push(Line::from(plan));
+    }
     lines.push(Line::default());
     lines.push(Line::from(format!(
         " {} — TERM, then KILL after {}s; then re-watch until clean",
@@ -89,4 +95,24 @@ pub fn render(app: &App, f: &mut Frame, d: &Sweep) {
     };
     lines.push(hint(app, keys));
     confirm_box(app, f, r, lines, "Sweep", "process", false);
+}
+
+/// A GPU whose leftover no signal reaches (a kernel left running, memory nobody holds): the reset's plan.
+fn reset_plan(app: &App, d: &Sweep) -> Option<String> {
+    let (SweepScope::Gpu, Some(g)) = (d.scope, d.gpu) else {
+        return None;
+    };
+    let snap = app.store.hosts.get(d.host.0)?.snap.as_ref()?;
+    let gpu = snap.gpu(g)?;
+    let unreached = snap.findings.iter().any(|f| {
+        f.gpu == Some(g)
+            && f.target_pid.is_none()
+            && f.severity == crate::core::model::Severity::Leak
+    });
+    (gpu.state == Some(crate::core::model::GpuState::Leak) && unreached).then(|| {
+        format!(
+            " no signal reaches what holds GPU {g}: {}",
+            crate::analyze::reset::plan(snap, gpu)
+        )
+    })
 }
