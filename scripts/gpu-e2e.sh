@@ -87,13 +87,34 @@ cat "$OUT/bench.txt" | tee -a "$LOG"
 check "speed: snapshot --no-gauges on par (within 5%) with nvidia-smi reading memory.used" grep -q "verdict_on_par=True" "$OUT/bench.txt"
 check "speed: a full snapshot on par (within 5%) with nvidia-smi reading the same gauges" grep -q "full_on_par=True" "$OUT/bench.txt"
 "$BIN" snapshot --json --no-gauges >"$W/nogauges.json" 2>>"$LOG"
-check "no-gauges: memory read, utilization N/A, gauges named as missing" jcheck "$W/nogauges.json" 'all(g["memory"]["used"] is not None and g["utilization"] is None for g in h["gpus"]) and "gauges" in h.get("missing_features", [])'
+check "no-gauges: memory read, temperature and power N/A, gauges named as missing" jcheck "$W/nogauges.json" 'all(g["memory"]["used"] is not None and g["temperature_c"] is None and g["power_mw"] is None for g in h["gpus"]) and "gauges" in h.get("missing_features", [])'
 "$BIN" snapshot --json >"$W/gauges.json" 2>>"$LOG"
 check "gauges: a full snapshot reads utilization and power" jcheck "$W/gauges.json" 'all(g["utilization"] is not None and g["power_mw"] is not None for g in h["gpus"]) and "gauges" not in h.get("missing_features", [])'
 if [ -x "$BENCH" ]; then
   say "in-process poll benchmark (criterion)"
   timeout 150 "$BENCH" --bench 2>&1 | grep -E "poll bench|time:|^poll|^analyze" | tee -a "$OUT/bench.txt" "$LOG"
 fi
+
+say "2b. clean means idle: busy_without_holder never fires on an idle GPU, during a job, or as it ends"
+"$BIN" snapshot --json >"$W/idle.json" 2>>"$LOG"
+check "busy: an idle GPU reads its utilization and has no busy_without_holder" jcheck "$W/idle.json" 'all(g["utilization"] is not None for g in h["gpus"]) and not K("busy_without_holder")'
+check "busy: check passes an idle host" "$BIN" check
+check "busy: wait passes an idle host" "$BIN" wait --timeout 10s
+bg "$W/mm.out" python3 $G/matmul.py 20; P=$BGPID
+if wait_line "$W/mm.out" READY 90; then
+  sleep 2 # utilization is a sample of the last second: let the matmul fill one
+  "$BIN" snapshot --json >"$W/busy-job.json" 2>>"$LOG"
+  python3 -c 'import json,sys; h=json.load(open(sys.argv[1]))["hosts"][0]; print("NOTE during a job:", [(g["index"], g["utilization"], g["state"]) for g in h["gpus"]])' "$W/busy-job.json" | tee -a "$SUM"
+  check "busy: a GPU a live job keeps busy is in use, no busy_without_holder" jcheck "$W/busy-job.json" 'h["gpus"][0]["state"] == "in_use" and not K("busy_without_holder")'
+  check "busy: check passes a host whose job runs" "$BIN" check
+  kill -KILL "$P"; wait "$P" 2>/dev/null
+  # The moment it ends: utilization still samples the last second of work while nothing is listed.
+  "$BIN" snapshot --json >"$W/busy-end.json" 2>>"$LOG"
+  python3 -c 'import json,sys; h=json.load(open(sys.argv[1]))["hosts"][0]; print("NOTE just after the job:", [(g["index"], g["utilization"], g["state"]) for g in h["gpus"]], [(f["kind"], f["severity"]) for f in h["findings"]])' "$W/busy-end.json" | tee -a "$SUM"
+  check "busy: just after the job, no busy_without_holder at leak severity" jcheck "$W/busy-end.json" 'not [f for f in h["findings"] if f["kind"] == "busy_without_holder" and f["severity"] == "leak"]'
+  check "busy: check after the job's end (it reads again past the confirm window)" "$BIN" check
+  check "busy: wait after the job's end reads clean" "$BIN" wait --timeout 20s
+else fail "busy: matmul.py did not start"; cat "$W/mm.out" >>"$LOG"; fi
 
 say "3. a PyTorch process holding 20 GB is listed with its cmdline"
 bg "$W/hold.out" python3 $G/hold.py 20; P=$BGPID
