@@ -2012,6 +2012,9 @@ async fn a_stream_that_reconnects_with_its_last_event_id_gets_every_event_it_mis
         .collect();
     assert!(missed.len() >= 3, "the sweep's events: {got_a}");
     let again = sse_events(&got_b);
+    // Its hello carries the place it resumes from: a client dropping right after it misses nothing.
+    assert_eq!(again[0].1, "hello", "{got_b}");
+    assert_eq!(again[0].0, left_at, "{got_b}");
     let replayed: Vec<(String, String)> = again
         .iter()
         .take_while(|(_, name, _)| name != "snapshot")
@@ -2056,11 +2059,16 @@ async fn a_stream_further_behind_than_the_serve_keeps_is_told_so() {
             sse_events(&got)
         }
     };
-    let again = behind(left_at).await;
+    let again = behind(left_at.clone()).await;
     assert_eq!(again[1].1, "gap", "{again:?}");
     assert!(again[1].2.contains("no longer kept"), "{again:?}");
     let kept = again.iter().filter(|(_, name, _)| name == "event").count();
     assert!((1..=4).contains(&kept), "{again:?}");
+    // An id this serve never gave (past its newest): said so, then every kept event.
+    let (epoch, _) = left_at.split_once('-').expect("EPOCH-SEQ");
+    let again = behind(format!("{epoch}-999999")).await;
+    assert_eq!(again[1].1, "gap", "{again:?}");
+    assert!(again[1].2.contains("never sent"), "{again:?}");
     // An id of another serve's life: everything before this one's start is gone, and said so.
     let again = behind("1-3".to_string()).await;
     assert_eq!(again[1].1, "gap", "{again:?}");
@@ -2922,4 +2930,27 @@ tests:
         .output()
         .expect("promtool");
     assert!(!o.status.success(), "{}", text(&o));
+}
+
+/// HELP texts as dcgm-exporter writes them (a demo serve has every field): one final period where it has
+/// one, none where it has none (prometheus-client adds one of its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dcgm_help_texts_read_as_dcgm_exporter_writes_them() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let serve = Serve::start(
+        dir.path(),
+        &["--demo", "--hosts", "gpu-a", "--no-socket"],
+        &[],
+    );
+    let (_, _, m) = get(&serve.url("/metrics")).await;
+    let helps: Vec<&str> = m.lines().filter(|l| l.starts_with("# HELP ")).collect();
+    assert!(helps.iter().all(|l| !l.ends_with("..")), "{helps:#?}");
+    for exact in [
+        "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).",
+        "# HELP DCGM_FI_DEV_SM_CLOCK SM clock frequency (in MHz).",
+        "# HELP DCGM_FI_DEV_ROW_REMAP_FAILURE Whether remapping of rows has failed",
+        "# HELP DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS Number of remapped rows for correctable errors",
+    ] {
+        assert!(helps.contains(&exact), "{exact}: {helps:#?}");
+    }
 }

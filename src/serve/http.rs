@@ -627,8 +627,8 @@ impl StreamState {
         let missed = journal.since(epoch, after, |h| hosts.contains(&h));
         let last = journal.last();
         // From another serve's epoch, every event kept is new to the stream.
-        let from = if epoch == journal.epoch {
-            after.min(last)
+        let from = if epoch == journal.epoch && after <= last {
+            after
         } else {
             0
         };
@@ -705,7 +705,14 @@ fn begin(
     };
     let mut hello = hello(&st.shared, hosts);
     hello.retry_ms = Some(sse::RETRY_MS);
-    st.queue.push_back((hello, last));
+    // A resumed stream's hello carries the place it resumes from, not the newest: a client that drops right
+    // after it resumes from there again, and misses none of the replay that follows.
+    let at = match resume {
+        Some((e, after)) if e == epoch && after <= last => after,
+        Some(_) => 0,
+        None => last,
+    };
+    st.queue.push_back((hello, at));
     st.follows = follows;
     // Hello, what was missed (in order), then what is there now.
     if let Some((epoch, after)) = resume {

@@ -127,6 +127,16 @@ impl Journal {
                 kept: pick(0),
             };
         }
+        // An id this serve never gave (past its newest): the client's place is unknown, so say so.
+        if after > self.last() {
+            return Missed::Gap {
+                why: format!(
+                    "event {after} was never sent (the newest is {}): every kept event follows",
+                    self.last()
+                ),
+                kept: pick(0),
+            };
+        }
         let oldest = self.kept.front().map_or(self.next, |l| l.seq);
         if after + 1 < oldest && after < self.last() {
             return Missed::Gap {

@@ -383,8 +383,10 @@ impl Families {
 
     fn register(self) -> Registry {
         let mut r = Registry::default();
+        // prometheus-client ends every HELP with a period of its own: dcgm-exporter's texts go in without
+        // theirs (`exact_help` takes it off again where dcgm-exporter has none).
         for ((name, help, _), family) in m::DCGM_FIELDS.iter().zip(self.dcgm) {
-            r.register(*name, *help, family);
+            r.register(*name, help.trim_end_matches('.'), family);
         }
         r.register(m::FB_USED, "Framebuffer memory used (in MiB)", self.fb_used);
         r.register(m::FB_FREE, "Framebuffer memory free (in MiB)", self.fb_free);
@@ -569,5 +571,20 @@ pub fn render(shared: &Shared, hosts: &[(usize, String)]) -> String {
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = encode(&mut out, &registry);
+    exact_help(out)
+}
+
+/// dcgm-exporter's HELP texts as it writes them: those without a final period lose the one prometheus-client
+/// added (each family's HELP line is written once, before its samples).
+fn exact_help(mut out: String) -> String {
+    for (name, help, _) in m::DCGM_FIELDS {
+        if help.ends_with('.') {
+            continue;
+        }
+        let added = format!("# HELP {name} {help}.\n");
+        if let Some(at) = out.find(&added) {
+            out.replace_range(at..at + added.len(), &format!("# HELP {name} {help}\n"));
+        }
+    }
     out
 }

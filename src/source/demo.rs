@@ -153,18 +153,49 @@ pub struct DemoHost {
     clock: DemoClock,
     /// dcgm-exporter's counters too (a demo serve's dashboard has them to show).
     counters: bool,
+    energy: Energy,
+}
+
+/// Each GPU's energy so far (mJ) and when it was last counted: the power integrated over the demo's time, so
+/// the counter only grows and its `rate()` reads the power gauge.
+#[derive(Debug, Default)]
+struct Energy(std::sync::Mutex<std::collections::HashMap<u32, (u64, f64)>>);
+
+impl Clone for Energy {
+    fn clone(&self) -> Self {
+        Energy(std::sync::Mutex::new(
+            self.0.lock().map(|m| m.clone()).unwrap_or_default(),
+        ))
+    }
+}
+
+impl Energy {
+    /// GPU `i`'s counter at `t` ms, having drawn `watts` since it was last counted (W x ms = mJ).
+    fn at(&self, i: u32, t: u64, watts: f64) -> Option<u64> {
+        let mut m = self.0.lock().ok()?;
+        let e = m.entry(i).or_insert((t, 7.2e9 + f64::from(i) * 1.0e6));
+        if t > e.0 {
+            e.1 += watts * (t - e.0) as f64;
+            e.0 = t;
+        }
+        Some(e.1 as u64)
+    }
+}
+
+/// A demo GPU's power draw at `util` percent.
+fn watts(cc: &str, util: u32) -> f64 {
+    (if cc == "12.0" { 38.0 } else { 76.0 }) + f64::from(util) * 5.5
 }
 
 /// Plausible counters for a demo GPU at `util` percent, `t` ms into the demo: clocks of an H200 (or a
 /// Blackwell workstation part), energy that grows with power, tensor activity with utilization.
-fn demo_counters(cc: &str, util: u32, t: u64, i: u32) -> crate::core::model::Counters {
+fn demo_counters(cc: &str, util: u32, energy_mj: Option<u64>) -> crate::core::model::Counters {
     let busy = f64::from(util) / 100.0;
-    let watts = if cc == "12.0" { 38.0 } else { 76.0 } + f64::from(util) * 5.5;
     crate::core::model::Counters {
         sm_clock_mhz: Some(if util > 0 { 1980 } else { 345 }),
         mem_clock_mhz: Some(if cc == "12.0" { 14_001 } else { 2619 }),
         memory_temp_c: Some(35 + util / 4),
-        energy_mj: Some(7_200_000_000 + u64::from(i) * 1_000_000 + (watts * t as f64) as u64),
+        energy_mj,
         pcie_replays: Some(0),
         mem_copy_util: Some(util / 2),
         enc_util: Some(0),
@@ -265,6 +296,7 @@ impl DemoHost {
             shm: vec![],
             clock,
             counters: false,
+            energy: Energy::default(),
         }
     }
 
@@ -522,9 +554,13 @@ impl DemoHost {
         } else {
             0
         };
-        let counters = self
-            .counters
-            .then(|| Box::new(demo_counters(self.cc, util, t, i)));
+        let counters = self.counters.then(|| {
+            Box::new(demo_counters(
+                self.cc,
+                util,
+                self.energy.at(i, t, watts(self.cc, util)),
+            ))
+        });
         Gpu {
             judged: None,
             state: None,
@@ -546,7 +582,7 @@ impl DemoHost {
             },
             utilization: Some(util),
             temperature_c: Some(31 + util / 3),
-            power_mw: Some(if self.cc == "12.0" { 38_000 } else { 76_000 } + util * 5_500),
+            power_mw: Some((watts(self.cc, util) * 1000.0) as u32),
             compute_capability: Some(self.cc.to_string()),
             mig_enabled: Some(false),
             persistence_mode: Some(true),
@@ -779,5 +815,21 @@ impl super::Source for DemoHost {
     }
     fn simulate(&mut self, req: &ActionRequest) -> Option<ActionAnswer> {
         Some(DemoHost::act(self, req))
+    }
+}
+
+#[cfg(test)]
+mod energy_tests {
+    use super::*;
+
+    #[test]
+    fn the_energy_counter_only_grows_and_its_rate_is_the_power() {
+        let e = Energy::default();
+        let a = e.at(0, 1_000, 458.0).expect("a");
+        // Power falls: the counter still grows, by what was drawn (W x ms = mJ).
+        let b = e.at(0, 3_000, 76.0).expect("b");
+        assert_eq!(b - a, 152_000);
+        // A reading of an earlier moment adds nothing.
+        assert_eq!(e.at(0, 2_000, 900.0), Some(b));
     }
 }
