@@ -2954,3 +2954,27 @@ async fn dcgm_help_texts_read_as_dcgm_exporter_writes_them() {
         assert!(helps.contains(&exact), "{exact}: {helps:#?}");
     }
 }
+
+/// A stream asked for hosts this serve does not have streams those it has and says which it has not, in its
+/// hello (it said nothing of them before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_asked_for_a_host_the_serve_lacks_says_so_in_its_hello() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let serve = Serve::start(
+        dir.path(),
+        &["--demo", "--hosts", "gpu-a,gpu-b", "--no-socket"],
+        &[],
+    );
+    let mut r = client()
+        .get(serve.url("/api/v1/events?hosts=gpu-b,nope"))
+        .send()
+        .await
+        .expect("events");
+    let mut got = String::new();
+    read_through_snapshot(&mut r, &mut got).await;
+    let events = sse_events(&got);
+    assert_eq!(events[0].1, "hello", "{got}");
+    let hello: serde_json::Value = serde_json::from_str(&events[0].2).expect("hello json");
+    assert_eq!(hello["hosts"], serde_json::json!(["gpu-b"]), "{hello}");
+    assert_eq!(hello["unknown"], serde_json::json!(["nope"]), "{hello}");
+}

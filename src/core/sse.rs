@@ -62,6 +62,9 @@ pub struct Hello {
     /// How often the serve reads when no client asks for more (older serves leave it out).
     #[serde(default)]
     pub interval_ms: Option<u64>,
+    /// Names the stream asked for (`?hosts=`) that this serve does not have: not streamed, and said so.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unknown: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -306,6 +306,8 @@ struct Asked {
     client: u64,
     hosts: Vec<usize>,
     _place: tokio::sync::OwnedSemaphorePermit,
+    /// Names it asked for that this serve does not have (said in its hello).
+    unknown: Vec<String>,
     /// Its `unchanged` events carry only the GPUs whose gauges moved.
     only_moved: bool,
     /// It is sent `memory` events.
@@ -366,11 +368,23 @@ fn events(web: Web, hosts: &[usize], q: &EventsQuery, resume: Option<(u64, u64)>
             web.shared.wants.interval(host, client, Some(d));
         }
     }
+    // Names asked for that this serve does not have: said in the hello (at most 64, each cut to 256 bytes:
+    // the query is a stranger's input).
+    let unknown: Vec<String> = q
+        .hosts
+        .as_deref()
+        .into_iter()
+        .flat_map(|n| n.split(','))
+        .filter(|n| web.shared.host_index(n).is_none())
+        .take(64)
+        .map(|n| crate::core::format::truncate_bytes(n, 256))
+        .collect();
     let asked = Asked {
         shared: web.shared.clone(),
         client,
         hosts: hosts.to_vec(),
         _place: place,
+        unknown,
         only_moved,
         memory_alone,
     };
@@ -453,7 +467,7 @@ fn event(kind: sse::Kind, data: &impl serde::Serialize) -> Frame {
     ))
 }
 
-fn hello(shared: &Shared, hosts: &[usize]) -> Frame {
+fn hello(shared: &Shared, hosts: &[usize], unknown: &[String]) -> Frame {
     let hello = sse::Hello {
         protocol: PROTOCOL,
         version: env!("CARGO_PKG_VERSION").into(),
@@ -462,6 +476,7 @@ fn hello(shared: &Shared, hosts: &[usize]) -> Frame {
             .filter_map(|&i| shared.hosts.get(i).map(|h| h.label.clone()))
             .collect(),
         interval_ms: Some(u64::try_from(shared.interval.as_millis()).unwrap_or(u64::MAX)),
+        unknown: unknown.to_vec(),
     };
     event(sse::Kind::Hello, &hello)
 }
@@ -703,7 +718,7 @@ fn begin(
         epoch,
         _asked: asked,
     };
-    let mut hello = hello(&st.shared, hosts);
+    let mut hello = hello(&st.shared, hosts, &st._asked.unknown);
     hello.retry_ms = Some(sse::RETRY_MS);
     // A resumed stream's hello carries the place it resumes from, not the newest: a client that drops right
     // after it resumes from there again, and misses none of the replay that follows.
