@@ -604,7 +604,7 @@ struct StreamState {
     /// The last timeline event this stream has given (or that was there when it began): what its ids say.
     pos: u64,
     epoch: u64,
-    _asked: Asked,
+    asked: Asked,
 }
 
 impl StreamState {
@@ -716,9 +716,9 @@ fn begin(
         out: std::collections::VecDeque::new(),
         pos: last,
         epoch,
-        _asked: asked,
+        asked,
     };
-    let mut hello = hello(&st.shared, hosts, &st._asked.unknown);
+    let mut hello = hello(&st.shared, hosts, &st.asked.unknown);
     hello.retry_ms = Some(sse::RETRY_MS);
     // A resumed stream's hello carries the place it resumes from, not the newest: a client that drops right
     // after it resumes from there again, and misses none of the replay that follows.
