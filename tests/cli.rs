@@ -2702,3 +2702,117 @@ fn a_gpu_at_work_for_nobody_is_no_clean_gpu() {
     let v = json("busy_percent = 0\n");
     assert_eq!(v["hosts"][0]["gpus"][0]["state"], "clean", "{v}");
 }
+
+/// A tmpfs mounted on a directory for one test, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path) -> Tmpfs {
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+            .arg(at)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            ok,
+            "mounting a tmpfs needs root (scripts/test.sh runs the suite as root)"
+        );
+        Tmpfs(at.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A pod's memory-backed volume (a tmpfs the kubelet mounts under its pod's directory) holds an NCCL
+/// segment nobody uses: found, named with its pod, and removed; one a live process maps is kept, and a
+/// disk-backed volume's files are not the stack's shared memory at all.
+#[test]
+fn a_pods_memory_volume_leftover_is_found_with_its_pod_and_removed_a_mapped_one_kept() {
+    use std::os::unix::ffi::OsStrExt;
+    let env = Env::new();
+    let dir = env.dir.path();
+    let kubelet = dir.join("kubelet");
+    let pod = kubelet
+        .join("pods")
+        .join("3f2a9c1e-5b7d-4e0f-9a31-000000000001");
+    let vols = pod.join("volumes").join("kubernetes.io~empty-dir");
+    let vol = vols.join("dshm");
+    let disk = vols.join("cache");
+    std::fs::create_dir_all(&vol).expect("volume dir");
+    std::fs::create_dir_all(&disk).expect("disk volume dir");
+    std::fs::write(
+        pod.join("etc-hosts"),
+        "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n10.1.2.3\tweb-0\n",
+    )
+    .expect("etc-hosts");
+    let _mounted = Tmpfs::mount(&vol);
+    let left = vol.join("nccl-left");
+    let used = vol.join("nccl-used");
+    let on_disk = disk.join("nccl-disk");
+    for f in [&left, &used, &on_disk] {
+        std::fs::write(f, vec![0u8; 4096]).expect("segment");
+    }
+    let hex: String = used
+        .as_os_str()
+        .as_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mut user = Command::new("/usr/bin/python3")
+        .args(["-c", MAP_AND_CLOSE, &hex])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(user.stdout.take().expect("stdout")),
+        &mut ready,
+    )
+    .expect("ready");
+    assert_eq!(ready.trim(), "ready");
+    std::fs::write(
+        dir.join("no-config.toml"),
+        format!("kubelet_dir = \"{}\"\n", kubelet.display()),
+    )
+    .expect("config");
+    let host_shm = dir.join("shm");
+    std::fs::create_dir(&host_shm).expect("host shm");
+    let shm_dir = host_shm.display().to_string();
+    let o = env.run(&["snapshot", "--json", "--no-nvml", "--shm-dir", &shm_dir]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let pods = &v["hosts"][0]["shm"]["pods"];
+    assert_eq!(pods.as_array().map(Vec::len), Some(1), "{v}");
+    assert_eq!(pods[0]["pod"], "web-0", "{pods}");
+    assert_eq!(pods[0]["volume"], "dshm", "{pods}");
+    assert_eq!(
+        pods[0]["segments"].as_array().map(Vec::len),
+        Some(2),
+        "{pods}"
+    );
+    let leftovers: Vec<String> = v["hosts"][0]["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter(|f| f["kind"] == "shm_leftover")
+        .filter_map(|f| f["detail"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(leftovers.len(), 1, "{leftovers:?}");
+    assert!(
+        leftovers[0].contains("nccl-left") && leftovers[0].contains("pod web-0"),
+        "{leftovers:?}"
+    );
+    let o = env.run(&["shm", "clean", "--no-nvml", "--shm-dir", &shm_dir, "--yes"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("pod web-0"), "{t}");
+    assert!(!left.exists(), "the unused one is removed: {t}");
+    assert!(used.exists(), "the mapped one is kept: {t}");
+    assert!(on_disk.exists(), "a disk volume is no shared memory: {t}");
+    drop(user.stdin.take());
+    let _ = user.wait();
+}

@@ -83,11 +83,18 @@ pub fn run(s: &Settings, a: &CleanArgs) -> anyhow::Result<i32> {
                 fmt_bytes(Some(total))
             );
             for f in &files {
-                let path = snap.shm.as_ref().map_or_else(
-                    || crate::core::model::shm_path(None, &f.name),
-                    |i| i.path_of(&f.name),
-                );
-                println!("  {:>10}  {}", fmt_bytes(Some(f.bytes)), escape(&path));
+                let path = match (&f.pod_volume, snap.shm.as_ref()) {
+                    (Some(v), _) => crate::core::model::shm_path(Some(v), &f.name),
+                    (None, Some(i)) => i.path_of(&f.name),
+                    (None, None) => crate::core::model::shm_path(None, &f.name),
+                };
+                let pod = f
+                    .pod_volume
+                    .as_deref()
+                    .and_then(|v| snap.shm.as_ref()?.pods.iter().find(|p| p.dir == v))
+                    .map(|p| format!("  ({})", escape(&p.describe())))
+                    .unwrap_or_default();
+                println!("  {:>10}  {}{pod}", fmt_bytes(Some(f.bytes)), escape(&path));
             }
             reqs.push((HostId(i), RemovalRequest { files }));
         }

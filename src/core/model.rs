@@ -465,6 +465,38 @@ pub struct ShmInfo {
     /// elsewhere). Absent from older agents, whose directory was `/dev/shm`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dir: Option<String>,
+    /// Pods' memory-backed volumes on this node (a Kubernetes `emptyDir` with `medium: Memory`, where NCCL
+    /// and sglang keep their segments in place of the host's /dev/shm), each with the GPU stack's files in it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<PodShm>,
+}
+
+/// One pod's memory-backed volume and the GPU stack's files in it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct PodShm {
+    /// The pod's UID (the kubelet's directory for it).
+    pub pod_uid: String,
+    /// The pod's host name as the kubelet wrote it in the pod's `etc-hosts` (its name, unless the pod sets
+    /// `hostname`); `None` where it could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// The volume's name.
+    pub volume: String,
+    /// Where it is mounted on the node.
+    pub dir: String,
+    pub segments: Vec<ShmSegment>,
+}
+
+impl PodShm {
+    /// "pod web-0 (uid 3f2a…), volume dshm".
+    pub fn describe(&self) -> String {
+        format!(
+            "pod {} (uid {}), volume {}",
+            self.pod.as_deref().unwrap_or("?"),
+            self.pod_uid,
+            self.volume
+        )
+    }
 }
 
 /// The largest integer every JSON reader holds exactly (JavaScript's, jq 1.6's): 2^53 - 1.

@@ -14,6 +14,10 @@ pub struct ShmFile {
     pub dev: u64,
     pub ino: u64,
     pub bytes: u64,
+    /// The pod volume it is in (its directory, as the host's reading named it); `None`: the host's /dev/shm.
+    /// A host removes only from a pod volume its own fresh reading finds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_volume: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

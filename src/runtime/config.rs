@@ -42,6 +42,8 @@ pub struct Config {
     pub readonly: Option<bool>,
     /// Where the shared-memory files are (default /dev/shm; a container may mount the host's elsewhere).
     pub shm_dir: Option<PathBuf>,
+    /// The kubelet's root directory, where pods' memory-backed volumes are (default /var/lib/kubelet).
+    pub kubelet_dir: Option<PathBuf>,
     /// Key bindings: action name -> key ("kill" = "K", "sweep" = "S", ...).
     #[serde(default)]
     pub keys: BTreeMap<String, String>,

@@ -25,9 +25,71 @@ fn removal(
     req: &crate::core::removal::RemovalRequest,
 ) -> Vec<crate::core::removal::RemovalOutcome> {
     match (signals, src.fresh_shm()) {
-        (Some(d), Some((dir, now))) => crate::act::shm::remove(&d.host, &dir, req, &now, &d.audit),
+        (Some(d), Some((dir, now))) => remove_where_found(&d.host, &dir, req, &now, &d.audit),
         _ => crate::core::removal::all_failed(req, "this host removes no files"),
     }
+}
+
+/// Each file from where it is: the host's shared-memory directory, or a pod volume this host's own fresh
+/// reading found (a request names a pod volume; only the host's reading makes it one). Answers in the
+/// request's order.
+fn remove_where_found(
+    host: &str,
+    dir: &std::path::Path,
+    req: &crate::core::removal::RemovalRequest,
+    now: &crate::core::model::ShmInfo,
+    audit: &crate::act::AuditLog,
+) -> Vec<crate::core::removal::RemovalOutcome> {
+    use crate::core::removal::{Removal, RemovalOutcome, RemovalRequest};
+    let mut groups: Vec<(Option<&str>, Vec<usize>)> = Vec::new();
+    for (i, f) in req.files.iter().enumerate() {
+        let key = f.pod_volume.as_deref();
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(i),
+            None => groups.push((key, vec![i])),
+        }
+    }
+    let mut out: Vec<Option<RemovalOutcome>> = vec![None; req.files.len()];
+    for (key, idx) in groups {
+        let part = RemovalRequest {
+            files: idx.iter().map(|&i| req.files[i].clone()).collect(),
+        };
+        let done = match key {
+            None => crate::act::shm::remove(host, dir, &part, now, audit),
+            Some(v) => match now.pods.iter().find(|p| p.dir == v) {
+                Some(pod) => {
+                    let seen = crate::core::model::ShmInfo {
+                        segments: pod.segments.clone(),
+                        dir: Some(pod.dir.clone()),
+                        ..Default::default()
+                    };
+                    crate::act::shm::remove(
+                        host,
+                        std::path::Path::new(&pod.dir),
+                        &part,
+                        &seen,
+                        audit,
+                    )
+                }
+                None => part
+                    .files
+                    .iter()
+                    .map(|f| RemovalOutcome {
+                        name: f.name.clone(),
+                        dir: Some(v.to_string()),
+                        bytes: f.bytes,
+                        result: Removal::Refused {
+                            reason: "not a pod volume this host finds".into(),
+                        },
+                    })
+                    .collect(),
+            },
+        };
+        for (i, o) in idx.into_iter().zip(done) {
+            out[i] = Some(o);
+        }
+    }
+    out.into_iter().flatten().collect()
 }
 
 /// Deliver a signal request on a thread of its own (a grace period must not pause the readings), at most

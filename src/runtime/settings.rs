@@ -520,6 +520,9 @@ pub fn resolve(o: &Overrides) -> Result<Settings, SettingsError> {
     if let Some(d) = o.shm_dir.clone().or_else(|| config.shm_dir.clone()) {
         procfs.shm_dir = d;
     }
+    if let Some(d) = &config.kubelet_dir {
+        procfs.kubelet_dir = Some(d.clone());
+    }
     let connect_timeout = Duration::from_secs(
         o.connect_timeout
             .or(config.ssh.connect_timeout_s)

@@ -674,6 +674,7 @@ impl DemoHost {
                 shmmni: Some(4096),
                 sysv_segments: vec![],
                 dir: None,
+                pods: Vec::new(),
             }),
             unreadable_processes: 0,
             in_child_pid_namespace: false,

@@ -4,6 +4,7 @@ pub mod cgroups;
 pub mod early;
 pub mod exits;
 pub mod nvml;
+pub mod pod_shm;
 pub mod procfs;
 #[allow(unsafe_code)] // kcmp(2), which rustix and nix do not wrap: integers in, an integer out
 pub mod tasks;

@@ -65,6 +65,8 @@ pub struct ProcfsConfig {
     /// How often the list of processes is read (new ones found, gone ones dropped). Between listings a
     /// poll reads only GPU holders, NVML's listed PIDs and zombies.
     pub list_every: Duration,
+    /// The kubelet's root directory, where pods' memory-backed volumes are (`None`: not looked at).
+    pub kubelet_dir: Option<PathBuf>,
 }
 
 impl Default for ProcfsConfig {
@@ -86,6 +88,7 @@ impl Default for ProcfsConfig {
             full_scan_unexplained: Duration::from_secs(5),
             min_full_scan_gap: Duration::from_millis(500),
             list_every: Duration::from_secs(1),
+            kubelet_dir: Some("/var/lib/kubelet".into()),
         }
     }
 }
@@ -182,6 +185,8 @@ pub struct ProcScanner {
     devices: DeviceIds,
     /// The shared-memory directory's file system: an fd on a file there is a segment's, whatever its path.
     shm_dev: Option<u64>,
+    /// Pods' memory-backed volumes, looked up with the device files.
+    pod_dirs: Vec<super::pod_shm::PodDir>,
     /// When the device files were last looked up (at each full scan: a driver may create them late).
     resolved: bool,
 }
@@ -276,6 +281,7 @@ impl ProcScanner {
             shm_mapped: HashMap::new(),
             devices: DeviceIds::default(),
             shm_dev: None,
+            pod_dirs: Vec::new(),
             resolved: false,
         })
     }
@@ -329,6 +335,12 @@ impl ProcScanner {
         if depth == Depth::Full || !self.resolved {
             self.devices = DeviceIds::resolve(&self.cfg.device_globs);
             self.shm_dev = fs::metadata(&self.cfg.shm_dir).ok().map(|m| m.dev());
+            self.pod_dirs = self
+                .cfg
+                .kubelet_dir
+                .as_deref()
+                .map(super::pod_shm::find)
+                .unwrap_or_default();
             self.resolved = true;
         }
         let Some(to_read) = self.choose(table, depth, always) else {
@@ -820,7 +832,9 @@ impl ProcScanner {
                 if !info.devices.iter().any(|d| d == dev) {
                     info.devices.push(dev.to_string());
                 }
-            } else if Some(st.st_dev) == self.shm_dev {
+            } else if Some(st.st_dev) == self.shm_dev
+                || self.pod_dirs.iter().any(|p| p.dev == st.st_dev)
+            {
                 info.shm_open.push((st.st_dev, st.st_ino));
             }
         }
@@ -839,21 +853,36 @@ impl ProcScanner {
             info.free = Some(free);
             info.used = Some(total.saturating_sub(free));
         }
-        info.segments = self.list_segments();
-        if table.full && !info.segments.is_empty() {
+        info.segments = list_segments(&self.cfg.shm_dir);
+        info.pods = self
+            .pod_dirs
+            .iter()
+            .map(|d| crate::core::model::PodShm {
+                pod_uid: d.uid.clone(),
+                pod: d.pod.clone(),
+                volume: d.volume.clone(),
+                dir: d.path.to_string_lossy().into_owned(),
+                segments: list_segments(&d.path),
+            })
+            .filter(|p| !p.segments.is_empty())
+            .collect();
+        let any = !info.segments.is_empty() || !info.pods.is_empty();
+        if table.full && any {
             let wanted: HashSet<(u64, u64)> = info
                 .segments
                 .iter()
+                .chain(info.pods.iter().flat_map(|p| p.segments.iter()))
                 .filter_map(|s| Some((s.dev?, s.ino?)))
                 .collect();
             self.shm_mapped = self.read_shm_maps(table, &wanted);
         }
-        let shm_open = if info.segments.is_empty() {
-            HashMap::new()
-        } else {
+        let shm_open = if any {
             self.shm_open(table)
+        } else {
+            HashMap::new()
         };
-        for seg in &mut info.segments {
+        let pod_segments = info.pods.iter_mut().flat_map(|p| p.segments.iter_mut());
+        for seg in info.segments.iter_mut().chain(pod_segments) {
             let (Some(dev), Some(ino)) = (seg.dev, seg.ino) else {
                 continue;
             };
@@ -875,38 +904,6 @@ impl ProcScanner {
         (info.shmall, info.shmall_unlimited) = crate::core::model::limit(all);
         (info.shmmni, info.sysv_segments) = (mni, sysv);
         info
-    }
-
-    /// The GPU stack's files in the shared-memory directory, each as it is (lstat: a symlink is one), users
-    /// not yet known.
-    fn list_segments(&self) -> Vec<ShmSegment> {
-        let now = std::time::SystemTime::now();
-        let mut out = Vec::new();
-        let Ok(dir) = fs::read_dir(&self.cfg.shm_dir) else {
-            return out;
-        };
-        for e in dir.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if !SHM_PATTERNS.iter().any(|p| name.starts_with(p)) {
-                continue;
-            }
-            let Ok(md) = e.metadata() else { continue };
-            let age_s = md
-                .modified()
-                .ok()
-                .and_then(|m| now.duration_since(m).ok())
-                .map(|d| d.as_secs());
-            out.push(ShmSegment {
-                name,
-                bytes: md.len(),
-                age_s,
-                users: None,
-                dev: Some(md.dev()),
-                ino: Some(md.ino()),
-                special: !md.file_type().is_file(),
-            });
-        }
-        out
     }
 
     /// The System V limits and segments now.
@@ -960,6 +957,38 @@ impl ProcScanner {
         }
         out
     }
+}
+
+/// The GPU stack's files in a shared-memory directory, each as it is (lstat: a symlink is one), users not
+/// yet known.
+fn list_segments(shm_dir: &Path) -> Vec<ShmSegment> {
+    let now = std::time::SystemTime::now();
+    let mut out = Vec::new();
+    let Ok(dir) = fs::read_dir(shm_dir) else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !SHM_PATTERNS.iter().any(|p| name.starts_with(p)) {
+            continue;
+        }
+        let Ok(md) = e.metadata() else { continue };
+        let age_s = md
+            .modified()
+            .ok()
+            .and_then(|m| now.duration_since(m).ok())
+            .map(|d| d.as_secs());
+        out.push(ShmSegment {
+            name,
+            bytes: md.len(),
+            age_s,
+            users: None,
+            dev: Some(md.dev()),
+            ino: Some(md.ino()),
+            special: !md.file_type().is_file(),
+        });
+    }
+    out
 }
 
 /// The (device, inode) of the file one line of `/proc/PID/maps` maps (`start-end perms offset MM:mm inode
