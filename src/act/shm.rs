@@ -151,6 +151,7 @@ mod tests {
             dev: md.dev(),
             ino: md.ino(),
             bytes: md.len(),
+            pod_volume: None,
         }
     }
 

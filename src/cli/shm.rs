@@ -82,20 +82,7 @@ pub fn run(s: &Settings, a: &CleanArgs) -> anyhow::Result<i32> {
                 files.len(),
                 fmt_bytes(Some(total))
             );
-            for f in &files {
-                let path = match (&f.pod_volume, snap.shm.as_ref()) {
-                    (Some(v), _) => crate::core::model::shm_path(Some(v), &f.name),
-                    (None, Some(i)) => i.path_of(&f.name),
-                    (None, None) => crate::core::model::shm_path(None, &f.name),
-                };
-                let pod = f
-                    .pod_volume
-                    .as_deref()
-                    .and_then(|v| snap.shm.as_ref()?.pods.iter().find(|p| p.dir == v))
-                    .map(|p| format!("  ({})", escape(&p.describe())))
-                    .unwrap_or_default();
-                println!("  {:>10}  {}{pod}", fmt_bytes(Some(f.bytes)), escape(&path));
-            }
+            print_files(snap, &files);
             reqs.push((HostId(i), RemovalRequest { files }));
         }
         if reqs.is_empty() || a.dry_run {
@@ -123,6 +110,24 @@ pub fn run(s: &Settings, a: &CleanArgs) -> anyhow::Result<i32> {
     });
     rt.shutdown_background();
     code
+}
+
+/// Each file to remove, with its size, its path and the pod it is in.
+fn print_files(snap: &crate::core::model::HostSnapshot, files: &[crate::core::removal::ShmFile]) {
+    for f in files {
+        let path = match (&f.pod_volume, snap.shm.as_ref()) {
+            (Some(v), _) => crate::core::model::shm_path(Some(v), &f.name),
+            (None, Some(i)) => i.path_of(&f.name),
+            (None, None) => crate::core::model::shm_path(None, &f.name),
+        };
+        let pod = f
+            .pod_volume
+            .as_deref()
+            .and_then(|v| snap.shm.as_ref()?.pods.iter().find(|p| p.dir == v))
+            .map(|p| format!("  ({})", escape(&p.describe())))
+            .unwrap_or_default();
+        println!("  {:>10}  {}{pod}", fmt_bytes(Some(f.bytes)), escape(&path));
+    }
 }
 
 /// A host's parts still to ask, and the id of the one asked now.

@@ -129,6 +129,7 @@ mod tests {
                 dev: 1,
                 ino: 2,
                 bytes: 3,
+                pod_volume: None,
             }],
         });
         assert_eq!(rm.refuse("no").failures(), 1);
