@@ -89,8 +89,7 @@ fn pod_name(pod_dir: &Path) -> Option<String> {
         .ok()?;
     text.lines()
         .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .last()?
+        .rfind(|l| !l.is_empty() && !l.starts_with('#'))?
         .split_whitespace()
         .nth(1)
         .map(|n| crate::core::format::truncate_bytes(n, 253))
