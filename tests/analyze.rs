@@ -27,6 +27,7 @@ fn gpu(index: u32, used_mib: u64, listed: &[(u32, u64)]) -> Gpu {
                 used_bytes: Some(b),
                 kind: ProcessKind::Compute,
                 name: None,
+                gpu_instance: None,
             })
             .collect(),
         ..Default::default()
@@ -601,6 +602,7 @@ fn hosts_read_from_prometheus_keep_their_verdicts_and_are_never_called_leaking_o
         detail: "2 zombie finding(s)".into(),
         action: "open it live".into(),
         target_pid: None,
+        gpu_instance: None,
         file: None,
         confirms_as: None,
     }];

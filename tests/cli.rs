@@ -2820,3 +2820,96 @@ fn a_pods_memory_volume_leftover_is_found_with_its_pod_and_removed_a_mapped_one_
     drop(user.stdin.take());
     let _ = user.wait();
 }
+
+/// A GPU in MIG mode: a ghost on instance 2 of GPU 0 (its process dead, a child keeping its context) is
+/// named with its instance while instance 1 reads clean; a sweep reaches the holder and its watch reads that
+/// instance to zero. A MIG GPU whose instances cannot be listed is unknown, never clean.
+#[test]
+#[allow(clippy::too_many_lines)] // one MIG GPU: judged, swept, watched, and unread
+fn a_ghost_on_a_mig_instance_is_named_with_it_swept_and_watched_to_zero() {
+    let env = Env::new();
+    let dir = env.dir.path();
+    let lib = crate::support::standin_nvml(dir);
+    env.device();
+    let mut gone = Command::new("true").spawn().expect("true");
+    let dead = gone.id();
+    gone.wait().expect("reaped");
+    let holder = crate::support::Reaped(
+        Command::new("sleep")
+            .arg("300")
+            .stdin(std::fs::File::open(env.device()).expect("open"))
+            .spawn()
+            .expect("the context's keeper"),
+    );
+    let hpid = holder.0.id();
+    crate::support::set_nvml(dir, &format!("4096 mig=1/0 mig=2/4096/{dead}@4096\n"));
+    let run = |args: &[&str]| {
+        let mut c = env.cmd(args);
+        c.args(["--device-glob", &env.glob()])
+            .env("GPUSWEEP_NVML_LIBRARY", &lib)
+            .env("STANDIN_NVML_STATE", dir.join("nvml"));
+        c.output().expect("gpusweep")
+    };
+    let o = run(&["snapshot", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let g = &v["hosts"][0]["gpus"][0];
+    assert_eq!(g["mig"].as_array().map(Vec::len), Some(2), "{g}");
+    assert_eq!(g["mig"][0]["state"], "clean", "{g}");
+    assert_eq!(g["mig"][1]["gpu_instance"], 2, "{g}");
+    assert_eq!(g["mig"][1]["profile"], "1g.18gb", "{g}");
+    assert_eq!(g["mig"][1]["state"], "leak", "{g}");
+    assert_eq!(g["state"], "leak", "{g}");
+    let ghost = v["hosts"][0]["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .find(|f| f["kind"] == "ghost")
+        .cloned()
+        .unwrap_or_else(|| panic!("a ghost: {v}"));
+    assert_eq!(ghost["gpu_instance"], 2, "{ghost}");
+    assert_eq!(ghost["target_pid"], hpid, "{ghost}");
+    assert!(
+        ghost["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("GPU 0 instance 2 (1g.18gb)")),
+        "{ghost}"
+    );
+    let o = run(&["snapshot"]);
+    assert!(text(&o).contains("instance 2 (1g.18gb)"), "{}", text(&o));
+    // The driver frees the instance once its holder has gone.
+    let state = dir.to_path_buf();
+    let freer = std::thread::spawn(move || {
+        crate::support::await_cond("the holder's end", 60, || !crate::support::alive(hpid));
+        crate::support::set_nvml(&state, "0 mig=1/0 mig=2/0\n");
+    });
+    let o = run(&[
+        "sweep",
+        "--gpus",
+        "0",
+        "--yes",
+        "--grace",
+        "2s",
+        "--timeout",
+        "20s",
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains(&hpid.to_string()), "the holder is planned: {t}");
+    assert!(t.contains("clean: every chosen GPU reads zero"), "{t}");
+    freer.join().expect("freer");
+    drop(holder);
+    let o = run(&["snapshot", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["hosts"][0]["gpus"][0]["state"], "clean", "{v}");
+    // Instances that cannot be listed: unknown, and no gate passes it.
+    crate::support::set_nvml(dir, "0 migfail\n");
+    let o = run(&["snapshot", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["hosts"][0]["gpus"][0]["state"], "unknown", "{v}");
+    assert!(v["hosts"][0]["gpus"][0]["mig_error"].is_string(), "{v}");
+    let o = run(&["wait", "--timeout", "1s"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = run(&["check"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).starts_with("unknown"), "{}", text(&o));
+}

@@ -177,6 +177,7 @@ mod tests {
             detail: "d".into(),
             action: "a".into(),
             target_pid: None,
+            gpu_instance: None,
             file: None,
             confirms_as: None,
         }

@@ -35,6 +35,13 @@ pub fn gpu_state(snap: &HostSnapshot, g: &Gpu, opts: &AnalyzeOptions) -> GpuStat
     if g.error.is_some() && g.memory.used.is_none() {
         return GpuState::Error;
     }
+    if g.mig_error.is_some() {
+        // In MIG mode, with instances that could not be read: nothing can be said of it.
+        return GpuState::Unknown;
+    }
+    if !g.mig.is_empty() {
+        return mig_state(snap, g, opts);
+    }
     let clean = gpu_clean(g, opts.tolerance).map(|c| c && !busy(snap, g, opts));
     match clean {
         None if g.judged == Some(GpuState::Error) => GpuState::Error,
@@ -63,6 +70,59 @@ pub fn gpu_state(snap: &HostSnapshot, g: &Gpu, opts: &AnalyzeOptions) -> GpuStat
     }
 }
 
+/// A MIG instance's state: clean when its memory is at or under the tolerance and nothing is listed on it,
+/// a leak where a leak finding names it, unknown where it could not be read.
+pub fn instance_state(
+    snap: &HostSnapshot,
+    g: &Gpu,
+    inst: &crate::core::model::MigInstance,
+    opts: &AnalyzeOptions,
+) -> GpuState {
+    let Some(used) = inst.memory.used else {
+        return GpuState::Unknown;
+    };
+    if inst.error.is_some() {
+        return GpuState::Unknown;
+    }
+    if used <= opts.tolerance && inst.processes.is_empty() {
+        return GpuState::Clean;
+    }
+    let leaking = snap.findings.iter().any(|f| {
+        f.gpu == Some(g.index)
+            && f.gpu_instance == inst.gpu_instance
+            && f.severity == crate::core::model::Severity::Leak
+            && matches!(
+                f.kind,
+                FindingKind::Ghost | FindingKind::Residual | FindingKind::HiddenHolder
+            )
+    });
+    if leaking {
+        GpuState::Leak
+    } else {
+        GpuState::InUse
+    }
+}
+
+/// A GPU in MIG mode reads as its worst instance: unknown over a leak over in use over clean; a process
+/// listed on the GPU outside every instance keeps it in use.
+fn mig_state(snap: &HostSnapshot, g: &Gpu, opts: &AnalyzeOptions) -> GpuState {
+    let states: Vec<GpuState> = g
+        .mig
+        .iter()
+        .map(|i| instance_state(snap, g, i, opts))
+        .collect();
+    let outside = g.processes.iter().any(|p| p.gpu_instance.is_none());
+    if states.contains(&GpuState::Unknown) {
+        GpuState::Unknown
+    } else if states.contains(&GpuState::Leak) {
+        GpuState::Leak
+    } else if outside || states.contains(&GpuState::InUse) {
+        GpuState::InUse
+    } else {
+        GpuState::Clean
+    }
+}
+
 /// Clean means idle: a GPU at work with nothing listed on it is not clean, whoever has it open. Its own
 /// reading's utilization where this host is judged here; the host's own finding where it was judged there.
 pub fn busy(snap: &HostSnapshot, g: &Gpu, opts: &AnalyzeOptions) -> bool {
@@ -83,8 +143,21 @@ pub fn judge_gpus(snap: &mut HostSnapshot, opts: &AnalyzeOptions) {
         g.state = None;
     }
     let states: Vec<GpuState> = snap.gpus.iter().map(|g| gpu_state(snap, g, opts)).collect();
-    for (g, s) in snap.gpus.iter_mut().zip(states) {
+    let parts: Vec<Vec<GpuState>> = snap
+        .gpus
+        .iter()
+        .map(|g| {
+            g.mig
+                .iter()
+                .map(|i| instance_state(snap, g, i, opts))
+                .collect()
+        })
+        .collect();
+    for ((g, s), p) in snap.gpus.iter_mut().zip(states).zip(parts) {
         g.state = Some(s);
+        for (i, st) in g.mig.iter_mut().zip(p) {
+            i.state = Some(st);
+        }
     }
 }
 

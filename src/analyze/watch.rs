@@ -50,6 +50,17 @@ fn dirty_gpu_line(snap: &HostSnapshot, g: &crate::core::model::Gpu) -> String {
     if let (true, Some(u)) = (g.processes.is_empty(), g.utilization.filter(|u| *u > 0)) {
         line.push_str(&format!(", {u}% busy"));
     }
+    for i in g.mig.iter().filter(|i| i.state != Some(GpuState::Clean)) {
+        let pids: Vec<String> = i.processes.iter().map(|p| p.pid.to_string()).collect();
+        line.push_str(&format!(
+            "; {}: {} used",
+            i.label(),
+            fmt_bytes(i.memory.used)
+        ));
+        if !pids.is_empty() {
+            line.push_str(&format!(", listed {}", pids.join(",")));
+        }
+    }
     line
 }
 

@@ -8,7 +8,7 @@ use std::io::Write;
 use super::common::{first_snapshots, readings_since, runtime};
 use super::wait::{blind_gate, blind_holders, unusable};
 use crate::core::format::{escape, fmt_bytes};
-use crate::core::model::{Finding, HostSnapshot, Severity};
+use crate::core::model::{Finding, GpuState, HostSnapshot, Severity};
 use crate::runtime::{Fleet, Settings};
 
 #[derive(Debug, clap::Args)]
@@ -71,6 +71,26 @@ fn judge(snap: &HostSnapshot, load_nvml: bool) -> (i32, String) {
         return (UNKNOWN, format!("unknown: {e}"));
     }
     let host = escape(&snap.host);
+    // A GPU that could not be judged (its reading failed, its MIG instances unread) is never an OK.
+    let unread: Vec<String> = snap
+        .gpus
+        .iter()
+        .filter(|g| matches!(g.state, Some(GpuState::Unknown | GpuState::Error)))
+        .map(|g| {
+            let why = g
+                .error
+                .as_deref()
+                .or(g.mig_error.as_deref())
+                .unwrap_or("not judged");
+            format!("GPU {} ({})", g.index, escape(why))
+        })
+        .collect();
+    if !unread.is_empty() {
+        return (
+            UNKNOWN,
+            format!("unknown: {host}: {} could not be judged", unread.join(", ")),
+        );
+    }
     let leaks: Vec<&Finding> = snap
         .findings
         .iter()

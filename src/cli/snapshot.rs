@@ -122,6 +122,7 @@ fn gpu_table(o: &mut String, snap: &HostSnapshot) {
             format!("{} {}", st.glyph(), st.word()),
             listed(g)
         );
+        mig_rows(o, g);
     }
     // Where a reset may be the way out (a leak) or the driver asks for one: who would make it fail.
     for g in &snap.gpus {
@@ -129,6 +130,36 @@ fn gpu_table(o: &mut String, snap: &HostSnapshot) {
         if g.state == Some(GpuState::Leak) || asks {
             let _ = writeln!(o, "   {}", crate::analyze::reset::plan(snap, g));
         }
+    }
+}
+
+/// A MIG GPU's instances, one row each under it; or why they could not be read.
+fn mig_rows(o: &mut String, g: &Gpu) {
+    if let Some(e) = &g.mig_error {
+        let _ = writeln!(o, "       MIG instances unread: {}", escape(e));
+    }
+    for i in &g.mig {
+        let st = i.state.unwrap_or(GpuState::Unknown);
+        let procs: Vec<String> = i
+            .processes
+            .iter()
+            .map(|p| format!("{}:{}", p.pid, fmt_bytes(p.used_bytes)))
+            .collect();
+        let _ = writeln!(
+            o,
+            "       {:<26} {:>22} {:>34}  {:<8} {}",
+            truncate(&escape(&i.label()), 26),
+            format!(
+                "{} / {}",
+                fmt_bytes(i.memory.used),
+                fmt_bytes(i.memory.total)
+            ),
+            "",
+            format!("{} {}", st.glyph(), st.word()),
+            i.error
+                .as_deref()
+                .map_or_else(|| procs.join(" "), |e| format!("error: {}", escape(e)))
+        );
     }
 }
 

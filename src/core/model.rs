@@ -321,6 +321,12 @@ pub struct Gpu {
     /// Who would block a reset of this GPU, filled with the verdict (empty: nobody has it open).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reset_blockers: Vec<ResetBlocker>,
+    /// Its MIG instances, where the GPU is in MIG mode and they could be listed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig: Vec<MigInstance>,
+    /// Why its MIG instances could not be listed, in MIG mode: then it cannot read clean.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_error: Option<String>,
     /// What the driver says this GPU needs to recover (NVML's recovery action: `none`, `gpu_reset`,
     /// `node_reboot`, `drain_p2p`, `drain_and_reset`), where it reports one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -344,6 +350,43 @@ pub struct ListedProcess {
     /// Name as the source gave it (nvidia-smi prints "[Not Found]" for a ghost).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The MIG GPU instance it runs in (NVML's `gpuInstanceId`), on a GPU in MIG mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_instance: Option<u32>,
+}
+
+/// One MIG instance of a GPU in MIG mode: a GPU instance with its compute instance, read through its own
+/// NVML handle. Its memory and processes are judged on their own: a leftover in one instance is named with
+/// it, and the GPU is clean only when every instance is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct MigInstance {
+    /// NVML's GPU instance id (dcgm-exporter's `GPU_I_ID`).
+    pub gpu_instance: Option<u32>,
+    pub compute_instance: Option<u32>,
+    /// Its profile ("1g.18gb", dcgm-exporter's `GPU_I_PROFILE`), from the MIG device's name.
+    pub profile: Option<String>,
+    pub uuid: Option<String>,
+    pub memory: Memory,
+    pub processes: Vec<ListedProcess>,
+    /// This instance's own error: the GPU it belongs to cannot read clean.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Its verdict, filled with the GPU's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<GpuState>,
+}
+
+impl MigInstance {
+    /// "instance 2 (1g.18gb)".
+    pub fn label(&self) -> String {
+        let id = self
+            .gpu_instance
+            .map_or_else(|| "?".to_string(), |i| i.to_string());
+        match &self.profile {
+            Some(p) => format!("instance {id} ({p})"),
+            None => format!("instance {id}"),
+        }
+    }
 }
 
 /// A process as /proc shows it.
@@ -624,6 +667,9 @@ pub struct Finding {
     pub action: String,
     /// The process to act on, when it is not `pid` itself (a zombie's parent, a ghost's hidden holder).
     pub target_pid: Option<u32>,
+    /// The MIG instance of `gpu` it is about (its GPU instance id), on a GPU in MIG mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_instance: Option<u32>,
     /// The /dev/shm file it is about (shm leftovers), by name and identity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<FileRef>,
@@ -652,6 +698,7 @@ pub struct Subject {
     pub pid: Option<u32>,
     pub target_pid: Option<u32>,
     pub file: Option<FileRef>,
+    pub gpu_instance: Option<u32>,
 }
 
 impl Finding {
@@ -662,6 +709,7 @@ impl Finding {
             pid: self.pid,
             target_pid: self.target_pid,
             file: self.file.clone(),
+            gpu_instance: self.gpu_instance,
         }
     }
 }
@@ -757,6 +805,8 @@ impl Gpu {
             kept,
             reset_blockers: _,
             recovery_action,
+            mig,
+            mig_error,
         } = self;
         *index == b.index
             && *uuid == b.uuid
@@ -784,6 +834,31 @@ impl Gpu {
             && *judged == b.judged
             && *kept == b.kept
             && *recovery_action == b.recovery_action
+            && *mig_error == b.mig_error
+            && mig.len() == b.mig.len()
+            && mig.iter().zip(&b.mig).all(|(x, y)| {
+                (
+                    x.gpu_instance,
+                    x.compute_instance,
+                    &x.profile,
+                    &x.uuid,
+                    &x.error,
+                ) == (
+                    y.gpu_instance,
+                    y.compute_instance,
+                    &y.profile,
+                    &y.uuid,
+                    &y.error,
+                ) && if memory_too {
+                    x.memory == y.memory && x.processes == y.processes
+                } else {
+                    x.processes.len() == y.processes.len()
+                        && x.processes
+                            .iter()
+                            .zip(&y.processes)
+                            .all(|(p, q)| p.pid == q.pid)
+                }
+            })
     }
 }
 
@@ -814,6 +889,12 @@ impl HostSnapshot {
         for g in &mut self.gpus {
             defang_opt(&mut g.name);
             defang_opt(&mut g.recovery_action);
+            defang_opt(&mut g.mig_error);
+            for m in &mut g.mig {
+                defang_opt(&mut m.profile);
+                defang_opt(&mut m.uuid);
+                defang_opt(&mut m.error);
+            }
             for b in &mut g.reset_blockers {
                 defang(&mut b.program);
                 defang(&mut b.node);
@@ -1119,6 +1200,7 @@ mod tests {
                 detail: "/dev/shm/nccl-1 (1 MiB, 5s old)".into(),
                 action: "rm".into(),
                 target_pid: None,
+                gpu_instance: None,
                 file: None,
                 confirms_as: None,
             }],

@@ -395,6 +395,7 @@ mod tests {
                 .into(),
             action: "kill 10 (python3 serve.py --api-key s3cret)".into(),
             target_pid: Some(11),
+            gpu_instance: None,
             file: None,
             confirms_as: None,
         });

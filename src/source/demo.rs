@@ -531,6 +531,7 @@ impl DemoHost {
                     used_bytes: Some(b),
                     kind: ProcessKind::Compute,
                     name: None,
+                    gpu_instance: None,
                 });
                 // Context overhead NVML does not charge to the process.
                 used += b + 10 * MIB;
@@ -543,6 +544,7 @@ impl DemoHost {
                     used_bytes: Some(g.bytes),
                     kind: ProcessKind::Compute,
                     name: None,
+                    gpu_instance: None,
                 });
                 used += g.bytes + 9 * MIB;
             }
@@ -591,6 +593,8 @@ impl DemoHost {
             kept: false,
             reset_blockers: Vec::new(),
             recovery_action: Some("none".into()),
+            mig: Vec::new(),
+            mig_error: None,
         }
     }
 

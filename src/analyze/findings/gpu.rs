@@ -45,7 +45,7 @@ struct Accounting {
     ghosts: Vec<(u32, Option<u64>, String)>,
 }
 
-fn listed(snap: &Indexed<'_>, g: &Gpu, out: &mut Findings) -> Accounting {
+fn listed(snap: &Indexed<'_>, g: &Gpu, place: &str, out: &mut Findings) -> Accounting {
     let mut l = Accounting {
         live_charged: 0,
         live_unknown: false,
@@ -70,9 +70,8 @@ fn listed(snap: &Indexed<'_>, g: &Gpu, out: &mut Findings) -> Accounting {
                     pid: Some(lp.pid),
                     bytes: lp.used_bytes,
                     detail: format!(
-                        "NVML lists PID {} on GPU {} ({}), but it is not visible from this PID namespace",
+                        "NVML lists PID {} on {place} ({}), but it is not visible from this PID namespace",
                         lp.pid,
-                        g.index,
                         fmt_bytes(lp.used_bytes)
                     ),
                     action: "run gpusweep on the host (outside the container) to see and act on it"
@@ -108,51 +107,79 @@ fn hidden_holders(snap: &Indexed<'_>, g: &Gpu) -> Vec<u32> {
 
 pub fn find(snap: &Indexed<'_>, opts: &AnalyzeOptions, out: &mut Findings) {
     for g in &snap.gpus {
-        let Some(used) = g.memory.used else { continue };
-        let l = listed(snap, g, out);
-        let residual = used.saturating_sub(l.live_charged);
-        // Unknown is unknown: bytes nobody could read are never counted as 0 to make a leak.
-        let is_residual = !l.live_unknown
-            && residual > opts.tolerance
-            && (l.live_count == 0 || residual > opts.residual_slack);
-        let hidden = hidden_holders(snap, g);
-        let unexplained = is_residual || !l.ghosts.is_empty();
-        let target = if unexplained {
-            hidden.first().copied()
-        } else {
-            None
-        };
-        ghosts(snap, g, &l.ghosts, &hidden, target, out);
-        if is_residual {
-            residual_finding(
+        if g.mig.is_empty() {
+            find_on(snap, g, &format!("GPU {}", g.index), opts, out);
+            continue;
+        }
+        // In MIG mode each instance is judged on its own: its memory, its processes; a leftover is named
+        // with the instance it is in.
+        for inst in &g.mig {
+            let part = Gpu {
+                index: g.index,
+                minor: g.minor,
+                memory: inst.memory.clone(),
+                processes: inst.processes.clone(),
+                ..Gpu::default()
+            };
+            out.instance = inst.gpu_instance;
+            find_on(
                 snap,
-                g,
-                used,
-                l.live_charged,
-                residual,
-                &hidden,
-                target,
+                &part,
+                &format!("GPU {} {}", g.index, inst.label()),
+                opts,
                 out,
             );
+            out.instance = None;
         }
-        if unexplained {
-            for &pid in &hidden {
-                out.push(Draft {
-                    kind: FindingKind::HiddenHolder,
-                    severity: Severity::Leak,
-                    gpu: Some(g.index),
-                    pid: Some(pid),
-                    bytes: (hidden.len() == 1).then_some(residual),
-                    detail: format!(
-                        "{} has GPU {} open but NVML does not list it: the likely owner of the {} no live listed process accounts for",
-                        who(snap, pid),
-                        g.index,
-                        fmt_bytes(Some(residual))
-                    ),
-                    action: format!("kill {pid}"),
-                    target_pid: Some(pid),
-                });
-            }
+    }
+}
+
+/// One GPU's (or one MIG instance's) accounting: ghosts, residual memory, hidden holders.
+fn find_on(snap: &Indexed<'_>, g: &Gpu, place: &str, opts: &AnalyzeOptions, out: &mut Findings) {
+    let Some(used) = g.memory.used else { return };
+    let l = listed(snap, g, place, out);
+    let residual = used.saturating_sub(l.live_charged);
+    // Unknown is unknown: bytes nobody could read are never counted as 0 to make a leak.
+    let is_residual = !l.live_unknown
+        && residual > opts.tolerance
+        && (l.live_count == 0 || residual > opts.residual_slack);
+    let hidden = hidden_holders(snap, g);
+    let unexplained = is_residual || !l.ghosts.is_empty();
+    let target = if unexplained {
+        hidden.first().copied()
+    } else {
+        None
+    };
+    ghosts(snap, g, place, &l.ghosts, &hidden, target, out);
+    if is_residual {
+        residual_finding(
+            snap,
+            g,
+            place,
+            used,
+            l.live_charged,
+            residual,
+            &hidden,
+            target,
+            out,
+        );
+    }
+    if unexplained {
+        for &pid in &hidden {
+            out.push(Draft {
+                kind: FindingKind::HiddenHolder,
+                severity: Severity::Leak,
+                gpu: Some(g.index),
+                pid: Some(pid),
+                bytes: (hidden.len() == 1).then_some(residual),
+                detail: format!(
+                    "{} has {place} open but NVML does not list it: the likely owner of the {} no live listed process accounts for",
+                    who(snap, pid),
+                    fmt_bytes(Some(residual))
+                ),
+                action: format!("kill {pid}"),
+                target_pid: Some(pid),
+            });
         }
     }
 }
@@ -160,6 +187,7 @@ pub fn find(snap: &Indexed<'_>, opts: &AnalyzeOptions, out: &mut Findings) {
 fn ghosts(
     snap: &Indexed<'_>,
     g: &Gpu,
+    place: &str,
     ghosts: &[(u32, Option<u64>, String)],
     hidden: &[u32],
     target: Option<u32>,
@@ -192,9 +220,8 @@ fn ghosts(
             pid: Some(*pid),
             bytes: *bytes,
             detail: format!(
-                "PID {pid} {why}, yet NVML still charges it {} on GPU {}; {holder_txt}",
-                fmt_bytes(*bytes),
-                g.index
+                "PID {pid} {why}, yet NVML still charges it {} on {place}; {holder_txt}",
+                fmt_bytes(*bytes)
             ),
             action,
             target_pid: target,
@@ -231,6 +258,7 @@ pub(super) fn blind_spot(snap: &Indexed<'_>) -> Option<(String, String)> {
 fn residual_finding(
     snap: &Indexed<'_>,
     g: &Gpu,
+    place: &str,
     used: u64,
     live_charged: u64,
     residual: u64,
@@ -239,9 +267,8 @@ fn residual_finding(
     out: &mut Findings,
 ) {
     let mut detail = format!(
-        "{} used on GPU {} but live listed processes account for {}",
+        "{} used on {place} but live listed processes account for {}",
         fmt_bytes(Some(used)),
-        g.index,
         fmt_bytes(Some(live_charged))
     );
     let blind = blind_spot(snap);

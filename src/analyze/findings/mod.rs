@@ -27,6 +27,8 @@ pub struct Draft {
 pub struct Findings {
     host: String,
     pub out: Vec<Finding>,
+    /// The MIG instance the findings pushed now are about (set while one instance is judged).
+    pub instance: Option<u32>,
 }
 
 impl Findings {
@@ -34,6 +36,7 @@ impl Findings {
         Findings {
             host: host.to_string(),
             out: Vec::new(),
+            instance: None,
         }
     }
     pub fn push(&mut self, d: Draft) {
@@ -51,6 +54,7 @@ impl Findings {
             detail: d.detail,
             action: d.action,
             target_pid: d.target_pid,
+            gpu_instance: self.instance,
             file,
             confirms_as: None,
         });

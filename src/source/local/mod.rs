@@ -3,6 +3,7 @@
 pub mod cgroups;
 pub mod early;
 pub mod exits;
+pub mod mig_ids;
 pub mod nvml;
 pub mod pod_shm;
 pub mod procfs;

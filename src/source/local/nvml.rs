@@ -15,7 +15,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::gpm::GpmSample;
 
 use super::watchdog::GpuReader;
-use crate::core::model::{Counters, Gpu, ListedProcess, Memory, ProcessKind};
+use crate::core::model::{Counters, Gpu, ListedProcess, Memory, MigInstance, ProcessKind};
 use crate::core::trace;
 
 /// What identifies a GPU and how it is set up: read with the first reading and again every `IDENT_EVERY`
@@ -233,8 +233,69 @@ impl GpuReader for NvmlReader {
             Ok(p) => gpu.processes = p,
             Err(e) => gpu.error = Some(format!("process list: {e}")),
         }
+        if gpu.mig_enabled == Some(true) {
+            match self.instances(&dev) {
+                Ok(m) => gpu.mig = m,
+                Err(e) => gpu.mig_error = Some(e),
+            }
+            trace("nvml", "MIG instances read");
+        }
         gpu
     }
+}
+
+impl NvmlReader {
+    /// Each MIG instance of a GPU in MIG mode, through its own handle: ids, profile, memory, processes.
+    fn instances(&self, dev: &nvml_wrapper::Device) -> Result<Vec<MigInstance>, String> {
+        let max = dev
+            .mig_device_count()
+            .map_err(|e| format!("MIG devices: {e}"))?;
+        let mut out = Vec::new();
+        for k in 0..max {
+            let m = match dev.mig_device_by_index(k) {
+                Ok(m) => m,
+                // An index with no instance behind it.
+                Err(NvmlError::NotFound | NvmlError::InvalidArg) => continue,
+                Err(e) => return Err(format!("MIG device {k}: {e}")),
+            };
+            let (gpu_instance, compute_instance) = super::mig_ids::instance_ids(self.nvml, &m);
+            let mut inst = MigInstance {
+                gpu_instance,
+                compute_instance,
+                profile: m.name().ok().map(|n| mig_profile(&n)),
+                uuid: m.uuid().ok(),
+                ..MigInstance::default()
+            };
+            match m.memory_info() {
+                Ok(mem) => {
+                    inst.memory = Memory {
+                        used: Some(mem.used),
+                        total: Some(mem.total),
+                        reserved: Some(mem.reserved),
+                    };
+                }
+                Err(e) => inst.error = Some(format!("memory: {e}")),
+            }
+            match read_processes(&m) {
+                Ok(p) => inst.processes = p,
+                Err(e) => inst.error = Some(format!("process list: {e}")),
+            }
+            // A process listed on an instance runs in it, whatever NVML's record left out.
+            for p in &mut inst.processes {
+                p.gpu_instance = p.gpu_instance.or(gpu_instance);
+            }
+            out.push(inst);
+        }
+        Ok(out)
+    }
+}
+
+/// A MIG device's profile from its name: "NVIDIA H100 80GB HBM3 MIG 1g.10gb" -> "1g.10gb".
+fn mig_profile(name: &str) -> String {
+    name.rsplit_once(" MIG ")
+        .map_or(name, |(_, p)| p)
+        .trim()
+        .to_string()
 }
 
 /// What the driver says the GPU needs to recover (NVML's field 230, drivers 550 and later); `None` where it
@@ -288,6 +349,7 @@ fn read_processes(dev: &nvml_wrapper::Device) -> Result<Vec<ListedProcess>, Stri
                         used_bytes,
                         kind,
                         name: None,
+                        gpu_instance: p.gpu_instance_id,
                     });
                 }
             }

@@ -103,6 +103,7 @@ pub fn attach_apps(gpus: &mut [Gpu], csv: &str) {
                 used_bytes: mib(used),
                 kind: ProcessKind::Compute,
                 name,
+                gpu_instance: None,
             });
         }
     }

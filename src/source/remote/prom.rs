@@ -493,6 +493,7 @@ fn count_findings(name: &str, d: &HostData, findings: &mut Vec<Finding>) {
             action: "open the host live (Enter in the TUI, or --hosts its serve) for the details"
                 .into(),
             target_pid: None,
+            gpu_instance: None,
             file: None,
             confirms_as: None,
         });
@@ -557,6 +558,7 @@ fn unexplained(name: &str, index: u32, g: &GpuData, findings: &mut Vec<Finding>)
             action: "open the host live (Enter in the TUI, or --hosts its serve) to see who holds it"
                 .into(),
             target_pid: None,
+            gpu_instance: None,
             file: None,
             confirms_as: None,
         });
