@@ -1225,3 +1225,42 @@ fn a_poll_reads_again_only_the_hosts_whose_revision_moved() {
         "a down host read at every poll:\n{t}"
     );
 }
+
+/// A MIG GPU as dcgm-exporter shapes it (one framebuffer series per instance, `GPU_I_PROFILE` and
+/// `GPU_I_ID`) read back through Prometheus: the GPU's memory is the sum of its instances', not one of them.
+#[test]
+fn a_mig_gpus_instances_add_up_to_its_memory() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let series = |gi: u32, mib: u32| {
+        format!(
+            "DCGM_FI_DEV_FB_USED{{gpu=\"0\",UUID=\"GPU-m0\",device=\"nvidia0\",modelName=\"NVIDIA H100 80GB HBM3\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=\"{gi}\",Hostname=\"mig-node\"}} {mib}\n"
+        )
+    };
+    let body = format!(
+        "# TYPE DCGM_FI_DEV_FB_USED gauge\n{}{}DCGM_FI_DEV_FB_USED{{gpu=\"1\",UUID=\"GPU-m1\",device=\"nvidia1\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"mig-node\"}} 0\n",
+        series(1, 1024),
+        series(2, 2048)
+    );
+    let target = static_target(body);
+    let (_prom, url) = prometheus(tmp, &[("mig", vec![target])]);
+    let c = Http::new();
+    await_query(
+        &c,
+        &url,
+        "DCGM_FI_DEV_FB_USED",
+        "the instances scraped",
+        |r| r.len() == 3,
+    );
+    let v = snapshot_json(tmp, &format!("prom:{url}"));
+    let host = v["hosts"]
+        .as_array()
+        .expect("hosts")
+        .iter()
+        .find(|h| h["host"] == "mig-node")
+        .unwrap_or_else(|| panic!("{v}"))
+        .clone();
+    let used = |i: usize| host["gpus"][i]["memory"]["used"].as_u64();
+    assert_eq!(used(0), Some(3072 * 1024 * 1024), "{host}");
+    assert_eq!(used(1), Some(0), "{host}");
+}

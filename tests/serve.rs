@@ -2978,3 +2978,45 @@ async fn a_stream_asked_for_a_host_the_serve_lacks_says_so_in_its_hello() {
     assert_eq!(hello["hosts"], serde_json::json!(["gpu-b"]), "{hello}");
     assert_eq!(hello["unknown"], serde_json::json!(["nope"]), "{hello}");
 }
+
+/// A GPU in MIG mode in `/metrics`: its framebuffer per instance, labelled `GPU_I_PROFILE` and `GPU_I_ID` as
+/// dcgm-exporter labels it (not the GPU's as well, which a sum would count twice), and a leftover on an
+/// instance with its `GPU_I_ID`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mig_gpus_metrics_are_per_instance() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let lib = standin_nvml(tmp);
+    std::fs::write(tmp.join("nvidia0"), b"").expect("stand-in device");
+    let mut gone = Command::new("true").spawn().expect("true");
+    let dead = gone.id();
+    gone.wait().expect("reaped");
+    set_nvml(tmp, &format!("4096 mig=1/0 mig=2/4096/{dead}@4096\n"));
+    let glob = format!("{}/nvidia*", tmp.display());
+    let env = [
+        ("GPUSWEEP_NVML_LIBRARY", lib.as_path()),
+        ("STANDIN_NVML_STATE", &tmp.join("nvml")),
+    ];
+    let serve = Serve::start(tmp, &["--no-socket", "--device-glob", &glob], &env);
+    let (_, _, m) = get(&serve.url("/metrics")).await;
+    let fb: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("DCGM_FI_DEV_FB_USED{"))
+        .collect();
+    assert_eq!(fb.len(), 2, "one series per instance: {fb:#?}");
+    assert!(
+        fb.iter()
+            .any(|l| l.contains("GPU_I_PROFILE=\"1g.18gb\",GPU_I_ID=\"2\"")
+                && l.ends_with(" 4096.0")),
+        "{fb:#?}"
+    );
+    let left: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("gpusweep_leftover_bytes{"))
+        .collect();
+    assert!(
+        left.iter()
+            .any(|l| l.contains("GPU_I_ID=\"2\"") && l.contains("kind=\"ghost\"")),
+        "{left:#?}"
+    );
+}

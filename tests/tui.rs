@@ -1308,3 +1308,57 @@ fn n_goes_to_the_next_host_that_leaks_and_the_title_counts_them() {
         "{screen}"
     );
 }
+
+/// A GPU in MIG mode shows its instances under it, each with its memory and state; a ghost on instance 2
+/// makes that instance (and the GPU) a leak while instance 1 reads clean.
+#[test]
+fn mig_instances_show_under_their_gpu() {
+    let mut d = Demo::new(2);
+    // Seen to appear at 3 s, said in full once it lasted the confirm window.
+    for ms in [3_000, 7_000] {
+        d.at(ms);
+        let s = mig_reading(&d);
+        d.feed(0, s);
+    }
+    d.app.update(Action::Resize(160, 48));
+    let screen = d.screen(160, 48);
+    let row = |what: &str| {
+        screen
+            .lines()
+            .find(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("{what}:\n{screen}"))
+            .to_string()
+    };
+    assert!(row("└ instance 1 (1g.18gb)").contains("clean"), "{screen}");
+    assert!(row("└ instance 2 (1g.18gb)").contains("leak"), "{screen}");
+}
+
+/// gpu-a's reading with GPU 0 in MIG mode: instance 1 empty, instance 2 charged to a PID that is gone.
+fn mig_reading(d: &Demo) -> gpusweep::core::model::HostSnapshot {
+    use gpusweep::core::model::{ListedProcess, MIB, Memory, MigInstance};
+    let mut s = d.hosts[0].snapshot();
+    let g = &mut s.gpus[0];
+    g.mig_enabled = Some(true);
+    g.processes.clear();
+    g.processes.push(ListedProcess {
+        pid: 4_000_123,
+        used_bytes: Some(4096 * MIB),
+        gpu_instance: Some(2),
+        ..Default::default()
+    });
+    let inst = |id: u32, used: u64, procs: Vec<ListedProcess>| MigInstance {
+        gpu_instance: Some(id),
+        compute_instance: Some(0),
+        profile: Some("1g.18gb".into()),
+        memory: Memory {
+            used: Some(used * MIB),
+            total: Some(18_432 * MIB),
+            reserved: Some(0),
+        },
+        processes: procs,
+        ..Default::default()
+    };
+    let ghost = g.processes.clone();
+    g.mig = vec![inst(1, 0, vec![]), inst(2, 4096, ghost)];
+    s
+}

@@ -135,6 +135,8 @@ pub const UNEXPLAINED_BYTES: &str = "gpusweep_unexplained_bytes";
 pub const LEFTOVER_BYTES: &str = "gpusweep_leftover_bytes";
 /// The MIG instance a series is about, as dcgm-exporter labels it (empty for a whole GPU).
 pub const L_GPU_I_ID: &str = "GPU_I_ID";
+/// The MIG instance's profile ("1g.18gb"), as dcgm-exporter labels it.
+pub const L_GPU_I_PROFILE: &str = "GPU_I_PROFILE";
 /// How many processes would block a reset of the GPU (its device node's openers, benign ones included, and
 /// the control nodes').
 pub const RESET_BLOCKERS: &str = "gpusweep_reset_blockers";

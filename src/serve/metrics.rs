@@ -221,17 +221,22 @@ impl Families {
                 &l,
                 f64::from(u8::from(g.memory.used.is_some())),
             );
-            if let Some(used) = g.memory.used {
-                set(&self.fb_used, &l, (used / MIB) as f64);
-                if let Some(total) = g.memory.total {
-                    let free = total
-                        .saturating_sub(used)
-                        .saturating_sub(g.memory.reserved.unwrap_or(0));
-                    set(&self.fb_free, &l, (free / MIB) as f64);
-                }
+            if g.mig.is_empty() {
+                self.add_memory(&l, &g.memory);
             }
-            if let Some(r) = g.memory.reserved {
-                set(&self.fb_reserved, &l, (r / MIB) as f64);
+            // In MIG mode the framebuffer is each instance's, labelled as dcgm-exporter labels it (the
+            // GPU's own would count every instance twice in a sum).
+            for i in &g.mig {
+                let il = with(
+                    with(
+                        l.clone(),
+                        m::L_GPU_I_PROFILE,
+                        i.profile.clone().unwrap_or_default(),
+                    ),
+                    m::L_GPU_I_ID,
+                    i.gpu_instance.map(|x| x.to_string()).unwrap_or_default(),
+                );
+                self.add_memory(&il, &i.memory);
             }
             if snap.holders_known() {
                 set(&self.blockers, &l, g.reset_blockers.len() as f64);
@@ -245,6 +250,22 @@ impl Families {
                 Some(GpuState::InUse | GpuState::Leak) => set(&self.clean, &l, 0.0),
                 Some(GpuState::Unknown | GpuState::Error) | None => {}
             }
+        }
+    }
+
+    /// Framebuffer used, free and reserved (MiB), as far as they were read.
+    fn add_memory(&self, l: &Labels, mem: &crate::core::model::Memory) {
+        if let Some(used) = mem.used {
+            set(&self.fb_used, l, (used / MIB) as f64);
+            if let Some(total) = mem.total {
+                let free = total
+                    .saturating_sub(used)
+                    .saturating_sub(mem.reserved.unwrap_or(0));
+                set(&self.fb_free, l, (free / MIB) as f64);
+            }
+        }
+        if let Some(r) = mem.reserved {
+            set(&self.fb_reserved, l, (r / MIB) as f64);
         }
     }
 
@@ -288,7 +309,7 @@ impl Families {
     /// What each leftover holds, by GPU and kind, from the moment it is seen (a lowered finding included:
     /// an alert need not wait a poll past the confirm window); a kept one (a note) is no leftover.
     fn add_leftovers(&self, host: &str, snap: &HostSnapshot) {
-        let mut by: BTreeMap<(u32, &'static str), Option<u64>> = BTreeMap::new();
+        let mut by: BTreeMap<(u32, Option<u32>, &'static str), Option<u64>> = BTreeMap::new();
         for f in &snap.findings {
             let Some(gpu) = f.gpu else { continue };
             if f.severity == Severity::Info {
@@ -302,7 +323,7 @@ impl Families {
                 FindingKind::BusyWithoutHolder => "busy",
                 _ => continue,
             };
-            let e = by.entry((gpu, kind)).or_insert(Some(0));
+            let e = by.entry((gpu, f.gpu_instance, kind)).or_insert(Some(0));
             *e = match (*e, f.bytes) {
                 (Some(a), Some(b)) => Some(a.saturating_add(b)),
                 _ => None,
@@ -310,26 +331,26 @@ impl Families {
         }
         // A residual counts every byte no live listed process accounts for, the ghosts' charges too: the rest
         // is the residual's own, and none is none.
-        let ghosts: Vec<(u32, Option<u64>)> = by
+        let ghosts: Vec<(u32, Option<u32>, Option<u64>)> = by
             .iter()
-            .filter(|((_, k), _)| *k == "ghost")
-            .map(|((g, _), b)| (*g, *b))
+            .filter(|((_, _, k), _)| *k == "ghost")
+            .map(|((g, i, _), b)| (*g, *i, *b))
             .collect();
-        for (gpu, ghost) in ghosts {
-            if let (Some(Some(r)), Some(g)) = (by.get_mut(&(gpu, "residual")), ghost) {
+        for (gpu, inst, ghost) in ghosts {
+            if let (Some(Some(r)), Some(g)) = (by.get_mut(&(gpu, inst, "residual")), ghost) {
                 *r = r.saturating_sub(g);
             }
-            if by.get(&(gpu, "residual")) == Some(&Some(0)) {
-                by.remove(&(gpu, "residual"));
+            if by.get(&(gpu, inst, "residual")) == Some(&Some(0)) {
+                by.remove(&(gpu, inst, "residual"));
             }
         }
-        for ((gpu, kind), bytes) in by {
+        for ((gpu, inst, kind), bytes) in by {
             let Some(g) = snap.gpu(gpu) else { continue };
             let l = with(
                 with(
                     gpu_labels(host, snap.driver_version.as_deref(), g),
                     m::L_GPU_I_ID,
-                    "",
+                    inst.map(|i| i.to_string()).unwrap_or_default(),
                 ),
                 "kind",
                 kind,

@@ -652,7 +652,13 @@ impl Queries {
             )
         };
         Queries {
-            used: by_gpu(m::FB_USED),
+            // A GPU in MIG mode has one series per instance (`GPU_I_ID`): their sum is the GPU's.
+            used: format!(
+                "sum by (Hostname, hostname, job, instance, gpu) (max by (Hostname, hostname, job, \
+                 instance, gpu, {}) ({}))",
+                m::L_GPU_I_ID,
+                sel(m::FB_USED)
+            ),
             clean: by_gpu(m::GPU_CLEAN),
             // A GPU its serve could not read; and (without a `gpu` label) a host whose serve says the
             // driver or one of its GPUs does not answer.
@@ -1926,7 +1932,7 @@ mod tests {
         let q = Queries::new(&p, None);
         assert_eq!(
             q.used,
-            r#"max by (Hostname, hostname, job, instance, gpu) (DCGM_FI_DEV_FB_USED{job="gpu"})"#
+            r#"sum by (Hostname, hostname, job, instance, gpu) (max by (Hostname, hostname, job, instance, gpu, GPU_I_ID) (DCGM_FI_DEV_FB_USED{job="gpu"}))"#
         );
         assert!(q.up.starts_with("max by (job, instance) (up and on (job, instance)"));
         assert!(q.up.contains(r#"DCGM_FI_DEV_FB_USED{job="gpu"}[10m]"#));

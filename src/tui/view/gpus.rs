@@ -120,6 +120,39 @@ fn row<'a>(app: &App, h: &HostView, g: &Gpu, wide: bool, widths: (u16, u16, usiz
     Row::new(cells)
 }
 
+/// A MIG instance's row, under its GPU: its profile, memory and state (the GPU's gauges are the GPU's).
+fn instance_row<'a>(
+    app: &App,
+    i: &crate::core::model::MigInstance,
+    wide: bool,
+    widths: (u16, u16),
+) -> Row<'a> {
+    let (name_w, bar_w) = widths;
+    let st = i.state.unwrap_or(GpuState::Unknown);
+    let mem = format!(
+        "{} {:>9}/{:<9}",
+        bar(i.memory.used, i.memory.total, bar_w as usize - 1),
+        fmt_bytes(i.memory.used),
+        fmt_bytes(i.memory.total)
+    );
+    let mut cells = vec![
+        Cell::from(""),
+        Cell::from(truncate(&format!("└ {}", i.label()), name_w as usize)),
+        Cell::from(mem).style(state_style(app, st)),
+    ];
+    // Reserved, utilization, temperature, power and CC (or utilization and temperature): the GPU's.
+    let blanks = if wide { 5 } else { 2 };
+    cells.extend((0..blanks).map(|_| Cell::from("")));
+    cells.push(Cell::from(i.processes.len().to_string()));
+    let state_txt = match &i.error {
+        Some(_) => "✗ error".to_string(),
+        None => format!("{} {}", st.glyph(), st.word()),
+    };
+    cells.push(Cell::from(state_txt).style(state_style(app, st)));
+    cells.push(Cell::from(""));
+    Row::new(cells)
+}
+
 pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     let Some(h) = app.host() else { return };
     let focused = app.view.sel.focus == Panel::Gpus;
@@ -150,22 +183,26 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
         })
         .sum();
     let spark_w = area.width.saturating_sub(fixed + 2) as usize;
-    let rows: Vec<Row> = s
-        .gpus
-        .iter()
-        .enumerate()
-        .map(|(i, g)| {
-            let r = row(app, h, g, wide, (name_w, bar_w, spark_w));
-            if focused && i == app.view.sel.gpu {
-                r.style(selected(app))
-            } else {
-                r
-            }
-        })
-        .collect();
+    // Each GPU's row, its MIG instances' rows under it; the selection moves over GPUs alone.
+    let mut rows: Vec<Row> = Vec::new();
+    let mut chosen = None;
+    for (i, g) in s.gpus.iter().enumerate() {
+        let r = row(app, h, g, wide, (name_w, bar_w, spark_w));
+        if focused && i == app.view.sel.gpu {
+            chosen = Some(rows.len());
+            rows.push(r.style(selected(app)));
+        } else {
+            rows.push(r);
+        }
+        rows.extend(
+            g.mig
+                .iter()
+                .map(|m| instance_row(app, m, wide, (name_w, bar_w))),
+        );
+    }
     let table = Table::new(rows, widths)
         .header(Row::new(header).style(fg(app, Color::Gray).add_modifier(Modifier::BOLD)))
         .block(block);
-    let mut state = TableState::default().with_selected(focused.then_some(app.view.sel.gpu));
+    let mut state = TableState::default().with_selected(chosen);
     f.render_stateful_widget(table, area, &mut state);
 }

@@ -51,7 +51,7 @@ pub fn layout(area: Rect, app: &App) -> Areas {
     let host_rows = app.store.hosts.len().clamp(1, if compact { 3 } else { 10 }) as u16;
     let gpu_rows = app
         .snap()
-        .map_or(1, |s| s.gpus.len())
+        .map_or(1, |s| s.gpus.iter().map(|g| 1 + g.mig.len()).sum())
         .clamp(1, if compact { 8 } else { 16 }) as u16;
     let banner = u16::from(app.view.banner.is_some() || app.rewatch().is_some());
     // Header, banner and status line always get their row; the panels share what is left, so even at
