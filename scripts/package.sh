@@ -33,7 +33,8 @@ mkdir -p dist target/package/man target/package/completions
 
 # One build: the wheel's. Its binary (target/$target/release/gpusweep) is the one the .deb and the tarball carry.
 maturin build --release --locked --zig --target "$target" --compatibility manylinux2014 --out dist
-bin="target/$target/release/gpusweep"
+# Where cargo builds: CARGO_TARGET_DIR when set (cargo's own rule), else target/ here.
+bin="${CARGO_TARGET_DIR:-$PWD/target}/$target/release/gpusweep"
 
 # Never more than glibc 2.17, read from the binary's dynamic symbols (maturin checked it too).
 newest=$(objdump -T "$bin" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -V | tail -1)

@@ -50,6 +50,9 @@ check_binary "$tmp/gpusweep-$version-x86_64-linux-gnu/gpusweep" tarball
 # The .deb, with dpkg: installed, its unit verified by systemd, its man page found by man, then removed and
 # purged with nothing left behind.
 deb="dist/gpusweep_${version}-1_amd64.deb"
+# Debian's synopsis (the Description's first line) is at most 80 characters.
+synopsis=$(dpkg-deb -f "$deb" Description | head -1)
+[ "${#synopsis}" -le 80 ] || fail "deb: the synopsis is ${#synopsis} characters (at most 80): $synopsis"
 dpkg-deb -c "$deb" | awk '{print $6}' | sed 's#^\./#/#' | grep -v '/$' >"$tmp/files"
 for f in /usr/bin/gpusweep /usr/lib/systemd/system/gpusweep.service /usr/share/man/man1/gpusweep-serve.1.gz \
   /usr/share/bash-completion/completions/gpusweep /usr/share/zsh/vendor-completions/_gpusweep \

@@ -22,10 +22,11 @@ command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 # Debian's python3 (not a per-user one): tests run it as an unprivileged user to play a local attacker.
 [ -x /usr/bin/python3 ] || need+=(python3)
-# Third-party readers of what gpusweep writes: jq (the JSON), man (the man pages), fish (its completions),
-# systemd-analyze (the unit).
+# Third-party readers of what gpusweep writes: jq (the JSON), man and mandoc's checker (the man pages), fish
+# (its completions), systemd-analyze (the unit).
 command -v jq >/dev/null 2>&1 || need+=(jq)
 command -v man >/dev/null 2>&1 || need+=(man-db)
+command -v mandoc >/dev/null 2>&1 || need+=(mandoc)
 command -v fish >/dev/null 2>&1 || need+=(fish)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 # scripts/test-packages.sh reads the binary's dynamic symbols with objdump.

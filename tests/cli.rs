@@ -2913,3 +2913,55 @@ fn a_ghost_on_a_mig_instance_is_named_with_it_swept_and_watched_to_zero() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).starts_with("unknown"), "{}", text(&o));
 }
+
+/// Every man page passes mandoc's checker at warning level (a title line whose date slot held the command's
+/// name was a warning on every page).
+#[test]
+fn every_man_page_passes_mandoc_lint() {
+    let env = Env::new();
+    let dir = env.dir.path().join("man1");
+    let o = env.run(&["man", "--dir", dir.to_str().expect("utf-8")]);
+    assert!(o.status.success(), "{}", text(&o));
+    let pages: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("pages")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(pages.len() >= 10, "{pages:?}");
+    let o = Command::new("mandoc")
+        .args(["-Tlint", "-W", "warning"])
+        .args(&pages)
+        .output()
+        .expect("mandoc (Debian's mandoc; scripts/test.sh installs it)");
+    assert!(o.status.success() && o.stdout.is_empty(), "{}", text(&o));
+}
+
+/// `--help` names every host form the command line takes (it left out http(s)://, unix: and prom:).
+#[test]
+fn help_names_every_host_form() {
+    let env = Env::new();
+    let o = env.run(&["--help"]);
+    let t = String::from_utf8_lossy(&o.stdout).into_owned();
+    for form in [
+        "cmd:COMMAND",
+        "http(s)://",
+        "unix:PATH",
+        "prom:URL",
+        "slurm:JOBID",
+        "@group",
+    ] {
+        assert!(t.contains(form), "{form}: {t}");
+    }
+}
+
+/// The demo's zombie is refused as a real host refuses one: dead already, its parent named, exit 1 (it said
+/// "sent TERM" and exited 0).
+#[test]
+fn the_demos_zombie_is_refused_like_a_real_one() {
+    let env = Env::new();
+    let o = env.run(&["kill", "7350", "--demo", "--hosts", "gpu-b", "--yes"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(!t.contains("sent TERM"), "{t}");
+    assert!(t.contains("zombie") && t.contains("7340"), "{t}");
+}

@@ -36,7 +36,7 @@ fn write_tree(cmd: &clap::Command, dir: &Path, out: &mut Vec<PathBuf>) -> std::i
 pub fn render(cmd: &clap::Command, w: &mut dyn Write) -> std::io::Result<()> {
     let mut cmd = cmd.clone();
     cmd.build();
-    let man = clap_mangen::Man::new(cmd.clone());
+    let man = page(&cmd);
     man.render_title(w)?;
     man.render_name_section(w)?;
     man.render_synopsis_section(w)?;
@@ -56,10 +56,24 @@ pub fn render(cmd: &clap::Command, w: &mut dyn Write) -> std::io::Result<()> {
     Ok(())
 }
 
+/// When these pages last changed in substance (`.TH`'s date slot: mandoc reads a date there, and without one
+/// clap_mangen leaves the command's name in it).
+const PAGES_DATE: &str = "2026-12-06";
+
+/// A command's page with its title line whole: date, source (the version) and manual.
+fn page(cmd: &clap::Command) -> clap_mangen::Man {
+    clap_mangen::Man::new(cmd.clone())
+        .date(PAGES_DATE)
+        .source(format!("gpusweep {}", env!("CARGO_PKG_VERSION")))
+        .manual("gpusweep manual")
+}
+
 /// The text after the options: tables unfilled under their headings, paragraphs filled.
 fn notes(text: &str) -> Roff {
     let mut r = Roff::new();
     r.control("SH", ["NOTES"]);
+    // A paragraph right under a heading needs no `.PP` (mandoc: "skipping paragraph macro").
+    let mut under_heading = true;
     for block in text.split("\n\n") {
         let mut lines = block.lines();
         let Some(first) = lines.next() else { continue };
@@ -74,8 +88,12 @@ fn notes(text: &str) -> Roff {
                 r.text([roman(l.strip_prefix("  ").unwrap_or(l))]);
             }
             r.control("fi", []);
+            under_heading = false;
         } else {
-            r.control("PP", []);
+            if !under_heading {
+                r.control("PP", []);
+            }
+            under_heading = false;
             r.text([roman(
                 block.split_whitespace().collect::<Vec<_>>().join(" "),
             )]);

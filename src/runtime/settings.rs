@@ -42,8 +42,10 @@ pub const DEFAULT_CONNECT_TIMEOUT_S: u64 = 10;
 /// option names): the global options of every subcommand, resolved here against the config file.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct Overrides {
-    /// Hosts: [user@]host[:port], comma lists, ranges (node[01-16]), @group, `local`, or cmd:COMMAND;
-    /// `slurm:JOBID` for a Slurm job's nodes (`slurm`: the job this runs in). Repeatable. Default: this host.
+    /// Hosts: [user@]host[:port] (SSH), comma lists, ranges (node[01-16]), @group, `local`, cmd:COMMAND,
+    /// http(s)://HOST:PORT (a `gpusweep serve`), unix:PATH (a serve's socket), prom:URL (a Prometheus's
+    /// fleet), `slurm:JOBID` for a Slurm job's nodes (`slurm`: the job this runs in). Repeatable. Default:
+    /// this host.
     #[arg(
         help_heading = "Global options",
         long,

@@ -763,8 +763,14 @@ impl DemoHost {
             }
             let p = &self.procs[idx];
             o.cmdline.clone_from(&p.cmdline);
+            // As a real host refuses: a zombie is dead already, a signal would be sent to no effect.
             if p.state.is_zombie() {
-                o.fate = Fate::Signalled { signal: req.signal };
+                o.fate = Fate::Refused {
+                    reason: format!(
+                        "a zombie: dead already, it holds nothing; its parent {} must reap it",
+                        p.ppid
+                    ),
+                };
                 out.push(o);
                 continue;
             }
