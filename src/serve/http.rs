@@ -137,18 +137,40 @@ fn every(web: &Web) -> Vec<usize> {
     (0..web.shared.hosts.len()).collect()
 }
 
-fn metrics(web: &Web, hosts: &[usize]) -> Response {
+/// The Prometheus text format's type (what a reader that does not ask for OpenMetrics gets).
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The metrics in the format the reader asks for: OpenMetrics where its `Accept` names it (Prometheus does),
+/// else the Prometheus text format, which every other reader parses (Python's, a plain curl).
+fn metrics(web: &Web, hosts: &[usize], headers: &axum::http::HeaderMap) -> Response {
     let text = super::metrics::render(&web.shared, &scoped(web, hosts));
-    ([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response()
+    let open = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/openmetrics-text"));
+    if open {
+        ([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response()
+    } else {
+        (
+            [(header::CONTENT_TYPE, PROMETHEUS_TEXT)],
+            super::metrics::as_prometheus_text(&text),
+        )
+            .into_response()
+    }
 }
 
-async fn all_metrics(State(web): State<Web>) -> Response {
-    metrics(&web, &every(&web))
+async fn all_metrics(State(web): State<Web>, headers: axum::http::HeaderMap) -> Response {
+    metrics(&web, &every(&web), &headers)
 }
 
-async fn host_metrics(State(web): State<Web>, Path(name): Path<String>) -> Response {
+async fn host_metrics(
+    State(web): State<Web>,
+    Path(name): Path<String>,
+    headers: axum::http::HeaderMap,
+) -> Response {
     match web.shared.host_index(&name) {
-        Some(i) => metrics(&web, &[i]),
+        Some(i) => metrics(&web, &[i], &headers),
         None => no_such_host(&web, &name),
     }
 }

@@ -1,4 +1,5 @@
-//! `/metrics`: the latest readings in the OpenMetrics text format (prometheus-client), with dcgm-exporter's
+//! `/metrics`: the latest readings in the OpenMetrics text format (prometheus-client; the Prometheus text
+//! format for readers that do not ask for OpenMetrics), with dcgm-exporter's
 //! memory gauges and labels beside gpusweep's own verdicts. Built fresh at each scrape from the latest
 //! readings, so a GPU or a process that is gone leaves no stale series behind; only the histogram persists.
 
@@ -608,4 +609,51 @@ fn exact_help(mut out: String) -> String {
         }
     }
     out
+}
+
+/// OpenMetrics as the Prometheus text format (0.0.4): no `# EOF` or `# UNIT` lines, and a counter's HELP and
+/// TYPE on its `_total` name, where that format looks for them (a reader otherwise takes it as untyped).
+pub fn as_prometheus_text(open: &str) -> String {
+    let counters: std::collections::HashSet<&str> = open
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(open.len());
+    for line in open.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = line
+            .strip_prefix("# HELP ")
+            .map(|r| ("# HELP ", r))
+            .or_else(|| line.strip_prefix("# TYPE ").map(|r| ("# TYPE ", r)));
+        match meta {
+            Some((kind, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                if counters.contains(name) {
+                    out.push_str(&format!("{kind}{name}_total {tail}"));
+                } else {
+                    out.push_str(line);
+                }
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod text_format_tests {
+    #[test]
+    fn a_counter_is_typed_on_its_total_and_openmetrics_markers_go() {
+        let open = "# HELP a_seconds A.\n# TYPE a_seconds histogram\n# UNIT a_seconds seconds\na_seconds_count 1\n\
+                    # HELP b Ranks lost.\n# TYPE b counter\nb_total{h=\"x\"} 2\n# EOF\n";
+        assert_eq!(
+            super::as_prometheus_text(open),
+            "# HELP a_seconds A.\n# TYPE a_seconds histogram\na_seconds_count 1\n\
+             # HELP b_total Ranks lost.\n# TYPE b_total counter\nb_total{h=\"x\"} 2\n"
+        );
+    }
 }
