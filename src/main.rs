@@ -29,7 +29,8 @@ enum Command {
     /// Print a shell completion script: `gpusweep completions bash > ~/.local/share/bash-completion/completions/gpusweep`.
     Completions {
         /// bash, zsh, fish, elvish or powershell.
-        #[arg(hide_possible_values = true)] // the line above names them; the man page's list broke mandoc
+        #[arg(hide_possible_values = true)]
+        // the line above names them; the man page's list broke mandoc
         shell: clap_complete::Shell,
     },
     /// Print the man page (roff), or with --dir write one per command (gpusweep-serve.1...):

@@ -2965,3 +2965,37 @@ fn the_demos_zombie_is_refused_like_a_real_one() {
     assert!(!t.contains("sent TERM"), "{t}");
     assert!(t.contains("zombie") && t.contains("7340"), "{t}");
 }
+
+/// The demo reads as a real host does: `--no-gauges` leaves temperature and power unread (it changed
+/// nothing), and a demo host read through an agent says it is simulated in the text snapshot too.
+#[test]
+fn the_demo_honours_no_gauges_and_says_simulated_through_an_agent() {
+    let env = Env::new();
+    let o = env.run(&[
+        "snapshot",
+        "--json",
+        "--demo",
+        "--hosts",
+        "gpu-b",
+        "--no-gauges",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let h = &v["hosts"][0];
+    assert!(h["gpus"][0]["temperature_c"].is_null(), "{h}");
+    assert!(h["gpus"][0]["power_mw"].is_null(), "{h}");
+    assert!(
+        h["missing_features"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|f| f == "gauges")),
+        "{h}"
+    );
+    let agent = format!("cmd:{BIN} agent --demo --hosts gpu-b");
+    let o = env.run(&["snapshot", "--hosts", &agent]);
+    let t = text(&o);
+    assert!(
+        t.lines()
+            .next()
+            .is_some_and(|l| l.contains("DEMO: simulated")),
+        "{t}"
+    );
+}

@@ -163,14 +163,20 @@ async fn metrics_carry_dcgm_names_and_labels_beside_gpusweeps_verdicts() {
     assert!(ct.starts_with("application/openmetrics-text"), "{ct}");
     let open = r.text().await.expect("body");
     assert!(open.trim_end().ends_with("# EOF"), "{open}");
-    assert!(open.contains("# TYPE gpusweep_job_lost_ranks counter"), "{open}");
+    assert!(
+        open.contains("# TYPE gpusweep_job_lost_ranks counter"),
+        "{open}"
+    );
     // Any other reader gets the Prometheus text format, a counter typed on its `_total` name (Python's
     // parser read it as untyped from OpenMetrics).
     let (status, ct, m) = get(&serve.url("/metrics")).await;
     assert_eq!(status, 200);
     assert!(ct.starts_with("text/plain; version=0.0.4"), "{ct}");
     assert!(!m.contains("# EOF"), "{m}");
-    assert!(m.contains("# TYPE gpusweep_job_lost_ranks_total counter"), "{m}");
+    assert!(
+        m.contains("# TYPE gpusweep_job_lost_ranks_total counter"),
+        "{m}"
+    );
     // dcgm-exporter's names and labels, MiB.
     let line = m
         .lines()

@@ -75,6 +75,10 @@ pub fn render_table(snap: &HostSnapshot) -> String {
     }
     let src = format!("{:?}", snap.source).to_lowercase();
     let _ = write!(o, "== {} ({src}", escape(&snap.host));
+    // A simulated host read through an agent, a serve or Prometheus says so as the demo itself does.
+    if snap.simulated && src != "demo" {
+        o.push_str(", DEMO: simulated");
+    }
     if let Some(d) = &snap.driver_version {
         let _ = write!(o, ", driver {}", escape(d));
     }

@@ -564,6 +564,9 @@ impl Fleet {
                 if opts.counters {
                     src = src.with_counters();
                 }
+                if !opts.gauges {
+                    src = src.without_gauges();
+                }
                 let n = gathered.demo_count;
                 let (tx, _, hosts) = gathered.demos.get_or_insert_with(|| {
                     let (t, r) = smpsc::sync_channel(CMD_QUEUE.max(n));

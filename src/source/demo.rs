@@ -153,6 +153,8 @@ pub struct DemoHost {
     clock: DemoClock,
     /// dcgm-exporter's counters too (a demo serve's dashboard has them to show).
     counters: bool,
+    /// Utilization, temperature and power too (`--no-gauges` reads the verdict alone, as on a real host).
+    gauges: bool,
     energy: Energy,
 }
 
@@ -256,6 +258,14 @@ impl DemoHost {
         self
     }
 
+    /// The same, read as `--no-gauges` reads a real host: the verdict alone (utilization only where nothing is
+    /// listed, which the verdict needs; no temperature, no power).
+    #[must_use]
+    pub fn without_gauges(mut self) -> DemoHost {
+        self.gauges = false;
+        self
+    }
+
     pub fn new(name: &str, clock: DemoClock) -> DemoHost {
         if name.starts_with("gpu-a") {
             Self::warming_up(name, clock)
@@ -296,6 +306,7 @@ impl DemoHost {
             shm: vec![],
             clock,
             counters: false,
+            gauges: true,
             energy: Energy::default(),
         }
     }
@@ -582,9 +593,11 @@ impl DemoHost {
                 total: Some(self.total),
                 reserved: Some(self.reserved),
             },
-            utilization: Some(util),
-            temperature_c: Some(31 + util / 3),
-            power_mw: Some((watts(self.cc, util) * 1000.0) as u32),
+            utilization: (self.gauges || listed.is_empty()).then_some(util),
+            temperature_c: self.gauges.then_some(31 + util / 3),
+            power_mw: self
+                .gauges
+                .then_some((watts(self.cc, util) * 1000.0) as u32),
             compute_capability: Some(self.cc.to_string()),
             mig_enabled: Some(false),
             persistence_mode: Some(true),
@@ -682,7 +695,11 @@ impl DemoHost {
             }),
             unreadable_processes: 0,
             in_child_pid_namespace: false,
-            missing_features: vec![],
+            missing_features: if self.gauges {
+                vec![]
+            } else {
+                vec![crate::core::model::Feature::Gauges]
+            },
             findings: vec![],
             jobs: vec![],
         }
