@@ -344,7 +344,9 @@ fn prometheus_scrapes_dcgm_names_and_gpusweep_reads_the_fleet_back() {
         .expect("snapshot");
     let said = text(&out);
     assert!(
-        said.contains("== gpu-b (prometheus)") && said.contains("leak") && said.contains("in use"),
+        said.contains("== gpu-b (prometheus, DEMO: simulated)")
+            && said.contains("leak")
+            && said.contains("in use"),
         "{said}"
     );
 

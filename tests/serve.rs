@@ -3045,3 +3045,83 @@ async fn a_mig_gpus_metrics_are_per_instance() {
         "{left:#?}"
     );
 }
+
+/// An XID that needs a reset, seen by a serve: its last XID and its count in `/metrics` (dcgm-exporter's
+/// `DCGM_FI_DEV_XID_ERRORS`) and JSON, the GPU not ready for a launch (`needs_reset`, apart from a leak),
+/// and `check` through the node's serve says a problem with the reason. A driver asking for a reset does
+/// the same without a serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_xid_that_needs_a_reset_makes_the_gpu_not_ready() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let lib = standin_nvml(tmp);
+    std::fs::write(tmp.join("nvidia0"), b"").expect("stand-in device");
+    set_nvml(tmp, "0 xid=13 xid=79\n0\n");
+    let glob = format!("{}/nvidia*", tmp.display());
+    let env = [
+        ("GPUSWEEP_NVML_LIBRARY", lib.as_path()),
+        ("STANDIN_NVML_STATE", &tmp.join("nvml")),
+    ];
+    let serve = Serve::start(
+        tmp,
+        &["--no-socket", "--device-glob", &glob, "--interval", "200ms"],
+        &env,
+    );
+    let started = Instant::now();
+    let m = loop {
+        let (_, _, m) = get(&serve.url("/metrics")).await;
+        if m.contains("xid=\"79\"") {
+            break m;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no XID 79: {m}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let last = m
+        .lines()
+        .find(|l| l.starts_with("DCGM_FI_DEV_XID_ERRORS{gpu=\"0\""))
+        .unwrap_or_else(|| panic!("{m}"));
+    assert!(last.ends_with(" 79.0"), "{last}");
+    assert!(
+        m.lines().any(|l| l.starts_with("gpusweep_gpu_xid_errors{")
+            && l.contains("xid=\"13\"")
+            && l.ends_with(" 1.0")),
+        "{m}"
+    );
+    let (_, _, body) = get(&serve.url("/api/v1/snapshot")).await;
+    let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let g = &v["hosts"][0]["gpus"][0];
+    assert_eq!(g["state"], "needs_reset", "{g}");
+    assert_eq!(g["xids"]["last"], 79, "{g}");
+    assert!(
+        v["hosts"][0]["findings"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|f| f["kind"] == "needs_reset"
+                && f["detail"].as_str().is_some_and(|d| d.contains("XID 79")))),
+        "{v}"
+    );
+    assert_eq!(v["hosts"][0]["gpus"][1]["state"], "clean", "{v}");
+    let o = crate::support::gpusweep(tmp)
+        .args(["check", "--hosts", &serve.url("")])
+        .output()
+        .expect("check");
+    let line = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(1), "{line} {}", text(&o));
+    assert!(
+        line.contains("GPU 0 needs a reset") && line.contains("XID 79"),
+        "{line}"
+    );
+    // Without a serve: the driver's own recovery action.
+    set_nvml(tmp, "0 recovery=1\n");
+    let o = crate::support::gpusweep(tmp)
+        .args(["check", "--device-glob", &glob])
+        .env("GPUSWEEP_NVML_LIBRARY", &lib)
+        .env("STANDIN_NVML_STATE", tmp.join("nvml"))
+        .output()
+        .expect("check");
+    let line = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(1), "{line} {}", text(&o));
+    assert!(line.contains("the driver asks for a GPU reset"), "{line}");
+}

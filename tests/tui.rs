@@ -925,7 +925,7 @@ fn the_header_counts_every_gpu_of_the_latest_readings() {
                 match gpusweep::analyze::state::gpu_state(s, g, &app.cfg.analyze) {
                     GpuState::Clean => c.0 += 1,
                     GpuState::InUse => c.1 += 1,
-                    GpuState::Leak => c.2 += 1,
+                    GpuState::Leak | GpuState::NeedsReset => c.2 += 1,
                     GpuState::Unknown | GpuState::Error => c.3 += 1,
                 }
             }

@@ -54,6 +54,7 @@ pub fn analyze(snap: &HostSnapshot, opts: &AnalyzeOptions) -> Vec<Finding> {
     let snap = &index::Indexed::new(snap);
     findings::gpu::find(snap, opts, &mut out);
     findings::busy::find(snap, opts, &mut out);
+    findings::ready::find(snap, &mut out);
     findings::orphan::find(snap, &mut out);
     findings::zombie::find(snap, &mut out);
     findings::stuck::find(snap, &mut out);

@@ -18,7 +18,7 @@ pub fn gpu_clean(g: &Gpu, tolerance: u64) -> Option<bool> {
             // Its own bytes and its own process list both have to agree with a "clean".
             (GpuState::Clean, Some(u)) => Some(u <= tolerance && g.processes.is_empty()),
             (GpuState::Clean | GpuState::Unknown | GpuState::Error, _) => None,
-            (GpuState::InUse | GpuState::Leak, _) => Some(false),
+            (GpuState::InUse | GpuState::Leak | GpuState::NeedsReset, _) => Some(false),
         };
     }
     g.memory
@@ -38,6 +38,9 @@ pub fn gpu_state(snap: &HostSnapshot, g: &Gpu, opts: &AnalyzeOptions) -> GpuStat
     if g.mig_error.is_some() {
         // In MIG mode, with instances that could not be read: nothing can be said of it.
         return GpuState::Unknown;
+    }
+    if needs_reset(g).is_some() || g.judged == Some(GpuState::NeedsReset) {
+        return GpuState::NeedsReset;
     }
     if !g.mig.is_empty() {
         return mig_state(snap, g, opts);
@@ -67,6 +70,35 @@ pub fn gpu_state(snap: &HostSnapshot, g: &Gpu, opts: &AnalyzeOptions) -> GpuStat
                 GpuState::InUse
             }
         }
+    }
+}
+
+/// Why a GPU is not ready for a launch whatever its memory says: the driver asks for a reset or a reboot
+/// (NVML's recovery action), or an XID after which NVIDIA's guidance is a reset was seen. `None`: nothing
+/// says so.
+pub fn needs_reset(g: &Gpu) -> Option<String> {
+    let asked = match g.recovery_action.as_deref() {
+        Some("gpu_reset") => Some("the driver asks for a GPU reset"),
+        Some("node_reboot") => Some("the driver asks for a node reboot"),
+        Some("drain_and_reset") => Some("the driver asks to drain the node and reset the GPU"),
+        _ => None,
+    };
+    let seen: Vec<String> = g
+        .xids
+        .iter()
+        .flat_map(|x| x.counts.keys())
+        .filter_map(|x| {
+            crate::core::model::RESET_XIDS
+                .iter()
+                .find(|(id, _)| id == x)
+                .map(|(id, what)| format!("XID {id} ({what})"))
+        })
+        .collect();
+    match (asked, seen.is_empty()) {
+        (None, true) => None,
+        (Some(a), true) => Some(a.to_string()),
+        (None, false) => Some(format!("{} seen", seen.join(", "))),
+        (Some(a), false) => Some(format!("{} seen; {a}", seen.join(", "))),
     }
 }
 

@@ -115,9 +115,18 @@ pub fn verdict(
     if readable {
         for g in gpus {
             // The ledger's verdict where the reading has one; a reading not judged yet is judged here.
+            // Not ready for a launch, whoever holds it: no exemption applies.
+            if g.state == Some(GpuState::NeedsReset) {
+                why.push(format!(
+                    "GPU {}: needs a reset before a launch ({})",
+                    g.index,
+                    super::state::needs_reset(g).unwrap_or_else(|| "as its host judged it".into())
+                ));
+                continue;
+            }
             let clean = match g.state {
                 Some(GpuState::Clean) => Some(true),
-                Some(GpuState::InUse | GpuState::Leak) => Some(false),
+                Some(GpuState::InUse | GpuState::Leak | GpuState::NeedsReset) => Some(false),
                 Some(GpuState::Unknown | GpuState::Error) => None,
                 None => gpu_clean(g, tolerance),
             };

@@ -91,6 +91,19 @@ fn judge(snap: &HostSnapshot, load_nvml: bool) -> (i32, String) {
             format!("unknown: {host}: {} could not be judged", unread.join(", ")),
         );
     }
+    // Not ready for a launch whatever its memory says: a problem, with why.
+    if let Some(g) = snap
+        .gpus
+        .iter()
+        .find(|g| g.state == Some(GpuState::NeedsReset))
+    {
+        let why =
+            crate::analyze::state::needs_reset(g).unwrap_or_else(|| "as its host judged it".into());
+        return (
+            PROBLEM,
+            format!("{host}: GPU {} needs a reset: {}", g.index, escape(&why)),
+        );
+    }
     let leaks: Vec<&Finding> = snap
         .findings
         .iter()

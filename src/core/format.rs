@@ -11,6 +11,7 @@ impl GpuState {
             GpuState::Leak => "!",
             GpuState::Unknown => "?",
             GpuState::Error => "✗",
+            GpuState::NeedsReset => "‼",
         }
     }
     pub fn word(self) -> &'static str {
@@ -20,6 +21,7 @@ impl GpuState {
             GpuState::Leak => "leak",
             GpuState::Unknown => "N/A",
             GpuState::Error => "error",
+            GpuState::NeedsReset => "reset",
         }
     }
 }

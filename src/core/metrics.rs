@@ -58,6 +58,11 @@ pub const DCGM_FIELDS: &[(&str, &str, Field)] = &[
         "Total number of PCIe retries.",
         |g| c(g)?.pcie_replays.map(|x| x as f64),
     ),
+    (
+        "DCGM_FI_DEV_XID_ERRORS",
+        "Value of the last XID error encountered.",
+        |g| g.xids.as_ref()?.last.map(|x| x as f64),
+    ),
     ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", |g| {
         g.utilization.map(f64::from)
     }),
@@ -143,6 +148,8 @@ pub const RESET_BLOCKERS: &str = "gpusweep_reset_blockers";
 /// 1, with what the driver says the GPU needs to recover (`action`: none, gpu_reset, node_reboot,
 /// drain_p2p, drain_and_reset), where it says.
 pub const RECOVERY_ACTION: &str = "gpusweep_gpu_recovery_action";
+/// How many of each XID a GPU reported since the serve began watching (`xid`).
+pub const XID_COUNT: &str = "gpusweep_gpu_xid_errors";
 /// Findings now, by kind and severity (every kind and severity, 0 when none).
 pub const FINDINGS: &str = "gpusweep_findings";
 /// Bytes NVML charges each process, by GPU, PID and job; at most `PROCESS_SERIES` a host (the largest), the

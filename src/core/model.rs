@@ -192,6 +192,9 @@ pub enum GpuState {
     Leak,
     Unknown,
     Error,
+    /// Not ready for a launch whatever its memory says: an XID that needs a reset was seen, or the driver
+    /// asks for a reset or a reboot.
+    NeedsReset,
 }
 
 /// Where a host's readings came from.
@@ -321,6 +324,10 @@ pub struct Gpu {
     /// Who would block a reset of this GPU, filled with the verdict (empty: nobody has it open).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reset_blockers: Vec<ResetBlocker>,
+    /// The XID errors seen since this host began watching for them; `None` where nobody watched (a one-shot
+    /// reading, an old agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xids: Option<Xids>,
     /// Its MIG instances, where the GPU is in MIG mode and they could be listed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig: Vec<MigInstance>,
@@ -354,6 +361,27 @@ pub struct ListedProcess {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_instance: Option<u32>,
 }
+
+/// A GPU's XID errors (the driver's error events) since its host began watching for them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Xids {
+    /// The last XID seen (dcgm-exporter's `DCGM_FI_DEV_XID_ERRORS`).
+    pub last: Option<u64>,
+    /// How many of each were seen, by XID.
+    pub counts: std::collections::BTreeMap<u64, u64>,
+    /// Since when they were watched (Unix ms).
+    pub since_ms: u64,
+}
+
+/// XIDs after which NVIDIA's guidance is a GPU reset before the next job: 46 (GPU stopped processing) and
+/// 48 (double-bit ECC error), whose action in NVIDIA's health checks is to drain and reset the GPU, and 79
+/// (GPU has fallen off the bus). Others are told by the driver's own recovery action (XID 154 says it
+/// changed), which is read as well.
+pub const RESET_XIDS: &[(u64, &str)] = &[
+    (46, "GPU stopped processing"),
+    (48, "double-bit ECC error"),
+    (79, "GPU has fallen off the bus"),
+];
 
 /// One MIG instance of a GPU in MIG mode: a GPU instance with its compute instance, read through its own
 /// NVML handle. Its memory and processes are judged on their own: a leftover in one instance is named with
@@ -623,6 +651,9 @@ pub enum FindingKind {
     /// A GPU kept busy (utilization at or over the threshold) through the confirm window while no process is
     /// listed on it and none has it open: a kernel left running by a job that is gone.
     BusyWithoutHolder,
+    /// A GPU not ready for a launch whatever its memory says: an XID that needs a reset was seen, or the
+    /// driver asks for a reset or a reboot.
+    NeedsReset,
 }
 
 impl FindingKind {
@@ -641,6 +672,7 @@ impl FindingKind {
             FindingKind::LostRank => "lost_rank",
             FindingKind::Straggler => "straggler",
             FindingKind::BusyWithoutHolder => "busy_without_holder",
+            FindingKind::NeedsReset => "needs_reset",
         }
     }
 }
@@ -807,6 +839,7 @@ impl Gpu {
             recovery_action,
             mig,
             mig_error,
+            xids,
         } = self;
         *index == b.index
             && *uuid == b.uuid
@@ -835,6 +868,7 @@ impl Gpu {
             && *kept == b.kept
             && *recovery_action == b.recovery_action
             && *mig_error == b.mig_error
+            && *xids == b.xids
             && mig.len() == b.mig.len()
             && mig.iter().zip(&b.mig).all(|(x, y)| {
                 (

@@ -56,7 +56,8 @@ impl StateCounts {
             match g.state {
                 Some(GpuState::Clean) => c.clean += 1,
                 Some(GpuState::InUse) => c.in_use += 1,
-                Some(GpuState::Leak) => c.leak += 1,
+                // Not ready for a launch: as loud as a leak.
+                Some(GpuState::Leak | GpuState::NeedsReset) => c.leak += 1,
                 Some(GpuState::Unknown | GpuState::Error) | None => c.unknown += 1,
             }
         }

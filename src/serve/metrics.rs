@@ -20,7 +20,7 @@ use crate::core::model::{FindingKind, Gpu, GpuState, HostSnapshot, MIB, Severity
 
 type Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
 
-const KINDS: [FindingKind; 13] = [
+const KINDS: [FindingKind; 14] = [
     FindingKind::Ghost,
     FindingKind::HiddenHolder,
     FindingKind::Residual,
@@ -34,6 +34,7 @@ const KINDS: [FindingKind; 13] = [
     FindingKind::LostRank,
     FindingKind::Straggler,
     FindingKind::BusyWithoutHolder,
+    FindingKind::NeedsReset,
 ];
 
 const SEVERITIES: [(Severity, &str); 3] = [
@@ -95,6 +96,7 @@ struct Families {
     leftover: Gauges,
     blockers: Gauges,
     recovery: Gauges,
+    xids: Gauges,
     findings: Gauges,
     process: Gauges,
     shm: Gauges,
@@ -245,10 +247,19 @@ impl Families {
             if let Some(a) = &g.recovery_action {
                 set(&self.recovery, &with(l.clone(), "action", a.clone()), 1.0);
             }
+            for (xid, n) in g.xids.iter().flat_map(|x| x.counts.iter()) {
+                set(
+                    &self.xids,
+                    &with(l.clone(), "xid", xid.to_string()),
+                    *n as f64,
+                );
+            }
             // The ledger's verdict: absent where the GPU's state could not be told.
             match g.state {
                 Some(GpuState::Clean) => set(&self.clean, &l, 1.0),
-                Some(GpuState::InUse | GpuState::Leak) => set(&self.clean, &l, 0.0),
+                Some(GpuState::InUse | GpuState::Leak | GpuState::NeedsReset) => {
+                    set(&self.clean, &l, 0.0);
+                }
                 Some(GpuState::Unknown | GpuState::Error) | None => {}
             }
         }
@@ -437,7 +448,10 @@ impl Families {
             "GPU memory no live listed process accounts for, by finding kind; NaN where the size is unknown",
             self.unexplained,
         );
-        register_leftovers(&mut r, self.leftover, self.blockers, self.recovery);
+        register_leftovers(
+            &mut r,
+            [self.leftover, self.blockers, self.recovery, self.xids],
+        );
         r.register(
             m::FINDINGS,
             "Findings now, by kind and severity",
@@ -486,7 +500,14 @@ impl Families {
 }
 
 /// What leftovers hold, and what would block the reset that ends them.
-fn register_leftovers(r: &mut Registry, leftover: Gauges, blockers: Gauges, recovery: Gauges) {
+/// And the XIDs that say a GPU needs a reset.
+fn register_leftovers(r: &mut Registry, families: [Gauges; 4]) {
+    let [leftover, blockers, recovery, xids] = families;
+    r.register(
+        m::XID_COUNT,
+        "How many of each XID the GPU reported since the serve began watching",
+        xids,
+    );
     r.register(
         m::LEFTOVER_BYTES,
         "What a leftover holds on a GPU from the moment it is seen, by kind (ghost, residual, orphan, hidden, busy; they overlap) and MIG instance; NaN where unknown",

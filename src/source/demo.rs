@@ -608,6 +608,7 @@ impl DemoHost {
             recovery_action: Some("none".into()),
             mig: Vec::new(),
             mig_error: None,
+            xids: None,
         }
     }
 

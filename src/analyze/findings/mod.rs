@@ -3,6 +3,7 @@
 pub mod busy;
 pub mod gpu;
 pub mod orphan;
+pub mod ready;
 pub mod shm;
 pub mod smem;
 pub mod stuck;

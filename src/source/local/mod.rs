@@ -10,6 +10,7 @@ pub mod procfs;
 #[allow(unsafe_code)] // kcmp(2), which rustix and nix do not wrap: integers in, an integer out
 pub mod tasks;
 pub mod watchdog;
+pub mod xid;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

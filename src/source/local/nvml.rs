@@ -69,6 +69,8 @@ pub struct NvmlReader {
     /// times a verdict's reading, so they are read at most every `COUNTERS_EVERY`).
     counters: std::sync::Mutex<std::collections::HashMap<u32, (std::time::Instant, Counters)>>,
     pub driver_version: Option<String>,
+    /// Each GPU's XID errors since this reader began watching (a reader that lives on: the TUI, a serve).
+    xids: Option<super::xid::Seen>,
 }
 
 /// The one line a user sees when NVML cannot be used.
@@ -112,7 +114,11 @@ impl NvmlReader {
                     }
                     trace("nvml", "device handles taken");
                     let driver_version = nvml.sys_driver_version().ok();
+                    let xids = (readout != Readout::Verdict)
+                        .then(|| super::xid::watch(nvml, count))
+                        .flatten();
                     return Ok(NvmlReader {
+                        xids,
                         nvml,
                         idents: std::sync::Mutex::default(),
                         count,
@@ -233,6 +239,10 @@ impl GpuReader for NvmlReader {
             Ok(p) => gpu.processes = p,
             Err(e) => gpu.error = Some(format!("process list: {e}")),
         }
+        gpu.xids = self
+            .xids
+            .as_ref()
+            .and_then(|s| s.lock().ok()?.get(&index).cloned());
         if gpu.mig_enabled == Some(true) {
             match self.instances(&dev) {
                 Ok(m) => gpu.mig = m,

@@ -21,6 +21,7 @@ pub fn cell(state: GpuState, used: Option<u64>, total: Option<u64>) -> char {
         GpuState::Leak => '!',
         GpuState::Unknown => '?',
         GpuState::Error => '✗',
+        GpuState::NeedsReset => '‼',
         GpuState::InUse => match (used, total) {
             (Some(u), Some(t)) if t > 0 => {
                 FILL[((u as f64 / t as f64) * 7.0).round().min(7.0) as usize]

@@ -144,6 +144,7 @@ pub fn state_style(app: &App, s: GpuState) -> Style {
         GpuState::Leak => fg(app, Color::Red).add_modifier(Modifier::BOLD),
         GpuState::Unknown => fg(app, Color::DarkGray),
         GpuState::Error => fg(app, Color::Magenta),
+        GpuState::NeedsReset => fg(app, Color::Magenta).add_modifier(Modifier::BOLD),
     }
 }
 
