@@ -116,6 +116,20 @@ if wait_line "$W/mm.out" READY 90; then
   check "busy: wait after the job's end reads clean" "$BIN" wait --timeout 20s
 else fail "busy: matmul.py did not start"; cat "$W/mm.out" >>"$LOG"; fi
 
+say "2c. readiness: the driver's recovery action, XID events watched by a serve, MIG mode as it is"
+"$BIN" snapshot --json >"$W/ready.json" 2>>"$LOG"
+python3 -c 'import json,sys; h=json.load(open(sys.argv[1]))["hosts"][0]; print("NOTE readiness:", [(g["index"], g.get("recovery_action"), g.get("mig_enabled"), len(g.get("mig", [])), len(g.get("reset_blockers", []))) for g in h["gpus"]])' "$W/ready.json" | tee -a "$SUM"
+check "ready: a healthy GPU is not needs_reset and no needs_reset finding" jcheck "$W/ready.json" 'all(g["state"] != "needs_reset" for g in h["gpus"]) and not K("needs_reset")'
+check "ready: the reset blockers name the persistence daemon where it runs" jcheck "$W/ready.json" '(not any(q["comm"].startswith("nvidia-persiste") for q in h["processes"])) or all(any(b["program"].startswith("nvidia-persist") for b in g.get("reset_blockers", [])) for g in h["gpus"])'
+port=19471
+"$BIN" serve --listen 127.0.0.1:$port --no-socket >"$W/serve-xid.log" 2>&1 & SP=$!
+for _ in $(seq 50); do curl -sf "127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.2; done
+curl -s "http://127.0.0.1:$port/api/v1/snapshot" >"$W/serve-xid.json" || true
+curl -s "http://127.0.0.1:$port/metrics" >"$W/serve-xid.prom" || true
+kill "$SP"; wait "$SP" 2>/dev/null
+check "ready: a serve watches XID events on every GPU (xids since it started), none seen on a healthy GPU" jcheck "$W/serve-xid.json" 'all(g.get("xids") is not None and not g["xids"]["counts"] for g in h["gpus"])'
+check "ready: /metrics carries the recovery action and the reset blockers" grep -q "gpusweep_reset_blockers{" "$W/serve-xid.prom"
+
 say "3. a PyTorch process holding 20 GB is listed with its cmdline"
 bg "$W/hold.out" python3 $G/hold.py 20; P=$BGPID
 if wait_line "$W/hold.out" READY 90; then

@@ -43,7 +43,9 @@ PATH="$tmp/venv/bin:$PATH" check_binary gpusweep wheel
 [ ! -e "$tmp/venv/bin/gpusweep" ] || fail "wheel: pip uninstall left bin/gpusweep"
 
 # The tarball: its checksum, then the binary it holds.
-(cd dist && sha256sum --quiet -c "gpusweep-$version-x86_64-linux-gnu.tar.gz.sha256") || fail "tarball: SHA-256"
+# The README's line, as written, from the repository root.
+readme_line=$(grep -m1 'sha256sum -c' README.md | sed 's/ && tar .*//')
+bash -c "$readme_line" >/dev/null || fail "tarball: the README's checksum line: $readme_line"
 tar -C "$tmp" -xzf "dist/gpusweep-$version-x86_64-linux-gnu.tar.gz"
 check_binary "$tmp/gpusweep-$version-x86_64-linux-gnu/gpusweep" tarball
 

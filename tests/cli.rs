@@ -2999,3 +2999,39 @@ fn the_demo_honours_no_gauges_and_says_simulated_through_an_agent() {
         "{t}"
     );
 }
+
+/// `kill --job` acts on every host read, as the README says (it asked for `--host`); PIDs still name the
+/// processes of one host.
+#[test]
+fn kill_job_reaches_the_job_on_every_host() {
+    let env = Env::new();
+    let o = env.run(&[
+        "kill",
+        "--job",
+        "4711",
+        "--demo",
+        "--hosts",
+        "gpu-b,gpu-b0042",
+        "--yes",
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    for host in ["gpu-b:", "gpu-b0042:"] {
+        assert!(
+            t.lines().any(|l| l.trim_start().starts_with(host)
+                && l.contains("7391")
+                && l.contains("exited")),
+            "{host} {t}"
+        );
+    }
+    let o = env.run(&[
+        "kill",
+        "7391",
+        "--demo",
+        "--hosts",
+        "gpu-b,gpu-b0042",
+        "--yes",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("--host"), "{}", text(&o));
+}

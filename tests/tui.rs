@@ -1362,3 +1362,37 @@ fn mig_reading(d: &Demo) -> gpusweep::core::model::HostSnapshot {
     g.mig = vec![inst(1, 0, vec![]), inst(2, 4096, ghost)];
     s
 }
+
+/// A status message is said for a while, then the key hints come back: one said before the first tick (the
+/// "no NVIDIA driver" note of a machine without a driver) counts from that tick; it held its place all
+/// session before.
+#[test]
+fn a_status_message_gives_the_key_hints_back() {
+    let mut d = Demo::new(2);
+    d.app.set_status(
+        "no NVIDIA driver: libnvidia-ml.so.1 not found",
+        gpusweep::tui::app::Level::Info,
+    );
+    d.at(5_000);
+    assert!(d.app.view.status.is_some());
+    d.app.update(Action::Resize(160, 48));
+    assert!(d.screen(160, 48).contains("no NVIDIA driver"));
+    d.at(2_000 + gpusweep::tui::app::STATUS_FOR_MS);
+    assert!(d.app.view.status.is_none(), "{:?}", d.app.view.status);
+    let screen = d.screen(160, 48);
+    assert!(!screen.contains("no NVIDIA driver"), "{screen}");
+    assert!(screen.contains("help"), "the key hints are back: {screen}");
+    // Said before any tick: it counts from the first.
+    let mut fresh = App::new(
+        vec!["gpu-a".into()],
+        Duration::from_secs(1),
+        Keymap::default(),
+        AnalyzeOptions::default(),
+        false,
+    );
+    fresh.set_status("note", gpusweep::tui::app::Level::Info);
+    fresh.update(Action::Tick(BASE_MS));
+    assert!(fresh.view.status.is_some());
+    fresh.update(Action::Tick(BASE_MS + gpusweep::tui::app::STATUS_FOR_MS));
+    assert!(fresh.view.status.is_none());
+}

@@ -52,79 +52,125 @@ fn pick_host(s: &Settings, host: Option<&str>) -> anyhow::Result<usize> {
     }
 }
 
-pub fn run(s: &Settings, a: &KillArgs) -> anyhow::Result<i32> {
-    let idx = pick_host(s, a.host.as_deref())?;
-    if s.specs[idx].read_only() {
-        bail!(
-            "{}: read-only host (read over HTTP or from Prometheus): no signal can be sent through it; \
-             kill over SSH (--hosts user@node) or through its agent",
-            escape(&s.specs[idx].label())
-        );
+/// The hosts a kill acts on: with `--job` and neither `--host` nor PIDs, every host read (a job runs on
+/// several); otherwise the one `--host` names, or the only one (PIDs name processes of one host).
+fn chosen_hosts(s: &Settings, a: &KillArgs) -> anyhow::Result<Vec<usize>> {
+    let every = a.job.is_some() && a.host.is_none() && a.pids.is_empty();
+    let chosen = if every {
+        (0..s.specs.len()).collect()
+    } else {
+        vec![pick_host(s, a.host.as_deref())?]
+    };
+    for &i in &chosen {
+        if s.specs[i].read_only() && !every {
+            bail!(
+                "{}: read-only host (read over HTTP or from Prometheus): no signal can be sent through it; \
+                 kill over SSH (--hosts user@node) or through its agent",
+                escape(&s.specs[i].label())
+            );
+        }
     }
-    let local = s.specs[idx] == HostSpec::Local;
+    Ok(chosen)
+}
+
+/// One host's targets: the PIDs named and the job's processes, each as this reading knows it.
+fn targets_of(
+    snap: &crate::core::model::HostSnapshot,
+    a: &KillArgs,
+    local: bool,
+) -> (Vec<TargetInfo>, usize) {
+    let mut pids = a.pids.clone();
+    if let Some(q) = &a.job {
+        let of_job = crate::analyze::watch::job_processes(snap, q);
+        if of_job.is_empty() && pids.is_empty() {
+            println!(
+                "  {}: no process of job {} holds a GPU",
+                escape(&snap.host),
+                escape(q)
+            );
+        }
+        pids.extend(of_job.into_iter().map(|(pid, _)| pid));
+    }
+    let mut targets = Vec::new();
+    for &pid in &pids {
+        // On this host any PID can be named; elsewhere only what the agent reported.
+        let found = snap
+            .proc(pid)
+            .map(TargetInfo::of)
+            .or_else(|| local.then(|| local_identity(pid)).flatten());
+        match found {
+            Some(t) => targets.push(t),
+            None => println!("  {}: {pid}: no such process", escape(&snap.host)),
+        }
+    }
+    (targets, pids.len())
+}
+
+pub fn run(s: &Settings, a: &KillArgs) -> anyhow::Result<i32> {
+    let chosen = chosen_hosts(s, a)?;
+    let specs: Vec<HostSpec> = chosen.iter().map(|&i| s.specs[i].clone()).collect();
     let rt = runtime()?;
     let res = rt.block_on(async {
         let opts = s.fleet_acting_via_serve().without_gauges();
-        let mut fleet = Fleet::start(&s.specs[idx..=idx], &opts).await?;
-        let snap = first_snapshots(&mut fleet, s.connect_timeout)
-            .await
-            .remove(0);
-        if let Some(e) = &snap.error {
-            bail!("{}: {e}", snap.host);
-        }
-        let mut pids = a.pids.clone();
-        if let Some(q) = &a.job {
-            let of_job = crate::analyze::watch::job_processes(&snap, q);
-            if of_job.is_empty() && pids.is_empty() {
-                println!(
-                    "  {}: no process of job {} holds a GPU",
-                    escape(&snap.host),
-                    escape(q)
+        let mut fleet = Fleet::start(&specs, &opts).await?;
+        let snaps = first_snapshots(&mut fleet, s.connect_timeout).await;
+        let mut reqs: Vec<(HostId, SignalRequest)> = Vec::new();
+        let mut asked = 0;
+        let mut unread = false;
+        for (i, snap) in snaps.iter().enumerate() {
+            if let Some(e) = &snap.error {
+                if specs.len() == 1 {
+                    bail!("{}: {e}", snap.host);
+                }
+                eprintln!("gpusweep: {}: {}", escape(&snap.host), escape(e));
+                unread = true;
+                continue;
+            }
+            if specs[i].read_only() {
+                eprintln!(
+                    "gpusweep: {}: read-only host (read over HTTP or from Prometheus): nothing is signalled through it",
+                    escape(&snap.host)
                 );
-                return Ok(0);
+                unread = true;
+                continue;
             }
-            pids.extend(of_job.into_iter().map(|(pid, _)| pid));
-        }
-        let mut targets = Vec::new();
-        for &pid in &pids {
-            // On this host any PID can be named; elsewhere only what the agent reported.
-            let found = snap
-                .proc(pid)
-                .map(TargetInfo::of)
-                .or_else(|| local.then(|| local_identity(pid)).flatten());
-            match found {
-                Some(t) => targets.push(t),
-                None => println!("  {}: {pid}: no such process", escape(&snap.host)),
+            let (targets, named) = targets_of(snap, a, specs[i] == HostSpec::Local);
+            asked += named;
+            for t in &targets {
+                println!(
+                    "  {} {:>7}  {}",
+                    escape(&snap.host),
+                    t.pid,
+                    truncate(&escape(&t.cmdline), 80)
+                );
+            }
+            if !targets.is_empty() {
+                reqs.push((
+                    HostId(i),
+                    SignalRequest {
+                        targets,
+                        signal: a.signal,
+                        grace_ms: a.grace.map(millis),
+                        purpose: Some(Purpose::Kill),
+                    },
+                ));
             }
         }
-        if targets.is_empty() {
-            return Ok(1);
+        let n: usize = reqs.iter().map(|(_, r)| r.targets.len()).sum();
+        if n == 0 {
+            // A job with no process left anywhere is done; PIDs that name nothing are an error.
+            return Ok(if unread { 2 } else { i32::from(asked > 0) });
         }
-        for t in &targets {
-            println!(
-                "  {} {:>7}  {}",
-                escape(&snap.host),
-                t.pid,
-                truncate(&escape(&t.cmdline), 80)
-            );
-        }
-        let question = format!("Send {} to {} process(es)?", a.signal.name(), targets.len());
+        let question = format!("Send {} to {n} process(es)?", a.signal.name());
         if !confirm(&question, a.yes)? {
             println!("nothing sent");
             return Ok(2);
         }
-        let req = SignalRequest {
-            targets,
-            signal: a.signal,
-            grace_ms: a.grace.map(millis),
-            purpose: Some(Purpose::Kill),
-        };
         let limit = a.grace.unwrap_or_default() + ANSWER_SLACK;
-        let outs = deliver_all(&mut fleet, &[(HostId(0), req)], limit).await;
+        let outs = deliver_all(&mut fleet, &reqs, limit).await;
         print_outcomes(&outs);
-        Ok(i32::from(
-            !(outs.iter().all(|(_, o)| o.ok()) && outs.len() == pids.len()),
-        ))
+        let all_ok = outs.iter().all(|(_, o)| o.ok()) && outs.len() == asked;
+        Ok(if unread { 2 } else { i32::from(!all_ok) })
     });
     rt.shutdown_background();
     res

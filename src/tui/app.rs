@@ -171,6 +171,9 @@ impl SmemForm {
 }
 
 /// The view: selection, panels, the status line and banner, the clock.
+/// How long a status message stays on the status line.
+pub const STATUS_FOR_MS: u64 = 10_000;
+
 #[derive(Debug, Clone)]
 pub struct View {
     pub sel: Selection,
@@ -178,6 +181,9 @@ pub struct View {
     pub size: (u16, u16),
     pub chart_open: bool,
     pub status: Option<(String, Level)>,
+    /// When the status message was said (`None`: before the first clock tick); it goes after `STATUS_FOR`
+    /// and the key hints come back.
+    pub status_at_ms: Option<u64>,
     /// "✓ gpu-b: all 8 GPUs read zero after 101 ms", until dismissed.
     pub banner: Option<String>,
     pub quit: bool,
@@ -237,6 +243,7 @@ impl App {
                 size: (80, 24),
                 chart_open: false,
                 status: None,
+                status_at_ms: None,
                 banner: None,
                 quit: false,
                 now_ms: 0,
@@ -480,6 +487,7 @@ impl App {
 
     pub fn set_status(&mut self, msg: impl Into<String>, level: Level) {
         self.view.status = Some((msg.into(), level));
+        self.view.status_at_ms = (self.view.now_ms > 0).then_some(self.view.now_ms);
     }
 
     pub fn label(&self, h: HostId) -> String {
@@ -625,6 +633,15 @@ impl App {
             Action::Tick(now) => {
                 self.view.now_ms = now;
                 self.view.started_ms.get_or_insert(now);
+                // A status message is said for a while, then the key hints come back (a message said
+                // before the first tick counts from it).
+                if self.view.status.is_some() {
+                    let at = *self.view.status_at_ms.get_or_insert(now);
+                    if now.saturating_sub(at) >= STATUS_FOR_MS {
+                        self.view.status = None;
+                        self.view.status_at_ms = None;
+                    }
+                }
             }
             Action::Resize(w, h) => self.view.size = (w, h),
             Action::Click { panel, row } => self.on_click(panel, row),

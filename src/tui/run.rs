@@ -182,7 +182,7 @@ pub fn run(s: &Settings) -> anyhow::Result<i32> {
         let specs: Vec<HostSpec> = fleet.ids().filter_map(|i| fleet.spec(i).cloned()).collect();
         let mut app = new_app(s, fleet.labels().to_vec(), &specs)?;
         if let Some(n) = note {
-            app.view.status = Some((n, crate::tui::app::Level::Info));
+            app.set_status(n, crate::tui::app::Level::Info);
         }
         let mut terminal = ratatui::init();
         let prev = std::panic::take_hook();
