@@ -3032,6 +3032,6 @@ fn kill_job_reaches_the_job_on_every_host() {
         "gpu-b,gpu-b0042",
         "--yes",
     ]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("--host"), "{}", text(&o));
 }
