@@ -90,7 +90,8 @@ fn main() {
     };
     trace("main", "exit");
     gpusweep::runtime::shutdown();
-    std::process::exit(code);
+    // Ended by a signal while finishing (its clean-up ended the hosts waited on): the signal's code.
+    std::process::exit(gpusweep::runtime::ended_by_signal().unwrap_or(code));
 }
 
 /// An error and its causes on one line, each cause said once: a message that already quotes its cause (as

@@ -1396,3 +1396,30 @@ fn a_status_message_gives_the_key_hints_back() {
     fresh.update(Action::Tick(BASE_MS + gpusweep::tui::app::STATUS_FOR_MS));
     assert!(fresh.view.status.is_none());
 }
+
+/// The key help is whole at every size: each command's keys on screen at 80x24 (two columns) and each
+/// description whole at 160x48 (it was cut at both sizes).
+#[test]
+fn the_key_help_is_whole_at_every_size() {
+    use gpusweep::tui::keymap::{Cmd, Layer};
+    let mut d = Demo::new(2);
+    d.ch('?');
+    for (w, h) in [(80u16, 24u16), (160, 48)] {
+        d.app.update(Action::Resize(w, h));
+        let screen = d.screen(w, h);
+        for (c, layer, _, what) in Cmd::ALL {
+            if layer != Layer::Main {
+                continue;
+            }
+            let keys = d.app.cfg.keymap.keys_in(Layer::Main, c);
+            assert!(
+                screen.contains(&format!(" {keys} ")),
+                "{keys} at {w}x{h}:\n{screen}"
+            );
+            if w == 160 {
+                assert!(screen.contains(what), "{what} at {w}x{h}:\n{screen}");
+            }
+        }
+        assert!(screen.contains("any key closes"), "{w}x{h}:\n{screen}");
+    }
+}

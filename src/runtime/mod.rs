@@ -35,6 +35,18 @@ pub fn async_runtime() -> std::io::Result<tokio::runtime::Runtime> {
 pub const FAST_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 pub use settings::{Overrides, Settings};
 
+/// The shell's code of the signal gpusweep is ending on (0: none): the main thread, finishing while the
+/// signal's clean-up ends the `cmd:` hosts it waited on, must not exit with a success of its own.
+static ENDING: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// The code of the signal gpusweep is ending on, if one came.
+pub fn ended_by_signal() -> Option<i32> {
+    match ENDING.load(std::sync::atomic::Ordering::SeqCst) {
+        0 => None,
+        c => Some(c),
+    }
+}
+
 /// End gpusweep on SIGINT, SIGTERM or SIGHUP with the shell's codes (130, 143, 129), after killing what it
 /// started (the process groups of `cmd:` hosts): a signal runs no destructor. For the subcommands; the TUI
 /// handles these signals itself and leaves through its own clean-up.
@@ -74,6 +86,7 @@ pub fn exit_on_signals() {
                     _ = hup.recv() => 129,
                 }
             });
+            ENDING.store(code, std::sync::atomic::Ordering::SeqCst);
             shutdown();
             std::process::exit(code);
         });
