@@ -38,6 +38,15 @@ check_binary() {
 /usr/bin/python3 -m venv "$tmp/venv"
 "$tmp/venv/bin/pip" install -q --no-index dist/gpusweep-"$version"-py3-none-*manylinux*_x86_64.whl
 [ -x "$tmp/venv/bin/gpusweep" ] || fail "wheel: pip put no gpusweep in the venv's bin"
+# The package index's page: its description links nothing by a relative path (an index cannot show those).
+python3 - "$(ls dist/gpusweep-*-manylinux*_x86_64.whl | head -1)" <<'PY' || fail "wheel: a relative link in the long description"
+import re, sys, zipfile
+w = zipfile.ZipFile(sys.argv[1])
+meta = next(n for n in w.namelist() if n.endswith(".dist-info/METADATA"))
+text = w.read(meta).decode()
+bad = [l for l in re.findall(r"\]\(([^)]*)\)", text) if not re.match(r"(https?://|#)", l)]
+sys.exit(1 if bad or "Who holds this GPU memory" not in text else 0)
+PY
 PATH="$tmp/venv/bin:$PATH" check_binary gpusweep wheel
 "$tmp/venv/bin/pip" uninstall -q -y gpusweep
 [ ! -e "$tmp/venv/bin/gpusweep" ] || fail "wheel: pip uninstall left bin/gpusweep"
