@@ -44,19 +44,42 @@ pub fn run(s: &Settings, a: &SnapshotArgs) -> anyhow::Result<i32> {
     rt.shutdown_background();
     trace("main", "readings in");
     printed?;
-    if json {
-        let doc = serde_json::json!({ "hosts": snaps });
-        writeln!(
-            std::io::stdout().lock(),
-            "{}",
-            serde_json::to_string_pretty(&doc)?
-        )?;
-    }
-    Ok(if snaps.iter().all(|h| h.error.is_some()) {
+    let code = if snaps.iter().all(|h| h.error.is_some()) {
         2
     } else {
         0
-    })
+    };
+    if json {
+        write_json(&mut std::io::BufWriter::new(std::io::stdout().lock()), snaps)?;
+    }
+    Ok(code)
+}
+
+/// The JSON contract, `{"hosts": [...]}`, written host by host and each let go once written: the whole
+/// document was built as one value first (its tree several times the readings), then as one string. The text
+/// is the same as before, key for key.
+pub fn write_json(w: &mut dyn Write, snaps: Vec<HostSnapshot>) -> anyhow::Result<()> {
+    if snaps.is_empty() {
+        writeln!(w, "{{\n  \"hosts\": []\n}}")?;
+        return Ok(());
+    }
+    w.write_all(b"{\n  \"hosts\": [\n")?;
+    let n = snaps.len();
+    for (i, snap) in snaps.into_iter().enumerate() {
+        let text = serde_json::to_string_pretty(&serde_json::to_value(&snap)?)?;
+        drop(snap);
+        for (k, line) in text.lines().enumerate() {
+            if k > 0 {
+                w.write_all(b"\n")?;
+            }
+            w.write_all(b"    ")?;
+            w.write_all(line.as_bytes())?;
+        }
+        w.write_all(if i + 1 < n { b",\n" } else { b"\n" })?;
+    }
+    w.write_all(b"  ]\n}\n")?;
+    w.flush()?;
+    Ok(())
 }
 
 fn age(snap: &HostSnapshot, started_at: Option<u64>) -> String {
