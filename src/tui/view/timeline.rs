@@ -60,26 +60,64 @@ pub fn render(app: &App, f: &mut Frame, area: Rect) {
         .timeline
         .len()
         .saturating_sub(app.timeline_scroll().unwrap_or(0));
-    let start = end.saturating_sub(rows);
     let w = inner.width as usize;
-    let lines: Vec<Line> = app
-        .store
-        .timeline
-        .range(start..end)
-        .map(|e| {
-            let head = format!("{} {:<host_w$} ", clock(e.at_ms), truncate(&e.host, host_w));
-            let rest = w.saturating_sub(head.chars().count());
-            Line::from(vec![
-                Span::styled(head, fg(app, Color::DarkGray)),
-                Span::styled(truncate(&e.describe(), rest), style(app, e)),
-            ])
-        })
-        .collect();
+    // Newest at the bottom; each event whole, its words carried onto lines of their own under it.
+    let mut lines: Vec<Line> = Vec::new();
+    for e in app.store.timeline.range(..end).rev() {
+        if lines.len() >= rows {
+            break;
+        }
+        let head = format!("{} {:<host_w$} ", clock(e.at_ms), truncate(&e.host, host_w));
+        let indent = head.chars().count();
+        let parts = wrap(&e.describe(), w.saturating_sub(indent).max(8));
+        let mut own: Vec<Line> = Vec::with_capacity(parts.len());
+        for (k, part) in parts.into_iter().enumerate() {
+            let lead = if k == 0 {
+                Span::styled(head.clone(), fg(app, Color::DarkGray))
+            } else {
+                Span::raw(" ".repeat(indent))
+            };
+            own.push(Line::from(vec![lead, Span::styled(part, style(app, e))]));
+        }
+        lines.extend(own.into_iter().rev());
+    }
+    lines.truncate(rows);
+    lines.reverse();
     f.render_widget(Paragraph::new(lines), inner);
+}
+
+/// `text` in pieces of at most `width` characters, broken at a space where one is near.
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest: Vec<char> = text.chars().collect();
+    while rest.len() > width {
+        let cut = rest[..width]
+            .iter()
+            .rposition(|c| *c == ' ')
+            .filter(|&i| i > width / 2)
+            .unwrap_or(width);
+        out.push(rest[..cut].iter().collect::<String>().trim_end().to_string());
+        rest.drain(..cut);
+        while rest.first() == Some(&' ') {
+            rest.remove(0);
+        }
+    }
+    out.push(rest.into_iter().collect());
+    out
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_long_event_is_carried_whole_onto_lines_of_its_own() {
+        let parts = super::wrap("sent TERM to 7306 (sglang::scheduler_TP6) and 7391 (python3)", 24);
+        assert!(parts.iter().all(|p| p.chars().count() <= 24), "{parts:?}");
+        assert_eq!(
+            parts.join(" "),
+            "sent TERM to 7306 (sglang::scheduler_TP6) and 7391 (python3)"
+        );
+    }
+
     #[test]
     fn clock_is_utc_time_of_day() {
         assert_eq!(super::clock(1_764_669_600_000 + 3_723_456), "11:02:03.456");
