@@ -2865,19 +2865,8 @@ fn many_streams_that_never_read_are_let_go_sooner() {
 async fn the_leftover_alert_fires_on_a_recorded_series() {
     let dir = tempfile::tempdir().expect("tmp");
     let tmp = dir.path();
-    let lib = standin_nvml(tmp);
-    std::fs::write(tmp.join("nvidia0"), b"").expect("stand-in device");
-    // A PID that was and is no more.
-    let mut gone = Command::new("true").spawn().expect("true");
-    let pid = gone.id();
-    gone.wait().expect("reaped");
-    set_nvml(tmp, &format!("4096 {pid}:4096\n0 util=0\n"));
-    let glob = format!("{}/nvidia*", tmp.display());
-    let env = [
-        ("GPUSWEEP_NVML_LIBRARY", lib.as_path()),
-        ("STANDIN_NVML_STATE", &tmp.join("nvml")),
-    ];
-    let serve = Serve::start(tmp, &["--no-socket", "--device-glob", &glob], &env);
+    let pid = a_gone_pid();
+    let (serve, _, _) = standin_serve(tmp, &format!("4096 {pid}:4096\n0 util=0\n"), &[]);
     let (_, _, m) = get(&serve.url("/metrics")).await;
     let series: Vec<&str> = m
         .lines()
@@ -3011,18 +3000,8 @@ async fn a_stream_asked_for_a_host_the_serve_lacks_says_so_in_its_hello() {
 async fn a_mig_gpus_metrics_are_per_instance() {
     let dir = tempfile::tempdir().expect("tmp");
     let tmp = dir.path();
-    let lib = standin_nvml(tmp);
-    std::fs::write(tmp.join("nvidia0"), b"").expect("stand-in device");
-    let mut gone = Command::new("true").spawn().expect("true");
-    let dead = gone.id();
-    gone.wait().expect("reaped");
-    set_nvml(tmp, &format!("4096 mig=1/0 mig=2/4096/{dead}@4096\n"));
-    let glob = format!("{}/nvidia*", tmp.display());
-    let env = [
-        ("GPUSWEEP_NVML_LIBRARY", lib.as_path()),
-        ("STANDIN_NVML_STATE", &tmp.join("nvml")),
-    ];
-    let serve = Serve::start(tmp, &["--no-socket", "--device-glob", &glob], &env);
+    let dead = a_gone_pid();
+    let (serve, _, _) = standin_serve(tmp, &format!("4096 mig=1/0 mig=2/4096/{dead}@4096\n"), &[]);
     let (_, _, m) = get(&serve.url("/metrics")).await;
     let fb: Vec<&str> = m
         .lines()
@@ -3054,19 +3033,7 @@ async fn a_mig_gpus_metrics_are_per_instance() {
 async fn an_xid_that_needs_a_reset_makes_the_gpu_not_ready() {
     let dir = tempfile::tempdir().expect("tmp");
     let tmp = dir.path();
-    let lib = standin_nvml(tmp);
-    std::fs::write(tmp.join("nvidia0"), b"").expect("stand-in device");
-    set_nvml(tmp, "0 xid=13 xid=79\n0\n");
-    let glob = format!("{}/nvidia*", tmp.display());
-    let env = [
-        ("GPUSWEEP_NVML_LIBRARY", lib.as_path()),
-        ("STANDIN_NVML_STATE", &tmp.join("nvml")),
-    ];
-    let serve = Serve::start(
-        tmp,
-        &["--no-socket", "--device-glob", &glob, "--interval", "200ms"],
-        &env,
-    );
+    let (serve, lib, glob) = standin_serve(tmp, "0 xid=13 xid=79\n0\n", &["--interval", "200ms"]);
     let started = Instant::now();
     let m = loop {
         let (_, _, m) = get(&serve.url("/metrics")).await;
@@ -3124,4 +3091,29 @@ async fn an_xid_that_needs_a_reset_makes_the_gpu_not_ready() {
     let line = String::from_utf8_lossy(&o.stdout).to_string();
     assert_eq!(o.status.code(), Some(1), "{line} {}", text(&o));
     assert!(line.contains("the driver asks for a GPU reset"), "{line}");
+}
+
+/// A PID that was and is no more (a process started and reaped).
+fn a_gone_pid() -> u32 {
+    let mut gone = Command::new("true").spawn().expect("true");
+    let pid = gone.id();
+    gone.wait().expect("reaped");
+    pid
+}
+
+/// A serve of this host over the stand-in NVML saying `state`, its device files stand-ins in `tmp`; with its
+/// library, for commands run beside it.
+fn standin_serve(tmp: &Path, state: &str, extra: &[&str]) -> (Serve, std::path::PathBuf, String) {
+    let lib = standin_nvml(tmp);
+    std::fs::write(tmp.join("nvidia0"), b"").expect("stand-in device");
+    set_nvml(tmp, state);
+    let glob = format!("{}/nvidia*", tmp.display());
+    let env = [
+        ("GPUSWEEP_NVML_LIBRARY", lib.as_path()),
+        ("STANDIN_NVML_STATE", &tmp.join("nvml")),
+    ];
+    let mut args = vec!["--no-socket", "--device-glob", glob.as_str()];
+    args.extend_from_slice(extra);
+    let serve = Serve::start(tmp, &args, &env);
+    (serve, lib, glob)
 }

@@ -50,7 +50,10 @@ pub fn run(s: &Settings, a: &SnapshotArgs) -> anyhow::Result<i32> {
         0
     };
     if json {
-        write_json(&mut std::io::BufWriter::new(std::io::stdout().lock()), snaps)?;
+        write_json(
+            &mut std::io::BufWriter::new(std::io::stdout().lock()),
+            snaps,
+        )?;
     }
     Ok(code)
 }

@@ -96,7 +96,13 @@ fn wrap(text: &str, width: usize) -> Vec<String> {
             .rposition(|c| *c == ' ')
             .filter(|&i| i > width / 2)
             .unwrap_or(width);
-        out.push(rest[..cut].iter().collect::<String>().trim_end().to_string());
+        out.push(
+            rest[..cut]
+                .iter()
+                .collect::<String>()
+                .trim_end()
+                .to_string(),
+        );
         rest.drain(..cut);
         while rest.first() == Some(&' ') {
             rest.remove(0);
@@ -110,7 +116,10 @@ fn wrap(text: &str, width: usize) -> Vec<String> {
 mod tests {
     #[test]
     fn a_long_event_is_carried_whole_onto_lines_of_its_own() {
-        let parts = super::wrap("sent TERM to 7306 (sglang::scheduler_TP6) and 7391 (python3)", 24);
+        let parts = super::wrap(
+            "sent TERM to 7306 (sglang::scheduler_TP6) and 7391 (python3)",
+            24,
+        );
         assert!(parts.iter().all(|p| p.chars().count() <= 24), "{parts:?}");
         assert_eq!(
             parts.join(" "),
