@@ -18,9 +18,6 @@ use crate::core::model::{HostId, HostSnapshot};
 use crate::runtime::{Fleet, HostEvent, Judged};
 use crate::source::{ConnStatus, HostCmd};
 
-/// Labels of one series: (name, value) pairs in the order they are written.
-pub type Labels = Vec<(&'static str, String)>;
-
 /// One host's seconds to clean: after a signal sent through the serve, and after its last holder's exit.
 #[derive(Debug, Clone)]
 /// A host's histories, kept across readings: how long its GPUs took to read clean, how long its jobs took to
@@ -95,7 +92,7 @@ impl Journal {
         let logged = Arc::new(Logged {
             seq: self.next,
             host,
-            sse: super::http::sse_body(crate::core::sse::Kind::Event, json),
+            sse: super::frame::sse_body(crate::core::sse::Kind::Event, json),
         });
         self.next += 1;
         if self.cap > 0 {
@@ -209,7 +206,7 @@ impl Reading {
     /// `json_as` as SSE `data:` lines: for the whole view and for readers the serve cannot name, formatted
     /// once and shared (a clone is a reference); per reader otherwise.
     pub fn sse_as(&self, view: View) -> bytes::Bytes {
-        let sse_data = |j: &str| super::http::sse_body(crate::core::sse::Kind::Snapshot, j);
+        let sse_data = |j: &str| super::frame::sse_body(crate::core::sse::Kind::Snapshot, j);
         match view {
             View::Whole => self.sse.get_or_init(|| sse_data(self.json())).clone(),
             View::NoOthers => self

@@ -14,9 +14,12 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-use super::hub::{Labels, Reading, Shared};
+use super::hub::{Reading, Shared};
 use crate::core::metrics as m;
 use crate::core::model::{FindingKind, Gpu, GpuState, HostSnapshot, MIB, Severity};
+
+/// Labels of one series: (name, value) pairs in the order they are written.
+pub type Labels = Vec<(&'static str, String)>;
 
 type Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
 

@@ -2,6 +2,7 @@
 //! demo hosts, analyzed once per reading) feed a hub that HTTP clients, Prometheus and the local socket read.
 //! NVML stays loaded, so a reading costs its clients a request, not a driver start-up.
 
+pub mod frame;
 pub mod http;
 pub mod hub;
 pub mod listen;
