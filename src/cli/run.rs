@@ -293,7 +293,7 @@ impl PhaseWatch {
             eprintln!(
                 "gpusweep run: job {}: {}",
                 self.me,
-                crate::core::job::phase_line(snap, report)
+                crate::core::format::phase_line(snap, report)
             );
             self.said = Some((report.phase, now));
         }

@@ -271,7 +271,7 @@ fn job_table(o: &mut String, snap: &HostSnapshot) {
             truncate(&escape(&j.id), 22),
             j.ranks.len(),
             fmt_gpus(&j.gpus),
-            crate::core::job::phase_line(snap, j),
+            crate::core::format::phase_line(snap, j),
             if j.kept { " (kept on purpose)" } else { "" }
         );
         let gone = j.launcher_gone_ms.map_or_else(String::new, |t| {

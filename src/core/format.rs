@@ -198,6 +198,61 @@ pub fn truncate(s: &str, max: usize) -> String {
     }
 }
 
+/// A job's phase in words, a display sentence (it lived in `core::job`, which then imported this module
+/// while the model imported the job).
+/// "loading 412 GiB of 1120 GiB on 8 GPUs, 2m10s", "settled at 1120 GiB after a 4m12s warm-up".
+pub fn phase_line(snap: &super::model::HostSnapshot, j: &super::job::JobReport) -> String {
+    use super::job::Phase;
+    let total: Option<u64> = j
+        .gpus
+        .iter()
+        .map(|g| snap.gpu(*g).and_then(|g| g.memory.total))
+        .sum();
+    let n = j.gpus.len();
+    let since_start = fmt_span(snap.taken_at_ms.saturating_sub(j.started_ms));
+    match j.phase {
+        Phase::Starting => format!(
+            "starting: {} rank(s), no GPU memory charged yet",
+            j.ranks.len()
+        ),
+        Phase::Loading => format!(
+            "loading {} of {} on {n} GPU(s), {since_start}",
+            fmt_bytes(j.bytes),
+            fmt_bytes(total)
+        ),
+        Phase::Holding => format!(
+            "holding {} on {n} GPU(s) (not seen rising)",
+            fmt_bytes(j.bytes)
+        ),
+        Phase::Settled => match j.warmup_ms {
+            Some(w) => format!(
+                "settled at {} after a {} warm-up",
+                fmt_bytes(j.settled_bytes),
+                fmt_span(w)
+            ),
+            None => format!("settled at {}", fmt_bytes(j.settled_bytes)),
+        },
+        Phase::LostRank => format!(
+            "lost a rank: {}",
+            j.lost
+                .iter()
+                .map(|l| format!(
+                    "{} on GPU {} {}",
+                    l.pid,
+                    fmt_gpus(&l.gpus),
+                    l.how.describe()
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Phase::Unknown => format!(
+            "{} rank(s) on GPU {}; its memory cannot be read",
+            j.ranks.len(),
+            fmt_gpus(&j.gpus)
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
 

@@ -384,59 +384,6 @@ fn same_ranks(a: &[Rank], b: &[Rank]) -> bool {
         })
 }
 
-/// "loading 412 GiB of 1120 GiB on 8 GPUs, 2m10s", "settled at 1120 GiB after a 4m12s warm-up".
-pub fn phase_line(snap: &super::model::HostSnapshot, j: &JobReport) -> String {
-    use super::format::{fmt_bytes, fmt_gpus, fmt_span};
-    let total: Option<u64> = j
-        .gpus
-        .iter()
-        .map(|g| snap.gpu(*g).and_then(|g| g.memory.total))
-        .sum();
-    let n = j.gpus.len();
-    let since_start = fmt_span(snap.taken_at_ms.saturating_sub(j.started_ms));
-    match j.phase {
-        Phase::Starting => format!(
-            "starting: {} rank(s), no GPU memory charged yet",
-            j.ranks.len()
-        ),
-        Phase::Loading => format!(
-            "loading {} of {} on {n} GPU(s), {since_start}",
-            fmt_bytes(j.bytes),
-            fmt_bytes(total)
-        ),
-        Phase::Holding => format!(
-            "holding {} on {n} GPU(s) (not seen rising)",
-            fmt_bytes(j.bytes)
-        ),
-        Phase::Settled => match j.warmup_ms {
-            Some(w) => format!(
-                "settled at {} after a {} warm-up",
-                fmt_bytes(j.settled_bytes),
-                fmt_span(w)
-            ),
-            None => format!("settled at {}", fmt_bytes(j.settled_bytes)),
-        },
-        Phase::LostRank => format!(
-            "lost a rank: {}",
-            j.lost
-                .iter()
-                .map(|l| format!(
-                    "{} on GPU {} {}",
-                    l.pid,
-                    fmt_gpus(&l.gpus),
-                    l.how.describe()
-                ))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        Phase::Unknown => format!(
-            "{} rank(s) on GPU {}; its memory cannot be read",
-            j.ranks.len(),
-            fmt_gpus(&j.gpus)
-        ),
-    }
-}
-
 fn hex_id(s: &str) -> Option<String> {
     (s.len() >= 12 && s.chars().all(|c| c.is_ascii_hexdigit())).then(|| s.to_string())
 }

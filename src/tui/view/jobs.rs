@@ -8,8 +8,9 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
 use super::{fg, panel, sparkline, truncate};
+use crate::core::format::phase_line;
 use crate::core::format::{escape, fmt_bytes, fmt_gpus};
-use crate::core::job::{Phase, phase_line};
+use crate::core::job::Phase;
 use crate::tui::app::{App, JobRow};
 use crate::tui::keymap::Cmd;
 
