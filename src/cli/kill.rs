@@ -27,7 +27,7 @@ pub struct KillArgs {
     #[arg(long)]
     pub host: Option<String>,
     /// TERM, KILL, INT, HUP, ... or a number.
-    #[arg(long, default_value = "TERM", value_parser = super::args::signal_arg)]
+    #[arg(long, default_value = "TERM", value_parser = super::values::signal_arg)]
     pub signal: Sig,
     /// Wait this long for exit, then KILL. Default: do not wait.
     #[arg(long, value_name = "DUR", value_parser = crate::core::parse::duration_arg, allow_hyphen_values = true)]

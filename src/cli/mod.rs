@@ -14,6 +14,7 @@ pub mod slurm;
 pub mod smem;
 pub mod snapshot;
 pub mod sweep;
+pub mod values;
 pub mod wait;
 
 pub use args::{CliCommand, EXIT_CODES, ShmAction};

@@ -28,8 +28,8 @@ use crate::source::HostCmd;
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
     /// GPUs the job uses. Default: CUDA_VISIBLE_DEVICES, else all.
-    #[arg(long, value_name = "LIST", value_parser = super::args::gpu_list_arg)]
-    pub gpus: Option<super::args::GpuList>,
+    #[arg(long, value_name = "LIST", value_parser = super::values::gpu_list_arg)]
+    pub gpus: Option<super::values::GpuList>,
     /// Time between TERM and KILL for what is left of the job, and after a forwarded signal.
     #[arg(long, value_name = "DUR", default_value = "10s", value_parser = crate::core::parse::duration_arg, allow_hyphen_values = true)]
     pub grace: Duration,
@@ -74,7 +74,7 @@ pub fn visible_devices(v: &str) -> Result<Vec<String>, String> {
 /// The GPUs the job will use, as references `wait` understands: --gpus, else CUDA_VISIBLE_DEVICES, else all.
 fn chosen(a: &RunArgs, snap: &HostSnapshot) -> anyhow::Result<Option<Vec<GpuRef>>> {
     if a.gpus.is_some() {
-        return Ok(super::args::chosen(a.gpus.as_ref()));
+        return Ok(super::values::chosen(a.gpus.as_ref()));
     }
     let Ok(v) = std::env::var("CUDA_VISIBLE_DEVICES") else {
         return Ok(None);

@@ -26,8 +26,8 @@ use crate::source::local::procfs::slurm_job_pids;
 #[derive(Debug, clap::Args)]
 pub struct GateArgs {
     /// The job's GPUs. Default: SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES, else every GPU of the node.
-    #[arg(long, value_name = "LIST", value_parser = super::args::gpu_list_arg)]
-    pub gpus: Option<super::args::GpuList>,
+    #[arg(long, value_name = "LIST", value_parser = super::values::gpu_list_arg)]
+    pub gpus: Option<super::values::GpuList>,
     /// Epilog: time between TERM and KILL for the job's leftovers.
     #[arg(long, value_name = "DUR", default_value = "10s", value_parser = crate::core::parse::duration_arg, allow_hyphen_values = true)]
     pub grace: Duration,
@@ -55,7 +55,7 @@ fn job_uid() -> Option<u32> {
 /// The job's GPUs: --gpus, else SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES; `None`: every GPU of the node.
 fn job_gpus(a: &GateArgs) -> anyhow::Result<Option<Vec<GpuRef>>> {
     if a.gpus.is_some() {
-        return Ok(super::args::chosen(a.gpus.as_ref()));
+        return Ok(super::values::chosen(a.gpus.as_ref()));
     }
     for var in ["SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"] {
         if let Ok(v) = std::env::var(var)

@@ -11,10 +11,10 @@ use crate::runtime::{Fleet, Settings};
 #[derive(Debug, clap::Args)]
 pub struct SmemArgs {
     /// Tile as MxNxK, e.g. 128x256x64.
-    #[arg(long, value_parser = super::args::tile_arg)]
+    #[arg(long, value_parser = super::values::tile_arg)]
     pub tile: Option<Tile>,
     /// Element type of A and B: bf16, fp16, fp8, fp4, fp32.
-    #[arg(long, default_value = "bf16", value_parser = super::args::dtype_arg)]
+    #[arg(long, default_value = "bf16", value_parser = super::values::dtype_arg)]
     pub dtype: Dtype,
     /// Pipeline stages wanted (1 to 64).
     #[arg(long, default_value_t = 2, allow_hyphen_values = true,

@@ -21,8 +21,8 @@ use crate::source::HostCmd;
 #[derive(Debug, clap::Args)]
 pub struct SweepArgs {
     /// GPUs to sweep: indices, ranges and UUIDs (0,1,4-7,GPU-...). Default: all.
-    #[arg(long, value_name = "LIST", value_parser = super::args::gpu_list_arg)]
-    pub gpus: Option<super::args::GpuList>,
+    #[arg(long, value_name = "LIST", value_parser = super::values::gpu_list_arg)]
+    pub gpus: Option<super::values::GpuList>,
     /// Only this job's processes and the GPUs they hold (4711, slurm:4711.0, a container ID, run:PID).
     #[arg(long, value_name = "JOB")]
     pub job: Option<String>,
@@ -42,7 +42,7 @@ pub struct SweepArgs {
     #[arg(long, value_name = "DUR", default_value = "60s", value_parser = crate::core::parse::duration_arg, allow_hyphen_values = true)]
     pub timeout: Duration,
     /// Clean means at most this many MiB used. Default 0.
-    #[arg(long = "tolerance", env = "GPUSWEEP_TOLERANCE_MIB", value_name = "MIB", value_parser = super::args::mib_arg, allow_hyphen_values = true)]
+    #[arg(long = "tolerance", env = "GPUSWEEP_TOLERANCE_MIB", value_name = "MIB", value_parser = super::values::mib_arg, allow_hyphen_values = true)]
     pub tolerance_mib: Option<u64>,
 }
 
@@ -95,7 +95,7 @@ async fn start(
         bail!("no host could be read");
     }
     // `--gpus all` is no `--gpus`.
-    let named_gpus = a.gpus.as_ref().and_then(super::args::GpuList::chosen);
+    let named_gpus = a.gpus.as_ref().and_then(super::values::GpuList::chosen);
     let watch = watch_for(fleet, &snaps, named_gpus, a.job.as_deref(), tolerance)?;
     let mut all = Plan::default();
     for (i, snap) in snaps.iter().enumerate() {

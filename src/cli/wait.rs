@@ -20,10 +20,10 @@ use crate::source::ConnStatus;
 pub struct WaitArgs {
     /// GPUs: indices, ranges and UUIDs (0,1,4-7,GPU-...), or `all` (as NVIDIA_VISIBLE_DEVICES says for a
     /// pod given every GPU). Default: all. A GPU a host lacks is an error.
-    #[arg(long, value_name = "LIST", value_parser = super::args::gpu_list_arg)]
-    pub gpus: Option<super::args::GpuList>,
+    #[arg(long, value_name = "LIST", value_parser = super::values::gpu_list_arg)]
+    pub gpus: Option<super::values::GpuList>,
     /// Clean means at most this many MiB used. Default 0.
-    #[arg(long = "tolerance", env = "GPUSWEEP_TOLERANCE_MIB", value_name = "MIB", value_parser = super::args::mib_arg, allow_hyphen_values = true)]
+    #[arg(long = "tolerance", env = "GPUSWEEP_TOLERANCE_MIB", value_name = "MIB", value_parser = super::values::mib_arg, allow_hyphen_values = true)]
     pub tolerance_mib: Option<u64>,
     /// Give up after this long (e.g. 30s). Default: never.
     #[arg(long, value_name = "DUR", value_parser = crate::core::parse::duration_arg, allow_hyphen_values = true)]
@@ -310,7 +310,7 @@ pub fn run(s: &Settings, a: &WaitArgs) -> anyhow::Result<i32> {
         let watch = watch_for(
             &fleet,
             &snaps,
-            a.gpus.as_ref().and_then(super::args::GpuList::chosen),
+            a.gpus.as_ref().and_then(super::values::GpuList::chosen),
             a.job.as_deref(),
             tolerance,
         )?;
