@@ -2676,10 +2676,19 @@ fn a_gpu_at_work_for_nobody_is_no_clean_gpu() {
     crate::support::await_cond("the burner runs", 10, || {
         std::fs::read_to_string(format!("/proc/{bpid}/comm")).is_ok_and(|c| c.trim() == "my-burner")
     });
-    // An opener NVML does not list is at work on it: in use.
+    // An opener NVML does not list runs nothing on it (work needs a context NVML would list; the device
+    // file is open to anyone): it hides no leftover, and is named.
     let v = json("");
-    assert!(busy_findings(&v).is_empty(), "{v}");
-    assert_eq!(v["hosts"][0]["gpus"][0]["state"], "in_use", "{v}");
+    let f = busy_findings(&v);
+    assert_eq!(f.len(), 1, "{v}");
+    assert!(
+        f[0]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains(&format!("{bpid} ("))
+                && d.contains("my-burner")
+                && d.contains("NVML does not list it")),
+        "{f:?}"
+    );
     // Declared benign by the config: still its business, not a leftover.
     let v = json("benign = [\"my-burner\"]\n");
     assert!(busy_findings(&v).is_empty(), "{v}");
@@ -2897,6 +2906,19 @@ fn a_ghost_on_a_mig_instance_is_named_with_it_swept_and_watched_to_zero() {
     assert!(t.contains(&hpid.to_string()), "the holder is planned: {t}");
     assert!(t.contains("clean: every chosen GPU reads zero"), "{t}");
     freer.join().expect("freer");
+    // The GPU's own figure beyond its instances', and a dead PID listed outside every instance: never clean.
+    let mut gone = Command::new("true").spawn().expect("true");
+    let outside = gone.id();
+    gone.wait().expect("reaped");
+    crate::support::set_nvml(dir, "5000 mig=1/0\n");
+    let v: serde_json::Value =
+        serde_json::from_slice(&run(&["snapshot", "--json"]).stdout).expect("json");
+    assert_ne!(v["hosts"][0]["gpus"][0]["state"], "clean", "{v}");
+    crate::support::set_nvml(dir, &format!("0 {outside}:100 mig=1/0\n"));
+    let o = run(&["check"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("ghost"), "{}", text(&o));
+    crate::support::set_nvml(dir, "0 mig=1/0 mig=2/0\n");
     drop(holder);
     let o = run(&["snapshot", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");

@@ -3091,6 +3091,15 @@ async fn an_xid_that_needs_a_reset_makes_the_gpu_not_ready() {
     let line = String::from_utf8_lossy(&o.stdout).to_string();
     assert_eq!(o.status.code(), Some(1), "{line} {}", text(&o));
     assert!(line.contains("the driver asks for a GPU reset"), "{line}");
+    // Draining peer-to-peer traffic first: not ready either.
+    set_nvml(tmp, "0 recovery=3\n");
+    let o = crate::support::gpusweep(tmp)
+        .args(["check", "--device-glob", &glob])
+        .env("GPUSWEEP_NVML_LIBRARY", &lib)
+        .env("STANDIN_NVML_STATE", tmp.join("nvml"))
+        .output()
+        .expect("check");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
 }
 
 /// A PID that was and is no more (a process started and reaped).

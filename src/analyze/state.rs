@@ -43,7 +43,12 @@ pub fn gpu_state(snap: &HostSnapshot, g: &Gpu, opts: &AnalyzeOptions) -> GpuStat
         return GpuState::NeedsReset;
     }
     if !g.mig.is_empty() {
-        return mig_state(snap, g, opts);
+        let st = mig_state(snap, g, opts);
+        // Clean means idle, and every byte the GPU reports in an instance.
+        if st == GpuState::Clean && (busy(snap, g, opts) || beyond_instances(g, opts).is_some()) {
+            return leak_or_in_use(snap, g);
+        }
+        return st;
     }
     let clean = gpu_clean(g, opts.tolerance).map(|c| c && !busy(snap, g, opts));
     match clean {
@@ -81,6 +86,7 @@ pub fn needs_reset(g: &Gpu) -> Option<String> {
         Some("gpu_reset") => Some("the driver asks for a GPU reset"),
         Some("node_reboot") => Some("the driver asks for a node reboot"),
         Some("drain_and_reset") => Some("the driver asks to drain the node and reset the GPU"),
+        Some("drain_p2p") => Some("the driver asks to drain the GPU's peer-to-peer traffic"),
         _ => None,
     };
     let seen: Vec<String> = g
@@ -99,6 +105,36 @@ pub fn needs_reset(g: &Gpu) -> Option<String> {
         (Some(a), true) => Some(a.to_string()),
         (None, false) => Some(format!("{} seen", seen.join(", "))),
         (Some(a), false) => Some(format!("{} seen; {a}", seen.join(", "))),
+    }
+}
+
+/// A GPU in MIG mode whose own reading says more memory used than its instances account for (past the
+/// tolerance and the residual slack: an instance's bookkeeping is the driver's): (used, the instances' sum).
+pub fn beyond_instances(g: &Gpu, opts: &AnalyzeOptions) -> Option<(u64, u64)> {
+    let used = g.memory.used?;
+    let inside: u64 = g.mig.iter().filter_map(|i| i.memory.used).sum();
+    (used > inside.saturating_add(opts.tolerance.max(opts.residual_slack)))
+        .then_some((used, inside))
+}
+
+/// Not clean: a leak where a leak finding of the GPU itself says so, else in use.
+fn leak_or_in_use(snap: &HostSnapshot, g: &Gpu) -> GpuState {
+    let leaking = snap.findings.iter().any(|f| {
+        f.gpu == Some(g.index)
+            && f.gpu_instance.is_none()
+            && f.severity == crate::core::model::Severity::Leak
+            && matches!(
+                f.kind,
+                FindingKind::Ghost
+                    | FindingKind::Residual
+                    | FindingKind::HiddenHolder
+                    | FindingKind::BusyWithoutHolder
+            )
+    });
+    if leaking {
+        GpuState::Leak
+    } else {
+        GpuState::InUse
     }
 }
 
@@ -146,7 +182,7 @@ fn mig_state(snap: &HostSnapshot, g: &Gpu, opts: &AnalyzeOptions) -> GpuState {
     let outside = g.processes.iter().any(|p| p.gpu_instance.is_none());
     if states.contains(&GpuState::Unknown) {
         GpuState::Unknown
-    } else if states.contains(&GpuState::Leak) {
+    } else if states.contains(&GpuState::Leak) || leak_or_in_use(snap, g) == GpuState::Leak {
         GpuState::Leak
     } else if outside || states.contains(&GpuState::InUse) {
         GpuState::InUse

@@ -371,6 +371,9 @@ pub struct Xids {
     pub counts: std::collections::BTreeMap<u64, u64>,
     /// Since when they were watched (Unix ms).
     pub since_ms: u64,
+    /// Why watching stopped, where it did (the driver went away): none seen since is not none that came.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
 }
 
 /// XIDs after which NVIDIA's guidance is a GPU reset before the next job: 46 (GPU stopped processing) and

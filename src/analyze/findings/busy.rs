@@ -3,6 +3,7 @@
 //! GPU clean. Guarded against false alarms: it is said at full severity only once it has lasted the confirm
 //! window (never on one reading), the source walks every process's descriptors as soon as a GPU is busy with
 //! nothing listed, and a GPU a program the host's config declares (benign or kept) holds is its business.
+//! Holding the device file open explains nothing (anyone may open it): openers are named, never exempt.
 
 use super::{Draft, Findings};
 use crate::analyze::AnalyzeOptions;
@@ -19,17 +20,34 @@ pub fn find(snap: &Indexed<'_>, opts: &AnalyzeOptions, out: &mut Findings) {
         if util < opts.busy_percent || !g.processes.is_empty() {
             continue;
         }
-        // A process with the GPU open explains its work (one NVML does not list is in use, not a leftover),
-        // and so does a program the host declares; the built-in monitors (nvidia-smi, DCGM) run no kernels.
-        let holders = snap.holders.iter().filter(|h| h.gpus.contains(&g.index));
-        if holders.clone().any(|h| !h.benign || h.declared || h.kept) {
+        // A program the host declares (benign by its config, or kept) holding it is its business. Any other
+        // opener explains nothing: work needs a CUDA context, and NVML lists every process that has one; a
+        // device file is open to anyone (/dev/nvidiaN is 0666), so holding it open cannot hide a leftover.
+        let opens = snap.holders.iter().filter(|h| h.gpus.contains(&g.index));
+        if opens.clone().any(|h| h.declared || h.kept) {
             continue;
         }
+        let holders: Vec<u32> = opens.map(|h| h.pid).collect();
         let node = format!("/dev/nvidia{}", g.minor.unwrap_or(g.index));
         let (seen, severity, blind_action) = match blind(snap) {
             Some((what, how)) => (what, Severity::Warning, Some(how)),
-            None => (
+            None if holders.is_empty() => (
                 format!("every process's descriptors were read and none has {node} open"),
+                Severity::Leak,
+                None,
+            ),
+            None => (
+                if holders.len() == 1 {
+                    format!(
+                        "every process's descriptors were read; {} has {node} open but NVML does not list it (no CUDA context)",
+                        super::list_pids(snap, &holders)
+                    )
+                } else {
+                    format!(
+                        "every process's descriptors were read; {} have {node} open but NVML lists none of them (no CUDA context)",
+                        super::list_pids(snap, &holders)
+                    )
+                },
                 Severity::Leak,
                 None,
             ),

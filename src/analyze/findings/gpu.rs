@@ -131,6 +131,53 @@ pub fn find(snap: &Indexed<'_>, opts: &AnalyzeOptions, out: &mut Findings) {
             );
             out.instance = None;
         }
+        mig_outside(snap, g, opts, out);
+    }
+}
+
+/// A GPU in MIG mode, outside its instances: processes NVML lists on it in no instance (a dead one is a
+/// ghost as anywhere), and memory its own reading says beyond what the instances account for.
+fn mig_outside(snap: &Indexed<'_>, g: &Gpu, opts: &AnalyzeOptions, out: &mut Findings) {
+    let outside: Vec<_> = g
+        .processes
+        .iter()
+        .filter(|p| p.gpu_instance.is_none())
+        .cloned()
+        .collect();
+    if !outside.is_empty() {
+        let part = Gpu {
+            index: g.index,
+            minor: g.minor,
+            // Their ghosts and holders; the memory is told below, against the instances.
+            memory: crate::core::model::Memory {
+                used: Some(0),
+                ..Default::default()
+            },
+            processes: outside,
+            ..Gpu::default()
+        };
+        let place = format!("GPU {} (outside its MIG instances)", g.index);
+        find_on(snap, &part, &place, opts, out);
+    }
+    if let Some((used, inside)) = crate::analyze::state::beyond_instances(g, opts) {
+        out.push(Draft {
+            kind: FindingKind::Residual,
+            // What a MIG GPU's own figure holds beyond its instances is not validated on hardware: a
+            // warning, and the GPU is not clean.
+            severity: Severity::Warning,
+            gpu: Some(g.index),
+            pid: None,
+            bytes: Some(used - inside),
+            detail: format!(
+                "{} used on GPU {} but its MIG instances account for {}: memory outside every instance",
+                fmt_bytes(Some(used)),
+                g.index,
+                fmt_bytes(Some(inside))
+            ),
+            action: "look at the GPU's instances (nvidia-smi mig -lgi); if it stays, reset the GPU"
+                .into(),
+            target_pid: None,
+        });
     }
 }
 

@@ -73,8 +73,15 @@ pub fn watch(nvml: &'static Nvml, count: u32) -> Option<Seen> {
                         }
                     }
                     Err(NvmlError::Timeout) => {}
-                    // The driver went away or waiting is not supported: stop watching, say nothing new.
-                    Err(_) => return,
+                    // The driver went away or waiting is not supported: stop watching, and say so.
+                    Err(e) => {
+                        if let Ok(mut m) = seen.lock() {
+                            for x in m.values_mut() {
+                                x.stopped = Some(format!("XID events stopped: {e}"));
+                            }
+                        }
+                        return;
+                    }
                 }
             }
         })
