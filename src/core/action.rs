@@ -3,8 +3,6 @@
 //! twin per action. The agent protocol keeps its older wire names (`signal`/`outcomes`, `remove`/`removals`);
 //! `core::protocol` converts at the wire.
 
-use serde::{Deserialize, Serialize};
-
 use super::removal::{RemovalOutcome, RemovalRequest};
 use super::signal::{Outcome, SignalRequest};
 
@@ -20,29 +18,7 @@ pub enum ActionAnswer {
     Remove(Vec<RemovalOutcome>),
 }
 
-/// Why a signal was sent, for the timeline (`signal_sent`'s `what`). Carried on the wire as an optional
-/// field older agents ignore.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Purpose {
-    Kill,
-    Sweep,
-    /// The Slurm epilog ending a job's leftovers.
-    Epilog,
-    /// `gpusweep run` ending what its job left.
-    Run,
-}
-
-impl Purpose {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Purpose::Kill => "kill",
-            Purpose::Sweep => "sweep",
-            Purpose::Epilog => "epilog",
-            Purpose::Run => "run",
-        }
-    }
-}
+pub use super::signal::Purpose;
 
 impl ActionRequest {
     /// The answer of a request that will not be carried out: every target or file failed, for `why`.

@@ -225,7 +225,7 @@ pub struct Rank {
     /// What NVML charges it over its GPUs; `null` where unread.
     pub bytes: Option<u64>,
     /// Its state letter (R, S, D...).
-    pub state: super::model::ProcState,
+    pub state: super::proc_state::ProcState,
     /// Lagging its peers while loading for longer than the straggler window.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub straggler: bool,

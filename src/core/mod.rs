@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod model;
 pub mod mountinfo;
 pub mod parse;
+pub mod proc_state;
 pub mod procstat;
 pub mod protocol;
 pub mod removal;

@@ -141,7 +141,7 @@ pub struct SignalRequest {
     pub grace_ms: Option<u64>,
     /// Why it was sent (a kill, a sweep, an epilog), for the host's timeline; older agents ignore it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub purpose: Option<super::action::Purpose>,
+    pub purpose: Option<Purpose>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -286,6 +286,30 @@ impl Protected {
             "an ancestor of gpusweep"
         };
         Some(format!("{who} is never signalled"))
+    }
+}
+
+/// Why a signal was sent, for the timeline (`signal_sent`'s `what`). Carried on the wire as an optional
+/// field older agents ignore.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Purpose {
+    Kill,
+    Sweep,
+    /// The Slurm epilog ending a job's leftovers.
+    Epilog,
+    /// `gpusweep run` ending what its job left.
+    Run,
+}
+
+impl Purpose {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Purpose::Kill => "kill",
+            Purpose::Sweep => "sweep",
+            Purpose::Epilog => "epilog",
+            Purpose::Run => "run",
+        }
     }
 }
 
