@@ -2826,6 +2826,23 @@ fn a_pods_memory_volume_leftover_is_found_with_its_pod_and_removed_a_mapped_one_
     assert!(!left.exists(), "the unused one is removed: {t}");
     assert!(used.exists(), "the mapped one is kept: {t}");
     assert!(on_disk.exists(), "a disk volume is no shared memory: {t}");
+    // A pod with more volumes than are read: said, and no absence of leftovers is claimed for it.
+    let crowded = kubelet
+        .join("pods")
+        .join("crowded")
+        .join("volumes")
+        .join("kubernetes.io~empty-dir");
+    for i in 0..65 {
+        std::fs::create_dir_all(crowded.join(format!("v{i}"))).expect("volume dir");
+    }
+    let o = env.run(&["shm", "clean", "--no-nvml", "--shm-dir", &shm_dir, "--yes"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(t.contains("more than 64 emptyDir volumes"), "{t}");
+    assert!(!t.contains("no /dev/shm leftovers"), "{t}");
+    let o = env.run(&["snapshot", "--json", "--no-nvml", "--shm-dir", &shm_dir]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert!(v["hosts"][0]["shm"]["pods_unread"].is_string(), "{v}");
     drop(user.stdin.take());
     let _ = user.wait();
 }

@@ -72,8 +72,18 @@ pub fn run(s: &Settings, a: &CleanArgs) -> anyhow::Result<i32> {
                 continue;
             }
             let files = removable(snap);
+            // Pods' volumes past the bounds were not read: no absence is said of them.
+            let unread = snap.shm.as_ref().and_then(|i| i.pods_unread.as_deref());
+            if let Some(why) = unread {
+                eprintln!("gpusweep: {host}: {}", escape(why));
+                unreadable = true;
+            }
             if files.is_empty() {
-                println!("{host}: no /dev/shm leftovers");
+                if unread.is_some() {
+                    println!("{host}: no leftovers in what was read");
+                } else {
+                    println!("{host}: no /dev/shm leftovers");
+                }
                 continue;
             }
             let total: u64 = files.iter().map(|f| f.bytes).sum();

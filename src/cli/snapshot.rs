@@ -292,6 +292,9 @@ fn notes(o: &mut String, snap: &HostSnapshot) {
             snap.unreadable_processes
         );
     }
+    if let Some(why) = snap.shm.as_ref().and_then(|s| s.pods_unread.as_deref()) {
+        let _ = writeln!(o, "   note: {}", escape(why));
+    }
     if let Some(shm) = &snap.shm {
         let _ = write!(
             o,

@@ -477,6 +477,9 @@ pub struct ShmInfo {
     /// and sglang keep their segments in place of the host's /dev/shm), each with the GPU stack's files in it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pods: Vec<PodShm>,
+    /// Pods' volumes left unread past the bounds: no absence of leftovers is said of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods_unread: Option<String>,
 }
 
 /// One pod's memory-backed volume and the GPU stack's files in it.

@@ -693,6 +693,7 @@ impl DemoHost {
                 sysv_segments: vec![],
                 dir: None,
                 pods: Vec::new(),
+                pods_unread: None,
             }),
             unreadable_processes: 0,
             in_child_pid_namespace: false,

@@ -29,13 +29,22 @@ pub struct PodDir {
     pub dev: u64,
 }
 
-/// Every pod volume under `kubelet` (the kubelet's root directory, `/var/lib/kubelet`).
-pub fn find(kubelet: &Path) -> Vec<PodDir> {
+/// Every pod volume under `kubelet` (the kubelet's root directory, `/var/lib/kubelet`), and what was left
+/// unread past the bounds (then no absence may be said of the pods' shared memory).
+pub fn find(kubelet: &Path) -> (Vec<PodDir>, Option<String>) {
     let Ok(pods) = fs::read_dir(kubelet.join("pods")) else {
-        return Vec::new();
+        return (Vec::new(), None);
     };
     let mut out = Vec::new();
-    for pod in pods.flatten().take(MAX_PODS) {
+    let mut cut = None;
+    for (n, pod) in pods.flatten().enumerate() {
+        if n >= MAX_PODS {
+            cut = Some(format!(
+                "pods past the first {MAX_PODS} under {} were not read",
+                kubelet.display()
+            ));
+            break;
+        }
         let Ok(md) = fs::symlink_metadata(pod.path()) else {
             continue;
         };
@@ -49,7 +58,14 @@ pub fn find(kubelet: &Path) -> Vec<PodDir> {
             continue;
         };
         let mut name = None;
-        for v in vols.flatten().take(MAX_VOLUMES) {
+        for (k, v) in vols.flatten().enumerate() {
+            if k >= MAX_VOLUMES {
+                cut = Some(format!(
+                    "a pod ({}) has more than {MAX_VOLUMES} emptyDir volumes: the rest were not read",
+                    pod.file_name().to_string_lossy()
+                ));
+                break;
+            }
             let path = v.path();
             let Ok(vmd) = fs::symlink_metadata(&path) else {
                 continue;
@@ -71,7 +87,7 @@ pub fn find(kubelet: &Path) -> Vec<PodDir> {
         }
     }
     out.sort_by(|a, b| a.path.cmp(&b.path));
-    out
+    (out, cut)
 }
 
 fn is_tmpfs(path: &Path) -> bool {

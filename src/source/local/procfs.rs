@@ -185,8 +185,10 @@ pub struct ProcScanner {
     devices: DeviceIds,
     /// The shared-memory directory's file system: an fd on a file there is a segment's, whatever its path.
     shm_dev: Option<u64>,
-    /// Pods' memory-backed volumes, looked up with the device files.
+    /// Pods' memory-backed volumes, looked up with the device files, and what was left unread past the
+    /// bounds.
     pod_dirs: Vec<super::pod_shm::PodDir>,
+    pods_unread: Option<String>,
     /// When the device files were last looked up (at each full scan: a driver may create them late).
     resolved: bool,
 }
@@ -282,6 +284,7 @@ impl ProcScanner {
             devices: DeviceIds::default(),
             shm_dev: None,
             pod_dirs: Vec::new(),
+            pods_unread: None,
             resolved: false,
         })
     }
@@ -335,7 +338,7 @@ impl ProcScanner {
         if depth == Depth::Full || !self.resolved {
             self.devices = DeviceIds::resolve(&self.cfg.device_globs);
             self.shm_dev = fs::metadata(&self.cfg.shm_dir).ok().map(|m| m.dev());
-            self.pod_dirs = self
+            (self.pod_dirs, self.pods_unread) = self
                 .cfg
                 .kubelet_dir
                 .as_deref()
@@ -866,6 +869,7 @@ impl ProcScanner {
             })
             .filter(|p| !p.segments.is_empty())
             .collect();
+        info.pods_unread.clone_from(&self.pods_unread);
         let any = !info.segments.is_empty() || !info.pods.is_empty();
         if table.full && any {
             let wanted: HashSet<(u64, u64)> = info
