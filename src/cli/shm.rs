@@ -72,18 +72,7 @@ pub fn run(s: &Settings, a: &CleanArgs) -> anyhow::Result<i32> {
                 continue;
             }
             let files = removable(snap);
-            // Pods' volumes past the bounds were not read: no absence is said of them.
-            let unread = snap.shm.as_ref().and_then(|i| i.pods_unread.as_deref());
-            if let Some(why) = unread {
-                eprintln!("gpusweep: {host}: {}", escape(why));
-                unreadable = true;
-            }
-            if files.is_empty() {
-                if unread.is_some() {
-                    println!("{host}: no leftovers in what was read");
-                } else {
-                    println!("{host}: no /dev/shm leftovers");
-                }
+            if nothing_to_remove(&host, snap, &files, &mut unreadable) {
                 continue;
             }
             let total: u64 = files.iter().map(|f| f.bytes).sum();
@@ -120,6 +109,30 @@ pub fn run(s: &Settings, a: &CleanArgs) -> anyhow::Result<i32> {
     });
     rt.shutdown_background();
     code
+}
+
+/// Whether a host has nothing to remove, said so; what its reading left unread is said either way (pods'
+/// volumes past the bounds: no absence is claimed of them).
+fn nothing_to_remove(
+    host: &str,
+    snap: &crate::core::model::HostSnapshot,
+    files: &[crate::core::removal::ShmFile],
+    unreadable: &mut bool,
+) -> bool {
+    let unread = snap.shm.as_ref().and_then(|i| i.pods_unread.as_deref());
+    if let Some(why) = unread {
+        eprintln!("gpusweep: {host}: {}", escape(why));
+        *unreadable = true;
+    }
+    if !files.is_empty() {
+        return false;
+    }
+    if unread.is_some() {
+        println!("{host}: no leftovers in what was read");
+    } else {
+        println!("{host}: no /dev/shm leftovers");
+    }
+    true
 }
 
 /// Each file to remove, with its size, its path and the pod it is in.
