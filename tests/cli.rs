@@ -2599,6 +2599,25 @@ fn a_gpu_at_work_for_nobody_is_no_clean_gpu() {
             .cloned()
             .collect()
     };
+    // A process running a program of this name (a copy of sleep), holding GPU 0's device file open.
+    let holder_named = |name: &str| {
+        let exe = dir.join(name);
+        std::fs::copy("/bin/sleep", &exe).expect("a program of that name");
+        let p = crate::support::Reaped(
+            Command::new(&exe)
+                .arg("300")
+                .stdin(std::fs::File::open(env.device()).expect("open"))
+                .spawn()
+                .expect("the holder"),
+        );
+        let pid = p.0.id();
+        // The kernel cuts comm at 15 bytes.
+        let comm: String = name.chars().take(15).collect();
+        crate::support::await_cond("the holder runs", 10, || {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm)
+        });
+        p
+    };
     // Idle: clean, and no finding.
     crate::support::set_nvml(dir, "0 util=0\n");
     let v = json("");
@@ -2628,20 +2647,8 @@ fn a_gpu_at_work_for_nobody_is_no_clean_gpu() {
     assert_eq!(o.status.code(), Some(1), "{t}");
     assert!(t.contains("100% busy"), "{t}");
     // A benign opener (the persistence daemon) explains nothing, and is named as what blocks the reset.
-    let persistenced = dir.join("nvidia-persistenced");
-    std::fs::copy("/bin/sleep", &persistenced).expect("a program of that name");
-    let daemon = crate::support::Reaped(
-        Command::new(&persistenced)
-            .arg("300")
-            .stdin(std::fs::File::open(env.device()).expect("open"))
-            .spawn()
-            .expect("the daemon"),
-    );
+    let daemon = holder_named("nvidia-persistenced");
     let dpid = daemon.0.id();
-    crate::support::await_cond("the daemon runs", 10, || {
-        std::fs::read_to_string(format!("/proc/{dpid}/comm"))
-            .is_ok_and(|c| c.trim() == "nvidia-persiste")
-    });
     let v = json("");
     let f = busy_findings(&v);
     assert_eq!(f.len(), 1, "{v}");
@@ -2663,19 +2670,8 @@ fn a_gpu_at_work_for_nobody_is_no_clean_gpu() {
     );
     drop(daemon);
     // A program the host's config declares (a burn-in it runs on purpose) holds it: its business.
-    let burner_exe = dir.join("my-burner");
-    std::fs::copy("/bin/sleep", &burner_exe).expect("a program of that name");
-    let burner = crate::support::Reaped(
-        Command::new(&burner_exe)
-            .arg("300")
-            .stdin(std::fs::File::open(env.device()).expect("open"))
-            .spawn()
-            .expect("the burner"),
-    );
+    let burner = holder_named("my-burner");
     let bpid = burner.0.id();
-    crate::support::await_cond("the burner runs", 10, || {
-        std::fs::read_to_string(format!("/proc/{bpid}/comm")).is_ok_and(|c| c.trim() == "my-burner")
-    });
     // An opener NVML does not list runs nothing on it (work needs a context NVML would list; the device
     // file is open to anyone): it hides no leftover, and is named.
     let v = json("");

@@ -89,19 +89,13 @@ pub fn keeps_any(snap: &HostSnapshot) -> bool {
 /// Memory nobody explains on a GPU whose memory is kept on purpose is a note, not a leak: said so, and never
 /// a target.
 fn kept_on_purpose(snap: &index::Indexed<'_>, out: &mut [Finding]) {
-    use crate::core::model::{FindingKind, Severity};
+    use crate::core::model::Severity;
     if !keeps_any(snap) {
         return;
     }
     let mut kept: std::collections::HashMap<u32, bool> = std::collections::HashMap::new();
     for f in out.iter_mut() {
-        let unexplained = matches!(
-            f.kind,
-            FindingKind::Ghost
-                | FindingKind::Residual
-                | FindingKind::HiddenHolder
-                | FindingKind::BusyWithoutHolder
-        );
+        let unexplained = f.kind.is_leftover();
         let Some(g) = f.gpu.and_then(|i| snap.gpu(i)) else {
             continue;
         };

@@ -46,7 +46,7 @@ pub fn gpu_state(snap: &HostSnapshot, g: &Gpu, opts: &AnalyzeOptions) -> GpuStat
         let st = mig_state(snap, g, opts);
         // Clean means idle, and every byte the GPU reports in an instance.
         if st == GpuState::Clean && (busy(snap, g, opts) || beyond_instances(g, opts).is_some()) {
-            return leak_or_in_use(snap, g);
+            return leak_or_in_use(snap, g.index, None);
         }
         return st;
     }
@@ -55,26 +55,10 @@ pub fn gpu_state(snap: &HostSnapshot, g: &Gpu, opts: &AnalyzeOptions) -> GpuStat
         None if g.judged == Some(GpuState::Error) => GpuState::Error,
         None => GpuState::Unknown,
         Some(true) => GpuState::Clean,
-        Some(false) => {
-            // A finding the host's config made a note (memory kept on purpose) is no leak.
-            let leaking = g.judged == Some(GpuState::Leak)
-                || snap.findings.iter().any(|f| {
-                    f.gpu == Some(g.index)
-                        && f.severity == crate::core::model::Severity::Leak
-                        && matches!(
-                            f.kind,
-                            FindingKind::Ghost
-                                | FindingKind::Residual
-                                | FindingKind::HiddenHolder
-                                | FindingKind::BusyWithoutHolder
-                        )
-                });
-            if leaking {
-                GpuState::Leak
-            } else {
-                GpuState::InUse
-            }
-        }
+        // The host's own word where it was judged there; else its leftovers (a finding the host's config made
+        // a note, memory kept on purpose, is no leak).
+        Some(false) if g.judged == Some(GpuState::Leak) => GpuState::Leak,
+        Some(false) => leak_or_in_use(snap, g.index, None),
     }
 }
 
@@ -117,19 +101,14 @@ pub fn beyond_instances(g: &Gpu, opts: &AnalyzeOptions) -> Option<(u64, u64)> {
         .then_some((used, inside))
 }
 
-/// Not clean: a leak where a leak finding of the GPU itself says so, else in use.
-fn leak_or_in_use(snap: &HostSnapshot, g: &Gpu) -> GpuState {
+/// Not clean: a leak where a leak-severity leftover finding names this GPU (and this MIG instance, or none),
+/// else in use.
+fn leak_or_in_use(snap: &HostSnapshot, gpu: u32, instance: Option<u32>) -> GpuState {
     let leaking = snap.findings.iter().any(|f| {
-        f.gpu == Some(g.index)
-            && f.gpu_instance.is_none()
+        f.gpu == Some(gpu)
+            && f.gpu_instance == instance
             && f.severity == crate::core::model::Severity::Leak
-            && matches!(
-                f.kind,
-                FindingKind::Ghost
-                    | FindingKind::Residual
-                    | FindingKind::HiddenHolder
-                    | FindingKind::BusyWithoutHolder
-            )
+            && f.kind.is_leftover()
     });
     if leaking {
         GpuState::Leak
@@ -155,20 +134,7 @@ pub fn instance_state(
     if used <= opts.tolerance && inst.processes.is_empty() {
         return GpuState::Clean;
     }
-    let leaking = snap.findings.iter().any(|f| {
-        f.gpu == Some(g.index)
-            && f.gpu_instance == inst.gpu_instance
-            && f.severity == crate::core::model::Severity::Leak
-            && matches!(
-                f.kind,
-                FindingKind::Ghost | FindingKind::Residual | FindingKind::HiddenHolder
-            )
-    });
-    if leaking {
-        GpuState::Leak
-    } else {
-        GpuState::InUse
-    }
+    leak_or_in_use(snap, g.index, inst.gpu_instance)
 }
 
 /// A GPU in MIG mode reads as its worst instance: unknown over a leak over in use over clean; a process
@@ -182,7 +148,9 @@ fn mig_state(snap: &HostSnapshot, g: &Gpu, opts: &AnalyzeOptions) -> GpuState {
     let outside = g.processes.iter().any(|p| p.gpu_instance.is_none());
     if states.contains(&GpuState::Unknown) {
         GpuState::Unknown
-    } else if states.contains(&GpuState::Leak) || leak_or_in_use(snap, g) == GpuState::Leak {
+    } else if states.contains(&GpuState::Leak)
+        || leak_or_in_use(snap, g.index, None) == GpuState::Leak
+    {
         GpuState::Leak
     } else if outside || states.contains(&GpuState::InUse) {
         GpuState::InUse

@@ -615,6 +615,18 @@ impl FindingKind {
             FindingKind::NeedsReset => "needs_reset",
         }
     }
+
+    /// A leftover that makes a GPU (or a MIG instance) leak rather than merely be in use: memory or work no
+    /// live listed process explains.
+    pub fn is_leftover(self) -> bool {
+        matches!(
+            self,
+            FindingKind::Ghost
+                | FindingKind::Residual
+                | FindingKind::HiddenHolder
+                | FindingKind::BusyWithoutHolder
+        )
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
