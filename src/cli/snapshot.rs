@@ -15,8 +15,9 @@ pub struct SnapshotArgs {
     /// The documented JSON contract instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Leave utilization, temperature and power unread on this host (N/A, and `gauges` in
-    /// `missing_features`): the verdict alone, ~5 ms per GPU sooner when no serve runs here.
+    /// Leave temperature and power unread on this host, and utilization where a process is listed (N/A, and
+    /// `gauges` in `missing_features`; clean means idle, so a GPU with nothing listed has it read): the
+    /// verdict alone, a few ms per GPU sooner when no serve runs here.
     #[arg(long)]
     pub no_gauges: bool,
 }
