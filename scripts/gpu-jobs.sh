@@ -42,7 +42,10 @@ MEM=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1
 res "run exited $RC; ranks left running: $left; nvidia-smi memory.used now: $MEM MiB"
 ok() { if eval "$2"; then res "PASS $1"; else res "FAIL $1"; fi; }
 ok "exit 3 (--fail-fast, lost rank)" '[ "$RC" = 3 ]'
-ok "phases said: starting, loading, settled with its warm-up" 'grep -q "starting:" "$OUT/run.err" && grep -q "loading " "$OUT/run.err" && grep -q "warm-up" "$OUT/run.err"'
+# Starting lasts until the ranks' first CUDA context: whether a poll falls in it is a race, so it is noted, not
+# required; loading (the rise seen) and the settled warm-up are.
+grep -q "starting:" "$OUT/run.err" && res "NOTE starting was said" || res "NOTE starting was not said (over before the first poll)"
+ok "phases said: loading (never holding, not seen rising), settled with its warm-up" 'grep -q "loading " "$OUT/run.err" && ! grep -q "not seen rising" "$OUT/run.err" && grep -q "warm-up" "$OUT/run.err"'
 ok "straggler named (rank 2)" 'grep "\"kind\":\"straggler\"" "$OUT/events.jsonl" | grep -q "\"pid\":$(echo "$WP" | cut -d, -f3)"'
 ok "rank_lost event names rank 1" 'grep "\"event\":\"rank_lost\"" "$OUT/events.jsonl" | grep -q "\"pid\":$LOST"'
 # Ranks starting CUDA hold GPU 0 a moment before NVML lists them, and ranks being killed are charged until

@@ -877,6 +877,11 @@ fn next_phase(
                     .then(|| t.last_rise_ms.saturating_sub(t.started_ms));
                 t.settled_bytes = Some(now);
                 Phase::Settled
+            } else if before == Phase::Starting && now > 0 {
+                // From nothing charged to something: its rise was seen, however small (a CUDA context).
+                t.seen_warming = true;
+                t.last_rise_ms = at;
+                Phase::Loading
             } else if before == Phase::Starting || before == Phase::Unknown {
                 Phase::Holding
             } else {

@@ -576,3 +576,17 @@ fn helpers_are_the_jobs_but_no_ranks_and_a_straggler_is_named_beside_them() {
     let seen = b.observe(&r, 13 * S);
     assert!(seen.reports[0].lost.is_empty(), "{:?}", seen.reports[0]);
 }
+
+/// On an H100 the ranks' first charge was their CUDA context, 14 MiB, below what counts as a rise: a job seen
+/// starting with nothing charged that then holds a little has begun loading (its rise from zero was seen),
+/// and its warm-up is told, not "holding, not seen rising".
+#[test]
+fn a_job_seen_starting_that_then_holds_a_context_is_loading() {
+    let mut b = JobBook::new(opts());
+    assert_eq!(
+        b.observe(&reading(0, &[Some(0); 4], &[]), 0).reports[0].phase,
+        Phase::Starting
+    );
+    let seen = b.observe(&reading(S, &[Some(14); 4], &[]), S);
+    assert_eq!(seen.reports[0].phase, Phase::Loading);
+}
