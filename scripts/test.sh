@@ -4,7 +4,9 @@
 # their own sshd on loopback), slurmctld, slurmd, slurm-client and munge (the Slurm test, which starts its
 # own one-node cluster), prometheus (the metrics test, which starts its own server) and openssl, and from PyPI
 # kubernetes-validate (in a venv under target/); then builds the packages and installs each
-# (scripts/test-packages.sh). Run as root (slurmd, the cgroup tests and dpkg need it).
+# (scripts/test-packages.sh). A real Kubernetes API server and etcd for the node writer's test are built from
+# the Go module proxy into target/kube (scripts/kube-apiserver.sh; Go 1.26). Run as root (slurmd, the cgroup
+# tests and dpkg need it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -34,6 +36,10 @@ command -v objdump >/dev/null 2>&1 || need+=(binutils)
 # kubernetes-validate (PyPI) checks deploy/kubernetes/ against Kubernetes 1.37's schemas, from a venv of its own.
 command -v kubernetes-validate >/dev/null 2>&1 || /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null \
   || need+=(python3-venv)
+# Go builds the API server for tests/kube.rs: the machine's (/usr/local/go), else Debian's, which fetches the
+# 1.26 toolchain from the module proxy (GOTOOLCHAIN; Debian's Go must be 1.21 or newer for that).
+export PATH="$PATH:/usr/local/go/bin"
+command -v go >/dev/null 2>&1 || { need+=(golang-go); export GOTOOLCHAIN=go1.26.8; }
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing test packages: ${need[*]}"
   sudo=""
@@ -49,11 +55,14 @@ if ! command -v kubernetes-validate >/dev/null 2>&1; then
   fi
   export PATH="$PWD/target/kv/bin:$PATH"
 fi
+./scripts/kube-apiserver.sh
 cargo fmt --check
+# Both builds: the CLI's (no Kubernetes client) and the serve's node writer (--features kube), which the tests run.
 cargo clippy --all-targets --locked -- -D warnings
+cargo clippy --all-targets --locked --features kube -- -D warnings
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --all-targets --locked 2>&1 | tee "$log"
+cargo test --all-targets --locked --features kube 2>&1 | tee "$log"
 # One closing line with the totals over every test binary.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "all tests: %d passed, %d failed\n", p, f }' "$log"
 # The packages (wheel, .deb, tarball): built for glibc 2.17 and installed each in a clean place.

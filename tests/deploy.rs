@@ -15,7 +15,12 @@ fn deploy(name: &str) -> PathBuf {
 
 #[test]
 fn the_manifests_validate_against_kubernetes_1_37() {
-    let files = ["daemonset.yaml", "gate-pod.yaml", "npd-gpusweep.yaml"];
+    let files = [
+        "daemonset.yaml",
+        "gate-pod.yaml",
+        "npd-gpusweep.yaml",
+        "node-writer.yaml",
+    ];
     let o = Command::new("kubernetes-validate")
         .args(["--strict", "-k", "1.37.0"])
         .args(files.iter().map(|f| deploy(f)))
@@ -29,6 +34,9 @@ fn the_manifests_validate_against_kubernetes_1_37() {
         "service/gpusweep",
         "pod/inference",
         "configmap/npd-gpusweep",
+        "clusterrole/gpusweep-node-writer",
+        "validatingadmissionpolicy/gpusweep-node-writer",
+        "networkpolicy/gpusweep-egress",
     ] {
         assert!(
             t.contains(&format!("passed for resource {kind}")),

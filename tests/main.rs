@@ -13,6 +13,7 @@ mod analyze;
 mod cli;
 mod demo;
 mod deploy;
+mod kube;
 mod layers;
 mod prometheus;
 mod remote;

@@ -7,6 +7,7 @@ pub mod events;
 pub mod findings;
 pub mod index;
 pub mod jobs;
+pub mod node;
 pub mod plan;
 pub mod reset;
 pub mod state;

@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail};
 
 use super::common::{FAST_POLL, first_snapshots, local_identity, readings_since, runtime};
-use super::wait::{unusable, watch_for, watch_until_clean};
+use super::wait::{watch_for, watch_until_clean};
 use crate::act::Deliverer;
 use crate::act::job::{self as jobs, Containment};
+use crate::analyze::node::unusable;
 use crate::core::format::{escape, fmt_bytes, fmt_gpus, fmt_ms, millis};
 use crate::core::host::HostSpec;
 use crate::core::model::{HostId, HostSnapshot, MIB};

@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail};
 
 use super::common::{first_snapshots, local_identity, runtime};
-use super::wait::{unusable, watch_for, watch_until_clean};
+use super::wait::{watch_for, watch_until_clean};
 use crate::act::Deliverer;
+use crate::analyze::node::unusable;
 use crate::analyze::watch::Watch;
 use crate::core::format::{escape, fmt_ms, millis, truncate};
 use crate::core::host::HostSpec;
@@ -123,8 +124,8 @@ fn start(s: &Settings) -> anyhow::Result<(tokio::runtime::Runtime, Fleet, Vec<Ho
     let mut fleet =
         rt.block_on(async { Fleet::start(&s.specs, &s.fleet.clone().without_gauges()).await })?;
     let snaps = rt.block_on(first_snapshots(&mut fleet, s.connect_timeout));
-    if let Some(e) =
-        unusable(&snaps[0], s.fleet.load_nvml).or_else(|| super::wait::blind_holders(&snaps[0]))
+    if let Some(e) = unusable(&snaps[0], s.fleet.load_nvml)
+        .or_else(|| crate::analyze::node::blind_holders(&snaps[0]))
     {
         bail!("{e}");
     }
@@ -148,7 +149,7 @@ pub fn prolog(s: &Settings, a: &GateArgs) -> anyhow::Result<i32> {
         return Ok(0);
     }
     // Held where this gate cannot see by whom: unknown, an error, not a drain on a guess.
-    if let Some(b) = super::wait::blind_gate(&snaps[0]) {
+    if let Some(b) = crate::analyze::node::blind_gate(&snaps[0]) {
         println!("gpusweep: job {job}: unknown: {b}");
         return Ok(2);
     }

@@ -8,7 +8,8 @@ use super::common::{
     ANSWER_SLACK, FAST_POLL, any_failed, confirm, deliver_all, first_snapshots, print_outcomes,
     runtime,
 };
-use super::wait::{unusable, watch_for, watch_until_clean};
+use super::wait::{watch_for, watch_until_clean};
+use crate::analyze::node::unusable;
 use crate::analyze::plan::{Plan, plan, plan_summary};
 use crate::analyze::watch::{Watch, job_processes};
 use crate::core::action::Purpose;

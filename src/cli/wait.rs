@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 
 use super::common::{first_snapshots, runtime};
+use crate::analyze::node::{blind_gate, blind_holders, unusable};
 use crate::analyze::watch::{Scope, Watch, job_processes, judged_by_holders_only, resolve_gpus};
 use crate::core::format::{escape, fmt_ms, millis, truncate};
 use crate::core::model::{HostId, HostSnapshot, MIB};
@@ -73,72 +74,6 @@ impl Progress {
             eprintln!();
         }
     }
-}
-
-/// Why a host's first reading cannot back a verdict, if it cannot.
-pub fn unusable(snap: &HostSnapshot, load_nvml: bool) -> Option<String> {
-    if let Some(e) = &snap.error {
-        return Some(format!(
-            "{}: could not be read: {}",
-            escape(&snap.host),
-            escape(e)
-        ));
-    }
-    if load_nvml && judged_by_holders_only(snap) {
-        return Some(format!(
-            "{}: no GPU can be read ({}); no verdict without the driver (--no-nvml judges by holders alone)",
-            escape(&snap.host),
-            escape(snap.gpu_error.as_deref().unwrap_or("no GPUs"))
-        ));
-    }
-    None
-}
-
-/// Why a gate cannot judge a host it does not see whole: a GPU holds memory while the reading sees only its
-/// own PID namespace (node-problem-detector without `hostPID`), so who holds it is outside its sight. None
-/// where it sees the host, or where every GPU reads clean (that zero was read, whoever else there is).
-pub fn blind_gate(snap: &HostSnapshot) -> Option<String> {
-    if !snap.in_child_pid_namespace {
-        return None;
-    }
-    let held: Vec<String> = snap
-        .gpus
-        .iter()
-        .filter(|g| g.state != Some(crate::core::model::GpuState::Clean))
-        .map(|g| g.index.to_string())
-        .collect();
-    (!held.is_empty()).then(|| {
-        format!(
-            "{}: GPU {} not idle, and this reading runs in a PID namespace of its own that cannot see who holds it; run on the host (hostPID) or read the node's serve (--node-serve http://NODE:9401)",
-            escape(&snap.host),
-            held.join(",")
-        )
-    })
-}
-
-/// Why a gate judging by holders alone (no GPU memory read: `--no-nvml`) cannot judge at all: some
-/// processes' descriptors could not be read (not root), or it sees only its own PID namespace. Then no
-/// absence of holders was observed, whatever it found.
-pub fn blind_holders(snap: &HostSnapshot) -> Option<String> {
-    if !judged_by_holders_only(snap) {
-        return None;
-    }
-    let why = if snap.in_child_pid_namespace {
-        "it runs in a PID namespace of its own and cannot see the host's processes".to_string()
-    } else if snap.lacks(crate::core::model::Feature::OthersProcesses) {
-        "its /proc hides other users' processes (hidepid)".to_string()
-    } else if snap.unreadable_processes > 0 {
-        format!(
-            "{} processes' descriptors could not be read (run as root)",
-            snap.unreadable_processes
-        )
-    } else {
-        return None;
-    };
-    Some(format!(
-        "{}: judging by GPU holders alone (no GPU memory read), {why}: who holds a GPU cannot be told",
-        escape(&snap.host)
-    ))
 }
 
 /// The watch over the hosts and GPUs chosen, seeded with their first readings.

@@ -244,8 +244,16 @@ fn unhealthy(web: &Web, i: usize) -> Option<String> {
 
 fn health(web: &Web, hosts: &[usize]) -> Response {
     let bad: Vec<String> = hosts.iter().filter_map(|&i| unhealthy(web, i)).collect();
+    // A node condition that could not be written is said, and the serve stays healthy: its readings are.
+    let kube = web
+        .shared
+        .kube
+        .get()
+        .and_then(|k| k.health_note())
+        .map(|n| format!("{n}\n"))
+        .unwrap_or_default();
     if bad.is_empty() {
-        (StatusCode::OK, "ok\n").into_response()
+        (StatusCode::OK, format!("ok\n{kube}")).into_response()
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,

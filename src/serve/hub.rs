@@ -365,6 +365,8 @@ pub struct Shared {
     /// What HTTP readers may see of other users' processes: all but PID and memory hidden when the node's
     /// `/proc` hides them and no token names who reads.
     pub http_view: View,
+    /// The Kubernetes node writer's state, when `--kube-node` runs one.
+    pub kube: OnceLock<Arc<super::kube::KubeStatus>>,
     next_client: AtomicU64,
     /// Host indices by label: a client naming thousands of hosts is answered without a scan per name.
     by_label: HashMap<String, usize>,
@@ -473,6 +475,7 @@ impl Hub {
             readonly,
             expect_gpus,
             http_view,
+            kube: OnceLock::new(),
             next_client: AtomicU64::new(1),
             // The first of a label wins, as a scan would find it.
             by_label: labels

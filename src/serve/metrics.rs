@@ -613,7 +613,10 @@ pub fn render(shared: &Shared, hosts: &[(usize, String)]) -> String {
             fam.add_host(shared, *i, &r, api_path);
         }
     }
-    let registry = fam.register();
+    let mut registry = fam.register();
+    if let Some(k) = shared.kube.get() {
+        k.register(&mut registry);
+    }
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = encode(&mut out, &registry);

@@ -5,6 +5,7 @@
 pub mod frame;
 pub mod http;
 pub mod hub;
+pub mod kube;
 pub mod listen;
 // mi_collect, which the mimalloc crate does not wrap: no pointer in, nothing out.
 #[allow(unsafe_code)]
@@ -79,6 +80,8 @@ pub struct ServeArgs {
     /// behind is told what it missed is gone).
     #[arg(long, value_name = "N", default_value_t = hub::DEFAULT_REPLAY)]
     pub replay: usize,
+    #[command(flatten)]
+    pub kube: kube::KubeArgs,
 }
 
 /// The bearer token: the file's first line, trimmed. A file others may read is refused: the token would not
@@ -171,6 +174,19 @@ fn plan(s: &Settings, a: &ServeArgs) -> anyhow::Result<Plan> {
             ),
         }
     };
+    if let Some(node) = &a.kube.kube_node {
+        if s.demo {
+            bail!("--kube-node with --demo: a demo serve never speaks for a Kubernetes node");
+        }
+        if node.is_empty() || node.len() > 253 {
+            bail!("--kube-node: a node name is 1 to 253 characters");
+        }
+        if !cfg!(feature = "kube") {
+            bail!(
+                "--kube-node: this gpusweep was built without the Kubernetes writer (cargo build --release --features kube)"
+            );
+        }
+    }
     let listen: SocketAddr = match a.listen {
         Some(l) => l,
         None => DEFAULT_LISTEN.parse().context("default listen address")?,
@@ -303,6 +319,7 @@ async fn serve(s: &Settings, a: &ServeArgs, plan: Plan) -> anyhow::Result<i32> {
         token,
         streams: Arc::new(tokio::sync::Semaphore::new(budget.streams)),
     });
+    start_kube_writer(s, a, &shared);
     let hub_task = tokio::spawn(hub.run(fleet));
     if let Some(l) = http {
         tokio::spawn(listen::serve(l, tls, router, budget));
@@ -315,6 +332,31 @@ async fn serve(s: &Settings, a: &ServeArgs, plan: Plan) -> anyhow::Result<i32> {
     drop(file);
     Ok(code)
 }
+
+/// The node writer of `--kube-node`, beside the hub, reading what the hub publishes for this host.
+#[cfg(feature = "kube")]
+fn start_kube_writer(s: &Settings, a: &ServeArgs, shared: &Arc<hub::Shared>) {
+    let Some(node) = a.kube.kube_node.clone() else {
+        return;
+    };
+    let status = Arc::new(kube::KubeStatus::new(&node));
+    let _ = shared.kube.set(status.clone());
+    let writer = kube::api::Writer {
+        node,
+        hold: a.kube.kube_hold,
+        load_nvml: s.fleet.load_nvml,
+        status,
+    };
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        if let Some(host) = shared.hosts.first() {
+            writer.run(host).await;
+        }
+    });
+}
+
+#[cfg(not(feature = "kube"))]
+fn start_kube_writer(_: &Settings, _: &ServeArgs, _: &Arc<hub::Shared>) {}
 
 /// Run until INT, TERM or HUP (a clean stop: exit 0, the socket file removed) or the hub ends.
 async fn until_signal(hub: tokio::task::JoinHandle<()>) -> i32 {

@@ -1,0 +1,258 @@
+//! The node writer's requests (the `kube` feature): follows the host's readings through the hub, decides
+//! through `hold` and writes through `kube`. Writes only its own Node, only its own keys; one request set per
+//! transition; a failed write is retried with backoff until it lands, and the transitions it missed meanwhile
+//! are each still told as an Event. The serve never waits on it.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, Config};
+use serde_json::Value;
+use tokio::sync::watch;
+
+use super::KubeStatus;
+use super::body;
+use super::hold::{Desired, Hold};
+use crate::analyze::node::{Gate, NodeVerdict, node_verdict};
+use crate::core::model::now_ms;
+use crate::serve::hub::HostChannel;
+use crate::source::ConnStatus;
+
+/// Transitions kept for Events while the API cannot be reached (the oldest go first past this).
+const PENDING_MAX: usize = 64;
+
+/// Attempts at one guarded taint patch before the round fails (and is retried later as a whole).
+const CONFLICT_TRIES: u32 = 6;
+
+/// What the writer follows and how.
+pub struct Writer {
+    pub node: String,
+    pub hold: Duration,
+    pub load_nvml: bool,
+    pub status: Arc<KubeStatus>,
+}
+
+/// Why a round of writes did not land.
+#[derive(Debug)]
+struct Failed(String);
+
+impl From<kube::Error> for Failed {
+    fn from(e: kube::Error) -> Failed {
+        Failed(match e {
+            kube::Error::Api(s) => format!("{} {}: {}", s.code, s.reason, s.message),
+            other => other.to_string(),
+        })
+    }
+}
+
+impl Writer {
+    /// Until the serve stops: readings in, writes out.
+    pub async fn run(self, host: &HostChannel) {
+        let mut latest = host.latest.clone();
+        let mut conn = host.status.clone();
+        let mut hold = Hold::new(u64::try_from(self.hold.as_millis()).unwrap_or(u64::MAX));
+        let mut verdict: Option<NodeVerdict> = None;
+        let mut pending: VecDeque<Desired> = VecDeque::new();
+        let mut client: Option<Client> = None;
+        let mut written: Option<Desired> = None;
+        let mut retry_at: Option<tokio::time::Instant> = None;
+        let mut backoff = Duration::from_millis(250);
+        loop {
+            let due = hold.due_ms().map(|ms| {
+                tokio::time::Instant::now() + Duration::from_millis(ms.saturating_sub(now_ms()))
+            });
+            tokio::select! {
+                changed = latest.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    verdict = self.read(&latest, &conn);
+                    if let Some(v) = &verdict && let Some(d) = hold.observe(v, now_ms()) {
+                        push(&mut pending, d.clone());
+                    }
+                }
+                changed = conn.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    verdict = self.read(&latest, &conn);
+                    if let Some(v) = &verdict && let Some(d) = hold.observe(v, now_ms()) {
+                        push(&mut pending, d.clone());
+                    }
+                }
+                () = sleep_until(due) => {
+                    if let Some(v) = &verdict && let Some(d) = hold.tick(v, now_ms()) {
+                        push(&mut pending, d.clone());
+                    }
+                }
+                () = sleep_until(retry_at) => { retry_at = None; }
+            }
+            self.status.set_pending(pending.len());
+            let Some(want) = hold.shown().cloned() else {
+                continue;
+            };
+            if retry_at.is_some() || written.as_ref() == Some(&want) {
+                continue;
+            }
+            match self.write(&mut client, &want, &mut pending).await {
+                Ok(()) => {
+                    self.status.set_pending(0);
+                    written = Some(want);
+                    backoff = Duration::from_millis(250);
+                }
+                Err(Failed(why)) => {
+                    eprintln!(
+                        "gpusweep serve: kube: node {}: {} (retrying in {})",
+                        crate::core::format::escape(&self.node),
+                        crate::core::format::escape(&why),
+                        humantime::format_duration(backoff)
+                    );
+                    self.status.failed(now_ms(), &why);
+                    retry_at = Some(tokio::time::Instant::now() + backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+    }
+
+    /// The verdict on the latest reading; a host without a fresh reading is unread.
+    fn read(
+        &self,
+        latest: &watch::Receiver<Option<Arc<crate::serve::hub::Reading>>>,
+        conn: &watch::Receiver<ConnStatus>,
+    ) -> Option<NodeVerdict> {
+        let stale = match &*conn.borrow() {
+            ConnStatus::Up | ConnStatus::Connecting => None,
+            ConnStatus::Stale { silent_ms } => Some(format!(
+                "no reading for {}",
+                crate::core::format::fmt_ms(*silent_ms)
+            )),
+            ConnStatus::Down(why) => Some(why.clone()),
+        };
+        let reading = latest.borrow().clone();
+        match (stale, reading) {
+            (Some(why), r) => Some(NodeVerdict {
+                gate: Gate::Unknown,
+                line: format!(
+                    "unknown: {}: {}",
+                    crate::core::format::escape(&self.node),
+                    crate::core::format::escape(&why)
+                ),
+                unfit: r
+                    .map(|r| r.snap.gpus.iter().map(|g| g.index).collect())
+                    .unwrap_or_default(),
+            }),
+            (None, Some(r)) => Some(node_verdict(&r.snap, self.load_nvml)),
+            (None, None) => None,
+        }
+    }
+
+    /// One round: the condition, the taint, then an Event per transition not yet told.
+    async fn write(
+        &self,
+        client: &mut Option<Client>,
+        want: &Desired,
+        pending: &mut VecDeque<Desired>,
+    ) -> Result<(), Failed> {
+        if client.is_none() {
+            let config = Config::infer()
+                .await
+                .map_err(|e| Failed(format!("no Kubernetes API configuration: {e}")))?;
+            *client = Some(Client::try_from(config).map_err(|e| Failed(e.to_string()))?);
+        }
+        let Some(c) = client.clone() else {
+            return Err(Failed("no client".into()));
+        };
+        let nodes: Api<Node> = Api::all(c.clone());
+        let apply = body::condition_apply(&self.node, want, now_ms());
+        nodes
+            .patch_status(
+                &self.node,
+                &PatchParams::apply(super::MANAGER),
+                &Patch::Apply(&apply),
+            )
+            .await?;
+        self.status.wrote(Some(want.held));
+        let uid = self.taint(&nodes, want.held.tainted()).await?;
+        let events: Api<Event> = Api::namespaced(c, "default");
+        while let Some(d) = pending.front() {
+            let ev: Event =
+                serde_json::from_value(body::event(&self.node, uid.as_deref(), d, now_ms()))
+                    .map_err(|e| Failed(format!("an Event: {e}")))?;
+            match events.create(&PostParams::default(), &ev).await {
+                Ok(_) => self.status.wrote(None),
+                // One the API refuses for what it is (not for load) is said and let go: retrying it would hold
+                // back every transition after it.
+                Err(kube::Error::Api(s)) if (400..500).contains(&s.code) && s.code != 429 => {
+                    let why = format!("an Event refused: {} {}", s.code, s.message);
+                    eprintln!(
+                        "gpusweep serve: kube: node {}: {}",
+                        crate::core::format::escape(&self.node),
+                        crate::core::format::escape(&why)
+                    );
+                    self.status.failed(now_ms(), &why);
+                }
+                Err(e) => return Err(e.into()),
+            }
+            pending.pop_front();
+        }
+        Ok(())
+    }
+
+    /// The taint as `on` says, by a patch guarded by the resourceVersion read; a Node changed in between is
+    /// read again. Returns the Node's UID.
+    async fn taint(&self, nodes: &Api<Node>, on: bool) -> Result<Option<String>, Failed> {
+        let mut wait = Duration::from_millis(50);
+        for _ in 0..CONFLICT_TRIES {
+            let node = nodes.get(&self.node).await?;
+            let uid = node.metadata.uid.clone();
+            let json: Value = serde_json::to_value(&node).map_err(|e| Failed(e.to_string()))?;
+            let Some(patch) = body::taint_patch(&json, on, now_ms()) else {
+                return Ok(uid);
+            };
+            let patch: json_patch::Patch =
+                serde_json::from_value(patch).map_err(|e| Failed(e.to_string()))?;
+            match nodes
+                .patch(
+                    &self.node,
+                    &PatchParams::default(),
+                    &Patch::<()>::Json(patch),
+                )
+                .await
+            {
+                Ok(_) => {
+                    self.status.wrote(None);
+                    return Ok(uid);
+                }
+                // A failed `test` (422) or a stale version (409): another writer changed the Node; read again.
+                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 422 => {
+                    self.status.conflict();
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(Failed(format!(
+            "the Node kept changing under {CONFLICT_TRIES} taint patches"
+        )))
+    }
+}
+
+fn push(pending: &mut VecDeque<Desired>, d: Desired) {
+    if pending.len() == PENDING_MAX {
+        pending.pop_front();
+    }
+    pending.push_back(d);
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
