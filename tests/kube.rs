@@ -476,6 +476,14 @@ fn the_serve_keeps_its_own_node_off_the_scheduler_while_a_gpu_is_held() {
             .to_string(),
         );
     }
+    // Each node's GPU as a DRA driver publishes it: found by its UUID (the stand-in driver's GPU 0).
+    for n in ["gpu-a", "gpu-b"] {
+        c.ok("POST", "/apis/resource.k8s.io/v1/resourceslices", "application/json", json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": format!("{n}-gpus")},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": n, "pool": {"name": n, "generation": 1,
+                "resourceSliceCount": 1}, "devices": [{"name": "gpu-0", "attributes": {
+                    "uuid": {"string": "GPU-stand-in-0"}}}]}}).to_string());
+    }
     // Another manager's taint and condition on gpu-a: never the writer's to touch.
     c.ok(
         "PATCH",
@@ -549,6 +557,28 @@ fn the_serve_keeps_its_own_node_off_the_scheduler_while_a_gpu_is_held() {
     assert_eq!(code, 403, "another manager's taint: {v}");
     let (code, v) = patch("gpu-a", json!({"metadata": {"labels": {"x": "y"}}}));
     assert_eq!(code, 403, "a label: {v}");
+    // Nor another node's devices.
+    let dev = gpusweep::serve::kube::body::Device {
+        driver: "gpu.nvidia.com".into(),
+        pool: "gpu-b".into(),
+        device: "gpu-0".into(),
+    };
+    let mut rule = gpusweep::serve::kube::body::taint_rule("gpu-a", &dev, "LeftoverHolds");
+    let (code, v) = c.call(
+        &token,
+        "POST",
+        "/apis/resource.k8s.io/v1/devicetaintrules?dryRun=All",
+        Some(("application/json", rule.to_string())),
+    );
+    assert_eq!(code, 403, "another node's device: {v}");
+    rule["spec"]["deviceSelector"]["pool"] = json!("gpu-a");
+    let (code, v) = c.call(
+        &token,
+        "POST",
+        "/apis/resource.k8s.io/v1/devicetaintrules?dryRun=All",
+        Some(("application/json", rule.to_string())),
+    );
+    assert_eq!(code, 201, "its own: {v}");
     assert_eq!(taint_keys(&c.node("gpu-a")), ["other.io/maintenance"]);
     // The writer's taint patch, made from a Node as read, after another writer changed the Node: refused (its
     // resourceVersion test fails), and nothing of the other writer's is lost. The writer then reads again.
@@ -609,11 +639,11 @@ fn the_serve_keeps_its_own_node_off_the_scheduler_while_a_gpu_is_held() {
         pid
     };
     set_nvml(tmp, &format!("4096 {gone}:4096\n"));
-    let t = Instant::now();
+    let since = Instant::now();
     await_cond("taint on", 60, || {
         taint_keys(&c.node("gpu-a")).contains(&"gpusweep.io/gpu-held".to_string())
     });
-    let to_taint = t.elapsed();
+    let to_taint = since.elapsed();
     let node = c.node("gpu-a");
     let cond = condition(&node, "GPUHeld").expect("condition");
     assert_eq!(
@@ -624,6 +654,23 @@ fn the_serve_keeps_its_own_node_off_the_scheduler_while_a_gpu_is_held() {
     assert!(
         msg.contains("GPU 0") && msg.contains(&gone.to_string()),
         "{msg}"
+    );
+    // That GPU's device is tainted for claims; the node's other devices and gpu-b's are not.
+    let rules = || {
+        let (_, v) = c.call(
+            ADMIN,
+            "GET",
+            "/apis/resource.k8s.io/v1/devicetaintrules",
+            None,
+        );
+        v["items"].as_array().cloned().unwrap_or_default()
+    };
+    await_cond("the device taint", 30, || rules().len() == 1);
+    let first = &rules()[0];
+    assert_eq!(first["metadata"]["name"], "gpusweep-held.gpu-a.gpu-0");
+    assert_eq!(
+        first["spec"]["deviceSelector"],
+        json!({"driver": "gpu.nvidia.com", "pool": "gpu-a", "device": "gpu-0"})
     );
     // Nothing of the other manager's moved.
     assert_eq!(
@@ -664,13 +711,14 @@ fn the_serve_keeps_its_own_node_off_the_scheduler_while_a_gpu_is_held() {
         })
     };
     set_nvml(tmp, "0\n");
-    let t = Instant::now();
+    let since = Instant::now();
     await_cond("taint off", 60, || {
         let n = c.node("gpu-a");
         !taint_keys(&n).contains(&"gpusweep.io/gpu-held".to_string())
             && held(&n).as_deref() == Some("False")
     });
-    let to_untaint = t.elapsed();
+    let to_untaint = since.elapsed();
+    await_cond("the device taint gone", 30, || rules().is_empty());
     let conflicts = metric(&addr, "gpusweep_kube_conflicts_total").expect("conflicts");
     stop.store(true, Ordering::Relaxed);
     let ticks = churn.join().expect("churn");

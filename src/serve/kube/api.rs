@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
 use kube::{Client, Config};
 use serde_json::Value;
 use tokio::sync::watch;
@@ -34,6 +36,24 @@ pub struct Writer {
     pub hold: Duration,
     pub load_nvml: bool,
     pub status: Arc<KubeStatus>,
+}
+
+/// Whether the cluster serves DRA device taints (resource.k8s.io/v1 ResourceSlices and DeviceTaintRules).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dra {
+    Unknown,
+    Served,
+    NotServed,
+}
+
+fn resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: "resource.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "resource.k8s.io/v1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
 }
 
 /// Why a round of writes did not land.
@@ -61,21 +81,13 @@ impl Writer {
         let mut written: Option<Desired> = None;
         let mut retry_at: Option<tokio::time::Instant> = None;
         let mut backoff = Duration::from_millis(250);
+        let mut dra = Dra::Unknown;
         loop {
             let due = hold.due_ms().map(|ms| {
                 tokio::time::Instant::now() + Duration::from_millis(ms.saturating_sub(now_ms()))
             });
             tokio::select! {
-                changed = latest.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    verdict = self.read(&latest, &conn);
-                    if let Some(v) = &verdict && let Some(d) = hold.observe(v, now_ms()) {
-                        push(&mut pending, d.clone());
-                    }
-                }
-                changed = conn.changed() => {
+                changed = async { tokio::select! { r = latest.changed() => r, r = conn.changed() => r } } => {
                     if changed.is_err() {
                         return;
                     }
@@ -98,7 +110,11 @@ impl Writer {
             if retry_at.is_some() || written.as_ref() == Some(&want) {
                 continue;
             }
-            match self.write(&mut client, &want, &mut pending).await {
+            let uuids = uuids_of(&latest, &want.gpus);
+            match self
+                .write(&mut client, &want, &uuids, &mut dra, &mut pending)
+                .await
+            {
                 Ok(()) => {
                     self.status.set_pending(0);
                     written = Some(want);
@@ -156,6 +172,8 @@ impl Writer {
         &self,
         client: &mut Option<Client>,
         want: &Desired,
+        uuids: &[String],
+        dra: &mut Dra,
         pending: &mut VecDeque<Desired>,
     ) -> Result<(), Failed> {
         if client.is_none() {
@@ -178,6 +196,7 @@ impl Writer {
             .await?;
         self.status.wrote(Some(want.held));
         let uid = self.taint(&nodes, want.held.tainted()).await?;
+        self.device_taints(&c, want, uuids, dra).await?;
         let events: Api<Event> = Api::namespaced(c, "default");
         while let Some(d) = pending.front() {
             let ev: Event =
@@ -241,6 +260,111 @@ impl Writer {
             "the Node kept changing under {CONFLICT_TRIES} taint patches"
         )))
     }
+}
+
+impl Writer {
+    /// One DeviceTaintRule per GPU whose device is held or unread (found by UUID in the node's ResourceSlices),
+    /// none for the others; rules are this writer's by label. Where the cluster serves no DRA, said once.
+    async fn device_taints(
+        &self,
+        c: &Client,
+        want: &Desired,
+        uuids: &[String],
+        dra: &mut Dra,
+    ) -> Result<(), Failed> {
+        if *dra == Dra::NotServed {
+            return Ok(());
+        }
+        let slices: Api<DynamicObject> =
+            Api::all_with(c.clone(), &resource("ResourceSlice", "resourceslices"));
+        let rules: Api<DynamicObject> =
+            Api::all_with(c.clone(), &resource("DeviceTaintRule", "devicetaintrules"));
+        let on_node = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
+        let ours =
+            ListParams::default().labels(&format!("{}={}", body::RULE_NODE_LABEL, self.node));
+        let listed = match slices.list(&on_node).await {
+            Ok(l) => rules.list(&ours).await.map(|r| (l, r)),
+            Err(e) => Err(e),
+        };
+        let (slices, existing) = match listed {
+            Ok(both) => both,
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                eprintln!(
+                    "gpusweep serve: kube: the cluster serves no DRA device taints (resource.k8s.io/v1                      DeviceTaintRule): node {} is kept off by its taint alone",
+                    crate::core::format::escape(&self.node)
+                );
+                *dra = Dra::NotServed;
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        *dra = Dra::Served;
+        let slices: Vec<Value> = slices
+            .items
+            .iter()
+            .filter_map(|s| serde_json::to_value(s).ok())
+            .collect();
+        let devices = if want.held.tainted() {
+            body::devices_of(&slices, uuids)
+        } else {
+            Vec::new()
+        };
+        let wanted: std::collections::BTreeMap<String, &body::Device> = devices
+            .iter()
+            .map(|d| (body::rule_name(&self.node, d), d))
+            .collect();
+        for r in &existing.items {
+            let Some(name) = r.metadata.name.as_deref() else {
+                continue;
+            };
+            if wanted.contains_key(name) {
+                continue;
+            }
+            match rules.delete(name, &DeleteParams::default()).await {
+                Ok(_) => self.status.wrote(None),
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let have: std::collections::HashSet<&str> = existing
+            .items
+            .iter()
+            .filter_map(|r| r.metadata.name.as_deref())
+            .collect();
+        for (name, d) in &wanted {
+            if have.contains(name.as_str()) {
+                continue;
+            }
+            let rule: DynamicObject =
+                serde_json::from_value(body::taint_rule(&self.node, d, want.held.reason()))
+                    .map_err(|e| Failed(format!("a DeviceTaintRule: {e}")))?;
+            match rules.create(&PostParams::default(), &rule).await {
+                Ok(_) => self.status.wrote(None),
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The UUIDs of these GPUs in the latest reading, by which their DRA devices are found.
+fn uuids_of(
+    latest: &watch::Receiver<Option<Arc<crate::serve::hub::Reading>>>,
+    gpus: &[u32],
+) -> Vec<String> {
+    latest
+        .borrow()
+        .as_ref()
+        .map(|r| {
+            r.snap
+                .gpus
+                .iter()
+                .filter(|g| gpus.contains(&g.index))
+                .filter_map(|g| g.uuid.clone())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn push(pending: &mut VecDeque<Desired>, d: Desired) {

@@ -180,3 +180,117 @@ mod tests {
         );
     }
 }
+
+/// A GPU's device as a DRA driver publishes it in the node's ResourceSlices.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Device {
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+}
+
+/// The devices of `slices` (ResourceSlice objects as JSON) that are these GPUs: a device any of whose string
+/// attributes is the GPU's UUID (NVIDIA's driver publishes it as `uuid`). A GPU no device names is left out:
+/// a device is never guessed from an index.
+pub fn devices_of(slices: &[Value], uuids: &[String]) -> Vec<Device> {
+    let mut out = Vec::new();
+    for s in slices {
+        let (Some(driver), Some(pool)) = (
+            s.pointer("/spec/driver").and_then(Value::as_str),
+            s.pointer("/spec/pool/name").and_then(Value::as_str),
+        ) else {
+            continue;
+        };
+        let devices = s.pointer("/spec/devices").and_then(Value::as_array);
+        for d in devices.into_iter().flatten() {
+            let Some(name) = d.get("name").and_then(Value::as_str) else {
+                continue;
+            };
+            let names_one = d
+                .get("attributes")
+                .and_then(Value::as_object)
+                .into_iter()
+                .flat_map(|a| a.values())
+                .filter_map(|v| v.get("string").and_then(Value::as_str))
+                .any(|v| uuids.iter().any(|u| u.eq_ignore_ascii_case(v)));
+            if names_one {
+                out.push(Device {
+                    driver: driver.to_string(),
+                    pool: pool.to_string(),
+                    device: name.to_string(),
+                });
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The label that marks a DeviceTaintRule as this node's writer's.
+pub const RULE_NODE_LABEL: &str = "gpusweep.io/node";
+
+/// A DeviceTaintRule's name: `gpusweep-held.NODE.DEVICE` (DNS subdomain parts as the API gave them), or a
+/// digest of it past the 253 characters a name may have.
+pub fn rule_name(node: &str, d: &Device) -> String {
+    use sha2::Digest;
+    let name = format!("gpusweep-held.{node}.{}", d.device);
+    if name.len() <= 253 {
+        return name;
+    }
+    let digest = sha2::Sha256::digest(format!("{node}/{}/{}/{}", d.driver, d.pool, d.device));
+    format!("gpusweep-held.{}", data_encoding::HEXLOWER.encode(&digest))
+}
+
+/// The DeviceTaintRule that keeps claims off one GPU's device while it is held or unread (resource.k8s.io/v1);
+/// its value is the condition's reason (`LeftoverHolds`, `Unread`).
+pub fn taint_rule(node: &str, d: &Device, reason: &str) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceTaintRule",
+        "metadata": {
+            "name": rule_name(node, d),
+            "labels": { RULE_NODE_LABEL: node },
+        },
+        "spec": {
+            "deviceSelector": { "driver": d.driver, "pool": d.pool, "device": d.device },
+            "taint": { "key": TAINT_KEY, "value": reason, "effect": "NoSchedule",
+            },
+        },
+    })
+}
+
+#[cfg(test)]
+mod dra_tests {
+    use super::*;
+
+    #[test]
+    fn a_gpu_is_found_by_its_uuid_and_its_rule_selects_that_device_alone() {
+        let slices = vec![json!({
+            "spec": { "driver": "gpu.nvidia.com", "pool": { "name": "gpu-a" }, "devices": [
+                { "name": "gpu-0", "attributes": { "uuid": { "string": "GPU-aaa" }, "index": { "int": 0 } } },
+                { "name": "gpu-1", "attributes": { "uuid": { "string": "GPU-bbb" }, "index": { "int": 1 } } },
+                { "name": "gpu-2", "attributes": { "index": { "int": 2 } } },
+            ]}
+        })];
+        let found = devices_of(&slices, &["gpu-bbb".into(), "GPU-ccc".into()]);
+        assert_eq!(
+            found,
+            [Device {
+                driver: "gpu.nvidia.com".into(),
+                pool: "gpu-a".into(),
+                device: "gpu-1".into()
+            }]
+        );
+        let rule = taint_rule("gpu-a", &found[0], "LeftoverHolds");
+        assert_eq!(rule["metadata"]["name"], "gpusweep-held.gpu-a.gpu-1");
+        assert_eq!(rule["spec"]["deviceSelector"]["device"], "gpu-1");
+        assert_eq!(rule["spec"]["taint"]["effect"], "NoSchedule");
+        assert_eq!(rule["spec"]["taint"]["value"], "LeftoverHolds");
+        let long = Device {
+            device: "d".repeat(250),
+            ..found[0].clone()
+        };
+        assert!(rule_name("gpu-a", &long).len() <= 253);
+    }
+}
