@@ -220,16 +220,43 @@ impl Cluster {
 }
 
 impl Api {
+    /// A pod of the writer's service account on gpu-a, and the token the kubelet would mount for it (bound to
+    /// the pod, so to gpu-a).
+    fn pod_token(&self, name: &str) -> String {
+        let pod = self.ok(
+            "POST",
+            "/api/v1/namespaces/gpusweep/pods",
+            "application/json",
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {"nodeName": "gpu-a",
+                "serviceAccountName": "gpusweep", "automountServiceAccountToken": false,
+                "containers": [{"name": "gpusweep", "image": "gpusweep"}]}})
+            .to_string(),
+        );
+        let tr = self.ok(
+            "POST",
+            "/api/v1/namespaces/gpusweep/serviceaccounts/gpusweep/token",
+            "application/json",
+            json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {
+                "expirationSeconds": 3600, "boundObjectRef": {"apiVersion": "v1", "kind": "Pod",
+                "name": name, "uid": pod["metadata"]["uid"]}}})
+            .to_string(),
+        );
+        tr["status"]["token"].as_str().expect("token").to_string()
+    }
+
+    /// A kubeconfig that reads its token from the file `token` (as the pod's mounted one is read).
     fn kubeconfig(&self, token: &str) -> PathBuf {
+        std::fs::write(self.dir.join("token"), token).expect("token");
         let p = self.dir.join("kubeconfig");
         std::fs::write(
             &p,
             format!(
                 "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: https://127.0.0.1:{}\n    \
-                 certificate-authority: {}\nusers:\n- name: w\n  user:\n    token: {token}\ncontexts:\n- name: t\n  \
+                 certificate-authority: {}\nusers:\n- name: w\n  user:\n    tokenFile: {}\ncontexts:\n- name: t\n  \
                  context:\n    cluster: t\n    user: w\ncurrent-context: t\n",
                 self.port,
-                self.dir.join("ca.crt").display()
+                self.dir.join("ca.crt").display(),
+                self.dir.join("token").display()
             ),
         )
         .expect("kubeconfig");
@@ -498,26 +525,7 @@ fn the_serve_keeps_its_own_node_off_the_scheduler_while_a_gpu_is_held() {
              "lastTransitionTime": "2026-12-01T00:00:00Z", "lastHeartbeatTime": "2026-12-01T00:00:00Z"}]}})
         .to_string());
     // The serve's pod on gpu-a, and the token the kubelet would mount for it (bound to the pod, so to gpu-a).
-    let pod = c.ok(
-        "POST",
-        "/api/v1/namespaces/gpusweep/pods",
-        "application/json",
-        json!({"apiVersion": "v1",
-        "kind": "Pod", "metadata": {"name": "serve-a"}, "spec": {"nodeName": "gpu-a",
-        "serviceAccountName": "gpusweep", "automountServiceAccountToken": false,
-        "containers": [{"name": "gpusweep", "image": "gpusweep"}]}})
-        .to_string(),
-    );
-    let tr = c.ok(
-        "POST",
-        "/api/v1/namespaces/gpusweep/serviceaccounts/gpusweep/token",
-        "application/json",
-        json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {
-            "expirationSeconds": 3600, "boundObjectRef": {"apiVersion": "v1", "kind": "Pod",
-            "name": "serve-a", "uid": pod["metadata"]["uid"]}}})
-        .to_string(),
-    );
-    let token = tr["status"]["token"].as_str().expect("token").to_string();
+    let token = c.pod_token("serve-a");
     let kubeconfig = c.kubeconfig(&token);
 
     // The policy holds the writer to its own node and its own keys, whatever RBAC allows. A policy is in force
@@ -763,10 +771,40 @@ fn the_serve_keeps_its_own_node_off_the_scheduler_while_a_gpu_is_held() {
     await_cond("healthy again", 30, || {
         !get(&addr, "/healthz").contains("could not be written")
     });
+
+    // The token rotates: its service account is made anew (the old token is refused from then on) and the file
+    // holds a new one. The next transition lands at once, not after the client's next timed re-read (50 s).
+    c.ok(
+        "DELETE",
+        "/api/v1/namespaces/gpusweep/serviceaccounts/gpusweep",
+        "application/json",
+        "{}".into(),
+    );
+    c.ok(
+        "POST",
+        "/api/v1/namespaces/gpusweep/serviceaccounts",
+        "application/json",
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "gpusweep"}})
+            .to_string(),
+    );
+    await_cond("the old token refused", 60, || {
+        c.call(&token, "GET", "/api/v1/nodes/gpu-a", None).0 == 401
+    });
+    let rotated = c.pod_token("serve-a2");
+    std::fs::write(tmp.join("token.new"), &rotated).expect("token");
+    std::fs::rename(tmp.join("token.new"), tmp.join("token")).expect("rotate");
+    set_nvml(tmp, &format!("4096 {gone}:4096\n"));
+    let since = Instant::now();
+    await_cond("the taint with the rotated token", 30, || {
+        taint_keys(&c.node("gpu-a")).contains(&"gpusweep.io/gpu-held".to_string())
+    });
+    let after_rotation = since.elapsed();
     eprintln!(
         "kube: leftover's first reading to the taint {:.2} s; all-zero to its removal {:.2} s (hold 1 s, confirm 3 s, \
-         poll 200 ms); {ticks} concurrent Node updates, {conflicts} guarded patches retried",
+         poll 200 ms); {ticks} concurrent Node updates, {conflicts} guarded patches retried; after the token \
+         rotated {:.2} s",
         to_taint.as_secs_f64(),
-        to_untaint.as_secs_f64()
+        to_untaint.as_secs_f64(),
+        after_rotation.as_secs_f64()
     );
 }

@@ -121,6 +121,11 @@ impl Writer {
                     backoff = Duration::from_millis(250);
                 }
                 Err(Failed(why)) => {
+                    // A refused credential (a rotated token, a replaced pod's): the next round builds the
+                    // client again, reading the token file afresh.
+                    if why.starts_with("401 ") {
+                        client = None;
+                    }
                     eprintln!(
                         "gpusweep serve: kube: node {}: {} (retrying in {})",
                         crate::core::format::escape(&self.node),
