@@ -158,12 +158,12 @@ impl Cluster {
             _etcd: etcd,
             server: None,
         };
-        c.start_api();
+        c.start_api(&[]);
         c
     }
 
     /// The API server (again, after `stop_api`: the same port, the same etcd).
-    fn start_api(&mut self) {
+    fn start_api(&mut self, extra: &[&str]) {
         let d = &self.api.dir;
         let etcd = std::fs::read_to_string(d.join("etcd-port")).expect("port");
         let log = std::fs::OpenOptions::new()
@@ -204,6 +204,7 @@ impl Cluster {
                 "--endpoint-reconciler-type=none",
                 "--enable-priority-and-fairness=false",
             ])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -759,7 +760,9 @@ fn the_serve_keeps_its_own_node_off_the_scheduler_while_a_gpu_is_held() {
     await_cond("both transitions waiting", 60, || {
         get(&addr, "/healthz").contains("2 transitions not yet told")
     });
-    c.start_api();
+    // Back, and this time serving no DeviceTaintRules (as before 1.37, or with the gate off): the node taint alone
+    // keeps the node off, said once.
+    c.start_api(&["--runtime-config=resource.k8s.io/v1/devicetaintrules=false"]);
     await_cond("told", 90, || events(&c, "gpu-a").len() == 5);
     assert_eq!(
         events(&c, "gpu-a"),
@@ -799,6 +802,12 @@ fn the_serve_keeps_its_own_node_off_the_scheduler_while_a_gpu_is_held() {
         taint_keys(&c.node("gpu-a")).contains(&"gpusweep.io/gpu-held".to_string())
     });
     let after_rotation = since.elapsed();
+    let said = std::fs::read_to_string(tmp.join("serve.log")).unwrap_or_default();
+    assert_eq!(
+        said.matches("serves no DRA device taints").count(),
+        1,
+        "{said}"
+    );
     eprintln!(
         "kube: leftover's first reading to the taint {:.2} s; all-zero to its removal {:.2} s (hold 1 s, confirm 3 s, \
          poll 200 ms); {ticks} concurrent Node updates, {conflicts} guarded patches retried; after the token \

@@ -590,3 +590,84 @@ fn a_job_seen_starting_that_then_holds_a_context_is_loading() {
     let seen = b.observe(&reading(S, &[Some(14); 4], &[]), S);
     assert_eq!(seen.reports[0].phase, Phase::Loading);
 }
+
+/// On an H100 (gpu-jobs.sh scene 2): the job was first seen starting with only its sidecar holding a GPU, then
+/// four ranks loading beside their helpers, then rank 2 SIGKILLed (a zombie its launcher had not reaped, off the
+/// GPU, then gone). Its loss must be told.
+#[test]
+fn a_rank_killed_while_loading_beside_helpers_is_lost() {
+    let mut b = JobBook::new(opts());
+    let mut first = reading(S, &[None; 4], &[]);
+    first.processes.push(Proc {
+        pid: 202,
+        ppid: 100,
+        comm: "python3".into(),
+        cmdline: "python3 sidecar".into(),
+        start_time: 7,
+        ..Default::default()
+    });
+    first.holders.push(Holder {
+        pid: 202,
+        gpus: vec![3],
+        ..Default::default()
+    });
+    assert_eq!(b.observe(&first, S).reports[0].phase, Phase::Starting);
+    for step in 2..=3 {
+        let seen = b.observe(
+            &with_helpers(reading(step * S, &[Some(1024 * step); 4], &[])),
+            step * S,
+        );
+        assert_eq!(seen.reports[0].ranks.len(), 4, "{:?}", seen.reports[0]);
+    }
+    // Rank 2 (pid 103) killed: a zombie, off the GPU; its child helper 201 reparented.
+    let mut killed = with_helpers(reading(
+        4 * S,
+        &[Some(4096), Some(4096), None, Some(4096)],
+        &[],
+    ));
+    killed.processes.push(Proc {
+        pid: 103,
+        ppid: 100,
+        comm: "python3".into(),
+        cmdline: "python3 serve.py --rank 2".into(),
+        start_time: 6,
+        state: ProcState::from_char('Z'),
+        ..Default::default()
+    });
+    let mut b2 = JobBook::new(opts());
+    let seen = b.observe(&killed, 4 * S);
+    assert_eq!(
+        seen.reports[0]
+            .lost
+            .iter()
+            .map(|l| l.pid)
+            .collect::<Vec<_>>(),
+        [103],
+        "{:?}",
+        seen.reports[0]
+    );
+    // The same, the launcher gone in the same reading (the zombie reaped by whoever took it).
+    b2.observe(&first, S);
+    for step in 2..=3 {
+        b2.observe(
+            &with_helpers(reading(step * S, &[Some(1024 * step); 4], &[])),
+            step * S,
+        );
+    }
+    let gone = launcher_killed(with_helpers(reading(
+        4 * S,
+        &[Some(4096), Some(4096), None, Some(4096)],
+        &[],
+    )));
+    let seen = b2.observe(&gone, 4 * S);
+    assert_eq!(
+        seen.reports[0]
+            .lost
+            .iter()
+            .map(|l| l.pid)
+            .collect::<Vec<_>>(),
+        [103],
+        "{:?}",
+        seen.reports
+    );
+}
