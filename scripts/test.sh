@@ -56,13 +56,14 @@ if ! command -v kubernetes-validate >/dev/null 2>&1; then
   export PATH="$PWD/target/kv/bin:$PATH"
 fi
 ./scripts/kube-apiserver.sh
-cargo fmt --check
-# Both builds: the CLI's (no Kubernetes client) and the serve's node writer (--features kube), which the tests run.
-cargo clippy --all-targets --locked -- -D warnings
-cargo clippy --all-targets --locked --features kube -- -D warnings
+cargo fmt --all --check
+# Every crate of the workspace, in both builds: the CLI's (no Kubernetes client) and the serve's node writer
+# (--features kube), which the tests run.
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --locked --features kube -- -D warnings
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --all-targets --locked --features kube 2>&1 | tee "$log"
+cargo test --workspace --all-targets --locked --features kube 2>&1 | tee "$log"
 # One closing line with the totals over every test binary.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "all tests: %d passed, %d failed\n", p, f }' "$log"
 # The packages (wheel, .deb, tarball): built for glibc 2.17 and installed each in a clean place.

@@ -13,7 +13,8 @@ pub mod act;
 pub mod agent;
 pub mod analyze;
 pub mod cli;
-pub mod core;
+/// The words every layer shares: the gpusweep-core crate.
+pub use gpusweep_core as core;
 pub mod runtime;
 pub mod serve;
 pub mod source;

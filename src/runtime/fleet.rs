@@ -380,7 +380,11 @@ async fn expand(specs: &[HostSpec], http: Option<&HttpClient>, timeout: Duration
             continue;
         };
         let found = match http {
-            Some(h) => tokio::time::timeout(timeout, server.discover(h)).await.ok(),
+            Some(h) => {
+                tokio::time::timeout(timeout, crate::source::remote::prom::discover(server, h))
+                    .await
+                    .ok()
+            }
             None => None,
         };
         match found {

@@ -14,10 +14,10 @@ use crate::analyze::events::{between, gpus_of_targets, released_by_deaths, verdi
 use crate::analyze::jobs::{JobBook, JobChange};
 use crate::analyze::{AnalyzeOptions, analyzed};
 use crate::core::action::{ActionAnswer, ActionRequest};
+use crate::core::conn::ConnStatus;
 use crate::core::event::{Event, EventKind};
 use crate::core::job::JobReport;
 use crate::core::model::{Finding, Gauges, GpuState, HostSnapshot, Severity, SourceKind};
-use crate::source::ConnStatus;
 
 /// Where a reading came from and what may be done through it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

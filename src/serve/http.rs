@@ -30,12 +30,12 @@ use tokio::sync::broadcast;
 
 use super::frame::{Frame, sse_body};
 use super::hub::{Logged, Missed, Reading, Shared};
+use crate::core::conn::ConnStatus;
 use crate::core::format::fmt_ms;
 use crate::core::model::now_ms;
 use crate::core::parse::parse_duration;
 use crate::core::protocol::PROTOCOL;
 use crate::core::sse;
-use crate::source::ConnStatus;
 
 /// The fastest polling an HTTP client may ask for: a remote reader must not be able to load the node.
 pub const MIN_HTTP_INTERVAL: Duration = Duration::from_millis(100);

@@ -13,10 +13,10 @@ use tokio::sync::{Notify, broadcast, mpsc, oneshot, watch};
 
 use super::redact::{self, View, redact};
 use crate::core::action::{ActionAnswer, ActionRequest};
+use crate::core::conn::{ConnStatus, HostCmd};
 use crate::core::event::{Event, EventKind};
 use crate::core::model::{HostId, HostSnapshot};
 use crate::runtime::{Fleet, HostEvent, Judged};
-use crate::source::{ConnStatus, HostCmd};
 
 /// One host's seconds to clean: after a signal sent through the serve, and after its last holder's exit.
 #[derive(Debug, Clone)]

@@ -56,41 +56,20 @@ pub trait Source: Send {
     }
 }
 
-/// What a front end asks of one host.
-#[derive(Debug, Clone, PartialEq)]
-pub enum HostCmd {
-    /// Carry out this action (a signal, a removal); answered through `Sink::answer` with this id.
-    Act {
-        id: u64,
-        req: ActionRequest,
-    },
-    Interval(Duration),
-    PollNow,
-    /// From a source's own watcher, not a front end: something happened; read now, whatever the last read.
-    Wake,
+pub use crate::core::conn::{ConnStatus, HostCmd};
+
+/// A request that will not be carried out, answered at once, so nothing waits for it forever (polls and
+/// interval changes need no answer).
+pub trait Refuse {
+    fn refuse(self, sink: &dyn Sink, why: &str);
 }
 
-impl HostCmd {
-    /// Answer a request that will not be carried out, at once, so nothing waits for it forever. Polls and
-    /// interval changes need no answer.
-    pub fn refuse(self, sink: &dyn Sink, why: &str) {
+impl Refuse for HostCmd {
+    fn refuse(self, sink: &dyn Sink, why: &str) {
         if let HostCmd::Act { id, req } = self {
             sink.answer(id, req.refuse(why));
         }
     }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum ConnStatus {
-    Connecting,
-    Up,
-    /// Connected, but no reading for this long: what is shown is old. Past the read timeout the collector
-    /// reconnects.
-    Stale {
-        silent_ms: u64,
-    },
-    /// Down with this reason; the collector retries with backoff.
-    Down(String),
 }
 
 /// Where a source's readings, connection states and signal outcomes go. Each call returns false once nobody

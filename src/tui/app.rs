@@ -39,13 +39,13 @@ pub use super::store::{HISTORY, HostView, Store, TIMELINE};
 pub use super::watch::{REWATCH_INTERVAL, Rewatch};
 use crate::analyze::AnalyzeOptions;
 use crate::core::action::ActionAnswer;
+use crate::core::conn::{ConnStatus, HostCmd};
 use crate::core::event::Event;
 use crate::core::format::millis;
 use crate::core::model::{HostId, HostSnapshot};
 use crate::core::signal::Protected;
 use crate::core::smem::{Dtype, Tile, TileError};
 use crate::runtime::{Judged, MemoryJudged, StateCounts};
-use crate::source::{ConnStatus, HostCmd};
 
 /// Grace between TERM and KILL for sweeps started from the TUI.
 pub const TUI_GRACE: Duration = Duration::from_secs(10);

@@ -4,11 +4,11 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use crate::core::conn::ConnStatus;
 use crate::core::event::Event;
 use crate::core::model::{Gauges, HostId, HostSnapshot, MIB};
 use crate::core::signal::Protected;
 use crate::runtime::{Judged, MemoryJudged, StateCounts};
-use crate::source::ConnStatus;
 
 /// Samples of memory history kept per GPU (10 minutes at a 1 s poll).
 pub const HISTORY: usize = 600;

@@ -8,11 +8,11 @@ use super::app::{App, Effect, Level, Panel};
 use crate::analyze::plan::{Plan, plan_summary};
 use crate::analyze::watch::{Scope, Watch};
 use crate::core::action::{ActionRequest, Purpose};
+use crate::core::conn::{ConnStatus, HostCmd};
 use crate::core::event::EventKind;
 use crate::core::format::{fmt_ms, millis};
 use crate::core::model::HostId;
 use crate::core::signal::Sig;
-use crate::source::{ConnStatus, HostCmd};
 
 /// Polling while re-watching.
 pub const REWATCH_INTERVAL: Duration = crate::runtime::FAST_POLL;

@@ -16,7 +16,7 @@ use crate::core::host::HttpUrl;
 use crate::core::model::{Feature, HostSnapshot, SourceKind};
 use crate::core::protocol::{MAX_LINE_BYTES, PROTOCOL};
 use crate::core::sse;
-use crate::source::{ConnStatus, HostCmd};
+use crate::source::{ConnStatus, HostCmd, Refuse};
 
 /// The client every HTTP host and Prometheus server of a fleet shares (one connection pool), with the bearer
 /// token for serves that want one.

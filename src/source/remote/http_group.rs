@@ -20,7 +20,7 @@ use super::{FIRST_BACKOFF, MAX_BACKOFF};
 use crate::core::format::{escape, millis};
 use crate::core::model::Gauges;
 use crate::core::sse;
-use crate::source::{ConnStatus, HostCmd, Sink};
+use crate::source::{ConnStatus, HostCmd, Refuse, Sink};
 
 /// A command for one host of the group: its place, and the command.
 pub type GroupCmd = (usize, HostCmd);

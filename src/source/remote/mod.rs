@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc};
 
-use super::{ConnStatus, HostCmd, Sink};
+use super::{ConnStatus, HostCmd, Refuse, Sink};
 use crate::core::host::HostSpec;
 
 /// How late a silence alarm may fire and still say the host was silent. Later than this, the client itself
@@ -102,7 +102,9 @@ impl RemoteTask {
     async fn why_no_prom_hosts(&self, p: &crate::core::host::PromSpec) -> String {
         let now = match &self.opts.http {
             Some(http) => {
-                match tokio::time::timeout(self.opts.ssh.connect_timeout, p.discover(http)).await {
+                match tokio::time::timeout(self.opts.ssh.connect_timeout, prom::discover(p, http))
+                    .await
+                {
                     Ok(Ok(names)) if names.is_empty() => "it knows no host with GPU series".into(),
                     Ok(Ok(_)) => "it answers now: start gpusweep again to read its hosts".into(),
                     Ok(Err(e)) => e,

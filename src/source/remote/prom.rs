@@ -19,7 +19,7 @@ use crate::core::metrics as m;
 use crate::core::model::{
     Feature, Finding, FindingKind, Gpu, GpuState, HostSnapshot, MIB, Memory, Severity, SourceKind,
 };
-use crate::source::{ConnStatus, HostCmd, Sink};
+use crate::source::{ConnStatus, HostCmd, Refuse, Sink};
 
 /// Prometheus data moves at its scrape interval; polling it faster than this buys nothing.
 pub const MIN_PROM_INTERVAL: Duration = Duration::from_secs(1);
@@ -206,7 +206,27 @@ fn conflict(name: &str, targets: &BTreeSet<Target>) -> Option<String> {
     ))
 }
 
-impl PromServer {
+/// What this source asks of a Prometheus server, for the spec that names it (the spec is core's word; asking
+/// is this source's).
+trait Query {
+    fn sel(&self, name: &str) -> String;
+    fn sel_only(&self, name: &str, only: Option<&str>) -> String;
+    async fn fetch(
+        &self,
+        http: &HttpClient,
+        q: &str,
+        spent: &AtomicUsize,
+    ) -> Result<bytes::Bytes, String>;
+    fn samples<'a>(&self, body: &'a [u8]) -> Result<Vec<Sample<'a>>, String>;
+    async fn discover(&self, http: &HttpClient) -> Result<Vec<String>, String>;
+}
+
+/// The hosts a Prometheus server knows (see `Query::discover`).
+pub async fn discover(server: &PromServer, http: &HttpClient) -> Result<Vec<String>, String> {
+    server.discover(http).await
+}
+
+impl Query for PromServer {
     /// `name{selector}`.
     fn sel(&self, name: &str) -> String {
         self.sel_only(name, None)
@@ -303,7 +323,7 @@ impl PromServer {
     /// ten minutes, so a node whose exporter just died is still there (and reported as unreadable, not left
     /// out of a verdict); and every target Prometheus cannot scrape, named by its instance, that no series
     /// ever named.
-    pub async fn discover(&self, http: &HttpClient) -> Result<Vec<String>, String> {
+    async fn discover(&self, http: &HttpClient) -> Result<Vec<String>, String> {
         let lb = lookback();
         let seen = format!(
             "max by (Hostname, hostname, instance) (last_over_time({{__name__=~\"{}|{}\"{}}}[{lb}]))",

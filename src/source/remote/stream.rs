@@ -16,7 +16,7 @@ use crate::core::format::{escape, millis, truncate};
 use crate::core::model::SourceKind;
 use crate::core::protocol::{AgentCmd, AgentMsg, MAX_LINE_BYTES, Message, PROTOCOL};
 use crate::core::trace;
-use crate::source::{ConnStatus, HostCmd};
+use crate::source::{ConnStatus, HostCmd, Refuse};
 
 /// The last line or so a process wrote on stderr, for error messages.
 pub fn spawn_tail<R: AsyncRead + Unpin + Send + 'static>(r: R) -> tokio::task::JoinHandle<String> {

@@ -5,10 +5,10 @@ use crossterm::event::KeyEvent;
 
 use super::{Dialog, Mode};
 use crate::core::action::{ActionRequest, Purpose};
+use crate::core::conn::HostCmd;
 use crate::core::format::millis;
 use crate::core::model::HostId;
 use crate::core::signal::{Sig, SignalRequest, TargetInfo};
-use crate::source::HostCmd;
 use crate::tui::app::{App, Effect, Level, Panel, TUI_GRACE};
 use crate::tui::keymap::{Cmd, Layer};
 use crate::tui::targets::{self, Choice};

@@ -4,8 +4,8 @@
 use crossterm::event::KeyEvent;
 
 use super::{Dialog, Mode};
+use crate::core::conn::HostCmd;
 use crate::core::model::{HostId, SourceKind};
-use crate::source::HostCmd;
 use crate::tui::app::{App, Effect, Level, Panel};
 use crate::tui::keymap::{Cmd, Layer};
 

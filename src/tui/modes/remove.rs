@@ -5,9 +5,9 @@ use crossterm::event::KeyEvent;
 use super::{Dialog, Mode};
 use crate::analyze::findings::shm::removable;
 use crate::core::action::ActionRequest;
+use crate::core::conn::HostCmd;
 use crate::core::model::HostId;
 use crate::core::removal::{RemovalRequest, ShmFile};
-use crate::source::HostCmd;
 use crate::tui::app::{App, Effect, Level};
 use crate::tui::keymap::{Cmd, Layer};
 

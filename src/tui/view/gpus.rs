@@ -45,7 +45,7 @@ fn no_table(app: &App, h: &HostView) -> Option<String> {
     let Some(s) = h.snap.as_ref().filter(|s| s.error.is_none()) else {
         return Some(match (&h.snap, &h.status) {
             (Some(s), _) => s.error.clone().unwrap_or_default(),
-            (None, crate::source::ConnStatus::Down(e)) => {
+            (None, crate::core::conn::ConnStatus::Down(e)) => {
                 format!("down: {e} — retrying (r retries now)")
             }
             (None, _) if app.silent_too_long(h) => format!(

@@ -7,10 +7,10 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
 use super::{fg, panel, selected, state_style, truncate};
+use crate::core::conn::ConnStatus;
 use crate::core::format::fmt_secs;
 use crate::core::model::GpuState;
 use crate::core::model::Severity;
-use crate::source::ConnStatus;
 use crate::tui::app::{App, HostView, Panel};
 
 /// One character per GPU: `·` clean, a block as high as its memory fill when in use, `!` leak, `?` N/A.

@@ -25,7 +25,7 @@ use super::{RemoteTask, agentless};
 use crate::core::host::HostSpec;
 use crate::core::model::SourceKind;
 use crate::core::trace;
-use crate::source::{ConnStatus, HostCmd};
+use crate::source::{ConnStatus, HostCmd, Refuse};
 
 use connect::connect;
 pub use connect::{Client, Session};

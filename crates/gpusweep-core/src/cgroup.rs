@@ -160,7 +160,7 @@ pub fn claim(job: &Job, path: &str, v1: bool) -> Claim {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::job::from_cgroup;
+    use crate::job::from_cgroup;
 
     const HYBRID: &str = "\
 30 23 0:26 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:4 - tmpfs tmpfs ro,mode=755

@@ -70,8 +70,8 @@ impl ActionAnswer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::removal::ShmFile;
-    use crate::core::signal::{Sig, TargetInfo};
+    use crate::removal::ShmFile;
+    use crate::signal::{Sig, TargetInfo};
 
     #[test]
     fn a_refused_request_fails_every_target_and_file() {

@@ -60,7 +60,7 @@ impl RemovalOutcome {
     }
 
     pub fn describe(&self) -> String {
-        let path = crate::core::model::shm_path(self.dir.as_deref(), &self.name);
+        let path = crate::model::shm_path(self.dir.as_deref(), &self.name);
         let name = escape(&path);
         match &self.result {
             Removal::Removed => {

@@ -21,7 +21,7 @@ pub const L_HOSTNAME_NEW: &str = "hostname";
 pub const L_DRIVER: &str = "DCGM_FI_DRIVER_VERSION";
 
 /// A GPU's reading as one of dcgm-exporter's default fields, in its units: `None` where it was not read.
-pub type Field = fn(&crate::core::model::Gpu) -> Option<f64>;
+pub type Field = fn(&crate::model::Gpu) -> Option<f64>;
 
 /// dcgm-exporter's default counters (its `etc/default-counters.csv`) that gpusweep reads without DCGM, with
 /// its names and HELP texts, besides the framebuffer's. Exported as gauges: OpenMetrics would rename a
@@ -119,7 +119,7 @@ pub const DCGM_FIELDS: &[(&str, &str, Field)] = &[
     ),
 ];
 
-fn c(g: &crate::core::model::Gpu) -> Option<&crate::core::model::Counters> {
+fn c(g: &crate::model::Gpu) -> Option<&crate::model::Counters> {
     g.counters.as_deref()
 }
 

@@ -313,8 +313,8 @@ impl HostSpec {
     }
 
     /// The kind of source its readings come from (an SSH host's agent may turn out agentless once connected).
-    pub fn source_kind(&self) -> crate::core::model::SourceKind {
-        use crate::core::model::SourceKind;
+    pub fn source_kind(&self) -> crate::model::SourceKind {
+        use crate::model::SourceKind;
         match self {
             HostSpec::Local => SourceKind::Local,
             HostSpec::Demo(_) => SourceKind::Demo,
@@ -468,7 +468,7 @@ fn size_of(pieces: &[Vec<String>]) -> Option<(usize, usize)> {
 pub fn expand(s: &str) -> Result<Vec<String>, SpecError> {
     let pieces = pieces(s)?;
     let (n, _) = size_of(&pieces).ok_or_else(|| SpecError::Range {
-        spec: crate::core::format::truncate(s, 120),
+        spec: crate::format::truncate(s, 120),
         why: format!(
             "expands to more than {MAX_EXPANSION} hosts or {} MiB of names",
             MAX_EXPANSION_BYTES >> 20
@@ -694,7 +694,7 @@ fn hostfile_line(line: &str) -> String {
 /// order, duplicates dropped. Zero padding is kept from the range's first number, as Slurm does.
 pub fn expand_hostlist(list: &str) -> Result<Vec<String>, SpecError> {
     let too_many = || SpecError::Range {
-        spec: crate::core::format::truncate(list, 120),
+        spec: crate::format::truncate(list, 120),
         why: format!(
             "more than {MAX_EXPANSION} hosts or {} MiB of names",
             MAX_EXPANSION_BYTES >> 20
