@@ -566,6 +566,21 @@ fn the_serve_keeps_its_own_node_off_the_scheduler_while_a_gpu_is_held() {
     assert_eq!(code, 403, "another manager's taint: {v}");
     let (code, v) = patch("gpu-a", json!({"metadata": {"labels": {"x": "y"}}}));
     assert_eq!(code, 403, "a label: {v}");
+    let (code, v) = patch(
+        "gpu-a",
+        json!({"metadata": {"annotations": {"cluster-autoscaler.kubernetes.io/scale-down-disabled": "true"}}}),
+    );
+    assert_eq!(code, 403, "an annotation: {v}");
+    let (code, v) = c.call(
+        &token,
+        "PATCH",
+        "/api/v1/nodes/gpu-a/status",
+        Some((
+            "application/merge-patch+json",
+            json!({"status": {"allocatable": {"nvidia.com/gpu": "0"}}}).to_string(),
+        )),
+    );
+    assert_eq!(code, 403, "what the node offers: {v}");
     // Nor another node's devices.
     let dev = gpusweep::serve::kube::body::Device {
         driver: "gpu.nvidia.com".into(),
