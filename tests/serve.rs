@@ -3126,3 +3126,68 @@ fn standin_serve(tmp: &Path, state: &str, extra: &[&str]) -> (Serve, std::path::
     let serve = Serve::start(tmp, &args, &env);
     (serve, lib, glob)
 }
+
+/// A site leaves out the metric families it does not read (the per-host series budget's knob): each goes
+/// whole, the rest stays as it was, and what `prom:` readers and the alerts read cannot be left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metric_families_a_site_does_not_read_are_left_out_whole() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let series = |m: &str| m.lines().filter(|l| !l.starts_with('#')).count();
+    let all = Serve::start(
+        dir.path(),
+        &["--demo", "--hosts", "gpu-b", "--no-socket"],
+        &[],
+    );
+    let (_, _, full) = get(&all.url("/metrics")).await;
+    let lean = Serve::start(
+        dir.path(),
+        &[
+            "--demo",
+            "--hosts",
+            "gpu-b",
+            "--no-socket",
+            "--metrics-leave-out",
+            "DCGM_FI_PROF_,gpusweep_process,gpusweep_job",
+        ],
+        &[],
+    );
+    let (status, _, m) = get(&lean.url("/metrics")).await;
+    assert_eq!(status, 200);
+    for gone in ["DCGM_FI_PROF_", "gpusweep_process", "gpusweep_job"] {
+        assert!(full.contains(gone), "the demo host has {gone}");
+        assert!(
+            !m.lines()
+                .any(|l| l.starts_with(gone) || l.contains(&format!(" {gone}"))),
+            "{gone} left in: {m}"
+        );
+    }
+    for kept in [
+        "DCGM_FI_DEV_FB_USED{",
+        "gpusweep_gpu_clean{",
+        "gpusweep_reading_timestamp_seconds",
+    ] {
+        assert!(m.contains(kept), "{kept}: {m}");
+    }
+    eprintln!(
+        "metrics: one 8-GPU demo host, {} series; without the profiling, process and job families {}",
+        series(&full),
+        series(&m)
+    );
+    assert!(series(&m) < series(&full));
+    let refused = gpusweep(dir.path())
+        .args([
+            "serve",
+            "--demo",
+            "--no-socket",
+            "--metrics-leave-out",
+            "DCGM_FI_DEV_FB",
+        ])
+        .output()
+        .expect("serve");
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+    assert!(
+        text(&refused).contains("DCGM_FI_DEV_FB_USED"),
+        "{}",
+        text(&refused)
+    );
+}

@@ -50,6 +50,8 @@ pub struct Web {
     /// Places for event streams: half of the HTTP connections, so streams that stay open never leave
     /// `/healthz` and a scrape without one.
     pub streams: Arc<tokio::sync::Semaphore>,
+    /// Metric families left out (`--metrics-leave-out`): names starting with one of these.
+    pub leave_out: Arc<[String]>,
 }
 
 pub fn router(web: Web) -> Router {
@@ -144,7 +146,10 @@ const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// The metrics in the format the reader asks for: OpenMetrics where its `Accept` names it (Prometheus does),
 /// else the Prometheus text format, which every other reader parses (Python's, a plain curl).
 fn metrics(web: &Web, hosts: &[usize], headers: &axum::http::HeaderMap) -> Response {
-    let text = super::metrics::render(&web.shared, &scoped(web, hosts));
+    let text = super::metrics::leave_out(
+        super::metrics::render(&web.shared, &scoped(web, hosts)),
+        &web.leave_out,
+    );
     let open = headers
         .get_all(header::ACCEPT)
         .iter()

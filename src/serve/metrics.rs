@@ -638,6 +638,53 @@ fn exact_help(mut out: String) -> String {
     out
 }
 
+/// The metrics without the families whose names start with one of `prefixes` (`--metrics-leave-out`): each
+/// family's lines (HELP, TYPE, UNIT and samples) go together.
+pub fn leave_out(open: String, prefixes: &[String]) -> String {
+    if prefixes.is_empty() {
+        return open;
+    }
+    let mut out = String::with_capacity(open.len());
+    let mut dropping = false;
+    for line in open.lines() {
+        let family = line
+            .strip_prefix("# HELP ")
+            .or_else(|| line.strip_prefix("# TYPE "))
+            .or_else(|| line.strip_prefix("# UNIT "))
+            .and_then(|r| r.split(' ').next());
+        if let Some(f) = family {
+            dropping = prefixes.iter().any(|p| f.starts_with(p.as_str()));
+        } else if line.starts_with('#') {
+            dropping = false;
+        }
+        if !dropping {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Why a `--metrics-leave-out` prefix cannot be taken: it would leave out a family `prom:` readers or the
+/// shipped alerts read.
+pub fn leave_out_refused(prefixes: &[String]) -> Option<String> {
+    if let Some(p) = prefixes.iter().find(|p| p.is_empty()) {
+        return Some(format!(
+            "--metrics-leave-out: an empty prefix ({p:?}) would leave out every family"
+        ));
+    }
+    prefixes.iter().find_map(|p| {
+        m::READ_BY_PROM
+            .iter()
+            .find(|f| f.starts_with(p.as_str()))
+            .map(|f| {
+                format!(
+                    "--metrics-leave-out {p}: it would leave out {f}, which prom: readers and the shipped alerts need"
+                )
+            })
+    })
+}
+
 /// OpenMetrics as the Prometheus text format (0.0.4): no `# EOF` or `# UNIT` lines, and a counter's HELP and
 /// TYPE on its `_total` name, where that format looks for them (a reader otherwise takes it as untyped).
 pub fn as_prometheus_text(open: &str) -> String {
@@ -673,6 +720,24 @@ pub fn as_prometheus_text(open: &str) -> String {
 
 #[cfg(test)]
 mod text_format_tests {
+    #[test]
+    fn a_family_left_out_goes_whole_and_what_prom_reads_is_never_left_out() {
+        let open = "# HELP a_x A.\n# TYPE a_x gauge\na_x{g=\"0\"} 1\n# HELP b_total B.\n# TYPE b counter\nb_total 2\n# EOF\n";
+        let kept = super::leave_out(open.to_string(), &["b".to_string()]);
+        assert_eq!(
+            kept,
+            "# HELP a_x A.\n# TYPE a_x gauge\na_x{g=\"0\"} 1\n# EOF\n"
+        );
+        assert_eq!(super::leave_out(open.to_string(), &[]), open);
+        assert!(
+            super::leave_out_refused(&["DCGM_FI_PROF_".into(), "gpusweep_process".into()])
+                .is_none()
+        );
+        let why = super::leave_out_refused(&["DCGM_FI_DEV_FB".into()]).expect("refused");
+        assert!(why.contains("DCGM_FI_DEV_FB_USED"), "{why}");
+        assert!(super::leave_out_refused(&[String::new()]).is_some());
+    }
+
     #[test]
     fn a_counter_is_typed_on_its_total_and_openmetrics_markers_go() {
         let open = "# HELP a_seconds A.\n# TYPE a_seconds histogram\n# UNIT a_seconds seconds\na_seconds_count 1\n\

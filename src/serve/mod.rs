@@ -80,6 +80,16 @@ pub struct ServeArgs {
     /// behind is told what it missed is gone).
     #[arg(long, value_name = "N", default_value_t = hub::DEFAULT_REPLAY)]
     pub replay: usize,
+    /// Leave these metric families out of /metrics: names starting with any of these prefixes
+    /// (e.g. DCGM_FI_PROF_,gpusweep_process,gpusweep_job), for a site that does not read them. What
+    /// `prom:` readers and the shipped alerts read is never left out.
+    #[arg(
+        long,
+        value_name = "PREFIX,...",
+        value_delimiter = ',',
+        env = "GPUSWEEP_METRICS_LEAVE_OUT"
+    )]
+    pub metrics_leave_out: Vec<String>,
     #[command(flatten)]
     pub kube: kube::KubeArgs,
 }
@@ -174,6 +184,9 @@ fn plan(s: &Settings, a: &ServeArgs) -> anyhow::Result<Plan> {
             ),
         }
     };
+    if let Some(why) = metrics::leave_out_refused(&a.metrics_leave_out) {
+        bail!("{why}");
+    }
     if let Some(node) = &a.kube.kube_node {
         if s.demo {
             bail!("--kube-node with --demo: a demo serve never speaks for a Kubernetes node");
@@ -318,6 +331,7 @@ async fn serve(s: &Settings, a: &ServeArgs, plan: Plan) -> anyhow::Result<i32> {
         shared: shared.clone(),
         token,
         streams: Arc::new(tokio::sync::Semaphore::new(budget.streams)),
+        leave_out: a.metrics_leave_out.clone().into(),
     });
     start_kube_writer(s, a, &shared);
     let hub_task = tokio::spawn(hub.run(fleet));

@@ -203,3 +203,20 @@ pub fn read_names_regex() -> String {
     ]
     .join("|")
 }
+
+/// The families a `prom:` reader queries (and the shipped alerts read `gpusweep_leftover_bytes` and
+/// `gpusweep_gpus_readable`): a serve never leaves these out of its metrics.
+pub const READ_BY_PROM: &[&str] = &[
+    FB_USED,
+    FB_FREE,
+    FB_RESERVED,
+    GPU_CLEAN,
+    GPU_READABLE,
+    GPUS_READABLE,
+    UNEXPLAINED_BYTES,
+    FINDINGS,
+    READING_TIMESTAMP,
+    READING_REVISION,
+    SERVE_INFO,
+    "gpusweep_leftover_bytes",
+];
