@@ -81,14 +81,15 @@ jobs = v["hosts"][0].get("jobs", [])
 print(json.dumps({"jobs": jobs, "mine": [j for j in jobs if j["id"] == "tree:" + sys.argv[1]]}))
 PY
 }
-until_job() { for _ in $(seq 1 "$2"); do J=$(jobs_now); echo "$J" >>"$OUT/scene2.json"; python3 -c "import json,sys; j=json.loads(sys.argv[1]); m=j.get('mine') or [{}]; m=m[0]; sys.exit(0 if ($1) else 1)" "$J" && return 0; sleep 0.5; done; return 1; }
+until_job() { for i in $(seq 1 "$2"); do [ -n "${FULL:-}" ] && [ "$i" -le 12 ] && { curl -s http://127.0.0.1:19401/api/v1/snapshot; echo; } >>"$OUT/scene2-full.jsonl"; J=$(jobs_now); echo "$J" >>"$OUT/scene2.json"; python3 -c "import json,sys; j=json.loads(sys.argv[1]); m=j.get('mine') or [{}]; m=m[0]; sys.exit(0 if ($1) else 1)" "$J" && return 0; sleep 0.5; done; return 1; }
 : >"$OUT/scene2.json"
 res "launcher $LP workers $WP2 sidecar $SIDE"
 ok "4 ranks and 2 helpers (the data-loader, the sidecar) while loading" 'until_job "len(m.get(\"ranks\",[]))==4 and len(m.get(\"helpers\",[]))==2" 120'
 R2=$(echo "$WP2" | cut -d, -f3)
 say "kill -9 $R2 (rank 2) mid-warm-up; then kill -9 $LP (the launcher)"
 kill -9 "$R2"
-ok "rank 2 lost" 'until_job "any(l[\"pid\"]==$R2 for l in m.get(\"lost\",[]))" 40'
+# The serve's whole readings around the kill (the first twelve), to tell why a loss is missed if it is.
+FULL=1 ok "rank 2 lost" 'until_job "any(l[\"pid\"]==$R2 for l in m.get(\"lost\",[]))" 40'
 kill -9 "$LP"
 ok "one job still, its launcher said gone, rank 2 still named lost" 'until_job "m.get(\"launcher_gone_ms\") and any(l[\"pid\"]==$R2 for l in m.get(\"lost\",[])) and len(j[\"jobs\"])==1" 40'
 "$BIN" sweep --job "tree:$LP" --yes --grace 5s >"$W/sweep2" 2>&1; SRC=$?

@@ -324,6 +324,9 @@ struct Track {
     lost: Vec<LostRank>,
     /// The lost ranks' PIDs, looked up per member.
     lost_pids: std::collections::HashSet<u32>,
+    /// Ranks seen gone while the others' memory read as nothing held (a listing caught mid-change): kept
+    /// until a reading says whether the others hold on (then they are lost) or the whole job ended.
+    unsettled: Vec<LostRank>,
     /// Its launcher as first seen (pid, start time), and since when it is gone.
     launcher: Option<(u32, u64)>,
     launcher_gone_ms: Option<u64>,
@@ -615,6 +618,7 @@ fn begin<'t>(
         settled_bytes: None,
         lost: Vec::new(),
         lost_pids: std::collections::HashSet::new(),
+        unsettled: Vec::new(),
         launcher: g.launcher.map(|l| (l, g.launcher_start)),
         launcher_gone_ms: None,
     });
@@ -647,7 +651,15 @@ fn note_losses(
         Some(b) => b > 0,
         None => alive.iter().any(|m| !m.gpus.is_empty()),
     };
-    if !others_hold || alive.is_empty() {
+    let mut newly_lost = newly_lost;
+    newly_lost.extend(std::mem::take(&mut t.unsettled));
+    if alive.is_empty() {
+        // The whole job ended: no rank of it was lost.
+        return;
+    }
+    if !others_hold {
+        // Gone while the others read as holding nothing: remembered, not forgotten with this reading.
+        t.unsettled = newly_lost;
         return;
     }
     for l in newly_lost {

@@ -191,8 +191,11 @@ fn plan(s: &Settings, a: &ServeArgs) -> anyhow::Result<Plan> {
         if s.demo {
             bail!("--kube-node with --demo: a demo serve never speaks for a Kubernetes node");
         }
-        if node.is_empty() || node.len() > 253 {
-            bail!("--kube-node: a node name is 1 to 253 characters");
+        if !kube::node_name_ok(node) {
+            bail!(
+                "--kube-node {}: not a Kubernetes node name (lower-case letters, digits, '-' and '.', at most 253)",
+                crate::core::format::escape(node)
+            );
         }
         if !cfg!(feature = "kube") {
             bail!(

@@ -671,3 +671,49 @@ fn a_rank_killed_while_loading_beside_helpers_is_lost() {
         seen.reports
     );
 }
+
+/// A rank gone in the one reading where the others' memory read as nothing held (NVML's listing caught while
+/// a context changes): its loss is told once the others are seen holding again, not forgotten.
+#[test]
+fn a_rank_gone_while_the_others_read_empty_is_lost_when_they_read_again() {
+    let mut b = JobBook::new(opts());
+    b.observe(&reading(0, &[Some(0); 4], &[]), 0);
+    b.observe(&reading(S, &[Some(8192); 4], &[]), S);
+    let blink = b.observe(
+        &reading(2 * S, &[Some(0), Some(0), Some(0), None], &[]),
+        2 * S,
+    );
+    assert!(
+        blink.reports[0].lost.is_empty(),
+        "not yet: {:?}",
+        blink.reports[0]
+    );
+    let seen = b.observe(
+        &reading(3 * S, &[Some(8192), Some(8192), Some(8192), None], &[]),
+        3 * S,
+    );
+    assert_eq!(
+        seen.reports[0]
+            .lost
+            .iter()
+            .map(|l| l.pid)
+            .collect::<Vec<_>>(),
+        [104],
+        "{:?}",
+        seen.reports[0]
+    );
+    // The whole job ending after such a blink loses no rank.
+    let mut b = JobBook::new(opts());
+    b.observe(&reading(0, &[Some(0); 4], &[]), 0);
+    b.observe(&reading(S, &[Some(8192); 4], &[]), S);
+    b.observe(
+        &reading(2 * S, &[Some(0), Some(0), Some(0), None], &[]),
+        2 * S,
+    );
+    let ended = b.observe(&reading(3 * S, &[None; 4], &[]), 3 * S);
+    assert!(
+        ended.reports.iter().all(|r| r.lost.is_empty()),
+        "{:?}",
+        ended.reports
+    );
+}

@@ -28,6 +28,20 @@ pub const MANAGER: &str = "gpusweep";
 /// How long a verdict must last before the node says it (held is said at once: the confirm window held it).
 pub const DEFAULT_HOLD: Duration = Duration::from_secs(30);
 
+/// Whether `name` is a Node's name (a DNS subdomain): the writer puts it in field selectors and object names,
+/// so anything else is refused before it is used.
+pub fn node_name_ok(name: &str) -> bool {
+    let label = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    !name.is_empty() && name.len() <= 253 && name.split('.').all(label)
+}
+
 /// `gpusweep serve`'s Kubernetes flags.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct KubeArgs {
@@ -159,6 +173,27 @@ impl KubeStatus {
                 "The GPUHeld condition this serve last wrote: 1 True, 0 False, -1 Unknown",
                 g,
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_a_dns_subdomain_is_a_node_name() {
+        for ok in ["gpu-a", "node-7.example.com", "a"] {
+            assert!(super::node_name_ok(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "Gpu-A",
+            "a,metadata.name=b",
+            "-a",
+            "a..b",
+            "a_b",
+            &"x".repeat(254),
+        ] {
+            assert!(!super::node_name_ok(bad), "{bad}");
         }
     }
 }
