@@ -31,6 +31,18 @@ use crate::source::remote::prom::{PromCmd, PromHost, PromServer};
 use crate::source::remote::{RemoteOptions, RemoteTask, ssh::SshOptions};
 use crate::source::{ConnStatus, HostCmd, Sink, Source};
 
+/// One host of the fleet: what it is, its collector, and where its readings go.
+struct Member {
+    spec: HostSpec,
+    handle: Handle,
+    slot: Slot,
+    sink: Arc<dyn Sink>,
+    /// Its readings are judged here, and the actions sent to it recorded.
+    ledger: Arc<Mutex<Ledger>>,
+    /// Read from Prometheus: set when it is opened live, so its poller leaves it alone.
+    detached: Option<Arc<AtomicBool>>,
+}
+
 /// What the fleet hands a front end: everything its hosts' ledgers decided, in order per host.
 #[derive(Debug, Clone)]
 pub enum HostEvent {
@@ -266,15 +278,10 @@ enum Handle {
 }
 
 pub struct Fleet {
-    specs: Vec<HostSpec>,
+    /// Every host, by `HostId`.
+    hosts: Vec<Member>,
+    /// Their labels, unique across the fleet (made for all hosts at once).
     labels: Vec<String>,
-    handles: Vec<Handle>,
-    slots: Vec<Slot>,
-    sinks: Vec<Arc<dyn Sink>>,
-    /// Each host's ledger: its readings are judged there, and the actions sent to it recorded.
-    ledgers: Vec<Arc<Mutex<Ledger>>>,
-    /// Per host read from Prometheus: set when it is opened live, so its poller leaves it alone.
-    detached: Vec<Option<Arc<AtomicBool>>>,
     remote: RemoteOptions,
     connect_limit: Arc<Semaphore>,
     /// Kept to answer, at once, a signal request that a busy host's queue had no room for.
@@ -481,12 +488,7 @@ impl Fleet {
         let (tx, events) = mpsc::unbounded_channel();
         let mut fleet = Fleet {
             labels: unique_labels(&specs),
-            specs: Vec::with_capacity(specs.len()),
-            handles: Vec::new(),
-            slots: Vec::new(),
-            sinks: Vec::new(),
-            ledgers: Vec::new(),
-            detached: Vec::new(),
+            hosts: Vec::with_capacity(specs.len()),
             remote: RemoteOptions {
                 interval: opts.interval,
                 ssh: opts.ssh.clone(),
@@ -534,6 +536,29 @@ impl Fleet {
         Ok(fleet)
     }
 
+    /// Where a host's readings go: its slot, its ledger (which judges them) and the sink its collector writes.
+    fn judged_sink(
+        &self,
+        host: HostId,
+        label: &str,
+        opts: &FleetOptions,
+    ) -> (Slot, Arc<Mutex<Ledger>>, Arc<dyn Sink>) {
+        let slot: Slot = Arc::default();
+        let mut ledger = Ledger::new(label, opts.analyze);
+        if opts.memory_alone {
+            ledger.hand_on_memory_alone();
+        }
+        let ledger = Arc::new(Mutex::new(ledger));
+        let sink: Arc<dyn Sink> = Arc::new(FleetSink {
+            host,
+            ledger: ledger.clone(),
+            slot: slot.clone(),
+            tx: self.tx.clone(),
+            log: self.log.clone(),
+        });
+        (slot, ledger, sink)
+    }
+
     /// One host more: its ledger and slot, and its collector (a thread, a task, or a place in its Prometheus
     /// server's poller).
     fn add(
@@ -542,24 +567,10 @@ impl Fleet {
         opts: &FleetOptions,
         gathered: &mut Gathered,
     ) -> Result<(), crate::source::SourceError> {
-        let i = self.handles.len();
+        let i = self.hosts.len();
         let label = self.labels.get(i).cloned().unwrap_or_default();
-        let slot: Slot = Arc::default();
-        let mut ledger = Ledger::new(&label, opts.analyze);
-        if opts.memory_alone {
-            ledger.hand_on_memory_alone();
-        }
-        let ledger = Arc::new(Mutex::new(ledger));
-        let sink: Arc<dyn Sink> = Arc::new(FleetSink {
-            host: HostId(i),
-            ledger: ledger.clone(),
-            slot: slot.clone(),
-            tx: self.tx.clone(),
-            log: self.log.clone(),
-        });
-        self.slots.push(slot);
-        self.ledgers.push(ledger);
-        self.sinks.push(sink.clone());
+        let (slot, ledger, sink) = self.judged_sink(HostId(i), &label, opts);
+        let member_sink = sink.clone();
         let mut detach = None;
         let handle = match &spec {
             HostSpec::Local => self.local(i, &label, sink, opts)?,
@@ -616,9 +627,14 @@ impl Fleet {
             | HostSpec::Socket { .. }
             | HostSpec::Prom(_) => self.remote_task(&label, spec.clone(), sink),
         };
-        self.specs.push(spec);
-        self.detached.push(detach);
-        self.handles.push(handle);
+        self.hosts.push(Member {
+            spec,
+            handle,
+            slot,
+            sink: member_sink,
+            ledger,
+            detached: detach,
+        });
         Ok(())
     }
 
@@ -668,7 +684,7 @@ impl Fleet {
     /// (`ssh://name`), in place of its Prometheus summary. Must be called inside the fleet's runtime.
     pub fn open_live(&mut self, host: HostId, url: &str) -> Result<HostSpec, OpenLiveError> {
         let i = host.0;
-        if i >= self.handles.len() {
+        if i >= self.hosts.len() {
             return Err(OpenLiveError::NoSuchHost);
         }
         let spec = live_spec(url)?;
@@ -676,12 +692,13 @@ impl Fleet {
         if matches!(spec, HostSpec::Http { .. }) && self.remote.http.is_none() {
             return Err(OpenLiveError::NoHttpClient);
         }
-        if let Some(Some(flag)) = self.detached.get(i) {
+        if let Some(flag) = self.hosts.get(i).and_then(|h| h.detached.as_ref()) {
             flag.store(true, Ordering::SeqCst);
         }
         let label = self.labels[i].clone();
-        self.handles[i] = self.remote_task(&label, spec.clone(), self.sinks[i].clone());
-        self.specs[i] = spec.clone();
+        let handle = self.remote_task(&label, spec.clone(), self.hosts[i].sink.clone());
+        self.hosts[i].handle = handle;
+        self.hosts[i].spec = spec.clone();
         Ok(spec)
     }
 
@@ -708,7 +725,7 @@ impl Fleet {
     fn event(&self, w: Wire) -> Option<HostEvent> {
         Some(match w {
             Wire::Reading(host) => {
-                let waiting = std::mem::take(&mut *self.slots.get(host.0)?.lock().ok()?);
+                let waiting = std::mem::take(&mut *self.hosts.get(host.0)?.slot.lock().ok()?);
                 match waiting {
                     Waiting::Nothing => return None,
                     Waiting::Reading(judged) => HostEvent::Reading { host, judged },
@@ -733,9 +750,9 @@ impl Fleet {
     pub fn send(&self, host: HostId, cmd: HostCmd) {
         if let HostCmd::Act { req, .. } = &cmd
             && let Some(Ok(events)) = self
-                .ledgers
+                .hosts
                 .get(host.0)
-                .map(|l| l.lock().map(|mut l| l.sent(req, now_ms())))
+                .map(|h| h.ledger.lock().map(|mut l| l.sent(req, now_ms())))
             && !events.is_empty()
         {
             if let Some(log) = &self.log {
@@ -743,7 +760,7 @@ impl Fleet {
             }
             let _ = self.tx.send(Wire::Events(host, events));
         }
-        let refused = match self.handles.get(host.0) {
+        let refused = match self.hosts.get(host.0).map(|h| &h.handle) {
             Some(Handle::Thread(t)) => match t.try_send(cmd) {
                 Ok(()) => None,
                 Err(smpsc::TrySendError::Full(c) | smpsc::TrySendError::Disconnected(c)) => Some(c),
@@ -771,7 +788,7 @@ impl Fleet {
         };
         if let Some(HostCmd::Act { id, req }) = refused {
             let answer = req.refuse("host busy: its command queue is full");
-            if let Some(sink) = self.sinks.get(host.0) {
+            if let Some(sink) = self.hosts.get(host.0).map(|h| &h.sink) {
                 sink.answer(id, answer);
             } else {
                 let _ = self.tx.send(Wire::Answer(host, id, answer));
@@ -781,7 +798,7 @@ impl Fleet {
 
     /// The host's latest reading as its ledger judged it (kept fresh), if it sent one.
     pub fn latest(&self, host: HostId) -> Option<Judged> {
-        self.ledgers.get(host.0)?.lock().ok()?.last().cloned()
+        self.hosts.get(host.0)?.ledger.lock().ok()?.last().cloned()
     }
 
     /// A reading of a host that could not be read, saying why: never clean, and marked with the kind of
@@ -806,15 +823,15 @@ impl Fleet {
     }
 
     pub fn ids(&self) -> impl Iterator<Item = HostId> + use<> {
-        (0..self.handles.len()).map(HostId)
+        (0..self.hosts.len()).map(HostId)
     }
 
     pub fn len(&self) -> usize {
-        self.handles.len()
+        self.hosts.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.handles.is_empty()
+        self.hosts.is_empty()
     }
 
     /// The host's label, unique in this fleet.
@@ -832,7 +849,7 @@ impl Fleet {
     }
 
     pub fn spec(&self, host: HostId) -> Option<&HostSpec> {
-        self.specs.get(host.0)
+        self.hosts.get(host.0).map(|h| &h.spec)
     }
 
     /// The PIDs never offered for signals on this host.
