@@ -817,6 +817,29 @@ fn the_serve_keeps_its_own_node_off_the_scheduler_while_a_gpu_is_held() {
         taint_keys(&c.node("gpu-a")).contains(&"gpusweep.io/gpu-held".to_string())
     });
     let after_rotation = since.elapsed();
+
+    // Another manager takes GPUHeld over (forced apply, as an administrator may): the serve never takes it back,
+    // says it cannot write it, and its taint still follows the GPUs.
+    c.ok(
+        "PATCH",
+        "/api/v1/nodes/gpu-a/status?fieldManager=npd&force=true",
+        "application/apply-patch+yaml",
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-a"}, "status": {"conditions": [
+            {"type": "GPUHeld", "status": "True", "reason": "NPDSays", "message": "held, says NPD",
+             "lastTransitionTime": "2026-12-01T00:00:00Z", "lastHeartbeatTime": "2026-12-01T00:00:00Z"}]}})
+        .to_string(),
+    );
+    set_nvml(tmp, "0\n");
+    await_cond("the taint off with GPUHeld another manager's", 60, || {
+        !taint_keys(&c.node("gpu-a")).contains(&"gpusweep.io/gpu-held".to_string())
+    });
+    await_cond("the conflict said", 30, || {
+        get(&addr, "/healthz").contains("could not be written")
+    });
+    assert_eq!(
+        condition(&c.node("gpu-a"), "GPUHeld").expect("kept")["reason"],
+        "NPDSays"
+    );
     let said = std::fs::read_to_string(tmp.join("serve.log")).unwrap_or_default();
     assert_eq!(
         said.matches("serves no DRA device taints").count(),

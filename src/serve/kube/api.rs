@@ -191,16 +191,20 @@ impl Writer {
             return Err(Failed("no client".into()));
         };
         let nodes: Api<Node> = Api::all(c.clone());
+        // The taint first: it is what keeps pods off, and it never waits on the condition (which another
+        // manager may own: the apply is never forced, so that is a conflict said and retried, not taken over).
+        let uid = self.taint(&nodes, want.held.tainted()).await?;
         let apply = body::condition_apply(&self.node, want, now_ms());
-        nodes
+        let condition = nodes
             .patch_status(
                 &self.node,
                 &PatchParams::apply(super::MANAGER),
                 &Patch::Apply(&apply),
             )
-            .await?;
-        self.status.wrote(Some(want.held));
-        let uid = self.taint(&nodes, want.held.tainted()).await?;
+            .await;
+        if condition.is_ok() {
+            self.status.wrote(Some(want.held));
+        }
         self.device_taints(&c, want, uuids, dra).await?;
         let events: Api<Event> = Api::namespaced(c, "default");
         while let Some(d) = pending.front() {
@@ -224,7 +228,7 @@ impl Writer {
             }
             pending.pop_front();
         }
-        Ok(())
+        condition.map(|_| ()).map_err(Failed::from)
     }
 
     /// The taint as `on` says, by a patch guarded by the resourceVersion read; a Node changed in between is
