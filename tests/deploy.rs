@@ -63,6 +63,16 @@ fn what_the_manifests_ask_of_gpusweep_is_what_it_does() {
     assert!(ds.contains("seccompProfile:") && ds.contains("type: RuntimeDefault"));
     assert!(ds.contains("name: gpusweep-node") && ds.contains("internalTrafficPolicy: Local"));
     assert!(!ds.contains("hostPort") && !ds.contains("hostNetwork"));
+    // The serve writes the node taint, so it tolerates it: a serve replaced on a held node comes back to lift it.
+    let tolerates = ds
+        .split("tolerations:")
+        .nth(1)
+        .and_then(|t| t.split("priorityClassName").next())
+        .unwrap_or("");
+    assert!(
+        tolerates.contains("key: gpusweep.io/gpu-held") && tolerates.contains("effect: NoSchedule"),
+        "{tolerates}"
+    );
     let gate = std::fs::read_to_string(deploy("gate-pod.yaml")).expect("gate pod");
     assert!(
         gate.contains("http://gpusweep-node.gpusweep.svc:9401"),
