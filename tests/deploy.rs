@@ -63,16 +63,6 @@ fn what_the_manifests_ask_of_gpusweep_is_what_it_does() {
     assert!(ds.contains("seccompProfile:") && ds.contains("type: RuntimeDefault"));
     assert!(ds.contains("name: gpusweep-node") && ds.contains("internalTrafficPolicy: Local"));
     assert!(!ds.contains("hostPort") && !ds.contains("hostNetwork"));
-    // The serve writes the node taint, so it tolerates it: a serve replaced on a held node comes back to lift it.
-    let tolerates = ds
-        .split("tolerations:")
-        .nth(1)
-        .and_then(|t| t.split("priorityClassName").next())
-        .unwrap_or("");
-    assert!(
-        tolerates.contains("key: gpusweep.io/gpu-held") && tolerates.contains("effect: NoSchedule"),
-        "{tolerates}"
-    );
     let gate = std::fs::read_to_string(deploy("gate-pod.yaml")).expect("gate pod");
     assert!(
         gate.contains("http://gpusweep-node.gpusweep.svc:9401"),
@@ -256,4 +246,19 @@ fn the_init_container_gate_passes_on_its_clean_gpus_and_holds_on_a_held_one() {
     // Without the token the serve answers nothing: no verdict, never a start.
     let (code, t) = gate(&format!("{},{}", uuid(0), uuid(1)), "10m", false);
     assert_eq!(code, Some(2), "no token, no verdict: {t}");
+}
+
+/// The serve writes the node taint, so it tolerates it: a serve replaced on a held node comes back to lift it.
+#[test]
+fn the_serve_tolerates_its_own_taint() {
+    let ds = std::fs::read_to_string(deploy("daemonset.yaml")).expect("daemonset");
+    let tolerates = ds
+        .split("tolerations:")
+        .nth(1)
+        .and_then(|t| t.split("priorityClassName").next())
+        .unwrap_or("");
+    assert!(
+        tolerates.contains("key: gpusweep.io/gpu-held") && tolerates.contains("effect: NoSchedule"),
+        "{tolerates}"
+    );
 }
