@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use crate::support::{Reaped, await_cond, free_port, gpusweep, set_nvml, standin_nvml, text};
+use crate::support::{Reaped, await_cond, free_port, gpusweep, openssl, set_nvml, standin_nvml};
 
 fn kube_bin(name: &str) -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -25,15 +25,6 @@ fn kube_bin(name: &str) -> PathBuf {
         p.display()
     );
     p
-}
-
-fn ssl(dir: &Path, args: &[&str]) {
-    let o = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("openssl");
-    assert!(o.status.success(), "openssl {args:?}: {}", text(&o));
 }
 
 /// How to call the API server.
@@ -60,68 +51,11 @@ impl std::ops::Deref for Cluster {
 const ADMIN: &str = "admin-token-4b1f0c8e2d7a9f35";
 
 impl Cluster {
-    /// A CA, the server's certificate for 127.0.0.1, the service-account signing key, the admin's token.
+    /// The CA and the server's certificate for 127.0.0.1, the service-account signing key, the admin's token.
     fn keys(dir: &Path) {
-        ssl(
-            dir,
-            &[
-                "req",
-                "-x509",
-                "-days",
-                "1",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-subj",
-                "/CN=test CA",
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.crt",
-            ],
-        );
-        ssl(
-            dir,
-            &[
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-subj",
-                "/CN=kube-apiserver",
-                "-keyout",
-                "server.key",
-                "-out",
-                "server.csr",
-            ],
-        );
-        std::fs::write(
-            dir.join("ext"),
-            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
-        )
-        .expect("ext");
-        ssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "server.csr",
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "1",
-                "-extfile",
-                "ext",
-                "-out",
-                "server.crt",
-            ],
-        );
-        ssl(dir, &["genrsa", "-out", "sa.key", "2048"]);
-        ssl(dir, &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"]);
+        crate::support::loopback_certificate(dir);
+        openssl(dir, &["genrsa", "-out", "sa.key", "2048"]);
+        openssl(dir, &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"]);
         std::fs::write(
             dir.join("tokens.csv"),
             format!("{ADMIN},admin,admin-uid,\"system:masters\"\n"),
@@ -175,15 +109,12 @@ impl Cluster {
             .arg(format!("--etcd-servers=http://127.0.0.1:{etcd}"))
             .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
             .arg(format!("--secure-port={}", self.api.port))
-            .arg(format!(
-                "--tls-cert-file={}",
-                d.join("server.crt").display()
-            ))
+            .arg(format!("--tls-cert-file={}", d.join("cert.pem").display()))
             .arg(format!(
                 "--tls-private-key-file={}",
-                d.join("server.key").display()
+                d.join("key.pem").display()
             ))
-            .arg(format!("--client-ca-file={}", d.join("ca.crt").display()))
+            .arg(format!("--client-ca-file={}", d.join("ca.pem").display()))
             .arg(format!(
                 "--token-auth-file={}",
                 d.join("tokens.csv").display()
@@ -256,7 +187,7 @@ impl Api {
                  certificate-authority: {}\nusers:\n- name: w\n  user:\n    tokenFile: {}\ncontexts:\n- name: t\n  \
                  context:\n    cluster: t\n    user: w\ncurrent-context: t\n",
                 self.port,
-                self.dir.join("ca.crt").display(),
+                self.dir.join("ca.pem").display(),
                 self.dir.join("token").display()
             ),
         )
@@ -283,7 +214,7 @@ impl Api {
             "\n%{http_code}",
             "--cacert",
         ])
-        .arg(self.dir.join("ca.crt"))
+        .arg(self.dir.join("ca.pem"))
         .arg("-H")
         .arg(format!("Authorization: Bearer {token}"))
         .arg(format!("https://127.0.0.1:{}{path}", self.port))

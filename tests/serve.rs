@@ -539,72 +539,7 @@ async fn a_token_guards_every_route_but_healthz_and_tls_is_served_with_the_given
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("chmod 600"), "{}", text(&out));
     // A CA of the test's own, and a certificate for 127.0.0.1 it signed.
-    let ssl = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(tmp)
-            .output()
-            .expect("openssl (Debian's openssl package)");
-        assert!(out.status.success(), "openssl {args:?}: {}", text(&out));
-    };
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    ssl(&[
-        &[
-            "req",
-            "-x509",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=gpusweep test CA",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-        ][..],
-        &ec[..],
-    ]
-    .concat());
-    ssl(&[
-        &[
-            "req",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-keyout",
-            "key.pem",
-            "-out",
-            "req.csr",
-        ][..],
-        &ec[..],
-    ]
-    .concat());
-    std::fs::write(
-        tmp.join("ext"),
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
-    )
-    .expect("ext");
-    ssl(&[
-        "x509",
-        "-req",
-        "-in",
-        "req.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "1",
-        "-extfile",
-        "ext",
-        "-out",
-        "cert.pem",
-    ]);
+    crate::support::loopback_certificate(tmp);
     let token = "s3cret-token-0123456789";
     write_private(&tmp.join("token"), &format!("{token}\n"), 0o600);
     let cert = tmp.join("cert.pem");

@@ -39,12 +39,20 @@ pub struct NodeVerdict {
 /// The verdict on one judged reading. `load_nvml`: GPUs were to be read (a host none of whose GPUs could be
 /// read is then unknown, not judged by holders alone).
 pub fn node_verdict(snap: &HostSnapshot, load_nvml: bool) -> NodeVerdict {
-    let (gate, line) = gate_and_line(snap, load_nvml);
-    let blind = || unusable(snap, load_nvml).is_some() || blind_gate(snap).is_some();
+    // A host that cannot be read or seen whole is unknown, and unfit whole.
+    if let Some(e) = unusable(snap, load_nvml)
+        .or_else(|| blind_holders(snap))
+        .or_else(|| blind_gate(snap))
+    {
+        return NodeVerdict {
+            gate: Gate::Unknown,
+            line: format!("unknown: {e}"),
+            unfit: snap.gpus.iter().map(|g| g.index).collect(),
+        };
+    }
+    let (gate, line) = gate_and_line(snap);
     let mut unfit: Vec<u32> = match gate {
         Gate::Ok => Vec::new(),
-        // What cannot be seen whole is unfit whole.
-        Gate::Unknown if blind() => snap.gpus.iter().map(|g| g.index).collect(),
         _ => snap
             .gpus
             .iter()
@@ -158,14 +166,8 @@ fn problem(snap: &HostSnapshot, f: &Finding) -> String {
     )
 }
 
-/// A host's gate and line (`check`'s, the node condition's).
-fn gate_and_line(snap: &HostSnapshot, load_nvml: bool) -> (Gate, String) {
-    if let Some(e) = unusable(snap, load_nvml)
-        .or_else(|| blind_holders(snap))
-        .or_else(|| blind_gate(snap))
-    {
-        return (Gate::Unknown, format!("unknown: {e}"));
-    }
+/// The gate and line of a host read and seen whole (`check`'s, the node condition's).
+fn gate_and_line(snap: &HostSnapshot) -> (Gate, String) {
     let host = escape(&snap.host);
     // A GPU that could not be judged (its reading failed, its MIG instances unread) is never an OK.
     let unread: Vec<String> = snap

@@ -152,3 +152,73 @@ impl Drop for Reaped {
         let _ = self.0.wait();
     }
 }
+
+/// `openssl ARGS` run in `dir`; it must succeed.
+pub fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl (Debian's openssl package)");
+    assert!(out.status.success(), "openssl {args:?}: {}", text(&out));
+}
+
+/// In `dir`: a CA of the test's own (`ca.pem`, `ca.key`) and a certificate for 127.0.0.1 it signed
+/// (`cert.pem`, `key.pem`), P-256 keys.
+pub fn loopback_certificate(dir: &Path) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let ca = [
+        "req",
+        "-x509",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=gpusweep test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ];
+    openssl(dir, &[&ca[..], &ec[..]].concat());
+    let req = [
+        "req",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "key.pem",
+        "-out",
+        "req.csr",
+    ];
+    openssl(dir, &[&req[..], &ec[..]].concat());
+    std::fs::write(
+        dir.join("ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .expect("ext");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "req.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            "ext",
+            "-out",
+            "cert.pem",
+        ],
+    );
+}

@@ -58,14 +58,30 @@ fn resource(kind: &str, plural: &str) -> ApiResource {
 
 /// Why a round of writes did not land.
 #[derive(Debug)]
-struct Failed(String);
+struct Failed {
+    why: String,
+    /// The API's HTTP status, where it answered.
+    status: Option<u16>,
+}
+
+impl Failed {
+    fn because(why: impl Into<String>) -> Failed {
+        Failed {
+            why: why.into(),
+            status: None,
+        }
+    }
+}
 
 impl From<kube::Error> for Failed {
     fn from(e: kube::Error) -> Failed {
-        Failed(match e {
-            kube::Error::Api(s) => format!("{} {}: {}", s.code, s.reason, s.message),
-            other => other.to_string(),
-        })
+        match e {
+            kube::Error::Api(s) => Failed {
+                why: format!("{} {}: {}", s.code, s.reason, s.message),
+                status: Some(s.code),
+            },
+            other => Failed::because(other.to_string()),
+        }
     }
 }
 
@@ -120,10 +136,10 @@ impl Writer {
                     written = Some(want);
                     backoff = Duration::from_millis(250);
                 }
-                Err(Failed(why)) => {
+                Err(Failed { why, status }) => {
                     // A refused credential (a rotated token, a replaced pod's): the next round builds the
                     // client again, reading the token file afresh.
-                    if why.starts_with("401 ") {
+                    if status == Some(401) {
                         client = None;
                     }
                     eprintln!(
@@ -181,14 +197,14 @@ impl Writer {
         dra: &mut Dra,
         pending: &mut VecDeque<Desired>,
     ) -> Result<(), Failed> {
-        if client.is_none() {
+        let c = if let Some(c) = client.as_ref() {
+            c.clone()
+        } else {
             let config = Config::infer()
                 .await
-                .map_err(|e| Failed(format!("no Kubernetes API configuration: {e}")))?;
-            *client = Some(Client::try_from(config).map_err(|e| Failed(e.to_string()))?);
-        }
-        let Some(c) = client.clone() else {
-            return Err(Failed("no client".into()));
+                .map_err(|e| Failed::because(format!("no Kubernetes API configuration: {e}")))?;
+            let made = Client::try_from(config).map_err(|e| Failed::because(e.to_string()))?;
+            client.insert(made).clone()
         };
         let nodes: Api<Node> = Api::all(c.clone());
         // The taint first: it is what keeps pods off, and it never waits on the condition (which another
@@ -210,7 +226,7 @@ impl Writer {
         while let Some(d) = pending.front() {
             let ev: Event =
                 serde_json::from_value(body::event(&self.node, uid.as_deref(), d, now_ms()))
-                    .map_err(|e| Failed(format!("an Event: {e}")))?;
+                    .map_err(|e| Failed::because(format!("an Event: {e}")))?;
             match events.create(&PostParams::default(), &ev).await {
                 Ok(_) => self.status.wrote(None),
                 // One the API refuses for what it is (not for load) is said and let go: retrying it would hold
@@ -238,12 +254,13 @@ impl Writer {
         for _ in 0..CONFLICT_TRIES {
             let node = nodes.get(&self.node).await?;
             let uid = node.metadata.uid.clone();
-            let json: Value = serde_json::to_value(&node).map_err(|e| Failed(e.to_string()))?;
+            let json: Value =
+                serde_json::to_value(&node).map_err(|e| Failed::because(e.to_string()))?;
             let Some(patch) = body::taint_patch(&json, on, now_ms()) else {
                 return Ok(uid);
             };
             let patch: json_patch::Patch =
-                serde_json::from_value(patch).map_err(|e| Failed(e.to_string()))?;
+                serde_json::from_value(patch).map_err(|e| Failed::because(e.to_string()))?;
             match nodes
                 .patch(
                     &self.node,
@@ -265,7 +282,7 @@ impl Writer {
                 Err(e) => return Err(e.into()),
             }
         }
-        Err(Failed(format!(
+        Err(Failed::because(format!(
             "the Node kept changing under {CONFLICT_TRIES} taint patches"
         )))
     }
@@ -346,7 +363,7 @@ impl Writer {
             }
             let rule: DynamicObject =
                 serde_json::from_value(body::taint_rule(&self.node, d, want.held.reason()))
-                    .map_err(|e| Failed(format!("a DeviceTaintRule: {e}")))?;
+                    .map_err(|e| Failed::because(format!("a DeviceTaintRule: {e}")))?;
             match rules.create(&PostParams::default(), &rule).await {
                 Ok(_) => self.status.wrote(None),
                 Err(kube::Error::Api(s)) if s.code == 409 => {}

@@ -1,11 +1,13 @@
 //! What Prometheus answers: an instant query's samples, borrowed from the answer and bounded before they
 //! are held, and the scrape target each speaks for.
 
+use std::borrow::Cow;
+use std::collections::{BTreeSet, HashMap};
+
+use serde::Deserialize;
+
 use crate::core::format::escape;
 use crate::core::metrics as m;
-use serde::Deserialize;
-use std::borrow::Cow;
-use std::collections::BTreeSet;
 
 #[derive(Deserialize)]
 pub(super) struct Answer<'a> {
@@ -183,3 +185,7 @@ pub(super) fn conflict(name: &str, targets: &BTreeSet<Target>) -> Option<String>
         list.join("; ")
     ))
 }
+
+/// Prometheus's own `up` of each scrape target it scrapes (a target cannot forge it): those that named a
+/// fleet host in the lookback, and every target that is down.
+pub(super) type Up = HashMap<Target, f64>;

@@ -29,8 +29,8 @@ mod reading;
 #[cfg(test)]
 mod tests;
 
-use answer::{Target, conflict};
-use poll::{GlanceQueries, Names, Queries, Seen, Up, glance, identities, only_hosts, poll};
+use answer::{Target, Up, conflict};
+use poll::{GlanceQueries, Names, Queries, Seen, glance, identities, only_hosts, poll};
 pub use query::discover;
 pub use reading::PromHost;
 use reading::{HostData, Identities, own_target, snapshot};

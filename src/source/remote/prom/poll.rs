@@ -1,24 +1,16 @@
 //! One poll: the glance (revision and time per host), the queries of the hosts that moved, identities once a
 //! minute, the voices of down targets, all joined into per-host data.
 
-use super::super::http::HttpClient;
-use super::PromServer;
-use super::answer::Sample;
-use super::answer::Target;
-use super::query::MAX_HOSTS;
-use super::query::Query;
-use super::query::lookback;
-use super::reading::GpuData;
-use super::reading::HostData;
-use super::reading::Ident;
-use super::reading::Identities;
-use super::reading::PromHost;
-use super::reading::whole;
-use crate::core::metrics as m;
-use std::collections::BTreeSet;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::AtomicUsize;
 use std::time::Instant;
+
+use super::super::http::HttpClient;
+use super::PromServer;
+use super::answer::{Sample, Target, Up};
+use super::query::{MAX_HOSTS, Query, lookback};
+use super::reading::{GpuData, HostData, Ident, Identities, PromHost, whole};
+use crate::core::metrics as m;
 
 /// The queries of one poll, each aggregated by host (and GPU) so the answer stays small at a thousand hosts.
 pub(super) struct Queries {
@@ -421,10 +413,6 @@ impl Names {
         self.place.len()
     }
 }
-
-/// Prometheus's own `up` of each scrape target it scrapes (a target cannot forge it): those that named a
-/// fleet host in the lookback, and every target that is down.
-pub(super) type Up = HashMap<Target, f64>;
 
 /// What one poll read: each host's data by its place in `Names` (None: no series for it), and `up` by
 /// scrape target.

@@ -1,17 +1,14 @@
 //! What this source asks of a Prometheus server: one bounded query, the fleet's hosts (discovery), the
 //! lookback, the limits on what an answer may hold.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
 use super::super::http::HttpClient;
 use super::PromServer;
-use super::answer::Answer;
-use super::answer::MAX_SERIES;
-use super::answer::Sample;
-use crate::core::format::escape;
-use crate::core::format::truncate;
+use super::answer::{Answer, MAX_SERIES, Sample};
+use crate::core::format::{escape, truncate};
 use crate::core::metrics as m;
-use std::sync::atomic::AtomicUsize;
-use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 /// What this source asks of a Prometheus server, for the spec that names it (the spec is core's word; asking
 /// is this source's).

@@ -1,25 +1,16 @@
 //! One host's snapshot from what Prometheus holds of it: GPUs, memory, what its serve says (verdicts,
 //! findings), and where it can be read live.
 
-use super::answer::Target;
-use super::poll::Up;
-use crate::core::model::Feature;
-use crate::core::model::Finding;
-use crate::core::model::FindingKind;
-use crate::core::model::Gpu;
-use crate::core::model::GpuState;
-use crate::core::model::HostSnapshot;
-use crate::core::model::MIB;
-use crate::core::model::Memory;
-use crate::core::model::Severity;
-use crate::core::model::SourceKind;
-use crate::source::Sink;
-use std::collections::BTreeMap;
-use std::collections::BTreeSet;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
+
+use super::answer::{Target, Up};
+use crate::core::model::{
+    Feature, Finding, FindingKind, Gpu, GpuState, HostSnapshot, MIB, Memory, Severity, SourceKind,
+};
+use crate::source::Sink;
 
 /// A host of the fleet as the poller feeds it.
 pub struct PromHost {
