@@ -1,5 +1,7 @@
 //! Entry only: parse, pick the front end, map errors to exit codes.
 
+#![forbid(unsafe_code)]
+
 use clap::{Parser, Subcommand};
 use gpusweep::cli::{CliCommand, args};
 use gpusweep::core::trace;

@@ -1,35 +1,36 @@
-//! The layer rule, checked on the source tree itself:
+//! What cargo cannot keep about the layers. The layers are crates (see docs/architecture.md):
 //!
 //! ```text
-//! core  <-  source, analyze, act  <-  runtime  <-  cli, agent, serve, tui  <-  main
+//! gpusweep-core  <-  gpusweep-analyze, gpusweep-act, gpusweep-source  <-  gpusweep-runtime  <-  gpusweep
 //! ```
 //!
-//! A module may use its own layer and the layers to its left, never one beside it or to its right. Front ends
-//! never import each other. There are no exceptions; a new feature finds its layer.
+//! and cargo refuses an import a crate's manifest does not allow. Two rules are left to this test: the front
+//! ends inside the `gpusweep` crate (cli, agent, serve, tui) never import each other, and `unsafe` lives in
+//! gpusweep-sys alone while every other crate forbids it.
 
 use std::path::{Path, PathBuf};
 
-/// (module, rank). Modules of the same rank may not import each other.
-const LAYERS: &[(&str, u8)] = &[
-    ("core", 0),
-    ("source", 1),
-    ("analyze", 1),
-    ("act", 1),
-    ("runtime", 2),
-    ("cli", 3),
-    ("agent", 3),
-    ("serve", 3),
-    ("tui", 3),
-    ("main", 4),
+/// The front ends: modules of the `gpusweep` crate that may use every layer crate, never each other.
+const FRONT_ENDS: &[&str] = &["cli", "agent", "serve", "tui"];
+
+/// Every crate root that must say `#![forbid(unsafe_code)]`: all but gpusweep-sys.
+const FORBIDDING: &[&str] = &[
+    "src/lib.rs",
+    "src/main.rs",
+    "crates/gpusweep-core/src/lib.rs",
+    "crates/gpusweep-analyze/src/lib.rs",
+    "crates/gpusweep-act/src/lib.rs",
+    "crates/gpusweep-source/src/lib.rs",
+    "crates/gpusweep-runtime/src/lib.rs",
 ];
 
-fn rank(module: &str) -> Option<u8> {
-    LAYERS.iter().find(|(m, _)| *m == module).map(|(_, r)| *r)
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .expect("src/ is readable")
+        .expect("the tree is readable")
         .map(|e| e.expect("dir entry").path())
         .collect();
     entries.sort();
@@ -42,15 +43,15 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The layer a file belongs to: its top-level module under src/.
-fn layer_of(src: &Path, file: &Path) -> Option<String> {
+/// The front end a file of src/ belongs to: its top-level module, when that is a front end.
+fn front_end_of(src: &Path, file: &Path) -> Option<&'static str> {
     let rel = file.strip_prefix(src).expect("under src");
-    let first = rel.components().next()?.as_os_str().to_str()?.to_string();
-    let name = first.trim_end_matches(".rs").to_string();
-    (name != "lib").then_some(name)
+    let first = rel.components().next()?.as_os_str().to_str()?;
+    let name = first.trim_end_matches(".rs");
+    FRONT_ENDS.iter().copied().find(|f| *f == name)
 }
 
-/// Every top-level module a file names through `crate::` (or `gpusweep::` in main.rs), comments skipped.
+/// Every top-level module a line names through `prefix` (`crate::`), comments skipped.
 fn imports(text: &str, prefix: &str) -> Vec<(usize, String)> {
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
@@ -75,32 +76,21 @@ fn imports(text: &str, prefix: &str) -> Vec<(usize, String)> {
 }
 
 #[test]
-fn no_import_runs_against_the_layers() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+fn front_ends_never_import_each_other() {
+    let src = root().join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
     assert!(files.len() > 20, "the tree was found");
     let mut violations = Vec::new();
     for f in &files {
-        let Some(layer) = layer_of(&src, f) else {
+        let Some(own) = front_end_of(&src, f) else {
             continue;
         };
-        let own =
-            rank(&layer).unwrap_or_else(|| panic!("{}: module {layer} has no layer", f.display()));
         let text = std::fs::read_to_string(f).expect("readable");
-        let prefix = if layer == "main" {
-            "gpusweep::"
-        } else {
-            "crate::"
-        };
-        for (line, target) in imports(&text, prefix) {
-            if target == layer {
-                continue;
-            }
-            let Some(r) = rank(&target) else { continue };
-            if r >= own {
+        for (line, target) in imports(&text, "crate::") {
+            if target != own && FRONT_ENDS.contains(&target.as_str()) {
                 violations.push(format!(
-                    "{}:{line}: {layer} imports {target}",
+                    "{}:{line}: {own} imports {target}",
                     f.strip_prefix(&src).expect("under src").display()
                 ));
             }
@@ -108,7 +98,7 @@ fn no_import_runs_against_the_layers() {
     }
     assert!(
         violations.is_empty(),
-        "imports against the layers:\n{}",
+        "front ends importing each other:\n{}",
         violations.join("\n")
     );
 }
@@ -121,51 +111,44 @@ fn the_check_catches_what_it_should() {
         .map(|(_, m)| m)
         .collect();
     assert_eq!(got, ["tui", "runtime"]);
-    assert!(rank("source") <= rank("analyze") && rank("analyze") <= rank("source"));
-    assert!(rank("core") < rank("act"));
+    let src = Path::new("/x/src");
+    assert_eq!(
+        front_end_of(src, Path::new("/x/src/serve/hub.rs")),
+        Some("serve")
+    );
+    assert_eq!(front_end_of(src, Path::new("/x/src/tui.rs")), Some("tui"));
+    assert_eq!(front_end_of(src, Path::new("/x/src/lib.rs")), None);
 }
 
-/// Files outside act/ allowed one `unsafe` block, each for a syscall no safe crate wraps.
-const UNSAFE_OUTSIDE_ACT: &[(&str, &str)] = &[
-    (
-        "source/local/tasks.rs",
-        "kcmp(2), to tell a thread's private fd table from its leader's",
-    ),
-    (
-        "serve/memory.rs",
-        "mimalloc's mi_collect, to give a burst's freed memory back to the system",
-    ),
-    (
-        "source/local/mig_ids.rs",
-        "NVML's GPU and compute instance ids of a MIG device, which nvml-wrapper loads but does not wrap",
-    ),
-];
-
 #[test]
-fn unsafe_code_lives_in_act_only() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+fn unsafe_code_lives_in_gpusweep_sys_only() {
     let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    rust_files(&root().join("src"), &mut files);
+    rust_files(&root().join("crates"), &mut files);
+    assert!(files.len() > 100, "the tree was found");
+    let sys = root().join("crates/gpusweep-sys");
     let mut found = Vec::new();
+    let mut in_sys = 0;
     for f in &files {
         let text = std::fs::read_to_string(f).expect("readable");
-        let rel = f
-            .strip_prefix(&src)
-            .expect("under src")
-            .to_string_lossy()
-            .into_owned();
-        let in_act = layer_of(&src, f).as_deref() == Some("act");
-        let allowed = UNSAFE_OUTSIDE_ACT.iter().any(|(file, _)| *file == rel);
-        let mut blocks = 0;
         for (n, line) in text.lines().enumerate() {
             let code = line.split("//").next().unwrap_or("");
-            if (code.contains("unsafe ") || code.contains("unsafe{")) && !in_act {
-                blocks += 1;
-                if !allowed || blocks > 1 {
+            if code.contains("unsafe ") || code.contains("unsafe{") {
+                if f.starts_with(&sys) {
+                    in_sys += 1;
+                } else {
                     found.push(format!("{}:{}", f.display(), n + 1));
                 }
             }
         }
     }
-    assert!(found.is_empty(), "unsafe outside act/: {found:?}");
+    assert!(found.is_empty(), "unsafe outside gpusweep-sys: {found:?}");
+    assert!(in_sys > 0, "gpusweep-sys was read");
+    for r in FORBIDDING {
+        let text = std::fs::read_to_string(root().join(r)).expect("crate root readable");
+        assert!(
+            text.contains("#![forbid(unsafe_code)]"),
+            "{r} does not forbid unsafe code"
+        );
+    }
 }

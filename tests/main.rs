@@ -9,7 +9,6 @@
 
 mod support;
 
-mod analyze;
 mod cli;
 mod demo;
 mod deploy;

@@ -25,11 +25,7 @@ impl Ended {
 /// Return the allocator's free pages to the system now: mimalloc's `mi_collect(true)` (it purges freed pages
 /// on its own after a delay too; this makes the end of a burst certain rather than eventual).
 pub fn give_back() {
-    // SAFETY: mi_collect takes no pointer and only releases memory the allocator holds free; it is
-    // thread-safe (it collects the calling thread's heap and the abandoned ones).
-    unsafe {
-        libmimalloc_sys::mi_collect(true);
-    }
+    gpusweep_sys::allocator_give_back();
 }
 
 /// Every `EVERY`, when streams ended since the last look, give memory back.

@@ -7,8 +7,6 @@ pub mod http;
 pub mod hub;
 pub mod kube;
 pub mod listen;
-// mi_collect, which the mimalloc crate does not wrap: no pointer in, nothing out.
-#[allow(unsafe_code)]
 pub mod memory;
 pub mod metrics;
 pub mod redact;

@@ -1,0 +1,1156 @@
+//! One host's ledger: the only place a reading is judged. Each reading is compared with the one before
+//! (does it say anything new?), judged once (findings, each GPU's state, the counts the header shows), and
+//! turned into the events since the previous reading; signals sent to the host and their answers go through
+//! it too, so it keeps the clocks that say how long a GPU took to read clean after the signal that could
+//! free it. Front ends (the TUI, `serve`, the CLI gates, `--events`) only show or publish what it hands out.
+//!
+//! It is a plain value with no I/O and no clock of its own (callers pass the time): the fleet wraps one per
+//! host, and tests drive it directly.
+
+use std::collections::HashMap;
+
+use gpusweep_analyze::confirm::Confirm;
+use gpusweep_analyze::events::{between, gpus_of_targets, released_by_deaths, verdict_events};
+use gpusweep_analyze::jobs::{JobBook, JobChange};
+use gpusweep_analyze::{AnalyzeOptions, analyzed};
+use gpusweep_core::action::{ActionAnswer, ActionRequest};
+use gpusweep_core::conn::ConnStatus;
+use gpusweep_core::event::{Event, EventKind};
+use gpusweep_core::job::JobReport;
+use gpusweep_core::model::{Finding, Gauges, GpuState, HostSnapshot, Severity, SourceKind};
+
+/// Where a reading came from and what may be done through it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Provenance {
+    pub source: SourceKind,
+    /// The simulated demo cluster, wherever it was read from.
+    pub simulated: bool,
+    /// Read over HTTP or from Prometheus: no kill, sweep or removal reaches it.
+    pub read_only: bool,
+}
+
+impl Provenance {
+    pub fn of(snap: &HostSnapshot) -> Provenance {
+        Provenance {
+            source: snap.source,
+            simulated: snap.simulated,
+            read_only: snap.source.read_only(),
+        }
+    }
+}
+
+/// A reading's GPUs by state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateCounts {
+    pub clean: usize,
+    pub in_use: usize,
+    pub leak: usize,
+    /// Unknown or unreadable.
+    pub unknown: usize,
+}
+
+impl StateCounts {
+    fn of(snap: &HostSnapshot) -> StateCounts {
+        let mut c = StateCounts::default();
+        for g in &snap.gpus {
+            match g.state {
+                Some(GpuState::Clean) => c.clean += 1,
+                Some(GpuState::InUse) => c.in_use += 1,
+                // Not ready for a launch: as loud as a leak.
+                Some(GpuState::Leak | GpuState::NeedsReset) => c.leak += 1,
+                Some(GpuState::Unknown | GpuState::Error) | None => c.unknown += 1,
+            }
+        }
+        c
+    }
+}
+
+impl std::ops::Add for StateCounts {
+    type Output = StateCounts;
+    fn add(self, o: StateCounts) -> StateCounts {
+        StateCounts {
+            clean: self.clean + o.clean,
+            in_use: self.in_use + o.in_use,
+            leak: self.leak + o.leak,
+            unknown: self.unknown + o.unknown,
+        }
+    }
+}
+
+/// A reading as its host's ledger judged it: the one value every front end shows or publishes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Judged {
+    /// The reading, with its findings and each GPU's state filled in.
+    pub snap: HostSnapshot,
+    pub counts: StateCounts,
+    /// Findings of severity `leak`.
+    pub leaks: usize,
+    /// Every GPU read and clean (and at least one GPU).
+    pub all_clean: bool,
+    /// Moves only when what the host says changes, not with its time or gauges: readers that sent a reading
+    /// send it again only when this moved.
+    pub content: u64,
+    pub provenance: Provenance,
+}
+
+impl Judged {
+    fn of(snap: HostSnapshot, content: u64) -> Judged {
+        let counts = StateCounts::of(&snap);
+        Judged {
+            leaks: snap
+                .findings
+                .iter()
+                .filter(|f| f.severity == Severity::Leak)
+                .count(),
+            all_clean: !snap.gpus.is_empty() && counts.clean == snap.gpus.len(),
+            counts,
+            content,
+            provenance: Provenance::of(&snap),
+            snap,
+        }
+    }
+}
+
+/// A reading that moved only its memory, as the ledger judged it, for a front end that holds the reading
+/// handed on before it (kept fresh): the numbers and what they amount to, put onto that reading in place.
+/// A whole copy handed on, and the one it replaced dropped, per step of each warm-up was a sixth of a
+/// 10,000-host TUI's time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryJudged {
+    pub taken_at_ms: u64,
+    /// Each GPU's gauges; none: as before.
+    pub gauges: Vec<Gauges>,
+    /// Each GPU's used bytes.
+    pub used: Vec<Option<u64>>,
+    /// Per GPU, what NVML charges each of its listed processes.
+    pub charged: Vec<Vec<Option<u64>>>,
+    /// Each GPU's state.
+    pub states: Vec<Option<GpuState>>,
+    pub findings: Vec<Finding>,
+    pub jobs: Vec<JobReport>,
+    pub counts: StateCounts,
+    pub leaks: usize,
+    pub all_clean: bool,
+    pub content: u64,
+}
+
+impl MemoryJudged {
+    fn of(j: &Judged, gauges: Vec<Gauges>) -> MemoryJudged {
+        let s = &j.snap;
+        let (used, charged) = s.memory_numbers();
+        MemoryJudged {
+            taken_at_ms: s.taken_at_ms,
+            gauges,
+            used,
+            charged,
+            states: s.gpus.iter().map(|g| g.state).collect(),
+            findings: s.findings.clone(),
+            jobs: s.jobs.clone(),
+            counts: j.counts,
+            leaks: j.leaks,
+            all_clean: j.all_clean,
+            content: j.content,
+        }
+    }
+
+    /// Put onto the reading it was judged after: `false`, and nothing changed, where that reading has
+    /// another shape (then it was not the one).
+    pub fn put_onto_reading(self, snap: &mut HostSnapshot) -> bool {
+        if self.states.len() != snap.gpus.len()
+            || !snap.put_memory(self.taken_at_ms, &self.used, &self.charged)
+        {
+            return false;
+        }
+        snap.refresh(self.taken_at_ms, &self.gauges);
+        for (g, s) in snap.gpus.iter_mut().zip(self.states) {
+            g.state = s;
+        }
+        snap.findings = self.findings;
+        snap.jobs = self.jobs;
+        true
+    }
+
+    /// `put_onto_reading`, with what the ledger counted.
+    pub fn put_onto(self, j: &mut Judged) -> bool {
+        let (counts, leaks, all_clean, content) =
+            (self.counts, self.leaks, self.all_clean, self.content);
+        if !self.put_onto_reading(&mut j.snap) {
+            return false;
+        }
+        (j.counts, j.leaks, j.all_clean, j.content) = (counts, leaks, all_clean, content);
+        true
+    }
+
+    /// A later reading that said the same: its time and gauges (none: as before).
+    pub fn refresh(&mut self, taken_at_ms: u64, gauges: Vec<Gauges>) {
+        self.taken_at_ms = self.taken_at_ms.max(taken_at_ms);
+        if !gauges.is_empty() {
+            self.gauges = gauges;
+        }
+    }
+}
+
+/// What a reading amounts to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Judgement {
+    /// It says something new (or comes after a silence): the whole judged reading.
+    New(Box<Judged>),
+    /// Only its memory moved since the reading handed on before, to a ledger told to hand that on alone.
+    Memory(Box<MemoryJudged>),
+    /// It says what the last one said: only its time and gauges are new (no gauges: as before).
+    Same {
+        taken_at_ms: u64,
+        gauges: Vec<Gauges>,
+    },
+}
+
+#[derive(Debug)]
+pub struct Ledger {
+    label: String,
+    opts: AnalyzeOptions,
+    last: Option<Judged>,
+    content: u64,
+    /// The host went down or stale since its last reading: the next one is handed on whole, so whoever
+    /// counted the host unreadable gets a reading to count it again.
+    resend: bool,
+    down: bool,
+    /// Per GPU: the first signal since it was last clean that could free it (Unix ms).
+    signalled: HashMap<u32, u64>,
+    /// Per GPU: when the last of its holders died, since it was last clean.
+    exited: HashMap<u32, u64>,
+    /// The first signal since the host was last all clean that could free one of its GPUs.
+    first_signal: Option<u64>,
+    /// Its jobs, reading after reading (phases, lost ranks, stragglers).
+    jobs: JobBook,
+    /// When each finding was first seen: one seen to appear is a leak only once it lasts.
+    confirm: Confirm,
+    /// When the last reading's earliest lowered finding will have lasted the window.
+    confirm_due: Option<u64>,
+    /// Its front end holds each reading handed on: a reading that moved only its memory goes on as that.
+    memory_alone: bool,
+}
+
+impl Ledger {
+    pub fn new(label: &str, opts: AnalyzeOptions) -> Ledger {
+        Ledger {
+            label: label.to_string(),
+            opts,
+            last: None,
+            content: 0,
+            resend: false,
+            down: false,
+            signalled: HashMap::new(),
+            exited: HashMap::new(),
+            first_signal: None,
+            jobs: JobBook::new(opts.jobs),
+            confirm: Confirm::default(),
+            confirm_due: None,
+            memory_alone: false,
+        }
+    }
+
+    /// Hand a reading that moved only its memory on as `Judgement::Memory`: for a front end that holds
+    /// every reading handed on (kept fresh) and puts that onto it.
+    pub fn hand_on_memory_alone(&mut self) {
+        self.memory_alone = true;
+    }
+
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The last reading judged, kept fresh.
+    pub fn last(&self) -> Option<&Judged> {
+        self.last.as_ref()
+    }
+
+    fn event(&self, at_ms: u64, what: EventKind) -> Event {
+        Event {
+            at_ms,
+            host: self.label.clone(),
+            what,
+        }
+    }
+
+    /// Judge a new reading: what it amounts to, and the events since the last one.
+    pub fn reading(&mut self, mut snap: HostSnapshot) -> (Judgement, Vec<Event>) {
+        snap.host.clone_from(&self.label);
+        // Whatever a host chose to call things reaches every front end escaped.
+        snap.escape_labels();
+        if !self.resend
+            && let Some(last) = &mut self.last
+            && last.snap.same_input(&snap)
+        {
+            let gauges = snap.gauges();
+            last.snap.refresh(snap.taken_at_ms, &gauges);
+            let taken_at_ms = last.snap.taken_at_ms;
+            // Time alone may settle a job, name a straggler or confirm a finding: then the reading says
+            // something new.
+            if let Some(again) = self.time_moved(taken_at_ms) {
+                return again;
+            }
+            return (
+                Judgement::Same {
+                    taken_at_ms,
+                    gauges,
+                },
+                Vec::new(),
+            );
+        }
+        let snap = analyzed(snap, &self.opts);
+        let at = snap.taken_at_ms;
+        let (snap, changes) = self.with_jobs(snap, at);
+        self.judge(snap, changes)
+    }
+
+    /// The last reading seen again at `at`, when time alone changes what it says.
+    fn time_moved(&mut self, at: u64) -> Option<(Judgement, Vec<Event>)> {
+        if let Some(again) = self.jobs_moved(at) {
+            return Some(again);
+        }
+        if self.confirm_due.is_none_or(|d| at < d) {
+            return None;
+        }
+        let snap = self.last.as_ref()?.snap.clone();
+        Some(self.judge(snap, Vec::new()))
+    }
+
+    /// A reading that reads as the last one but for its memory: the last one with `moved`'s numbers put in,
+    /// judged as any new reading. `None` before any reading, or when the numbers do not fit the last one.
+    pub fn memory(
+        &mut self,
+        moved: gpusweep_core::sse::MemoryMoved,
+    ) -> Option<(Judgement, Vec<Event>)> {
+        let last = self.last.as_ref()?;
+        if !last.snap.memory_fits(&moved.used, &moved.charged) {
+            return None;
+        }
+        let at = moved.taken_at_ms;
+        let gauges = moved.gauges.unwrap_or_default();
+        // The same numbers (what moved at the serve was not these): fresh, as an `unchanged` is.
+        if last.snap.memory_is(&moved.used, &moved.charged) {
+            return self.fresh(at, gauges);
+        }
+        // After a silence the reading goes on whole with the host back up: the ordinary way.
+        if self.resend {
+            let mut snap = last.snap.clone();
+            snap.put_memory(at, &moved.used, &moved.charged);
+            snap.refresh(at, &gauges);
+            return Some(self.reading(snap));
+        }
+        // The last reading becomes the new one in place (a whole reading copied and dropped per step of a
+        // warm-up was a quarter of a 10,000-host client's time): its processes are the new one's, so only
+        // its findings and GPU states are kept apart, to judge the new one against.
+        let mut snap = std::mem::take(&mut self.last.take()?.snap);
+        // A serve's judgement stays the serve's: its findings and jobs are kept (the serve sends memory
+        // alone only when they are unchanged but for memory), its ranks' charges put in.
+        let remote = snap.source.judged_remotely();
+        let before = HostSnapshot {
+            findings: if remote {
+                snap.findings.clone()
+            } else {
+                std::mem::take(&mut snap.findings)
+            },
+            gpus: snap
+                .gpus
+                .iter()
+                .map(|g| gpusweep_core::model::Gpu {
+                    index: g.index,
+                    state: g.state,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        snap.put_memory(at, &moved.used, &moved.charged);
+        snap.refresh(at, &gauges);
+        if remote {
+            let charges: Vec<(u32, Option<u64>)> = snap
+                .jobs
+                .iter()
+                .flat_map(|j| j.members().map(|r| (r.pid, snap.charged(r.pid))))
+                .collect();
+            let of = |pid: u32| {
+                charges
+                    .iter()
+                    .find(|(p, _)| *p == pid)
+                    .and_then(|(_, b)| *b)
+            };
+            for j in &mut snap.jobs {
+                j.recharge(of);
+            }
+        }
+        let snap = analyzed(snap, &self.opts);
+        let (snap, changes) = self.with_jobs(snap, at);
+        let (judged, events) = self.judge_against(snap, changes, Some(&before));
+        let judgement = if self.memory_alone {
+            Judgement::Memory(Box::new(MemoryJudged::of(&judged, gauges)))
+        } else {
+            Judgement::New(Box::new(judged.clone()))
+        };
+        self.last = Some(judged);
+        Some((judgement, events))
+    }
+
+    /// The last reading with its jobs seen again at `at`, when that changes what they say.
+    fn jobs_moved(&mut self, at: u64) -> Option<(Judgement, Vec<Event>)> {
+        if !self.jobs.due(at) {
+            return None;
+        }
+        let last = self.last.as_ref()?;
+        let seen = self.jobs.observe(&last.snap, at);
+        let same_findings = {
+            let old: Vec<_> = last
+                .snap
+                .findings
+                .iter()
+                .filter(|f| is_job_finding(f.kind))
+                .map(gpusweep_core::model::Finding::subject)
+                .collect();
+            let new: Vec<_> = seen
+                .findings
+                .iter()
+                .map(gpusweep_core::model::Finding::subject)
+                .collect();
+            old == new
+        };
+        if seen.changes.is_empty() && same_findings && seen.reports == last.snap.jobs {
+            return None;
+        }
+        let mut snap = last.snap.clone();
+        put_jobs(&mut snap, seen.reports, seen.findings);
+        Some(self.judge(snap, seen.changes))
+    }
+
+    /// The reading's jobs, seen by the book: reports and findings put in, and what changed.
+    fn with_jobs(&mut self, mut snap: HostSnapshot, at: u64) -> (HostSnapshot, Vec<JobChange>) {
+        // A host read from Prometheus or a serve: its jobs are its own gpusweep's to tell, with their history.
+        if snap.source.judged_remotely() {
+            return (snap, Vec::new());
+        }
+        let seen = self.jobs.observe(&snap, at);
+        put_jobs(&mut snap, seen.reports, seen.findings);
+        (snap, seen.changes)
+    }
+
+    /// An analyzed reading with its jobs: judged, its events made, kept as the last.
+    fn judge(&mut self, snap: HostSnapshot, changes: Vec<JobChange>) -> (Judgement, Vec<Event>) {
+        let (judged, events) = self.judge_against(snap, changes, None);
+        self.last = Some(judged.clone());
+        (Judgement::New(Box::new(judged)), events)
+    }
+
+    /// Judge `snap` against `before` (the last reading's findings and GPU states, when the new one is the
+    /// last with only its memory moved), else against the last reading kept: the judged reading, to be
+    /// kept as the last, and its events.
+    fn judge_against(
+        &mut self,
+        mut snap: HostSnapshot,
+        changes: Vec<JobChange>,
+        before: Option<&HostSnapshot>,
+    ) -> (Judged, Vec<Event>) {
+        // A host read from Prometheus comes with its own gpusweep's findings, confirmed there.
+        if !snap.source.judged_remotely() {
+            let at = snap.taken_at_ms;
+            let applied = self
+                .confirm
+                .apply(&mut snap.findings, at, self.opts.confirm_ms);
+            if applied.changed {
+                gpusweep_analyze::state::judge_gpus(&mut snap, &self.opts);
+            }
+            self.confirm
+                .withhold_passing(&mut snap.findings, at, self.opts.confirm_ms);
+            self.confirm_due = applied.due_ms;
+        }
+        // Memory that moved is news.
+        let changed = before.is_some()
+            || self
+                .last
+                .as_ref()
+                .is_none_or(|l| !l.snap.says_the_same(&snap));
+        if changed {
+            self.content += 1;
+        }
+        let judged = Judged::of(snap, self.content);
+        let mut events = self.events(&judged, before);
+        let at = judged.snap.taken_at_ms;
+        events.extend(changes.into_iter().map(|c| self.event(at, job_event(c))));
+        self.resend = false;
+        (judged, events)
+    }
+
+    /// A reading that said the same as the last but for its time and gauges. After a silence it is handed
+    /// on whole; before any reading it says nothing.
+    pub fn fresh(
+        &mut self,
+        taken_at_ms: u64,
+        gauges: Vec<Gauges>,
+    ) -> Option<(Judgement, Vec<Event>)> {
+        self.last.as_mut()?.snap.refresh(taken_at_ms, &gauges);
+        if !self.resend {
+            if let Some(again) = self.time_moved(taken_at_ms) {
+                return Some(again);
+            }
+            return Some((
+                Judgement::Same {
+                    taken_at_ms,
+                    gauges,
+                },
+                Vec::new(),
+            ));
+        }
+        self.resend = false;
+        let whole = Box::new(self.last.clone()?);
+        let mut events = Vec::new();
+        if self.down {
+            self.down = false;
+            events.push(self.event(taken_at_ms, EventKind::HostUp { first: false }));
+        }
+        Some((Judgement::New(whole), events))
+    }
+
+    /// The events of a judged reading against the last, with the clocks of time to clean kept.
+    fn events(&mut self, judged: &Judged, before: Option<&HostSnapshot>) -> Vec<Event> {
+        let next = &judged.snap;
+        let at = next.taken_at_ms;
+        let prev = before.or(self.last.as_ref().map(|l| &l.snap));
+        let mut out = Vec::new();
+        if prev.is_none() || self.down {
+            out.push(EventKind::HostUp {
+                first: prev.is_none(),
+            });
+            self.down = false;
+        }
+        // Only memory moved since `before`: no process came or went.
+        let kinds = if let Some(b) = before {
+            verdict_events(b, next, false)
+        } else {
+            if let Some(p) = prev {
+                // A GPU process's death is when it leaves /proc or turns zombie; NVML may list it a while
+                // longer.
+                for g in released_by_deaths(p, next) {
+                    self.exited.insert(g, at);
+                }
+            }
+            between(prev, next)
+        };
+        for mut e in kinds {
+            if let EventKind::GpuClean {
+                gpu,
+                after_ms,
+                after_exit_ms,
+            } = &mut e
+            {
+                *after_ms = self.signalled.remove(gpu).map(|t| at.saturating_sub(t));
+                *after_exit_ms = self.exited.remove(gpu).map(|t| at.saturating_sub(t));
+            }
+            out.push(e);
+        }
+        // A GPU clean now starts its clocks afresh, whatever the events said.
+        for g in next
+            .gpus
+            .iter()
+            .filter(|g| g.state == Some(GpuState::Clean))
+        {
+            self.signalled.remove(&g.index);
+            self.exited.remove(&g.index);
+        }
+        if judged.all_clean
+            && let Some(t) = self.first_signal.take()
+        {
+            out.push(EventKind::AllClean {
+                scope: self.label.clone(),
+                after_ms: at.saturating_sub(t),
+            });
+        }
+        out.into_iter().map(|w| self.event(at, w)).collect()
+    }
+
+    /// The host's connection changed. Down (once, until a reading comes) is an event.
+    pub fn status(&mut self, status: &ConnStatus, now_ms: u64) -> Vec<Event> {
+        match status {
+            ConnStatus::Down(reason) => {
+                self.resend = true;
+                if self.down {
+                    return Vec::new();
+                }
+                self.down = true;
+                vec![self.event(
+                    now_ms,
+                    EventKind::HostDown {
+                        reason: reason.clone(),
+                    },
+                )]
+            }
+            ConnStatus::Stale { .. } => {
+                self.resend = true;
+                Vec::new()
+            }
+            ConnStatus::Up | ConnStatus::Connecting => Vec::new(),
+        }
+    }
+
+    /// An action is on its way to the host. A signal starts the clock of every GPU it could free (held or
+    /// listed by a target or a descendant of one, in the last reading), and is an event.
+    pub fn sent(&mut self, req: &ActionRequest, now_ms: u64) -> Vec<Event> {
+        let ActionRequest::Signal(r) = req else {
+            return Vec::new();
+        };
+        let pids: Vec<u32> = r.targets.iter().map(|t| t.pid).collect();
+        self.jobs
+            .signalled(r.targets.iter().map(|t| (t.pid, t.start_time)), now_ms);
+        let gpus = self
+            .last
+            .as_ref()
+            .map(|l| gpus_of_targets(&l.snap, &pids))
+            .unwrap_or_default();
+        for g in &gpus {
+            self.signalled.entry(*g).or_insert(now_ms);
+        }
+        if !gpus.is_empty() {
+            self.first_signal.get_or_insert(now_ms);
+        }
+        vec![
+            self.event(
+                now_ms,
+                EventKind::SignalSent {
+                    signal: r.signal.name().to_string(),
+                    pids,
+                    what: r
+                        .purpose
+                        .map_or("signal", gpusweep_core::action::Purpose::as_str)
+                        .to_string(),
+                },
+            ),
+        ]
+    }
+
+    /// What became of an action: one event per target or file.
+    pub fn answered(&self, answer: &ActionAnswer, now_ms: u64) -> Vec<Event> {
+        match answer {
+            ActionAnswer::Signal(outcomes) => outcomes
+                .iter()
+                .map(|o| {
+                    self.event(
+                        now_ms,
+                        EventKind::SignalFate {
+                            pid: o.pid,
+                            fate: o.describe(),
+                            ok: !o.failed(),
+                        },
+                    )
+                })
+                .collect(),
+            ActionAnswer::Remove(outcomes) => outcomes
+                .iter()
+                .map(|o| {
+                    self.event(
+                        now_ms,
+                        EventKind::ShmRemoved {
+                            name: o.name.clone(),
+                            result: o.describe(),
+                            ok: !o.failed(),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+fn is_job_finding(k: gpusweep_core::model::FindingKind) -> bool {
+    use gpusweep_core::model::FindingKind;
+    matches!(k, FindingKind::LostRank | FindingKind::Straggler)
+}
+
+/// Replace a reading's jobs and job findings with the book's.
+fn put_jobs(
+    snap: &mut HostSnapshot,
+    reports: Vec<gpusweep_core::job::JobReport>,
+    findings: Vec<gpusweep_core::model::Finding>,
+) {
+    snap.jobs = reports;
+    snap.findings.retain(|f| !is_job_finding(f.kind));
+    if !findings.is_empty() {
+        snap.findings.extend(findings);
+        gpusweep_analyze::order(&mut snap.findings);
+    }
+}
+
+fn job_event(c: JobChange) -> EventKind {
+    match c {
+        JobChange::Started {
+            job,
+            name,
+            ranks,
+            gpus,
+        } => EventKind::JobStarted {
+            job,
+            name,
+            ranks,
+            gpus,
+        },
+        JobChange::Phase {
+            job,
+            phase,
+            after_ms,
+            bytes,
+            warmup_ms,
+        } => EventKind::JobPhase {
+            job,
+            phase,
+            after_ms,
+            bytes,
+            warmup_ms,
+        },
+        JobChange::RankLost {
+            job,
+            lost,
+            left,
+            left_bytes,
+        } => EventKind::RankLost {
+            job,
+            pid: lost.pid,
+            gpus: lost.gpus,
+            how: lost.how,
+            left,
+            left_bytes,
+        },
+        JobChange::Ended { job, lived_ms } => EventKind::JobEnded { job, lived_ms },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpusweep_core::action::Purpose;
+    use gpusweep_core::model::{Gpu, Holder, ListedProcess, MIB, Memory, Proc};
+    use gpusweep_core::signal::{Sig, SignalRequest, TargetInfo};
+
+    /// GPU 0 held by 42 (child of launcher 40) while `held`; 50 holds nothing.
+    fn reading(at: u64, held: bool) -> HostSnapshot {
+        let mut s = HostSnapshot {
+            host: "raw".into(),
+            taken_at_ms: at,
+            processes: vec![
+                Proc {
+                    pid: 40,
+                    ppid: 1,
+                    ..Default::default()
+                },
+                Proc {
+                    pid: 50,
+                    ppid: 1,
+                    ..Default::default()
+                },
+            ],
+            gpus: vec![Gpu {
+                index: 0,
+                memory: Memory {
+                    used: Some(0),
+                    total: Some(80 << 30),
+                    reserved: None,
+                },
+                utilization: Some(u32::try_from(at % 100).unwrap_or(0)),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        if held {
+            s.gpus[0].memory.used = Some(1024 * MIB);
+            s.gpus[0].processes.push(ListedProcess {
+                pid: 42,
+                used_bytes: Some(1024 * MIB),
+                ..Default::default()
+            });
+            s.holders.push(Holder {
+                pid: 42,
+                gpus: vec![0],
+                ..Default::default()
+            });
+            s.processes.push(Proc {
+                pid: 42,
+                ppid: 40,
+                start_time: 9,
+                ..Default::default()
+            });
+        }
+        s
+    }
+
+    fn kill(pid: u32) -> ActionRequest {
+        ActionRequest::Signal(SignalRequest {
+            targets: vec![TargetInfo {
+                pid,
+                start_time: 0,
+                cmdline: String::new(),
+                pidfs_ino: None,
+            }],
+            signal: Sig::Term,
+            grace_ms: None,
+            purpose: Some(Purpose::Sweep),
+        })
+    }
+
+    fn kinds(ev: &[Event]) -> Vec<&EventKind> {
+        ev.iter().map(|e| &e.what).collect()
+    }
+
+    #[test]
+    fn a_reading_is_judged_once_and_one_that_says_the_same_is_only_fresh() {
+        let mut l = Ledger::new("gpu-x", AnalyzeOptions::default());
+        let (j, ev) = l.reading(reading(1_000, true));
+        let Judgement::New(j) = j else {
+            panic!("{j:?}")
+        };
+        assert_eq!(j.snap.host, "gpu-x", "stamped with the fleet's label");
+        assert_eq!(j.snap.gpus[0].state, Some(GpuState::InUse));
+        assert_eq!(j.counts.in_use, 1);
+        assert!(!j.all_clean);
+        assert_eq!(
+            kinds(&ev),
+            [
+                &EventKind::HostUp { first: true },
+                &EventKind::JobStarted {
+                    job: "tree:40".into(),
+                    name: "[]".into(),
+                    ranks: 1,
+                    gpus: vec![0]
+                }
+            ]
+        );
+        assert_eq!(j.snap.jobs[0].phase, gpusweep_core::job::Phase::Loading);
+        let (j2, ev) = l.reading(reading(2_001, true));
+        assert!(
+            matches!(&j2, Judgement::Same { taken_at_ms: 2_001, gauges } if gauges[0].utilization == Some(1)),
+            "{j2:?}"
+        );
+        assert!(ev.is_empty());
+        // Down, then the same reading again: handed on whole, and the host is back.
+        assert_eq!(l.status(&ConnStatus::Down("gone".into()), 2_500).len(), 1);
+        assert!(
+            l.status(&ConnStatus::Down("still".into()), 2_600)
+                .is_empty()
+        );
+        let (j3, ev) = l.reading(reading(3_000, true));
+        assert!(
+            matches!(&j3, Judgement::New(j) if j.content == j.content),
+            "{j3:?}"
+        );
+        assert_eq!(kinds(&ev), [&EventKind::HostUp { first: false }]);
+    }
+
+    #[test]
+    fn time_to_clean_counts_from_the_signal_that_could_free_the_gpu() {
+        let mut l = Ledger::new("gpu-x", AnalyzeOptions::default());
+        l.reading(reading(1_000, true));
+        // A process holding nothing is killed: no GPU's clock starts.
+        let ev = l.sent(&kill(50), 1_500);
+        assert!(matches!(
+            kinds(&ev)[..],
+            [EventKind::SignalSent { what, .. }] if what == "sweep"
+        ));
+        l.reading(reading(20_000, true));
+        // The launcher is: its worker's GPU is what it may free.
+        l.sent(&kill(40), 25_000);
+        let (_, ev) = l.reading(reading(25_100, false));
+        let clean: Vec<_> = kinds(&ev)
+            .into_iter()
+            .filter(|k| matches!(k, EventKind::GpuClean { .. } | EventKind::AllClean { .. }))
+            .cloned()
+            .collect();
+        assert_eq!(
+            clean,
+            [
+                EventKind::GpuClean {
+                    gpu: 0,
+                    after_ms: Some(100),
+                    after_exit_ms: Some(0)
+                },
+                EventKind::AllClean {
+                    scope: "gpu-x".into(),
+                    after_ms: 100
+                }
+            ]
+        );
+    }
+
+    #[test]
+    fn time_alone_settles_a_job_and_the_reading_says_so() {
+        let mut l = Ledger::new(
+            "gpu-x",
+            AnalyzeOptions {
+                jobs: gpusweep_analyze::jobs::JobOptions {
+                    settle_ms: 5_000,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        );
+        l.reading(reading(1_000, true));
+        let (j, ev) = l.reading(reading(3_000, true));
+        assert!(matches!(j, Judgement::Same { .. }), "{j:?}");
+        assert!(ev.is_empty());
+        // The same reading, 5 s after memory last rose: settled, a new reading with its event.
+        let (j, ev) = l.fresh(6_000, Vec::new()).expect("a reading");
+        let Judgement::New(j) = j else {
+            panic!("{j:?}")
+        };
+        assert_eq!(j.snap.jobs[0].phase, gpusweep_core::job::Phase::Settled);
+        assert!(
+            matches!(
+                kinds(&ev)[..],
+                [EventKind::JobPhase {
+                    phase: gpusweep_core::job::Phase::Settled,
+                    ..
+                }]
+            ),
+            "{ev:?}"
+        );
+        let (j, _) = l.fresh(7_000, Vec::new()).expect("a reading");
+        assert!(matches!(j, Judgement::Same { .. }), "settled once: {j:?}");
+    }
+
+    /// Seen on a real H200: ranks starting CUDA hold their GPU before NVML lists them, and a rank being
+    /// killed is charged until the driver frees its memory. A finding seen to appear is said one step lower
+    /// until it has lasted the confirm window; one there at the first reading was not seen to appear.
+    #[test]
+    fn a_finding_seen_to_appear_is_a_leak_only_once_it_lasts() {
+        use gpusweep_core::model::{FindingKind, Severity};
+        let opts = AnalyzeOptions {
+            confirm_ms: 3_000,
+            ..Default::default()
+        };
+        let ghost_of = |f: &[gpusweep_core::model::Finding]| {
+            f.iter()
+                .find(|f| f.kind == FindingKind::Ghost)
+                .map(|f| (f.severity, f.confirms_as))
+        };
+        let appeared = |ev: &[Event]| -> Vec<Severity> {
+            ev.iter()
+                .filter_map(|e| match &e.what {
+                    EventKind::FindingAppeared {
+                        kind: FindingKind::Ghost,
+                        severity,
+                        ..
+                    } => Some(*severity),
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut l = Ledger::new("gpu-x", opts);
+        l.reading(reading(1_000, false));
+        // 42 left /proc; NVML still charges it: a ghost, seen to appear.
+        let mut ghost = reading(2_000, true);
+        ghost.processes.retain(|p| p.pid != 42);
+        ghost.holders.clear();
+        let (j, ev) = l.reading(ghost.clone());
+        let Judgement::New(j) = j else {
+            panic!("{j:?}")
+        };
+        assert_eq!(
+            ghost_of(&j.snap.findings),
+            Some((Severity::Warning, Some(Severity::Leak)))
+        );
+        assert_eq!(j.snap.gpus[0].state, Some(GpuState::InUse));
+        assert_eq!(j.leaks, 0);
+        assert_eq!(appeared(&ev), [Severity::Warning]);
+        // Still there, not yet for the window: nothing new.
+        ghost.taken_at_ms = 4_000;
+        let (j, ev) = l.reading(ghost.clone());
+        assert!(matches!(j, Judgement::Same { .. }), "{j:?}");
+        assert!(ev.is_empty());
+        // Lasted 3 s: the same reading now says a leak, and says it again as an event.
+        let (j, ev) = l.fresh(5_000, Vec::new()).expect("a reading");
+        let Judgement::New(j) = j else {
+            panic!("{j:?}")
+        };
+        assert_eq!(ghost_of(&j.snap.findings), Some((Severity::Leak, None)));
+        assert_eq!(j.snap.gpus[0].state, Some(GpuState::Leak));
+        assert_eq!(
+            j.leaks, 2,
+            "a ghost and its residual: {:?}",
+            j.snap.findings
+        );
+        assert_eq!(appeared(&ev), [Severity::Leak]);
+        let (j, _) = l.fresh(6_000, Vec::new()).expect("a reading");
+        assert!(matches!(j, Judgement::Same { .. }), "{j:?}");
+        // Gone and back: seen to appear again.
+        l.reading(reading(7_000, false));
+        ghost.taken_at_ms = 8_000;
+        let (j, _) = l.reading(ghost.clone());
+        let Judgement::New(j) = j else {
+            panic!("{j:?}")
+        };
+        assert_eq!(
+            ghost_of(&j.snap.findings).map(|g| g.0),
+            Some(Severity::Warning)
+        );
+        // A host whose first reading has it: not seen to appear, said as it is.
+        let mut first = Ledger::new("gpu-y", opts);
+        let (j, _) = first.reading(ghost);
+        let Judgement::New(j) = j else {
+            panic!("{j:?}")
+        };
+        assert_eq!(ghost_of(&j.snap.findings), Some((Severity::Leak, None)));
+    }
+
+    #[test]
+    fn memory_alone_is_put_onto_the_last_reading_and_judged_anew() {
+        let mut l = Ledger::new("gpu-x", AnalyzeOptions::default());
+        let moved = |at: u64, used: u64, charged: u64| gpusweep_core::sse::MemoryMoved {
+            host: "gpu-x".into(),
+            taken_at_ms: at,
+            used: vec![Some(used * MIB)],
+            charged: vec![vec![Some(charged * MIB)]],
+            gauges: None,
+            moved: None,
+        };
+        assert!(
+            l.memory(moved(500, 1, 1)).is_none(),
+            "nothing to put it onto"
+        );
+        l.reading(reading(1_000, true));
+        // 2 GiB used, 1 GiB charged: more than the context overhead goes unexplained.
+        let (j, ev) = l.memory(moved(2_000, 2048, 1024)).expect("it fits");
+        let Judgement::New(j) = j else {
+            panic!("{j:?}")
+        };
+        assert_eq!(j.snap.taken_at_ms, 2_000);
+        assert_eq!(j.snap.gpus[0].memory.used, Some(2048 * MIB));
+        assert_eq!(j.snap.gpus[0].processes[0].used_bytes, Some(1024 * MIB));
+        assert!(
+            ev.iter().any(|e| matches!(
+                &e.what,
+                EventKind::FindingAppeared {
+                    kind: gpusweep_core::model::FindingKind::Residual,
+                    ..
+                }
+            )),
+            "{ev:?}"
+        );
+        let two_processes = gpusweep_core::sse::MemoryMoved {
+            charged: vec![vec![None, None]],
+            ..moved(3_000, 1, 1)
+        };
+        assert!(l.memory(two_processes).is_none(), "another shape");
+    }
+
+    /// Memory put onto the last reading in place is judged as the whole reading with those numbers would
+    /// be: the same reading, the same events, the same revisions.
+    #[test]
+    fn memory_in_place_judges_as_the_whole_reading_would() {
+        use gpusweep_core::model::Gpu;
+        // GPU 0 held by 42; GPU 1 held by nobody, its memory draining.
+        let first = || {
+            let mut s = reading(1_000, true);
+            s.gpus.push(Gpu {
+                index: 1,
+                memory: Memory {
+                    used: Some(4096 * MIB),
+                    total: Some(80 << 30),
+                    reserved: None,
+                },
+                ..Default::default()
+            });
+            s
+        };
+        let steps: [(u64, [u64; 2], u64); 4] = [
+            (2_000, [1024, 2048], 1024),
+            (3_000, [3072, 0], 1024),
+            (4_000, [3072, 0], 1024),
+            (9_000, [3072, 0], 3072),
+        ];
+        let mut by_memory = Ledger::new("gpu-x", AnalyzeOptions::default());
+        let mut whole = Ledger::new("gpu-x", AnalyzeOptions::default());
+        // A ledger that hands memory on alone, and the reading its front end holds.
+        let mut alone = Ledger::new("gpu-x", AnalyzeOptions::default());
+        alone.hand_on_memory_alone();
+        by_memory.reading(first());
+        whole.reading(first());
+        let Judgement::New(held) = alone.reading(first()).0 else {
+            panic!("a first reading is whole")
+        };
+        let mut held = *held;
+        for (at, used, charged) in steps {
+            let moved = gpusweep_core::sse::MemoryMoved {
+                host: "gpu-x".into(),
+                taken_at_ms: at,
+                used: used.iter().map(|u| Some(u * MIB)).collect(),
+                charged: vec![vec![Some(charged * MIB)], vec![]],
+                gauges: None,
+                moved: None,
+            };
+            let mut snap = whole.last().expect("a reading").snap.clone();
+            assert!(snap.put_memory(at, &moved.used, &moved.charged));
+            let (handed, handed_events) = alone.memory(moved.clone()).expect("it fits");
+            let a = by_memory.memory(moved).expect("it fits");
+            let b = whole.reading(snap);
+            // Put onto the reading the front end holds, memory alone makes the whole reading judged.
+            match handed {
+                Judgement::Memory(m) => assert!(m.put_onto(&mut held), "at {at}"),
+                Judgement::Same { taken_at_ms, .. } => held.snap.refresh(taken_at_ms, &[]),
+                Judgement::New(j) => panic!("memory alone came whole at {at}: {j:?}"),
+            }
+            assert_eq!(Some(&held), whole.last(), "at {at}");
+            assert_eq!(handed_events, b.1, "at {at}");
+            match (&a.0, &b.0) {
+                // The same numbers again: fresh both ways (no gauges said: as before).
+                (
+                    Judgement::Same { taken_at_ms: x, .. },
+                    Judgement::Same { taken_at_ms: y, .. },
+                ) => assert_eq!((x, &a.1), (y, &b.1), "at {at}"),
+                _ => assert_eq!(a, b, "at {at}"),
+            }
+        }
+        let kinds_seen: Vec<_> = {
+            let mut l = Ledger::new("gpu-x", AnalyzeOptions::default());
+            l.reading(first());
+            let moved = gpusweep_core::sse::MemoryMoved {
+                host: "gpu-x".into(),
+                taken_at_ms: 2_000,
+                used: vec![Some(1024 * MIB), Some(0)],
+                charged: vec![vec![Some(1024 * MIB)], vec![]],
+                gauges: None,
+                moved: None,
+            };
+            l.memory(moved).expect("it fits").1
+        };
+        // GPU 1 drained: its residual cleared and it reads clean.
+        assert!(
+            kinds_seen
+                .iter()
+                .any(|e| matches!(e.what, EventKind::GpuClean { gpu: 1, .. })),
+            "{kinds_seen:?}"
+        );
+    }
+
+    #[test]
+    fn answers_are_events_and_a_fresh_reading_after_a_silence_goes_on_whole() {
+        use gpusweep_core::signal::{Fate, Outcome};
+        let mut l = Ledger::new("gpu-x", AnalyzeOptions::default());
+        assert!(l.fresh(5, Vec::new()).is_none(), "nothing read yet");
+        l.reading(reading(1_000, false));
+        let ev = l.answered(
+            &ActionAnswer::Signal(vec![Outcome {
+                pid: 42,
+                start_time: 9,
+                cmdline: "w".into(),
+                fate: Fate::AlreadyGone,
+            }]),
+            1_100,
+        );
+        assert!(matches!(
+            kinds(&ev)[..],
+            [EventKind::SignalFate { ok: true, .. }]
+        ));
+        l.status(&ConnStatus::Stale { silent_ms: 3_000 }, 4_000);
+        let (j, _) = l.fresh(5_000, Vec::new()).expect("a reading");
+        assert!(
+            matches!(j, Judgement::New(ref j) if j.snap.taken_at_ms == 5_000),
+            "{j:?}"
+        );
+        let (j, _) = l.fresh(6_000, Vec::new()).expect("a reading");
+        assert!(matches!(j, Judgement::Same { .. }));
+    }
+}

@@ -1,0 +1,566 @@
+//! Several hosts of one `gpusweep serve` (`http://node:9401/hosts/NAME`, two or more of the same serve) read
+//! through one event stream, `/api/v1/events?hosts=...`, instead of a stream each: ten thousand hosts of a
+//! serve cost one connection, one parser and one task, not ten thousand (whose connections the serve's
+//! stream budget refused). Each event names its host; each host keeps its own silence, so one host the
+//! serve stops reading is called stale and down alone while the others stay up, and the stream is given up
+//! only when the whole serve falls silent. What the serve sends is untrusted, as in `http`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::http::{
+    HttpClient, READ_ONLY, SseEvent, SseParser, describe, hello, preview, read_snapshot,
+    silence_limits,
+};
+use super::{FIRST_BACKOFF, MAX_BACKOFF};
+use crate::{ConnStatus, HostCmd, Refuse, Sink};
+use gpusweep_core::format::{escape, millis};
+use gpusweep_core::model::Gauges;
+use gpusweep_core::sse;
+
+/// A command for one host of the group: its place, and the command.
+pub type GroupCmd = (usize, HostCmd);
+
+/// One host of the group: its name at the serve, and where its readings go.
+pub struct GroupHost {
+    pub name: String,
+    pub sink: Arc<dyn Sink>,
+}
+
+/// Past this length the stream asks for every host of the serve and keeps its own: a URL of thousands of
+/// names is not worth sending (a serve of fewer hosts than asked for sends little more).
+const MAX_NAMES_QUERY: usize = 4096;
+
+/// What one host of the stream has said.
+struct Member {
+    last: Instant,
+    stale: bool,
+    up: bool,
+    /// Not among the hosts the serve's hello lists: said down once, never judged for silence.
+    absent: bool,
+    /// Its gauges as last heard: an `unchanged` sends only the GPUs whose gauges moved.
+    gauges: Vec<Gauges>,
+}
+
+/// The group's reader.
+struct Group {
+    /// `scheme://host:port` of the serve.
+    origin: String,
+    http: HttpClient,
+    connect_timeout: Duration,
+    hosts: Vec<GroupHost>,
+    by_name: HashMap<String, usize>,
+    /// Each host's interval as last asked; the stream reads at the fastest.
+    asked: Vec<Duration>,
+    /// The last event's id: where the next connection resumes.
+    resume: Option<String>,
+}
+
+/// What ended one stream.
+enum Ended {
+    /// The interval changed or a silent serve was asked again: connect again at once.
+    Again,
+    Failed(String),
+    Stopped,
+}
+
+/// Read the group until the fleet goes away: connect, stream, and on a failure say it for every host and
+/// connect again with backoff.
+pub async fn run(
+    origin: String,
+    http: HttpClient,
+    hosts: Vec<GroupHost>,
+    interval: Duration,
+    connect_timeout: Duration,
+    mut cmds: mpsc::Receiver<GroupCmd>,
+) {
+    let by_name = hosts
+        .iter()
+        .enumerate()
+        .rev()
+        .map(|(i, h)| (h.name.clone(), i))
+        .collect();
+    let n = hosts.len();
+    let mut g = Group {
+        origin,
+        http,
+        connect_timeout,
+        hosts,
+        by_name,
+        asked: vec![interval; n],
+        resume: None,
+    };
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        if !g.say_all(&ConnStatus::Connecting) {
+            return;
+        }
+        let why = match g.stream(&mut cmds).await {
+            Ended::Stopped => return,
+            Ended::Again => continue,
+            Ended::Failed(why) => why,
+        };
+        if !g.say_all(&ConnStatus::Down(why)) || !g.back_off(backoff, &mut cmds).await {
+            return;
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+impl Group {
+    fn interval(&self) -> Duration {
+        self.asked
+            .iter()
+            .copied()
+            .min()
+            .unwrap_or(Duration::from_secs(1))
+    }
+
+    /// Tell every host; false once nobody listens.
+    fn say_all(&self, status: &ConnStatus) -> bool {
+        let mut listening = false;
+        for h in &self.hosts {
+            listening |= h.sink.status(status.clone());
+        }
+        listening
+    }
+
+    /// Wait before reconnecting, answering commands: an action is refused at once, `r` reconnects now.
+    async fn back_off(&mut self, backoff: Duration, cmds: &mut mpsc::Receiver<GroupCmd>) -> bool {
+        let sleep = tokio::time::sleep(backoff);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                () = &mut sleep => return true,
+                c = cmds.recv() => match c {
+                    None => return false,
+                    Some((_, HostCmd::PollNow | HostCmd::Wake)) => return true,
+                    Some((at, HostCmd::Interval(d))) => {
+                        if let Some(a) = self.asked.get_mut(at) {
+                            *a = d;
+                        }
+                    }
+                    Some((at, c @ HostCmd::Act { .. })) => {
+                        if let Some(h) = self.hosts.get(at) {
+                            c.refuse(h.sink.as_ref(), "host is down");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The stream's query: only these hosts, where their names fit in a URL.
+    fn names_query(&self) -> Option<String> {
+        let mut q = String::new();
+        for h in &self.hosts {
+            if !q.is_empty() {
+                q.push(',');
+            }
+            q.push_str(&h.name);
+            if q.len() > MAX_NAMES_QUERY {
+                return None;
+            }
+        }
+        Some(q)
+    }
+
+    /// One stream: connect, hello, readings, commands and silences, until it ends.
+    async fn stream(&mut self, cmds: &mut mpsc::Receiver<GroupCmd>) -> Ended {
+        let interval = self.interval();
+        let url = format!("{}/api/v1/events", self.origin);
+        let names = self.names_query();
+        // Only the GPUs whose gauges moved: most of a fleet's GPUs idle, most of a busy one's do not move
+        // (an older serve ignores the ask and sends them all).
+        let mut query: Vec<(&str, &str)> = names.iter().map(|n| ("hosts", n.as_str())).collect();
+        query.push(("gauges", "moved"));
+        // And a warming host's reading as its memory alone, put onto the reading before it here.
+        query.push(("memory", "moved"));
+        let opened = super::http::open_events(
+            &self.http,
+            &url,
+            &query,
+            self.connect_timeout,
+            interval,
+            self.resume.as_deref(),
+        )
+        .await;
+        let mut resp = match opened {
+            Ok(r) => r,
+            Err(e) => return Ended::Failed(e),
+        };
+        let now = Instant::now();
+        let mut st = Stream {
+            members: (0..self.hosts.len())
+                .map(|_| Member {
+                    last: now,
+                    stale: false,
+                    up: false,
+                    absent: false,
+                    gauges: Vec::new(),
+                })
+                .collect(),
+            said_hello: false,
+            serve_interval: None,
+            heard_at: now,
+            counts_from: now,
+        };
+        let mut parser = SseParser::default();
+        let mut sweep_at = now + interval.min(Duration::from_secs(1));
+        loop {
+            let step = tokio::select! {
+                // What the serve sent comes before any judgement of its silence.
+                biased;
+                chunk = resp.chunk() => {
+                    let bytes = match chunk {
+                        Ok(Some(b)) => b,
+                        Ok(None) => return Ended::Failed("the serve closed the stream".into()),
+                        Err(e) => return Ended::Failed(describe(&e)),
+                    };
+                    st.heard_at = Instant::now();
+                    let mut step = Step::Go;
+                    let fed = parser.feed_each(&bytes, &mut |ev| {
+                        step = self.on_event(&mut st, ev);
+                        matches!(step, Step::Go)
+                    });
+                    if let Err(e) = fed {
+                        return Ended::Failed(format!("from the serve: {e}"));
+                    }
+                    step
+                }
+                c = cmds.recv() => self.on_cmd(&st, c),
+                () = tokio::time::sleep_until(sweep_at) => {
+                    let now = Instant::now();
+                    if !super::silence_is_the_hosts(sweep_at, now) {
+                        // This client was not running: what the serve said meanwhile waits in the socket.
+                        // Silence counts again from now, once it can be read.
+                        st.counts_from = now;
+                    }
+                    sweep_at = now + self.interval().min(Duration::from_secs(1));
+                    self.sweep(&mut st, now)
+                }
+            };
+            match step {
+                Step::Go => {}
+                Step::End(e) => return e,
+            }
+        }
+    }
+
+    /// When a host is stale, and when it is down, at the pace the serve reads.
+    fn limits(&self, st: &Stream) -> (Duration, Duration) {
+        silence_limits(self.interval(), st.serve_interval, self.connect_timeout)
+    }
+
+    /// Judge each host's silence (only its own: the stream may be busy with others), and the whole
+    /// serve's: silent past the limit, the stream is given up and opened again.
+    fn sweep(&self, st: &mut Stream, now: Instant) -> Step {
+        let (stale_after, give_up) = self.limits(st);
+        let silent_for = |last: Instant| now.saturating_duration_since(last.max(st.counts_from));
+        if silent_for(st.heard_at) > give_up {
+            return Step::End(Ended::Failed(format!(
+                "no reading from the serve for {}s: reconnecting",
+                silent_for(st.heard_at).as_secs()
+            )));
+        }
+        if !st.said_hello {
+            return Step::Go;
+        }
+        let mut listening = false;
+        for (m, h) in st.members.iter_mut().zip(&self.hosts) {
+            if m.absent {
+                continue;
+            }
+            let silent = silent_for(m.last);
+            if m.up && !m.stale && silent > stale_after {
+                m.stale = true;
+                let st = ConnStatus::Stale {
+                    silent_ms: millis(silent),
+                };
+                listening |= h.sink.status(st);
+            } else if (m.up || m.stale) && silent > give_up {
+                (m.up, m.stale) = (false, false);
+                listening |= h.sink.status(ConnStatus::Down(format!(
+                    "the serve sent no reading of it for {}s",
+                    silent.as_secs()
+                )));
+            } else {
+                listening = true;
+            }
+        }
+        if listening {
+            Step::Go
+        } else {
+            Step::End(Ended::Stopped)
+        }
+    }
+
+    fn on_hello(&self, st: &mut Stream, data: &str) -> Result<bool, String> {
+        let h = hello(data)?;
+        st.serve_interval = h.interval_ms.map(|ms| Duration::from_millis(ms.max(1)));
+        st.said_hello = true;
+        let streamed: std::collections::HashSet<&str> =
+            h.hosts.iter().map(String::as_str).collect();
+        let mut listening = false;
+        for (m, host) in st.members.iter_mut().zip(&self.hosts) {
+            if streamed.contains(host.name.as_str()) {
+                listening = true;
+                continue;
+            }
+            m.absent = true;
+            listening |= host.sink.status(ConnStatus::Down(format!(
+                "the serve at {} has no host {:?}",
+                self.origin,
+                escape(&host.name)
+            )));
+        }
+        Ok(listening)
+    }
+
+    /// One event: a reading goes to its host's sink as it is (whether it says anything new is the
+    /// runtime's to decide); events of hosts not in the group are let go.
+    fn on_event(&mut self, st: &mut Stream, ev: &SseEvent) -> Step {
+        if let Some(id) = &ev.id {
+            id.clone_into(self.resume.get_or_insert_default());
+        }
+        let kind = sse::Kind::parse(&ev.event);
+        if kind == Some(sse::Kind::Hello) {
+            return match self.on_hello(st, &ev.data) {
+                Ok(true) => Step::Go,
+                Ok(false) => Step::End(Ended::Stopped),
+                Err(e) => Step::End(Ended::Failed(e)),
+            };
+        }
+        if !st.said_hello {
+            return Step::End(Ended::Failed(format!(
+                "not a gpusweep serve: it began with {:?}",
+                preview(&ev.event)
+            )));
+        }
+        let sent = match kind {
+            Some(sse::Kind::Snapshot) => {
+                let snap = match read_snapshot(&ev.data) {
+                    Ok(s) => s,
+                    Err(e) => return Step::End(Ended::Failed(e)),
+                };
+                let Some(&at) = self.by_name.get(&snap.host) else {
+                    return Step::Go;
+                };
+                st.members[at].gauges = snap.gauges();
+                st.heard(at, &self.hosts[at]) && self.hosts[at].sink.reading(snap)
+            }
+            Some(sse::Kind::Unchanged) => {
+                let Ok(u) = serde_json::from_str::<UnchangedRef>(&ev.data) else {
+                    return Step::End(Ended::Failed(format!(
+                        "garbage from the serve: {:?}",
+                        preview(&ev.data)
+                    )));
+                };
+                let Some(&at) = self.by_name.get(u.host.as_ref()) else {
+                    return Step::Go;
+                };
+                let gauges = heard_gauges(&mut st.members[at].gauges, u.gauges, u.moved);
+                st.heard(at, &self.hosts[at]) && self.hosts[at].sink.fresh(u.taken_at_ms, gauges)
+            }
+            Some(sse::Kind::Memory) => return self.on_memory(st, &ev.data),
+            Some(sse::Kind::Status) => match serde_json::from_str::<sse::Status>(&ev.data) {
+                Ok(s) if s.status == sse::Conn::Down => match self.by_name.get(&s.host) {
+                    Some(&at) => {
+                        st.members[at].up = false;
+                        st.members[at].stale = false;
+                        let why = escape(s.reason.as_deref().unwrap_or("down")).into_owned();
+                        self.hosts[at]
+                            .sink
+                            .status(ConnStatus::Down(format!("at the serve: {why}")))
+                    }
+                    None => true,
+                },
+                _ => true,
+            },
+            // The timeline's events: each host's ledger makes its own from the snapshots.
+            Some(sse::Kind::Event | sse::Kind::Hello | sse::Kind::Gap) | None => true,
+        };
+        if sent {
+            Step::Go
+        } else {
+            Step::End(Ended::Stopped)
+        }
+    }
+
+    /// A `memory` event: the host's last reading with these numbers put in.
+    fn on_memory(&mut self, st: &mut Stream, data: &str) -> Step {
+        let Ok(m) = serde_json::from_str::<MemoryRef>(data) else {
+            return Step::End(Ended::Failed(format!(
+                "garbage from the serve: {:?}",
+                preview(data)
+            )));
+        };
+        let Some(&at) = self.by_name.get(m.host.as_ref()) else {
+            return Step::Go;
+        };
+        let gauges = heard_gauges(&mut st.members[at].gauges, m.gauges, m.moved);
+        let moved = sse::MemoryMoved {
+            host: m.host.into_owned(),
+            taken_at_ms: m.taken_at_ms,
+            used: m.used,
+            charged: m.charged,
+            gauges: (!gauges.is_empty()).then_some(gauges),
+            moved: None,
+        };
+        if !st.heard(at, &self.hosts[at]) {
+            return Step::End(Ended::Stopped);
+        }
+        match self.hosts[at].sink.memory(moved) {
+            Some(true) => Step::Go,
+            Some(false) => Step::End(Ended::Stopped),
+            // Not the reading it moves from: a new stream begins with whole readings.
+            None => Step::End(Ended::Failed(
+                "the serve sent memory for a reading this client does not have".into(),
+            )),
+        }
+    }
+
+    fn on_cmd(&mut self, st: &Stream, c: Option<GroupCmd>) -> Step {
+        let Some((at, cmd)) = c else {
+            return Step::End(Ended::Stopped);
+        };
+        match cmd {
+            HostCmd::Interval(d) => {
+                let before = self.interval();
+                if let Some(a) = self.asked.get_mut(at) {
+                    *a = d;
+                }
+                if self.interval() == before {
+                    Step::Go
+                } else {
+                    Step::End(Ended::Again)
+                }
+            }
+            // The serve reads at its own pace; a serve gone quiet is asked again by reconnecting.
+            HostCmd::PollNow | HostCmd::Wake if st.members.iter().all(|m| m.stale || !m.up) => {
+                Step::End(Ended::Again)
+            }
+            HostCmd::PollNow | HostCmd::Wake => Step::Go,
+            c @ HostCmd::Act { .. } => {
+                if let Some(h) = self.hosts.get(at) {
+                    c.refuse(h.sink.as_ref(), READ_ONLY);
+                }
+                Step::Go
+            }
+        }
+    }
+}
+
+/// `sse::Unchanged` read in place: its host's name borrowed from the event (one in every event of a
+/// ten-thousand-host stream).
+#[derive(serde::Deserialize)]
+struct UnchangedRef<'a> {
+    #[serde(borrow)]
+    host: std::borrow::Cow<'a, str>,
+    taken_at_ms: u64,
+    #[serde(default)]
+    gauges: Option<Vec<Gauges>>,
+    #[serde(default)]
+    moved: Option<Vec<(usize, Gauges)>>,
+}
+
+/// An `unchanged`'s gauges as the sink takes them: every GPU's (none: as before), with what was heard
+/// of the host kept up to date.
+fn heard_gauges(
+    known: &mut Vec<Gauges>,
+    all: Option<Vec<Gauges>>,
+    moved: Option<Vec<(usize, Gauges)>>,
+) -> Vec<Gauges> {
+    match (all, moved) {
+        (Some(all), _) => {
+            known.clone_from(&all);
+            all
+        }
+        (None, Some(moved)) => {
+            for (i, g) in moved {
+                // A position the host's reading does not have is the serve's mistake: nothing of it is
+                // taken.
+                if let Some(slot) = known.get_mut(i) {
+                    *slot = g;
+                }
+            }
+            known.clone()
+        }
+        (None, None) => Vec::new(),
+    }
+}
+
+/// `sse::MemoryMoved` read with its host's name borrowed.
+#[derive(serde::Deserialize)]
+struct MemoryRef<'a> {
+    #[serde(borrow)]
+    host: std::borrow::Cow<'a, str>,
+    taken_at_ms: u64,
+    used: Vec<Option<u64>>,
+    charged: Vec<Vec<Option<u64>>>,
+    #[serde(default)]
+    gauges: Option<Vec<Gauges>>,
+    #[serde(default)]
+    moved: Option<Vec<(usize, Gauges)>>,
+}
+
+/// What one event, chunk or command amounts to.
+enum Step {
+    Go,
+    End(Ended),
+}
+
+/// One stream's state.
+struct Stream {
+    members: Vec<Member>,
+    said_hello: bool,
+    /// The serve's own interval, once its hello says it.
+    serve_interval: Option<Duration>,
+    /// When the stream last carried anything (a keep-alive included).
+    heard_at: Instant,
+    /// Silences count from here at the earliest: the last time this client was found not running.
+    counts_from: Instant,
+}
+
+impl Stream {
+    /// A reading of host `at` came: it is up (said once) and fresh. False once nobody listens.
+    fn heard(&mut self, at: usize, host: &GroupHost) -> bool {
+        let m = &mut self.members[at];
+        m.last = Instant::now();
+        let was = m.stale || !m.up;
+        (m.stale, m.up) = (false, true);
+        !was || host.sink.status(ConnStatus::Up)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn g(u: u32) -> Gauges {
+        Gauges {
+            utilization: Some(u),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn gauges_that_moved_are_put_in_place_of_those_heard_and_the_rest_kept() {
+        let mut known = Vec::new();
+        assert_eq!(
+            heard_gauges(&mut known, Some(vec![g(0), g(1), g(2)]), None),
+            [g(0), g(1), g(2)]
+        );
+        assert!(heard_gauges(&mut known, None, None).is_empty(), "as before");
+        assert_eq!(
+            heard_gauges(&mut known, None, Some(vec![(1, g(70)), (9, g(99))])),
+            [g(0), g(70), g(2)],
+            "position 9 is not the host's: left out"
+        );
+        assert_eq!(known, [g(0), g(70), g(2)]);
+    }
+}

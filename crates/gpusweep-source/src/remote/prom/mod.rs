@@ -1,0 +1,368 @@
+//! `prom:` fleets: every host a Prometheus server knows, read through its HTTP API. Where the host runs
+//! `gpusweep serve`, its own verdicts come through (clean, leak, findings by kind); where only dcgm-exporter
+//! runs, its memory per GPU, and "clean" only where nothing is used (the process list is a named blind
+//! spot). One poll is a handful of aggregated queries for the whole fleet, whatever its size; a host whose
+//! reading did not change is only marked fresh. Read-only: kills and removals are refused, saying how to act.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::http::HttpClient;
+use crate::{ConnStatus, HostCmd, Refuse};
+use gpusweep_core::format::escape;
+
+/// Prometheus data moves at its scrape interval; polling it faster than this buys nothing.
+pub const MIN_PROM_INTERVAL: Duration = Duration::from_secs(1);
+/// Identities (UUID, model, bus, where a serve answers) are read again this often.
+const IDENTITY_EVERY: Duration = Duration::from_secs(60);
+
+/// A Prometheus server and the selector that narrows it to the fleet: the spec as parsed.
+pub type PromServer = gpusweep_core::host::PromSpec;
+
+mod answer;
+mod poll;
+mod query;
+mod reading;
+#[cfg(test)]
+mod tests;
+
+use answer::{Target, Up, conflict};
+use poll::{GlanceQueries, Names, Queries, Seen, glance, identities, only_hosts, poll};
+pub use query::discover;
+pub use reading::PromHost;
+use reading::{HostData, Identities, own_target, snapshot};
+
+/// The fleet's commands, by the host's place in `hosts`.
+pub type PromCmd = (usize, HostCmd);
+
+/// One Prometheus server's poller: its hosts, what each last said, and how often they are asked for.
+struct Poller {
+    server: PromServer,
+    http: HttpClient,
+    queries: Queries,
+    glance: GlanceQueries,
+    hosts: Vec<PromHost>,
+    names: Names,
+    ids: Identities,
+    /// What each host's last snapshot was built from (cleared when identities are read again).
+    said: Vec<Option<HostData>>,
+    /// The revision each host's `said` was read at: a glance that finds it unmoved reads nothing more.
+    revision: Vec<Option<f64>>,
+    /// Read every host's series at the next poll (after a narrowed read missed a host it asked for).
+    whole_next: bool,
+    /// Whether each host's serve names it by `Hostname`, as last seen: one gone silent can still be asked for.
+    by_hostname: Vec<bool>,
+    /// Every scrape target heard naming each host while this client ran: a voice once heard is the host's
+    /// (or a conflict) for good, whatever Prometheus's lookback has forgotten.
+    voices: Vec<BTreeSet<Target>>,
+    down: Vec<Option<String>>,
+    asked: Vec<Duration>,
+    interval: Duration,
+    next: tokio::time::Instant,
+}
+
+impl Poller {
+    /// A fleet's command for one of the hosts.
+    fn on_cmd(&mut self, at: usize, cmd: HostCmd) {
+        let Some(host) = self.hosts.get(at) else {
+            return;
+        };
+        match cmd {
+            refused @ HostCmd::Act { .. } => refused.refuse(
+                host.sink.as_ref(),
+                "read-only host (read from Prometheus): nothing was done; act on it over SSH \
+                 (--hosts user@node) or through its agent",
+            ),
+            HostCmd::Interval(d) => {
+                self.asked[at] = d;
+                self.interval = self.asked.iter().copied().min().unwrap_or(d);
+                let soon = tokio::time::Instant::now() + self.interval.max(MIN_PROM_INTERVAL);
+                self.next = self.next.min(soon);
+            }
+            HostCmd::PollNow | HostCmd::Wake => self.next = tokio::time::Instant::now(),
+        }
+    }
+
+    /// One poll (identities first, when they are old): a glance at every host's revision, then the series
+    /// of the hosts whose revision moved (or of all, when most moved or no glance can narrow the read).
+    /// False once no host listens.
+    async fn poll(&mut self) -> bool {
+        if self
+            .ids
+            .read_at
+            .is_none_or(|t| t.elapsed() >= IDENTITY_EVERY)
+        {
+            match identities(&self.server, &self.http).await {
+                Ok(i) => {
+                    self.ids = i;
+                    self.said.fill(None);
+                }
+                Err(e) => return say_down(&self.hosts, &mut self.down, &e),
+            }
+        }
+        let g = match glance(&self.server, &self.http, &self.glance, &self.names).await {
+            Ok(g) => g,
+            Err(e) => return say_down(&self.hosts, &mut self.down, &e),
+        };
+        // Each host's glance, by its place in `hosts`: looked up once.
+        let seen: Vec<Seen> = self
+            .hosts
+            .iter()
+            .map(|h| {
+                let at = self.names.of(&h.name);
+                let get = |v: &[Option<f64>]| at.and_then(|at| v.get(at).copied().flatten());
+                Seen {
+                    revision: get(&g.revision),
+                    taken: get(&g.taken),
+                    by_hostname: at.and_then(|at| g.by_hostname.get(at).copied()) == Some(true),
+                    target: at.and_then(|at| g.target.get(at).cloned().flatten()),
+                }
+            })
+            .collect();
+        let moved = self.moved(&seen);
+        let n_moved = moved.iter().filter(|m| **m).count();
+        let now = gpusweep_core::model::now_ms();
+        let mut listening = self.hosts.iter().any(|h| h.detached.load(Ordering::SeqCst));
+        // A few moved: their series alone are read, named by `Hostname`.
+        let only = (n_moved * 4 <= self.hosts.len()).then(|| {
+            only_hosts(
+                self.hosts
+                    .iter()
+                    .zip(&moved)
+                    .zip(&self.by_hostname)
+                    .filter(|((_, m), _)| **m)
+                    .map(|((h, _), by_name)| by_name.then_some(h.name.as_str())),
+            )
+        });
+        let narrowed = match (n_moved, &only) {
+            (0, _) => None,
+            (_, Some(Some(m))) => Some(Queries::new(&self.server, Some(m))),
+            _ => {
+                // Most hosts moved, or one cannot be named in a query: read them all.
+                return self.read(None, &seen, now).await || listening;
+            }
+        };
+        // The others are only fresh, at the time their serve took the reading.
+        for (i, h) in self.hosts.iter().enumerate() {
+            if moved[i] || h.detached.load(Ordering::SeqCst) {
+                continue;
+            }
+            if let Some(said) = self.said[i].as_mut() {
+                said.taken_s = seen[i].taken;
+                listening |= h.sink.fresh(said.taken_at_ms(now), Vec::new());
+            }
+        }
+        match narrowed {
+            None => listening,
+            Some(q) => self.read(Some((&q, &moved)), &seen, now).await || listening,
+        }
+    }
+
+    /// Which hosts a glance says moved: read again when unread, down, without a revision, at another revision,
+    /// or heard from another target than the one its reading was believed from.
+    fn moved(&mut self, seen: &[Seen]) -> Vec<bool> {
+        let mut moved = Vec::with_capacity(seen.len());
+        for (i, s) in seen.iter().enumerate() {
+            if s.revision.is_some() {
+                self.by_hostname[i] = s.by_hostname;
+            }
+            moved.push(
+                self.whole_next
+                    || self.said[i].is_none()
+                    || self.down[i].is_some()
+                    || s.revision.is_none()
+                    || s.revision != self.revision[i]
+                    || s.taken.is_none()
+                    || self.said[i]
+                        .as_ref()
+                        .is_some_and(|d| own_target(d) != s.target.as_ref()),
+            );
+        }
+        moved
+    }
+
+    /// Read the series of every host, or (`narrowed`) of the hosts that moved with the queries naming them,
+    /// and hand each on. False once no host listens.
+    async fn read(
+        &mut self,
+        narrowed: Option<(&Queries, &[bool])>,
+        seen: &[Seen],
+        now: u64,
+    ) -> bool {
+        let queries = narrowed.map_or(&self.queries, |(q, _)| q);
+        let (data, up) = match poll(&self.server, &self.http, queries, &self.names).await {
+            Ok(x) => x,
+            Err(e) => return say_down(&self.hosts, &mut self.down, &e),
+        };
+        self.whole_next = false;
+        let mut listening = false;
+        for i in 0..self.hosts.len() {
+            if self.hosts[i].detached.load(Ordering::SeqCst)
+                || narrowed.is_some_and(|(_, moved)| !moved[i])
+            {
+                continue;
+            }
+            let at = self.names.of(&self.hosts[i].name);
+            let d = at.and_then(|at| data.get(at)).and_then(Option::as_ref);
+            // A host the narrowed read asked for and did not find may have moved to another target: the
+            // next poll reads every host, once (a host already down does not ask again).
+            self.whole_next |= narrowed.is_some() && d.is_none() && self.down[i].is_none();
+            self.revision[i] = seen[i].revision;
+            listening |= self.host(i, d, &up, now);
+        }
+        listening
+    }
+
+    /// One host's part of a poll: unreadable (its target down, no series, two targets), only fresh, or a
+    /// reading. False once its sink stops listening.
+    fn host(&mut self, i: usize, d: Option<&HostData>, up: &Up, now: u64) -> bool {
+        let h = &self.hosts[i];
+        // Every target that has spoken for it: in this poll, within the lookback, or ever while this client
+        // ran. Two are a conflict whether or not both still answer; the one alone is the host's own, and its
+        // silence is the host's.
+        let voices = &mut self.voices[i];
+        voices.extend(d.iter().flat_map(|d| d.targets.iter().cloned()));
+        if let Some(v) = self.ids.voices.get(&h.name) {
+            voices.extend(v.iter().cloned());
+        }
+        let why = if self.ids.unasked_down > 0 {
+            Some(format!(
+                "{} scrape targets that are down could not be asked which host they spoke for: any of them \
+                 may be this host's own",
+                self.ids.unasked_down
+            ))
+        } else {
+            judge_voices(&h.name, voices, d, up)
+        };
+        if let Some(why) = why {
+            if self.down[i].as_deref() == Some(why.as_str()) {
+                return true;
+            }
+            self.down[i] = Some(why.clone());
+            return h.sink.status(ConnStatus::Down(why));
+        }
+        let Some(d) = d else { return true };
+        let was_down = self.down[i].take().is_some();
+        // Most polls of most hosts say what the last one said: then only its time is news, and no
+        // snapshot is built to find that out.
+        if !was_down && self.said[i].as_ref().is_some_and(|p| p.same_but_time(d)) {
+            return h.sink.fresh(d.taken_at_ms(now), Vec::new());
+        }
+        self.said[i] = Some(d.clone());
+        // Whether the snapshot says anything new is the runtime's to decide, once.
+        let snap = snapshot(&h.name, d, &self.ids, up, now);
+        (!was_down || h.sink.status(ConnStatus::Up)) && h.sink.reading(snap)
+    }
+}
+
+/// Why a host cannot be read from the targets that spoke for it (`voices`), this poll's data and `up`; None
+/// when its one own target, scraped and up, speaks for it alone. A target that has left Prometheus's
+/// scraping (no `up`: gone from discovery, as a restarted pod's old address) no longer speaks; series that
+/// name a target Prometheus does not scrape (a target relabelling itself with `honor_labels`) are no one's
+/// word.
+fn judge_voices(
+    name: &str,
+    voices: &BTreeSet<Target>,
+    d: Option<&HostData>,
+    up: &Up,
+) -> Option<String> {
+    if let Some(t) = d.and_then(|d| d.targets.iter().find(|t| !up.contains_key(*t))) {
+        return Some(format!(
+            "series for host {:?} name the scrape target {t}, which Prometheus does not scrape (a target \
+             that relabels itself, honor_labels?): no one's word",
+            escape(name)
+        ));
+    }
+    let live: BTreeSet<Target> = voices
+        .iter()
+        .filter(|t| up.contains_key(*t))
+        .cloned()
+        .collect();
+    if let Some(why) = conflict(name, &live) {
+        return Some(why);
+    }
+    let down = |t: &Target| {
+        format!(
+            "Prometheus cannot scrape it (up == 0 for {})",
+            escape(&t.instance)
+        )
+    };
+    match (live.first(), d) {
+        (Some(t), _) if up.get(t).is_some_and(|v| *v < 1.0) => Some(down(t)),
+        (_, None) => {
+            // A target never scraped is named by its instance.
+            let never = up.iter().find(|(t, v)| t.instance == name && **v < 1.0);
+            Some(never.map_or_else(
+                || "no series for it in Prometheus now".to_string(),
+                |(t, _)| down(t),
+            ))
+        }
+        (_, Some(_)) => None,
+    }
+}
+
+/// Poll the server for these hosts until every host's sink stops listening or the fleet goes away.
+pub async fn run(
+    server: PromServer,
+    http: HttpClient,
+    hosts: Vec<PromHost>,
+    interval: Duration,
+    mut cmds: mpsc::Receiver<PromCmd>,
+) {
+    for h in &hosts {
+        h.sink.status(ConnStatus::Connecting);
+    }
+    let n = hosts.len();
+    let mut p = Poller {
+        queries: Queries::new(&server, None),
+        glance: GlanceQueries::new(&server),
+        names: Names::new(&hosts),
+        server,
+        http,
+        hosts,
+        ids: Identities::default(),
+        said: vec![None; n],
+        revision: vec![None; n],
+        whole_next: true,
+        by_hostname: vec![false; n],
+        voices: vec![BTreeSet::new(); n],
+        down: vec![None; n],
+        asked: vec![interval; n],
+        interval,
+        next: tokio::time::Instant::now(),
+    };
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep_until(p.next) => {}
+            asked_now = cmds.recv() => {
+                let Some((at, cmd)) = asked_now else { return };
+                p.on_cmd(at, cmd);
+                continue;
+            }
+        }
+        p.next = tokio::time::Instant::now() + p.interval.max(MIN_PROM_INTERVAL);
+        if !p.poll().await {
+            return;
+        }
+    }
+}
+
+/// Tell every host still read from this server that it could not be read. False once nobody listens.
+fn say_down(hosts: &[PromHost], down: &mut [Option<String>], why: &str) -> bool {
+    let mut listening = false;
+    for (i, h) in hosts.iter().enumerate() {
+        if h.detached.load(Ordering::SeqCst) {
+            continue;
+        }
+        if down[i].as_deref() == Some(why) {
+            listening = true;
+            continue;
+        }
+        down[i] = Some(why.to_string());
+        listening |= h.sink.status(ConnStatus::Down(why.to_string()));
+    }
+    listening
+}

@@ -1,0 +1,603 @@
+//! One poll: the glance (revision and time per host), the queries of the hosts that moved, identities once a
+//! minute, the voices of down targets, all joined into per-host data.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::AtomicUsize;
+use std::time::Instant;
+
+use super::super::http::HttpClient;
+use super::PromServer;
+use super::answer::{Sample, Target, Up};
+use super::query::{MAX_HOSTS, Query, lookback};
+use super::reading::{GpuData, HostData, Ident, Identities, PromHost, whole};
+use gpusweep_core::metrics as m;
+
+/// The queries of one poll, each aggregated by host (and GPU) so the answer stays small at a thousand hosts.
+pub(super) struct Queries {
+    pub(super) used: String,
+    pub(super) clean: String,
+    pub(super) unreadable: String,
+    pub(super) unexplained: String,
+    pub(super) findings: String,
+    pub(super) taken: String,
+    pub(super) up: String,
+}
+
+impl Queries {
+    /// Every host's series, or (`only`, a matcher on `Hostname`) those of some hosts.
+    pub(super) fn new(p: &PromServer, only: Option<&str>) -> Queries {
+        let lb = lookback();
+        let sel = |name: &str| p.sel_only(name, only);
+        let by_gpu = |name: &str| {
+            format!(
+                "max by (Hostname, hostname, job, instance, gpu) ({})",
+                sel(name)
+            )
+        };
+        Queries {
+            // A GPU in MIG mode has one series per instance (`GPU_I_ID`): their sum is the GPU's.
+            used: format!(
+                "sum by (Hostname, hostname, job, instance, gpu) (max by (Hostname, hostname, job, \
+                 instance, gpu, {}) ({}))",
+                m::L_GPU_I_ID,
+                sel(m::FB_USED)
+            ),
+            clean: by_gpu(m::GPU_CLEAN),
+            // A GPU its serve could not read; and (without a `gpu` label) a host whose serve says the
+            // driver or one of its GPUs does not answer.
+            unreadable: format!(
+                "({} == 0) or (max by (Hostname, hostname, job, instance) ({}) == 0)",
+                by_gpu(m::GPU_READABLE),
+                sel(m::GPUS_READABLE)
+            ),
+            unexplained: format!(
+                "max by (Hostname, hostname, job, instance, gpu, kind) ({})",
+                sel(m::UNEXPLAINED_BYTES)
+            ),
+            findings: format!(
+                "max by (Hostname, hostname, job, instance, kind, severity) ({}) > 0",
+                sel(m::FINDINGS)
+            ),
+            taken: format!(
+                "max by (Hostname, hostname, job, instance) ({} or timestamp({}))",
+                sel(m::READING_TIMESTAMP),
+                sel(m::FB_USED)
+            ),
+            // `up` of the scrape targets whose series the selector picks: Prometheus's own word on which
+            // addresses it scrapes (a target's labels cannot add one), whatever labels the selector names.
+            up: format!(
+                "max by (job, instance) (up and on (job, instance) group by (job, instance) \
+                 (last_over_time({}[{lb}]) or last_over_time({}[{lb}]))) \
+                 or max by (job, instance) (up == 0)",
+                sel(m::FB_USED),
+                sel(m::SERVE_INFO)
+            ),
+        }
+    }
+}
+
+/// The first, cheap step of every poll: one series per host of a serve, its revision and its reading's
+/// time. Only hosts whose revision moved (or that have none: dcgm-exporter's, a serve before revisions)
+/// have their other series read again; at ten thousand hosts most polls touch a tenth of the series.
+pub(super) struct GlanceQueries {
+    pub(super) revision: String,
+    pub(super) taken: String,
+}
+
+impl GlanceQueries {
+    pub(super) fn new(p: &PromServer) -> GlanceQueries {
+        let by_host = |name: &str| {
+            format!(
+                "max by (Hostname, hostname, job, instance) ({})",
+                p.sel(name)
+            )
+        };
+        GlanceQueries {
+            revision: by_host(m::READING_REVISION),
+            taken: by_host(m::READING_TIMESTAMP),
+        }
+    }
+}
+
+/// What a glance read, by each name's place in `Names`: the revision (None where absent, or where more than
+/// one series names the host: a conflict is for the whole read to find) and the reading's time.
+pub(super) struct Glance {
+    pub(super) revision: Vec<Option<f64>>,
+    pub(super) taken: Vec<Option<f64>>,
+    /// Its revision's series names it by `Hostname` (as a serve does): a narrowed read can ask for it.
+    pub(super) by_hostname: Vec<bool>,
+    /// The scrape target that sent its revision: another than the one its reading was believed from is news.
+    pub(super) target: Vec<Option<Target>>,
+}
+
+/// One host's part of a glance.
+pub(super) struct Seen {
+    pub(super) revision: Option<f64>,
+    pub(super) taken: Option<f64>,
+    pub(super) by_hostname: bool,
+    pub(super) target: Option<Target>,
+}
+
+pub(super) async fn glance(
+    server: &PromServer,
+    http: &HttpClient,
+    q: &GlanceQueries,
+    names: &Names,
+) -> Result<Glance, String> {
+    let spent = AtomicUsize::new(0);
+    let (revision, taken) = tokio::join!(
+        server.fetch(http, &q.revision, &spent),
+        server.fetch(http, &q.taken, &spent)
+    );
+    let (revision, taken) = (revision?, taken?);
+    let revision = server.samples(&revision)?;
+    let taken = server.samples(&taken)?;
+    let revision = sole_per_host(&revision, names);
+    Ok(Glance {
+        revision: revision.iter().map(|s| s.and_then(Sample::value)).collect(),
+        by_hostname: revision
+            .iter()
+            .map(|s| s.is_some_and(|s| s.label(m::L_HOSTNAME).is_some_and(|h| !h.is_empty())))
+            .collect(),
+        target: revision.iter().map(|s| s.map(Sample::target)).collect(),
+        taken: sole_per_host(&taken, names)
+            .iter()
+            .map(|s| s.and_then(Sample::value))
+            .collect(),
+    })
+}
+
+/// Each name's one sample, by its place in `names`: None where there is none, or more than one.
+pub(super) fn sole_per_host<'s, 'a>(
+    samples: &'s [Sample<'a>],
+    names: &Names,
+) -> Vec<Option<&'s Sample<'a>>> {
+    let mut out: Vec<Option<&Sample>> = vec![None; names.len()];
+    let mut seen = vec![0u8; names.len()];
+    for sample in samples {
+        let Some(at) = sample.host().and_then(|h| names.of(h)) else {
+            continue;
+        };
+        seen[at] = seen[at].saturating_add(1);
+        out[at] = (seen[at] == 1).then_some(sample);
+    }
+    out
+}
+
+/// The most bytes of a `Hostname` matcher a narrowed read names; past it every host is read.
+pub(super) const MAX_ONLY: usize = 16 * 1024;
+
+/// `Hostname=~"a|b"` naming these hosts, regular-expression and PromQL escaped; None when one is not named by
+/// `Hostname` or not a plain name (then every host is read: nothing a target said goes into a query), or
+/// when they are too many. Narrowed by the host's name, not its target: every target's series naming the
+/// host come, so two targets speaking for one host are still found.
+pub(super) fn only_hosts<'a>(names: impl Iterator<Item = Option<&'a str>>) -> Option<String> {
+    let plain =
+        |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']');
+    let mut alts: Vec<&str> = Vec::new();
+    for name in names {
+        alts.push(name.filter(|n| !n.is_empty() && n.chars().all(plain))?);
+    }
+    alts.sort_unstable();
+    alts.dedup();
+    let mut out = format!("{}=~\"", m::L_HOSTNAME);
+    for (k, a) in alts.iter().enumerate() {
+        if k > 0 {
+            out.push('|');
+        }
+        for c in a.chars() {
+            // A regular expression's metacharacter, its backslash doubled inside a PromQL string.
+            if matches!(c, '.' | '[' | ']') {
+                out.push_str("\\\\");
+            }
+            out.push(c);
+        }
+        if out.len() > MAX_ONLY {
+            return None;
+        }
+    }
+    out.push('"');
+    Some(out)
+}
+
+/// The four queries of an identity read: GPU identities, serves, usable and reserved memory.
+pub(super) fn identity_queries(p: &PromServer) -> [String; 4] {
+    let lb = lookback();
+    [
+        format!(
+            "max by (Hostname, hostname, job, instance, gpu, UUID, modelName, pci_bus_id, device) (last_over_time({}[{lb}]))",
+            p.sel(m::FB_USED)
+        ),
+        format!(
+            "max by (Hostname, hostname, job, instance, scheme, api_path, simulated) (last_over_time({}[{lb}]))",
+            p.sel(m::SERVE_INFO)
+        ),
+        format!(
+            "max by (Hostname, hostname, gpu) (last_over_time({}[{lb}]) + last_over_time({}[{lb}]))",
+            p.sel(m::FB_FREE),
+            p.sel(m::FB_USED)
+        ),
+        format!(
+            "max by (Hostname, hostname, gpu) (last_over_time({}[{lb}]))",
+            p.sel(m::FB_RESERVED)
+        ),
+    ]
+}
+
+/// Read identities: GPU UUIDs, models, buses; each host's scrape target and serve.
+pub(super) async fn identities(p: &PromServer, http: &HttpClient) -> Result<Identities, String> {
+    let [gpus_q, serve_q, usable_q, reserved_q] = identity_queries(p);
+    let spent = AtomicUsize::new(0);
+    let (gpu_body, serve_body, usable_body, reserved_body) = tokio::join!(
+        p.fetch(http, &gpus_q, &spent),
+        p.fetch(http, &serve_q, &spent),
+        p.fetch(http, &usable_q, &spent),
+        p.fetch(http, &reserved_q, &spent)
+    );
+    let (gpu_body, serve_body) = (gpu_body?, serve_body?);
+    let (usable_body, reserved_body) = (usable_body?, reserved_body?);
+    let mut ids = Identities {
+        read_at: Some(Instant::now()),
+        ..Default::default()
+    };
+    ids.gpus_from(&p.samples(&gpu_body)?);
+    ids.sizes_from(&p.samples(&usable_body)?, true);
+    ids.sizes_from(&p.samples(&reserved_body)?, false);
+    ids.serves_from(&p.samples(&serve_body)?);
+    down_voices(p, http, &mut ids).await?;
+    Ok(ids)
+}
+
+/// How far back a target that is down now is asked which host it spoke for: past the lookback, a host
+/// whose own target has been down for an hour is still that target's (and not an impostor's to speak for).
+pub(super) const DOWN_LOOKBACK: &str = "7d";
+
+/// The most down targets asked about, in matchers of at most `MAX_ONLY` bytes each: as many as a fleet
+/// may have hosts.
+pub(super) const MAX_DOWN_ASKED: usize = MAX_HOSTS;
+
+/// Every target Prometheus scrapes that is down now, and the host its series last named within
+/// `DOWN_LOOKBACK`: a voice of that host for as long as Prometheus keeps scraping it. Few targets are down
+/// at once, so their old series are read by instance alone.
+pub(super) async fn down_voices(
+    p: &PromServer,
+    http: &HttpClient,
+    ids: &mut Identities,
+) -> Result<(), String> {
+    let spent = AtomicUsize::new(0);
+    let body = p
+        .fetch(http, "max by (job, instance) (up == 0)", &spent)
+        .await?;
+    let samples = p.samples(&body)?;
+    let down: BTreeSet<&str> = samples.iter().filter_map(|s| s.label("instance")).collect();
+    let names = format!("{}|{}", m::SERVE_INFO, m::FB_USED);
+    let sel = p
+        .selector
+        .as_ref()
+        .map(|s| format!(",{s}"))
+        .unwrap_or_default();
+    let (matchers, skipped) = instance_matchers(down.into_iter(), MAX_DOWN_ASKED);
+    // A down target not asked about may be any host's own: no host's word stands alone then.
+    ids.unasked_down = skipped;
+    for matcher in matchers {
+        let q = format!(
+            "max by (Hostname, hostname, job, instance) (last_over_time({{__name__=~\"{names}\",{matcher}{sel}}}[{DOWN_LOOKBACK}]))"
+        );
+        let body = p.fetch(http, &q, &spent).await?;
+        for x in p.samples(&body)? {
+            if let Some(host) = x.host() {
+                ids.voices
+                    .entry(host.to_string())
+                    .or_default()
+                    .insert(x.target());
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Identities {
+    /// Each GPU's UUID, model, bus and minor; each host's scrape target.
+    pub(super) fn gpus_from(&mut self, samples: &[Sample]) {
+        for x in samples {
+            let (Some(host), Some(gpu)) = (x.host(), x.gpu()) else {
+                continue;
+            };
+            self.voices
+                .entry(host.to_string())
+                .or_default()
+                .insert(x.target());
+            let nonempty = |k: &str| x.label(k).filter(|v| !v.is_empty()).map(str::to_string);
+            self.gpus.insert(
+                (host.to_string(), gpu),
+                Ident {
+                    uuid: nonempty(m::L_UUID),
+                    model: nonempty(m::L_MODEL),
+                    pci: nonempty(m::L_PCI_BUS_ID),
+                    minor: x
+                        .label(m::L_DEVICE)
+                        .and_then(|d| d.strip_prefix("nvidia"))
+                        .and_then(|n| n.parse().ok()),
+                    ..Default::default()
+                },
+            );
+        }
+    }
+
+    /// Each GPU's usable memory (free + used) or its reservation, in MiB.
+    pub(super) fn sizes_from(&mut self, samples: &[Sample], usable: bool) {
+        for x in samples {
+            let (Some(host), Some(gpu)) = (x.host(), x.gpu()) else {
+                continue;
+            };
+            let id = self.gpus.entry((host.to_string(), gpu)).or_default();
+            if usable {
+                id.usable_mib = x.value();
+            } else {
+                id.reserved_mib = x.value();
+            }
+        }
+    }
+
+    /// Where each host's serve answers: its scrape target, the scheme it says, and a path of the shape a
+    /// serve uses (nothing else may end up in the address the client opens).
+    pub(super) fn serves_from(&mut self, samples: &[Sample]) {
+        for x in samples {
+            let Some(host) = x.host() else { continue };
+            self.voices
+                .entry(host.to_string())
+                .or_default()
+                .insert(x.target());
+            let scheme = match x.label("scheme") {
+                Some("https") => "https",
+                _ => "http",
+            };
+            let said_by = (
+                host.to_string(),
+                x.label("instance").unwrap_or("").to_string(),
+            );
+            if x.label("simulated") == Some("true") {
+                self.simulated.insert(said_by.clone());
+            }
+            let path = x.label("api_path").unwrap_or("").to_string();
+            let name_ok = |n: &str| {
+                n.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            };
+            let ok = path.is_empty() || path.strip_prefix("/hosts/").is_some_and(name_ok);
+            if ok {
+                self.serve.insert(said_by, (scheme.to_string(), path));
+            }
+        }
+    }
+}
+
+impl HostData {
+    /// Whether two polls say the same of the host but for when it was read. (A NaN, an unknown size, never
+    /// equals itself: such a host's reading is built again, which costs time, not truth.)
+    pub(super) fn same_but_time(&self, b: &HostData) -> bool {
+        self.gpus == b.gpus
+            && self.gpusweep == b.gpusweep
+            && self.counts == b.counts
+            && self.targets == b.targets
+    }
+
+    /// When the host's serve took its reading, else when it was polled.
+    pub(super) fn taken_at_ms(&self, polled_ms: u64) -> u64 {
+        self.taken_s
+            .filter(|t| *t > 0.0)
+            .and_then(|t| whole(t * 1000.0))
+            .unwrap_or(polled_ms)
+    }
+}
+
+/// The fleet's names, each to its place in a poll's table: looked up once per sample, so a thousand hosts'
+/// answers cost no tree walk (the names are copied once, when the poller starts).
+pub(super) struct Names {
+    pub(super) place: HashMap<String, usize>,
+}
+
+impl Names {
+    pub(super) fn new(hosts: &[PromHost]) -> Names {
+        let mut place = HashMap::with_capacity(hosts.len());
+        for h in hosts {
+            let next = place.len();
+            place.entry(h.name.clone()).or_insert(next);
+        }
+        Names { place }
+    }
+    pub(super) fn of(&self, name: &str) -> Option<usize> {
+        self.place.get(name).copied()
+    }
+    pub(super) fn len(&self) -> usize {
+        self.place.len()
+    }
+}
+
+/// What one poll read: each host's data by its place in `Names` (None: no series for it), and `up` by
+/// scrape target.
+pub(super) type Polled = (Vec<Option<HostData>>, Up);
+
+/// One poll: every query, joined into per-host data, by each name's place in `names` (hosts Prometheus
+/// knows but the fleet does not are left out).
+pub(super) async fn poll(
+    server: &PromServer,
+    http: &HttpClient,
+    queries: &Queries,
+    names: &Names,
+) -> Result<Polled, String> {
+    let spent = AtomicUsize::new(0);
+    let bodies = tokio::join!(
+        server.fetch(http, &queries.used, &spent),
+        server.fetch(http, &queries.clean, &spent),
+        server.fetch(http, &queries.unreadable, &spent),
+        server.fetch(http, &queries.unexplained, &spent),
+        server.fetch(http, &queries.findings, &spent),
+        server.fetch(http, &queries.taken, &spent),
+        server.fetch(http, &queries.up, &spent),
+    );
+    let answers = [
+        bodies.0?, bodies.1?, bodies.2?, bodies.3?, bodies.4?, bodies.5?, bodies.6?,
+    ];
+    let (hosts, mut up) = table(server, names, &answers)?;
+    // Targets whose series came without memory or a serve's info (the `up` query's own filter): asked
+    // for by instance, so a target Prometheus scrapes is never taken for one it does not.
+    let missing: BTreeSet<&str> = hosts
+        .iter()
+        .flatten()
+        .flat_map(|d| d.targets.iter())
+        .filter(|t| !up.contains_key(*t))
+        .map(|t| t.instance.as_str())
+        .collect();
+    for m in instance_matchers(missing.into_iter(), MAX_DOWN_ASKED).0 {
+        let body = server
+            .fetch(http, &format!("max by (job, instance) (up{{{m}}})"), &spent)
+            .await?;
+        for s in server.samples(&body)? {
+            if let Some(v) = s.value() {
+                up.insert(s.target(), v);
+            }
+        }
+    }
+    Ok((hosts, up))
+}
+
+/// `instance=~"a|b"` matchers naming these instances, each at most `MAX_ONLY` bytes, every regular-
+/// expression metacharacter and PromQL string escape escaped; at most `most` instances. Also how many could
+/// not be named (past `most`, or with a control character): what was asked of those is unknown.
+pub(super) fn instance_matchers<'a>(
+    instances: impl Iterator<Item = &'a str>,
+    most: usize,
+) -> (Vec<String>, usize) {
+    let mut out = Vec::new();
+    let mut chunk = String::new();
+    let (mut named, mut skipped) = (0usize, 0usize);
+    for inst in instances {
+        if inst.is_empty() || inst.chars().any(char::is_control) || named >= most {
+            skipped += 1;
+            continue;
+        }
+        named += 1;
+        if !chunk.is_empty() {
+            chunk.push('|');
+        }
+        for c in inst.chars() {
+            match c {
+                // A regular expression's metacharacter is escaped by a backslash, which a PromQL string
+                // doubles; a backslash itself is two, four in the string.
+                '\\' => chunk.push_str(r"\\\\"),
+                '.' | '+' | '*' | '?' | '(' | ')' | '|' | '[' | ']' | '{' | '}' | '^' | '$' => {
+                    chunk.push_str(r"\\");
+                    chunk.push(c);
+                }
+                '"' => chunk.push_str(r#"\""#),
+                c => chunk.push(c),
+            }
+        }
+        if chunk.len() >= MAX_ONLY {
+            out.push(format!("instance=~\"{}\"", std::mem::take(&mut chunk)));
+        }
+    }
+    if !chunk.is_empty() {
+        out.push(format!("instance=~\"{chunk}\""));
+    }
+    (out, skipped)
+}
+
+/// The host's data in this poll's table, begun at its first sample; the sample's scrape target is noted.
+pub(super) fn of<'t>(
+    table: &'t mut [Option<HostData>],
+    names: &Names,
+    sample: &Sample,
+) -> Option<&'t mut HostData> {
+    let at = names.of(sample.host()?)?;
+    let data = table.get_mut(at)?.get_or_insert_with(HostData::default);
+    data.targets.insert(sample.target());
+    Some(data)
+}
+
+/// The answers of one poll (in the order of `Queries`' fields), joined into per-host data.
+pub(super) fn table(
+    server: &PromServer,
+    names: &Names,
+    answers: &[bytes::Bytes; 7],
+) -> Result<Polled, String> {
+    // Each answer parsed, folded in and let go before the next: one answer's samples are held at a time.
+    let [used, clean, unreadable, unexplained, findings, taken, up] = answers;
+    let mut hosts: Vec<Option<HostData>> =
+        std::iter::repeat_with(|| None).take(names.len()).collect();
+    // (answer, what a GPU's sample sets, whether only gpusweep sends it, whether a sample without a `gpu`
+    // speaks for the whole host: `gpusweep_gpus_readable == 0`).
+    for (body, set, gpusweep, whole_host) in [
+        (
+            used,
+            (|g, x| g.used = x.value()) as fn(&mut GpuData, &Sample),
+            false,
+            false,
+        ),
+        (clean, |g, x| g.clean = x.value(), true, false),
+        (unreadable, |g, _| g.unreadable = true, true, true),
+        (
+            unexplained,
+            |g, x| {
+                if let (Some(k), Some(v)) = (x.label("kind"), x.value()) {
+                    g.unexplained.push((k.to_string(), v));
+                }
+            },
+            true,
+            false,
+        ),
+    ] {
+        for sample in server.samples(body)? {
+            let Some(gpu) = sample.gpu() else {
+                if whole_host && let Some(data) = of(&mut hosts, names, &sample) {
+                    data.gpusweep = true;
+                    data.gpus_unreadable = true;
+                }
+                continue;
+            };
+            let Some(data) = of(&mut hosts, names, &sample) else {
+                continue;
+            };
+            data.gpusweep |= gpusweep;
+            set(data.gpus.entry(gpu).or_default(), &sample);
+        }
+    }
+    for sample in server.samples(findings)? {
+        let (Some(kind), Some(sev), Some(n)) = (
+            sample.label("kind"),
+            sample.label("severity"),
+            sample.value(),
+        ) else {
+            continue;
+        };
+        let Some(data) = of(&mut hosts, names, &sample) else {
+            continue;
+        };
+        data.gpusweep = true;
+        data.counts.push((kind.to_string(), sev.to_string(), n));
+    }
+    for sample in server.samples(taken)? {
+        let Some(data) = of(&mut hosts, names, &sample) else {
+            continue;
+        };
+        data.taken_s = sample
+            .value()
+            .into_iter()
+            .chain(data.taken_s)
+            .reduce(f64::max);
+    }
+    // Prometheus may answer in any order: sorted, two polls that say the same compare equal.
+    for data in hosts.iter_mut().flatten() {
+        data.counts.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        for g in data.gpus.values_mut() {
+            g.unexplained.sort_by(|a, b| a.0.cmp(&b.0));
+        }
+    }
+    let up: Up = server
+        .samples(up)?
+        .iter()
+        .filter_map(|sample| Some((sample.target(), sample.value()?)))
+        .collect();
+    Ok((hosts, up))
+}

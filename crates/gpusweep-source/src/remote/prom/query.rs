@@ -1,0 +1,212 @@
+//! What this source asks of a Prometheus server: one bounded query, the fleet's hosts (discovery), the
+//! lookback, the limits on what an answer may hold.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use super::super::http::HttpClient;
+use super::PromServer;
+use super::answer::{Answer, MAX_SERIES, Sample};
+use gpusweep_core::format::{escape, truncate};
+use gpusweep_core::metrics as m;
+
+/// What this source asks of a Prometheus server, for the spec that names it (the spec is core's word; asking
+/// is this source's).
+pub(super) trait Query {
+    fn sel(&self, name: &str) -> String;
+    fn sel_only(&self, name: &str, only: Option<&str>) -> String;
+    async fn fetch(
+        &self,
+        http: &HttpClient,
+        q: &str,
+        spent: &AtomicUsize,
+    ) -> Result<bytes::Bytes, String>;
+    fn samples<'a>(&self, body: &'a [u8]) -> Result<Vec<Sample<'a>>, String>;
+    async fn discover(&self, http: &HttpClient) -> Result<Vec<String>, String>;
+}
+
+/// The hosts a Prometheus server knows (see `Query::discover`).
+pub async fn discover(server: &PromServer, http: &HttpClient) -> Result<Vec<String>, String> {
+    server.discover(http).await
+}
+
+impl Query for PromServer {
+    /// `name{selector}`.
+    fn sel(&self, name: &str) -> String {
+        self.sel_only(name, None)
+    }
+
+    /// `name{selector,only}`: the selector narrowed by one more matcher (some hosts' `Hostname`).
+    fn sel_only(&self, name: &str, only: Option<&str>) -> String {
+        let sel = self.selector.as_ref().map_or("", |s| s.as_str());
+        match only {
+            Some(o) if sel.is_empty() => format!("{name}{{{o}}}"),
+            Some(o) => format!("{name}{{{sel},{o}}}"),
+            None => format!("{name}{{{sel}}}"),
+        }
+    }
+
+    /// Ask one instant query; the answer's bytes, at most `MAX_ANSWER` of them, and at most what is left of
+    /// `spent`'s share of `MAX_ROUND` for the queries asked together (a server, or whatever answers at its
+    /// address, could otherwise make the client hold any amount).
+    async fn fetch(
+        &self,
+        http: &HttpClient,
+        q: &str,
+        spent: &AtomicUsize,
+    ) -> Result<bytes::Bytes, String> {
+        let failed = |e: reqwest::Error| format!("Prometheus {}: {}", self.url, short(&e));
+        let asked = Instant::now();
+        let mut resp = http
+            .client
+            .get(format!("{}/api/v1/query", self.url))
+            .query(&[("query", q)])
+            .send()
+            .await
+            .map_err(failed)?;
+        let too_big = || {
+            format!(
+                "Prometheus {}: an answer larger than {} MiB (narrow the fleet with ?{{...}})",
+                self.url,
+                MAX_ANSWER / (1024 * 1024)
+            )
+        };
+        if resp.content_length().is_some_and(|n| n > MAX_ANSWER as u64) {
+            return Err(too_big());
+        }
+        // Sized once where the length is said: grown by doubling, a 40 MiB answer passed through 64 MiB.
+        let said = resp.content_length().and_then(|n| usize::try_from(n).ok());
+        let mut body = bytes::BytesMut::with_capacity(said.unwrap_or(0));
+        while let Some(chunk) = resp.chunk().await.map_err(failed)? {
+            let before = spent.fetch_add(chunk.len(), Ordering::Relaxed);
+            if body.len() + chunk.len() > MAX_ANSWER || before + chunk.len() > MAX_ROUND {
+                return Err(too_big());
+            }
+            body.extend_from_slice(&chunk);
+        }
+        if gpusweep_core::trace::on() {
+            gpusweep_core::trace::trace(
+                &self.url.to_string(),
+                &format!(
+                    "{} bytes in {} ms: {}",
+                    body.len(),
+                    asked.elapsed().as_millis(),
+                    truncate(q, 90)
+                ),
+            );
+        }
+        Ok(body.freeze())
+    }
+
+    /// The samples of an answer, borrowed from it.
+    fn samples<'a>(&self, body: &'a [u8]) -> Result<Vec<Sample<'a>>, String> {
+        let a: Answer = serde_json::from_slice(body).map_err(|e| {
+            if e.to_string().contains("series in one answer") {
+                return format!(
+                    "Prometheus {}: more than {MAX_SERIES} series in one answer (narrow the fleet with ?{{...}})",
+                    self.url
+                );
+            }
+            format!(
+                "Prometheus {}: not an answer of its API: {:?}",
+                self.url,
+                truncate(&escape(String::from_utf8_lossy(body).trim()), 80)
+            )
+        })?;
+        if a.status != "success" {
+            return Err(format!(
+                "Prometheus {}: {}",
+                self.url,
+                escape(a.error.as_deref().unwrap_or("query failed"))
+            ));
+        }
+        Ok(a.data.map(|d| d.result).unwrap_or_default())
+    }
+
+    /// The hosts it knows: every `Hostname` (or `instance`) with GPU memory or a serve's readings in the last
+    /// ten minutes, so a node whose exporter just died is still there (and reported as unreadable, not left
+    /// out of a verdict); and every target Prometheus cannot scrape, named by its instance, that no series
+    /// ever named.
+    async fn discover(&self, http: &HttpClient) -> Result<Vec<String>, String> {
+        let lb = lookback();
+        let seen = format!(
+            "max by (Hostname, hostname, instance) (last_over_time({{__name__=~\"{}|{}\"{}}}[{lb}]))",
+            m::FB_USED,
+            m::READING_TIMESTAMP,
+            self.selector
+                .as_ref()
+                .map(|s| format!(",{s}"))
+                .unwrap_or_default()
+        );
+        let down = format!("{} == 0", self.sel("up"));
+        let spent = AtomicUsize::new(0);
+        let (seen, down) = tokio::join!(
+            self.fetch(http, &seen, &spent),
+            self.fetch(http, &down, &spent)
+        );
+        let (seen, down) = (seen?, down.unwrap_or_default());
+        let seen = self.samples(&seen)?;
+        let down = self.samples(&down).unwrap_or_default();
+        let mut names: Vec<String> = seen
+            .iter()
+            .filter_map(|s| s.host().map(str::to_string))
+            .collect();
+        let known: std::collections::HashSet<&str> =
+            seen.iter().filter_map(|s| s.label("instance")).collect();
+        names.extend(
+            down.iter()
+                .filter_map(|s| s.label("instance"))
+                .filter(|i| !known.contains(i))
+                .map(str::to_string),
+        );
+        names.sort();
+        names.dedup();
+        if names.len() > MAX_HOSTS {
+            return Err(format!(
+                "Prometheus {}: {} hosts, more than the {MAX_HOSTS} one client reads (narrow the fleet with ?{{...}})",
+                self.url,
+                names.len()
+            ));
+        }
+        Ok(names)
+    }
+}
+
+/// How far back a host counts as part of the fleet (Prometheus keeps a dead target's last samples): 10
+/// minutes, or `GPUSWEEP_PROM_LOOKBACK` (a Prometheus duration such as `30m`, `2h`).
+pub(super) fn lookback() -> &'static str {
+    static LOOKBACK: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    LOOKBACK.get_or_init(|| {
+        std::env::var("GPUSWEEP_PROM_LOOKBACK")
+            .ok()
+            .filter(|v| {
+                let digits = v.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+                let unit = &v[digits.len()..];
+                !digits.is_empty()
+                    && digits.bytes().all(|b| b.is_ascii_digit())
+                    && matches!(unit, "ms" | "s" | "m" | "h" | "d")
+            })
+            .unwrap_or_else(|| "10m".to_string())
+    })
+}
+
+/// The largest answer a query may have: every query is aggregated per host and GPU, so 10,000 hosts of 8
+/// GPUs answer in about 25 MiB.
+pub(super) const MAX_ANSWER: usize = 128 * 1024 * 1024;
+
+/// The most hosts one `prom:` fleet may name: each is a host of its own in the client (its ledger, its
+/// channel), so a Prometheus could otherwise make the client build millions.
+pub(super) const MAX_HOSTS: usize = 20_000;
+
+/// The most that the queries asked together (a poll's seven, identities' four) may answer in all.
+pub(super) const MAX_ROUND: usize = 192 * 1024 * 1024;
+
+pub(super) fn short(e: &reqwest::Error) -> String {
+    use std::error::Error as _;
+    let mut s = e.to_string();
+    if let Some(c) = e.source() {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+    }
+    truncate(&escape(&s), 200)
+}

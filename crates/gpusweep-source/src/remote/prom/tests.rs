@@ -1,0 +1,396 @@
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::answer::Target;
+use super::poll::{Names, instance_matchers, table};
+use super::query::Query;
+use super::reading::{GpuData, HostData, Ident, Identities, snapshot};
+use super::*;
+use crate::Sink;
+use gpusweep_core::model::{Feature, FindingKind, GpuState, HostSnapshot, MIB};
+
+fn server(url: &str, selector: &str) -> PromServer {
+    PromServer {
+        url: gpusweep_core::host::HttpUrl::parse(url).expect("url"),
+        selector: gpusweep_core::host::parse_selector(selector).expect("selector"),
+    }
+}
+
+fn gpu(used: f64, clean: Option<f64>, unexplained: &[(&str, f64)]) -> GpuData {
+    GpuData {
+        used: Some(used),
+        clean,
+        unexplained: unexplained
+            .iter()
+            .map(|(k, b)| ((*k).to_string(), *b))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_serve_host_keeps_its_verdicts_and_a_dcgm_host_names_its_blind_spot() {
+    let mut d = HostData {
+        gpusweep: true,
+        taken_s: Some(1_700_000_000.5),
+        ..Default::default()
+    };
+    d.gpus.insert(0, gpu(0.0, Some(1.0), &[]));
+    d.gpus.insert(1, gpu(500.0, Some(0.0), &[]));
+    d.gpus.insert(
+        2,
+        gpu(
+            10240.0,
+            Some(0.0),
+            &[("ghost", 10.0 * 1024.0 * 1024.0 * 1024.0)],
+        ),
+    );
+    d.gpus.insert(
+        3,
+        GpuData {
+            unreadable: true,
+            ..Default::default()
+        },
+    );
+    d.counts.push(("ghost".into(), "leak".into(), 1.0));
+    d.counts.push(("zombie".into(), "warning".into(), 2.0));
+    let mut ids = Identities::default();
+    ids.gpus.insert(
+        ("node1".into(), 0),
+        Ident {
+            usable_mib: Some(1000.0),
+            reserved_mib: Some(24.0),
+            ..Default::default()
+        },
+    );
+    let s = snapshot("node1", &d, &ids, &HashMap::new(), 5);
+    let states: Vec<Option<GpuState>> = s.gpus.iter().map(|g| g.judged).collect();
+    assert_eq!(
+        states,
+        [
+            Some(GpuState::Clean),
+            Some(GpuState::InUse),
+            Some(GpuState::Leak),
+            Some(GpuState::Error)
+        ]
+    );
+    assert_eq!(s.taken_at_ms, 1_700_000_000_500);
+    assert_eq!(s.gpus[0].memory.total, Some(1024 * MIB));
+    assert_eq!(s.gpus[3].memory.used, None, "no reading is not 0");
+    // The ghost comes once, per GPU with its bytes; the zombies as a count.
+    assert_eq!(
+        s.findings
+            .iter()
+            .filter(|f| f.kind == FindingKind::Ghost)
+            .count(),
+        1
+    );
+    assert_eq!(s.findings[0].gpu, Some(2));
+    assert!(
+        s.findings
+            .iter()
+            .any(|f| f.kind == FindingKind::Zombie && f.detail.starts_with("2 zombie"))
+    );
+    assert!(s.missing_features.contains(&Feature::Actions));
+    assert!(!s.missing_features.contains(&Feature::ProcessList));
+    assert_eq!(s.live_url.as_deref(), Some("ssh://node1"));
+
+    let mut dcgm = HostData::default();
+    dcgm.gpus.insert(0, gpu(0.0, None, &[]));
+    dcgm.gpus.insert(1, gpu(700.0, None, &[]));
+    let s = snapshot("node2", &dcgm, &ids, &HashMap::new(), 7);
+    assert!(s.gpus.iter().all(|g| g.judged.is_none()));
+    assert_eq!(s.taken_at_ms, 7);
+    assert!(s.missing_features.contains(&Feature::ProcessList));
+    assert!(
+        s.findings.is_empty(),
+        "no leak is claimed without a process list"
+    );
+    assert_eq!(s.gpus[1].memory.used, Some(700 * MIB));
+}
+
+#[test]
+fn two_targets_naming_one_host_are_a_conflict() {
+    let one: BTreeSet<Target> = [Target {
+        job: "gpusweep".into(),
+        instance: "10.0.0.2:9401".into(),
+    }]
+    .into();
+    assert_eq!(conflict("gpu-b", &one), None);
+    let mut two = one.clone();
+    two.insert(Target {
+        job: "other".into(),
+        instance: "10.0.0.66:9400".into(),
+    });
+    let why = conflict("gpu-b", &two).expect("a conflict");
+    assert!(
+        why.contains("10.0.0.2:9401") && why.contains("10.0.0.66:9400") && why.contains("job="),
+        "{why}"
+    );
+}
+
+#[test]
+fn samples_borrow_their_labels_and_still_read_escaped_ones() {
+    let p = server("http://p:9090", "");
+    let body = br#"{"status":"success","data":{"resultType":"vector","result":[
+        {"metric":{"Hostname":"gpu-b0001","gpu":"3","job":"x"},"value":[1733338338.123,"512"]},
+        {"metric":{"Hostname":"odd\"host","gpu":"0"},"value":[1733338338.5,"NaN"]}]}}"#;
+    let s = p.samples(body).expect("an answer");
+    assert!(matches!(
+        s[0].metric.hostname.as_ref().map(|t| &t.0),
+        Some(Cow::Borrowed("gpu-b0001"))
+    ));
+    assert!(matches!(s[0].value.1.0, Cow::Borrowed("512")));
+    assert_eq!(
+        (s[0].host(), s[0].gpu(), s[0].value()),
+        (Some("gpu-b0001"), Some(3), Some(512.0))
+    );
+    assert_eq!(s[1].host(), Some("odd\"host"));
+    assert!(s[1].value().is_some_and(f64::is_nan));
+    let failed = br#"{"status":"error","errorType":"bad_data","error":"parse error"}"#;
+    assert!(p.samples(failed).is_err_and(|e| e.contains("parse error")));
+}
+
+#[test]
+fn a_host_polled_again_is_the_same_but_for_its_time() {
+    let mut a = HostData {
+        taken_s: Some(10.0),
+        ..Default::default()
+    };
+    a.gpus.insert(0, gpu(5.0, Some(0.0), &[("ghost", 1.0)]));
+    let mut b = a.clone();
+    b.taken_s = Some(15.0);
+    assert!(a.same_but_time(&b));
+    assert_eq!(b.taken_at_ms(1), 15_000);
+    b.gpus.insert(1, gpu(0.0, Some(1.0), &[]));
+    assert!(!a.same_but_time(&b), "a GPU more");
+    let mut c = a.clone();
+    c.gpus
+        .insert(0, gpu(5.0, Some(0.0), &[("ghost", f64::NAN)]));
+    assert!(
+        !c.same_but_time(&c.clone()),
+        "an unknown size is never taken as unchanged"
+    );
+    assert_eq!(
+        HostData::default().taken_at_ms(7),
+        7,
+        "no serve time: when it was polled"
+    );
+}
+
+struct Deaf;
+impl Sink for Deaf {
+    fn reading(&self, _: HostSnapshot) -> bool {
+        false
+    }
+    fn status(&self, _: ConnStatus) -> bool {
+        false
+    }
+    fn answer(&self, _: u64, _: gpusweep_core::action::ActionAnswer) -> bool {
+        false
+    }
+}
+
+#[test]
+fn names_keep_the_first_place_of_a_name() {
+    let host = |n: &str| PromHost {
+        name: n.into(),
+        sink: Arc::new(Deaf),
+        detached: Arc::default(),
+    };
+    let hosts = [host("a"), host("b"), host("a")];
+    let names = Names::new(&hosts);
+    assert_eq!(
+        (names.of("a"), names.of("b"), names.of("c")),
+        (Some(0), Some(1), None)
+    );
+    assert_eq!(names.len(), 2);
+}
+
+#[test]
+fn a_serve_that_says_it_cannot_read_its_gpus_has_no_clean_gpu() {
+    let p = server("http://p:9090", "");
+    let answer = |result: &str| -> bytes::Bytes {
+        format!(r#"{{"status":"success","data":{{"resultType":"vector","result":[{result}]}}}}"#)
+            .into_bytes()
+            .into()
+    };
+    let t = r#""Hostname":"node1","job":"gpusweep","instance":"10.0.0.1:9401""#;
+    let answers = [
+        answer(&format!(
+            r#"{{"metric":{{{t},"gpu":"0"}},"value":[1,"0"]}}"#
+        )),
+        answer(&format!(
+            r#"{{"metric":{{{t},"gpu":"0"}},"value":[1,"1"]}}"#
+        )),
+        // gpusweep_gpus_readable 0: no `gpu` label.
+        answer(&format!(r#"{{"metric":{{{t}}},"value":[1,"0"]}}"#)),
+        answer(""),
+        answer(""),
+        answer(""),
+        answer(""),
+    ];
+    let hosts = [PromHost {
+        name: "node1".into(),
+        sink: Arc::new(Deaf),
+        detached: Arc::default(),
+    }];
+    let (table, _) = table(&p, &Names::new(&hosts), &answers).expect("a table");
+    let d = table[0].as_ref().expect("node1's data");
+    assert!(d.gpus_unreadable);
+    let s = snapshot("node1", d, &Identities::default(), &Up::new(), 5);
+    assert_ne!(s.gpus[0].judged, Some(GpuState::Clean), "{s:?}");
+    assert!(
+        s.gpu_error
+            .as_deref()
+            .is_some_and(|e| e.contains("gpus_readable")),
+        "{s:?}"
+    );
+}
+
+#[test]
+fn another_target_cannot_mark_a_host_demo_nor_move_its_api() {
+    let p = server("http://p:9090", "");
+    let body = br#"{"status":"success","data":{"resultType":"vector","result":[
+        {"metric":{"Hostname":"gpu-b","instance":"10.0.0.2:9401","scheme":"http","api_path":""},"value":[1,"1"]},
+        {"metric":{"Hostname":"gpu-b","instance":"10.0.0.66:9400","scheme":"https","api_path":"/hosts/x","simulated":"true"},"value":[1,"1"]}]}}"#;
+    let mut ids = Identities::default();
+    ids.serves_from(&p.samples(body).expect("an answer"));
+    let mut d = HostData {
+        gpusweep: true,
+        ..Default::default()
+    };
+    d.targets.insert(Target {
+        job: "gpusweep".into(),
+        instance: "10.0.0.2:9401".into(),
+    });
+    let own = Target {
+        job: "gpusweep".into(),
+        instance: "10.0.0.2:9401".into(),
+    };
+    let up: Up = [(own, 1.0)].into();
+    let s = snapshot("gpu-b", &d, &ids, &up, 5);
+    assert!(!s.simulated, "marked DEMO by another target");
+    assert_eq!(s.live_url.as_deref(), Some("http://10.0.0.2:9401"));
+}
+
+#[test]
+fn any_instance_is_asked_for_escaped_and_one_that_cannot_be_is_counted() {
+    let (m, skipped) = instance_matchers(
+        [
+            "10.0.0.2:9401",
+            "gpu-b/serve",
+            r#"x"y\z"#,
+            "bad\nname",
+            "(a)+",
+        ]
+        .into_iter(),
+        100,
+    );
+    assert_eq!(skipped, 1, "a control character cannot be asked for");
+    assert_eq!(
+        m,
+        [r#"instance=~"10\\.0\\.0\\.2:9401|gpu-b/serve|x\"y\\\\z|\\(a\\)\\+""#]
+    );
+    let (m, skipped) = instance_matchers(["a", "b", "c"].into_iter(), 2);
+    assert_eq!(
+        (m.len(), skipped),
+        (1, 1),
+        "past the limit: counted, not asked"
+    );
+}
+
+#[test]
+fn a_host_is_read_only_from_its_one_own_target_scraped_and_up() {
+    let t = |job: &str, inst: &str| Target {
+        job: job.into(),
+        instance: inst.into(),
+    };
+    let (own, fake) = (t("gpusweep", "10.0.0.2:9401"), t("other", "10.0.0.66:9400"));
+    let data = |targets: &[&Target]| HostData {
+        targets: targets.iter().map(|x| (*x).clone()).collect(),
+        ..Default::default()
+    };
+    let voices = |v: &[&Target]| v.iter().map(|x| (*x).clone()).collect::<BTreeSet<_>>();
+    let up = |v: &[(&Target, f64)]| v.iter().map(|(x, u)| ((*x).clone(), *u)).collect::<Up>();
+    // Its own target alone, up: read.
+    let d = data(&[&own]);
+    assert_eq!(
+        judge_voices("gpu-b", &voices(&[&own]), Some(&d), &up(&[(&own, 1.0)])),
+        None
+    );
+    // Its own target down, an impostor answering: a conflict naming both.
+    let d = data(&[&fake]);
+    let why = judge_voices(
+        "gpu-b",
+        &voices(&[&own, &fake]),
+        Some(&d),
+        &up(&[(&own, 0.0), (&fake, 1.0)]),
+    )
+    .expect("never the impostor's word");
+    assert!(
+        why.contains("10.0.0.2:9401") && why.contains("10.0.0.66:9400"),
+        "{why}"
+    );
+    // Its own target gone from Prometheus's scraping (a restarted pod's old address): no voice any more.
+    assert_eq!(
+        judge_voices(
+            "gpu-b",
+            &voices(&[&own, &fake]),
+            Some(&d),
+            &up(&[(&fake, 1.0)])
+        ),
+        None
+    );
+    // Series naming a target Prometheus does not scrape (relabelled with honor_labels): no one's word.
+    let d = data(&[&own]);
+    let why = judge_voices("gpu-b", &voices(&[&own]), Some(&d), &up(&[])).expect("a forged target");
+    assert!(why.contains("does not scrape"), "{why}");
+    // Its own target alone and down.
+    let why = judge_voices("gpu-b", &voices(&[&own]), None, &up(&[(&own, 0.0)])).expect("down");
+    assert!(why.contains("up == 0"), "{why}");
+}
+
+#[test]
+fn a_narrowed_read_names_plain_hosts_escaped_and_nothing_else() {
+    assert_eq!(
+        only_hosts([Some("gpu-b2"), Some("node1.dc"), Some("gpu-b2")].into_iter()).as_deref(),
+        Some(r#"Hostname=~"gpu-b2|node1\\.dc""#)
+    );
+    // A name a target chose that is not a plain host name, one not named by Hostname: read them all.
+    assert_eq!(
+        only_hosts([Some("a\"}) or vector(1"), Some("b")].into_iter()),
+        None
+    );
+    assert_eq!(only_hosts([Some("a|b")].into_iter()), None);
+    assert_eq!(only_hosts([Some("a"), None].into_iter()), None);
+    let many: Vec<String> = (0..100).map(|k| format!("h{k:0>200}")).collect();
+    assert_eq!(only_hosts(many.iter().map(|s| Some(s.as_str()))), None);
+    let p = server("http://prom:9090", r#"job="gpu""#);
+    let q = Queries::new(&p, Some(r#"Hostname=~"a""#));
+    assert!(
+        q.used
+            .contains(r#"DCGM_FI_DEV_FB_USED{job="gpu",Hostname=~"a"}"#),
+        "{}",
+        q.used
+    );
+}
+
+#[test]
+fn queries_carry_the_selector() {
+    let p = server("http://p:9090", r#"job="gpu""#);
+    let q = Queries::new(&p, None);
+    assert_eq!(
+        q.used,
+        r#"sum by (Hostname, hostname, job, instance, gpu) (max by (Hostname, hostname, job, instance, gpu, GPU_I_ID) (DCGM_FI_DEV_FB_USED{job="gpu"}))"#
+    );
+    assert!(q.up.starts_with("max by (job, instance) (up and on (job, instance)"));
+    assert!(q.up.contains(r#"DCGM_FI_DEV_FB_USED{job="gpu"}[10m]"#));
+    let p = server("http://p:9090", "");
+    assert!(
+        Queries::new(&p, None)
+            .clean
+            .contains("gpusweep_gpu_clean{}")
+    );
+}
