@@ -338,12 +338,11 @@ type HttpGroup = (
 struct Gathered {
     /// Hosts of each Prometheus server, polled together.
     proms: BTreeMap<PromServer, PromGroup>,
-    /// The serves (by origin) two or more of whose hosts are named, each read through one stream, and how
-    /// many hosts each: a command queue with room for one command of each (an interval change is sent to
-    /// every host).
-    grouped: BTreeMap<String, usize>,
+    /// The event streams (`stream_of`) and how many hosts each reads: a command queue with room for one
+    /// command of each (an interval change is sent to every host).
+    grouped: BTreeMap<StreamKey, usize>,
     /// Their hosts.
-    serves: BTreeMap<String, HttpGroup>,
+    serves: BTreeMap<StreamKey, HttpGroup>,
     /// The simulated hosts, polled together on one thread: the channel of their commands (its receiving
     /// end until the thread takes it) and the hosts.
     demos: Option<DemoPool>,
@@ -358,22 +357,32 @@ type DemoPool = (
     Vec<poll::Pooled>,
 );
 
-/// The serve and host name of an `http(s)://node:port/hosts/NAME` spec.
-fn serve_host(spec: &HostSpec) -> Option<(String, &str)> {
+/// The event stream a `http(s)://` host is read through, and its name there: the hosts named of one serve
+/// (`/hosts/NAME`) share the stream of the serve's origin; a serve named by its address is a stream of its
+/// own (`i` keeps two such specs apart), its one host unnamed.
+fn stream_of(i: usize, spec: &HostSpec) -> Option<(StreamKey, Option<&str>)> {
     let HostSpec::Http { url } = spec else {
         return None;
     };
-    Some((url.origin(), url.served_host()?))
+    Some(match url.served_host() {
+        Some(name) => ((url.origin(), None), Some(name)),
+        None => ((url.base(), Some(i)), None),
+    })
 }
 
-/// The serves two or more of whose hosts are among the specs (each read through one stream), with their
-/// number of hosts.
-fn shared_serves(specs: &[HostSpec]) -> BTreeMap<String, usize> {
-    let mut count: BTreeMap<String, usize> = BTreeMap::new();
-    for (origin, _) in specs.iter().filter_map(serve_host) {
-        *count.entry(origin).or_default() += 1;
+/// An event stream: where the serve's API is, and for a serve named by its address, the spec's place.
+type StreamKey = (String, Option<usize>);
+
+/// How many hosts each event stream reads.
+fn shared_serves(specs: &[HostSpec]) -> BTreeMap<StreamKey, usize> {
+    let mut count: BTreeMap<StreamKey, usize> = BTreeMap::new();
+    for (key, _) in specs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| stream_of(i, s))
+    {
+        *count.entry(key).or_default() += 1;
     }
-    count.retain(|_, n| *n >= 2);
     count
 }
 
@@ -527,10 +536,10 @@ impl Fleet {
                 eprintln!("gpusweep: cannot start the simulated hosts' thread: {e}");
             }
         }
-        for (origin, (_, rx, hosts)) in gathered.serves {
+        for ((base, _), (_, rx, hosts)) in gathered.serves {
             if let Some(http) = http.clone() {
                 let timeout = opts.ssh.connect_timeout;
-                let read = http_group::run(origin, http, hosts, opts.interval, timeout, rx);
+                let read = http_group::run(base, http, hosts, opts.interval, timeout, rx);
                 tokio::spawn(read);
             }
         }
@@ -595,15 +604,15 @@ impl Fleet {
                 Handle::Pool(tx.clone(), hosts.len() - 1)
             }
             HostSpec::Http { .. }
-                if let Some((origin, name, n)) = serve_host(&spec)
-                    .and_then(|(o, name)| Some((o.clone(), name, *gathered.grouped.get(&o)?))) =>
+                if let Some((key, name, n)) = stream_of(i, &spec)
+                    .and_then(|(k, name)| Some((k.clone(), name, *gathered.grouped.get(&k)?))) =>
             {
-                let entry = gathered.serves.entry(origin).or_insert_with(|| {
+                let entry = gathered.serves.entry(key).or_insert_with(|| {
                     let (t, r) = mpsc::channel(CMD_QUEUE.max(n));
                     (t, r, Vec::new())
                 });
                 entry.2.push(GroupHost {
-                    name: name.to_string(),
+                    name: name.map(str::to_string),
                     sink,
                 });
                 Handle::Shared(entry.0.clone(), entry.2.len() - 1)

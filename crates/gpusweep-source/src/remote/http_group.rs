@@ -1,9 +1,11 @@
-//! Several hosts of one `gpusweep serve` (`http://node:9401/hosts/NAME`, two or more of the same serve) read
-//! through one event stream, `/api/v1/events?hosts=...`, instead of a stream each: ten thousand hosts of a
-//! serve cost one connection, one parser and one task, not ten thousand (whose connections the serve's
-//! stream budget refused). Each event names its host; each host keeps its own silence, so one host the
-//! serve stops reading is called stale and down alone while the others stay up, and the stream is given up
-//! only when the whole serve falls silent. What the serve sends is untrusted, as in `http`.
+//! The one client of a `gpusweep serve`'s event stream. The hosts named of one serve
+//! (`http://node:9401/hosts/NAME`) are read through one stream, `/api/v1/events?hosts=...`, instead of a
+//! stream each: ten thousand hosts of a serve cost one connection, one parser and one task, not ten
+//! thousand (whose connections the serve's stream budget refused). A serve named by its address alone
+//! (`http://node:9401`) is a group of one: its one host, whatever its name. Each event names its host; each
+//! host keeps its own silence, so one host the serve stops reading is called stale and down alone while the
+//! others stay up, and the stream is given up only when the whole serve falls silent. What the serve sends
+//! is untrusted (bounded and escaped, as `http`'s parser does).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,9 +27,10 @@ use gpusweep_core::sse;
 /// A command for one host of the group: its place, and the command.
 pub type GroupCmd = (usize, HostCmd);
 
-/// One host of the group: its name at the serve, and where its readings go.
+/// One host of the group: its name at the serve (none: the one host a serve named by its address serves,
+/// alone in its group), and where its readings go.
 pub struct GroupHost {
-    pub name: String,
+    pub name: Option<String>,
     pub sink: Arc<dyn Sink>,
 }
 
@@ -48,8 +51,9 @@ struct Member {
 
 /// The group's reader.
 struct Group {
-    /// `scheme://host:port` of the serve.
-    origin: String,
+    /// Where the serve's API is: `scheme://host:port` for named hosts, the whole address for a serve named by
+    /// its address.
+    base: String,
     http: HttpClient,
     connect_timeout: Duration,
     hosts: Vec<GroupHost>,
@@ -71,7 +75,7 @@ enum Ended {
 /// Read the group until the fleet goes away: connect, stream, and on a failure say it for every host and
 /// connect again with backoff.
 pub async fn run(
-    origin: String,
+    base: String,
     http: HttpClient,
     hosts: Vec<GroupHost>,
     interval: Duration,
@@ -82,11 +86,11 @@ pub async fn run(
         .iter()
         .enumerate()
         .rev()
-        .map(|(i, h)| (h.name.clone(), i))
+        .filter_map(|(i, h)| Some((h.name.clone()?, i)))
         .collect();
     let n = hosts.len();
     let mut g = Group {
-        origin,
+        base,
         http,
         connect_timeout,
         hosts,
@@ -154,14 +158,15 @@ impl Group {
         }
     }
 
-    /// The stream's query: only these hosts, where their names fit in a URL.
+    /// The stream's query: only these hosts, where their names fit in a URL (and none for a serve named by
+    /// its address).
     fn names_query(&self) -> Option<String> {
         let mut q = String::new();
         for h in &self.hosts {
             if !q.is_empty() {
                 q.push(',');
             }
-            q.push_str(&h.name);
+            q.push_str(h.name.as_deref()?);
             if q.len() > MAX_NAMES_QUERY {
                 return None;
             }
@@ -172,7 +177,7 @@ impl Group {
     /// One stream: connect, hello, readings, commands and silences, until it ends.
     async fn stream(&mut self, cmds: &mut mpsc::Receiver<GroupCmd>) -> Ended {
         let interval = self.interval();
-        let url = format!("{}/api/v1/events", self.origin);
+        let url = format!("{}/api/v1/events", self.base);
         let names = self.names_query();
         // Only the GPUs whose gauges moved: most of a fleet's GPUs idle, most of a busy one's do not move
         // (an older serve ignores the ask and sends them all).
@@ -299,26 +304,52 @@ impl Group {
         }
     }
 
-    fn on_hello(&self, st: &mut Stream, data: &str) -> Result<bool, String> {
+    fn on_hello(&mut self, st: &mut Stream, data: &str) -> Result<bool, String> {
         let h = hello(data)?;
+        if let [GroupHost { name: None, .. }] = self.hosts.as_slice() {
+            self.by_name = self.one_host(&h.hosts)?;
+        }
         st.serve_interval = h.interval_ms.map(|ms| Duration::from_millis(ms.max(1)));
         st.said_hello = true;
         let streamed: std::collections::HashSet<&str> =
             h.hosts.iter().map(String::as_str).collect();
         let mut listening = false;
         for (m, host) in st.members.iter_mut().zip(&self.hosts) {
-            if streamed.contains(host.name.as_str()) {
+            let Some(name) = &host.name else {
+                listening = true;
+                continue;
+            };
+            if streamed.contains(name.as_str()) {
                 listening = true;
                 continue;
             }
             m.absent = true;
             listening |= host.sink.status(ConnStatus::Down(format!(
                 "the serve at {} has no host {:?}",
-                self.origin,
-                escape(&host.name)
+                self.base,
+                escape(name)
             )));
         }
         Ok(listening)
+    }
+
+    /// A serve named by its address must serve one host: its name, as the events will carry it.
+    fn one_host(&self, served: &[String]) -> Result<HashMap<String, usize>, String> {
+        if let [one] = served {
+            return Ok(HashMap::from([(one.clone(), 0)]));
+        }
+        let names: Vec<String> = served
+            .iter()
+            .take(5)
+            .map(|n| escape(n).into_owned())
+            .collect();
+        let base = &self.base;
+        Err(format!(
+            "{base} serves {} hosts ({}): name one, e.g. {base}/hosts/{}",
+            served.len(),
+            names.join(", "),
+            names.first().map_or("NAME", String::as_str)
+        ))
     }
 
     /// One event: a reading goes to its host's sink as it is (whether it says anything new is the

@@ -63,8 +63,6 @@ impl RemoteTask {
     pub async fn run(self, mut cmds: mpsc::Receiver<HostCmd>) {
         let mut backoff = FIRST_BACKOFF;
         let mut interval = self.opts.interval;
-        // Where an event stream was (its last event's id), kept across reconnects.
-        let mut resume: Option<String> = None;
         loop {
             if !self.status(ConnStatus::Connecting) {
                 return;
@@ -74,9 +72,6 @@ impl RemoteTask {
                     command::run(&self, command, &mut cmds, &mut interval).await
                 }
                 HostSpec::Ssh { .. } => ssh::run(&self, &mut cmds, &mut interval).await,
-                HostSpec::Http { url } => {
-                    http::run(&self, url, &mut cmds, &mut interval, &mut resume).await
-                }
                 HostSpec::Socket { path } => {
                     socket::run(&self, path, &mut cmds, &mut interval).await
                 }
