@@ -135,27 +135,22 @@ impl Group {
 
     /// Wait before reconnecting, answering commands: an action is refused at once, `r` reconnects now.
     async fn back_off(&mut self, backoff: Duration, cmds: &mut mpsc::Receiver<GroupCmd>) -> bool {
-        let sleep = tokio::time::sleep(backoff);
-        tokio::pin!(sleep);
-        loop {
-            tokio::select! {
-                () = &mut sleep => return true,
-                c = cmds.recv() => match c {
-                    None => return false,
-                    Some((_, HostCmd::PollNow | HostCmd::Wake)) => return true,
-                    Some((at, HostCmd::Interval(d))) => {
-                        if let Some(a) = self.asked.get_mut(at) {
-                            *a = d;
-                        }
-                    }
-                    Some((at, c @ HostCmd::Act { .. })) => {
-                        if let Some(h) = self.hosts.get(at) {
-                            c.refuse(h.sink.as_ref(), "host is down");
-                        }
-                    }
+        super::wait_answering(backoff, cmds, |(at, c)| match c {
+            HostCmd::PollNow | HostCmd::Wake => true,
+            HostCmd::Interval(d) => {
+                if let Some(a) = self.asked.get_mut(at) {
+                    *a = d;
                 }
+                false
             }
-        }
+            c @ HostCmd::Act { .. } => {
+                if let Some(h) = self.hosts.get(at) {
+                    c.refuse(h.sink.as_ref(), "host is down");
+                }
+                false
+            }
+        })
+        .await
     }
 
     /// The stream's query: only these hosts, where their names fit in a URL (and none for a serve named by

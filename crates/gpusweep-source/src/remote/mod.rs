@@ -122,19 +122,38 @@ impl RemoteTask {
         cmds: &mut mpsc::Receiver<HostCmd>,
         interval: &mut Duration,
     ) -> bool {
-        let sleep = tokio::time::sleep(backoff);
-        tokio::pin!(sleep);
-        loop {
-            tokio::select! {
-                () = &mut sleep => return true,
-                c = cmds.recv() => match c {
-                    None => return false,
-                    Some(HostCmd::PollNow | HostCmd::Wake) => return true,
-                    Some(HostCmd::Interval(d)) => *interval = d,
-                    Some(c @ HostCmd::Act { .. }) => {
-                        c.refuse(self.sink.as_ref(), "host is down");
-                    }
-                }
+        wait_answering(backoff, cmds, |c| match c {
+            HostCmd::PollNow | HostCmd::Wake => true,
+            HostCmd::Interval(d) => {
+                *interval = d;
+                false
+            }
+            c @ HostCmd::Act { .. } => {
+                c.refuse(self.sink.as_ref(), "host is down");
+                false
+            }
+        })
+        .await
+    }
+}
+
+/// Wait `backoff` before connecting again, answering each command meanwhile with `on` (true: connect now).
+/// False when the fleet is gone.
+pub(super) async fn wait_answering<C>(
+    backoff: Duration,
+    cmds: &mut mpsc::Receiver<C>,
+    mut on: impl FnMut(C) -> bool,
+) -> bool {
+    let sleep = tokio::time::sleep(backoff);
+    tokio::pin!(sleep);
+    loop {
+        tokio::select! {
+            () = &mut sleep => return true,
+            c = cmds.recv() => match c {
+                None => return false,
+                Some(c) => if on(c) {
+                    return true;
+                },
             }
         }
     }
