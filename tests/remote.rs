@@ -11,7 +11,7 @@ use gpusweep::analyze::AnalyzeOptions;
 use gpusweep::core::action::{ActionAnswer, ActionRequest};
 use gpusweep::core::host::HostSpec;
 use gpusweep::core::signal::{Fate, Sig, SignalRequest, TargetInfo};
-use gpusweep::runtime::{Fleet, FleetOptions, HostEvent};
+use gpusweep::runtime::{Fleet, FleetOptions, HostEvent, Judgement};
 use gpusweep::source::demo::DemoClock;
 use gpusweep::source::local::procfs::ProcfsConfig;
 use gpusweep::source::remote::http::HttpOptions;
@@ -114,7 +114,10 @@ async fn a_stalled_agent_goes_stale_then_is_dropped_with_its_process_group() {
     let mut stale = None;
     let down = loop {
         match next_event(&mut f, Duration::from_secs(20)).await {
-            HostEvent::Reading { .. } => got_reading = true,
+            HostEvent::Update {
+                update: Judgement::New(_),
+                ..
+            } => got_reading = true,
             HostEvent::Status {
                 status: ConnStatus::Stale { silent_ms },
                 ..
@@ -152,7 +155,11 @@ async fn a_flood_of_readings_keeps_only_the_latest() {
     );
     let mut f = fleet(&cmd, Duration::from_secs(1), &dir.path().join("audit")).await;
     loop {
-        if let HostEvent::Reading { .. } = next_event(&mut f, Duration::from_secs(20)).await {
+        if let HostEvent::Update {
+            update: Judgement::New(_),
+            ..
+        } = next_event(&mut f, Duration::from_secs(20)).await
+        {
             break;
         }
     }
@@ -167,7 +174,11 @@ async fn a_flood_of_readings_keeps_only_the_latest() {
     await_cond("300 more readings", 60, || sent() >= from + 300);
     let mut waiting = 0;
     while let Some(ev) = f.try_recv() {
-        if let HostEvent::Reading { .. } = ev {
+        if let HostEvent::Update {
+            update: Judgement::New(_),
+            ..
+        } = ev
+        {
             waiting += 1;
         }
     }
@@ -432,7 +443,11 @@ async fn gpusweeps_own_client_resumes_its_stream_where_it_was() {
     let mut fleet = fleet_of(spec, Duration::from_secs(1), &dir.path().join("audit")).await;
     // The first stream ends (the host is down a moment), the second brings the reading.
     loop {
-        if let HostEvent::Reading { .. } = next_event(&mut fleet, Duration::from_secs(20)).await {
+        if let HostEvent::Update {
+            update: Judgement::New(_),
+            ..
+        } = next_event(&mut fleet, Duration::from_secs(20)).await
+        {
             break;
         }
     }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use gpusweep::act::AuditLog;
 use gpusweep::analyze::AnalyzeOptions;
 use gpusweep::core::host::HostSpec;
-use gpusweep::runtime::{Fleet, FleetOptions, HostEvent};
+use gpusweep::runtime::{Fleet, FleetOptions, HostEvent, Judgement};
 use gpusweep::source::ConnStatus;
 use gpusweep::source::demo::DemoClock;
 use gpusweep::source::local::procfs::ProcfsConfig;
@@ -550,8 +550,14 @@ async fn agent_killed_mid_stream_is_reported_and_reconnected() {
             .expect("events in time")
             .expect("event");
         match ev {
-            HostEvent::Reading { .. } if down.is_some() => snapshots_after_down += 1,
-            HostEvent::Reading { .. } => seen.push("snapshot"),
+            HostEvent::Update {
+                update: Judgement::New(_),
+                ..
+            } if down.is_some() => snapshots_after_down += 1,
+            HostEvent::Update {
+                update: Judgement::New(_),
+                ..
+            } => seen.push("snapshot"),
             HostEvent::Status {
                 status: ConnStatus::Down(e),
                 ..

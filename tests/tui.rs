@@ -116,16 +116,7 @@ impl Demo {
         if !events.is_empty() {
             eff.extend(self.app.update(Action::Events(HostId(i), events)));
         }
-        eff.extend(match j {
-            Judgement::New(judged) => self.app.update(Action::Reading(HostId(i), judged)),
-            Judgement::Memory(m) => self.app.update(Action::Memory(HostId(i), m)),
-            Judgement::Same {
-                taken_at_ms,
-                gauges,
-            } => self
-                .app
-                .update(Action::Fresh(HostId(i), taken_at_ms, gauges)),
-        });
+        eff.extend(self.app.update(Action::Update(HostId(i), j)));
         eff
     }
     fn poll(&mut self) -> Vec<Effect> {
@@ -755,7 +746,7 @@ fn reducer_memory_alone_shows_what_whole_readings_show() {
         all_clean: true,
         content: 1,
     };
-    let eff = fresh.update(Action::Memory(HostId(0), Box::new(m)));
+    let eff = fresh.update(Action::Update(HostId(0), Judgement::Memory(Box::new(m))));
     assert!(matches!(eff[..], [Effect::Whole(HostId(0))]), "{eff:?}");
     assert!(fresh.store.hosts[0].snap.is_none());
 }
@@ -902,8 +893,13 @@ fn a_fresh_reading_moves_the_gauges_and_the_time_only() {
     let before = d.app.store.hosts[1].snap.clone().expect("gpu-b read");
     let mut gauges = before.gauges();
     gauges[0].utilization = Some(97);
-    d.app
-        .update(Action::Fresh(HostId(1), before.taken_at_ms + 700, gauges));
+    d.app.update(Action::Update(
+        HostId(1),
+        Judgement::Same {
+            taken_at_ms: before.taken_at_ms + 700,
+            gauges,
+        },
+    ));
     let after = d.app.store.hosts[1].snap.clone().expect("still there");
     assert_eq!(after.gpus[0].utilization, Some(97));
     assert_eq!(after.taken_at_ms, before.taken_at_ms + 700);
@@ -956,15 +952,25 @@ fn only_what_is_on_screen_asks_for_a_frame() {
     let a = d.app.store.hosts[0].snap.clone().expect("first host read");
     let at = d.app.changes();
     d.app.update(Action::Tick(b.taken_at_ms + 1_000));
-    d.app
-        .update(Action::Fresh(HostId(1), b.taken_at_ms + 700, b.gauges()));
+    d.app.update(Action::Update(
+        HostId(1),
+        Judgement::Same {
+            taken_at_ms: b.taken_at_ms + 700,
+            gauges: b.gauges(),
+        },
+    ));
     assert_eq!(
         d.app.changes(),
         at,
         "a fresh reading of a host not shown, and the clock: nothing to draw"
     );
-    d.app
-        .update(Action::Fresh(HostId(0), a.taken_at_ms + 700, a.gauges()));
+    d.app.update(Action::Update(
+        HostId(0),
+        Judgement::Same {
+            taken_at_ms: a.taken_at_ms + 700,
+            gauges: a.gauges(),
+        },
+    ));
     assert_ne!(
         d.app.changes(),
         at,
@@ -977,8 +983,13 @@ fn only_what_is_on_screen_asks_for_a_frame() {
     ));
     assert_ne!(d.app.changes(), at, "a host gone stale");
     let at = d.app.changes();
-    d.app
-        .update(Action::Fresh(HostId(1), b.taken_at_ms + 9_000, b.gauges()));
+    d.app.update(Action::Update(
+        HostId(1),
+        Judgement::Same {
+            taken_at_ms: b.taken_at_ms + 9_000,
+            gauges: b.gauges(),
+        },
+    ));
     assert_ne!(d.app.changes(), at, "a stale host fresh again");
     assert_eq!(d.app.store.hosts[1].status, ConnStatus::Up);
     let at = d.app.changes();

@@ -10,7 +10,7 @@ use crate::core::action::{ActionAnswer, ActionRequest};
 use crate::core::model::{HostId, HostSnapshot};
 use crate::core::procstat::{parse_cmdline, parse_stat};
 use crate::core::signal::{Outcome, SignalRequest, TargetInfo, all_failed};
-use crate::runtime::{Fleet, HostEvent};
+use crate::runtime::{Fleet, HostEvent, Judgement};
 use crate::source::{ConnStatus, HostCmd};
 
 pub use crate::runtime::FAST_POLL;
@@ -41,7 +41,10 @@ pub async fn first_snapshots_each(
             break;
         };
         let (i, snap) = match ev {
-            HostEvent::Reading { host, judged } if host.0 < n => (host.0, judged.snap),
+            HostEvent::Update {
+                host,
+                update: Judgement::New(judged),
+            } if host.0 < n => (host.0, judged.snap),
             HostEvent::Status {
                 host,
                 status: ConnStatus::Down(e),
@@ -82,14 +85,16 @@ pub async fn readings_since(
             break;
         };
         match ev {
-            HostEvent::Reading { host, judged }
-                if host.0 < n && judged.snap.taken_at_ms >= since_ms =>
-            {
+            HostEvent::Update {
+                host,
+                update: Judgement::New(judged),
+            } if host.0 < n && judged.snap.taken_at_ms >= since_ms => {
                 got[host.0] = Some(judged.snap);
             }
             // A reading that said the same: the last one judged, as of its time.
-            HostEvent::Fresh {
-                host, taken_at_ms, ..
+            HostEvent::Update {
+                host,
+                update: Judgement::Same { taken_at_ms, .. },
             } if host.0 < n && taken_at_ms >= since_ms => {
                 got[host.0] = fleet.latest(host).map(|j| j.snap);
             }

@@ -251,7 +251,7 @@ impl PhaseWatch {
         use crate::runtime::HostEvent;
         let mut new = false;
         while let Some(ev) = fleet.try_recv() {
-            new |= matches!(ev, HostEvent::Reading { .. } | HostEvent::Fresh { .. });
+            new |= matches!(ev, HostEvent::Update { .. });
         }
         if !new {
             return None;

@@ -14,7 +14,7 @@ use crate::analyze::watch::{Scope, Watch, job_processes, judged_by_holders_only,
 use crate::core::format::{escape, fmt_ms, millis, truncate};
 use crate::core::model::{HostId, HostSnapshot, MIB};
 use crate::core::parse::GpuRef;
-use crate::runtime::{Fleet, HostEvent, Settings};
+use crate::runtime::{Fleet, HostEvent, Judgement, Settings};
 use crate::source::ConnStatus;
 
 #[derive(Debug, clap::Args)]
@@ -195,7 +195,10 @@ pub async fn watch_until_clean(
         };
         let elapsed = millis(started.elapsed());
         match ev {
-            HostEvent::Reading { host, judged } if watch.observe(host, &judged.snap, elapsed) => {
+            HostEvent::Update {
+                host,
+                update: Judgement::New(judged),
+            } if watch.observe(host, &judged.snap, elapsed) => {
                 progress.clear();
                 return Ok((true, watch));
             }

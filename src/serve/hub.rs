@@ -16,7 +16,7 @@ use crate::core::action::{ActionAnswer, ActionRequest};
 use crate::core::conn::{ConnStatus, HostCmd};
 use crate::core::event::{Event, EventKind};
 use crate::core::model::{HostId, HostSnapshot};
-use crate::runtime::{Fleet, HostEvent, Judged};
+use crate::runtime::{Fleet, HostEvent, Judged, Judgement};
 
 /// One host's seconds to clean: after a signal sent through the serve, and after its last holder's exit.
 #[derive(Debug, Clone)]
@@ -170,7 +170,7 @@ impl Reading {
     fn of(judged: Judged) -> Reading {
         Reading {
             content: judged.content,
-            memory_from: None,
+            memory_from: judged.memory_from,
             snap: judged.snap,
             json: OnceLock::new(),
             json_no_others: OnceLock::new(),
@@ -530,41 +530,29 @@ impl Hub {
 
     fn on_event(&mut self, ev: HostEvent, fleet: &Fleet) {
         match ev {
-            HostEvent::Reading { host, judged } => {
-                let mut r = Reading::of(*judged);
-                // A host read from Prometheus carries findings its client cannot make again: sent whole.
-                if !r.snap.source.judged_remotely() {
-                    r.memory_from = self.writers.get(host.0).and_then(|w| {
-                        w.latest
-                            .borrow()
-                            .as_ref()
-                            .filter(|p| {
-                                p.content != r.content
-                                    && p.snap.same_but_memory(&r.snap)
-                                    && p.snap.same_judgement_but_memory(&r.snap)
-                            })
-                            .map(|p| p.content)
-                    });
-                }
-                self.publish(host.0, r);
-            }
+            // Whether it may go as memory alone is the ledger's word (`Judged::memory_from`); a stream sends
+            // it so only where the reading it moves from is the last it sent.
+            HostEvent::Update {
+                host,
+                update: Judgement::New(judged),
+            } => self.publish(host.0, Reading::of(*judged)),
             // The serve's fleet hands every reading on whole (it reads this host or demo hosts, never memory
             // alone from another serve); were memory alone to come, the ledger's whole reading goes out.
-            HostEvent::Memory { host, .. } => {
+            HostEvent::Update {
+                host,
+                update: Judgement::Memory(_),
+            } => {
                 if let Some(j) = fleet.latest(host) {
-                    self.on_event(
-                        HostEvent::Reading {
-                            host,
-                            judged: Box::new(j),
-                        },
-                        fleet,
-                    );
+                    self.publish(host.0, Reading::of(j));
                 }
             }
-            HostEvent::Fresh {
+            HostEvent::Update {
                 host,
-                taken_at_ms,
-                gauges,
+                update:
+                    Judgement::Same {
+                        taken_at_ms,
+                        gauges,
+                    },
             } => {
                 // Said the same: the reading kept, with its new time and gauges (/healthz reads the time).
                 let Some(mut r) = self.writers.get(host.0).and_then(|w| {

@@ -45,19 +45,16 @@ use crate::core::format::millis;
 use crate::core::model::{HostId, HostSnapshot};
 use crate::core::signal::Protected;
 use crate::core::smem::{Dtype, Tile, TileError};
-use crate::runtime::{Judged, MemoryJudged, StateCounts};
+use crate::runtime::{Judgement, StateCounts};
 
 /// Grace between TERM and KILL for sweeps started from the TUI.
 pub const TUI_GRACE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone)]
 pub enum Action {
-    /// A reading that says something new, as the host's ledger judged it.
-    Reading(HostId, Box<Judged>),
-    /// A reading that moved only its memory since the one shown, as the host's ledger judged it.
-    Memory(HostId, Box<MemoryJudged>),
-    /// A reading at this Unix ms that says the same as the host's last snapshot, with its GPU gauges.
-    Fresh(HostId, u64, Vec<crate::core::model::Gauges>),
+    /// What the host's ledger decided of its readings: a whole judged reading, memory alone (put onto the
+    /// one shown), or a new time and gauges for the reading shown.
+    Update(HostId, Judgement),
     Status(HostId, ConnStatus),
     /// What happened on a host, as its ledger recorded it: for the timeline and the events file.
     Events(HostId, Vec<Event>),
@@ -534,7 +531,7 @@ impl App {
     pub fn update(&mut self, action: Action) -> Vec<Effect> {
         let unseen = match &action {
             Action::Tick(_) => true,
-            Action::Fresh(i, ..) => !self.fresh_shows(*i),
+            Action::Update(i, Judgement::Same { .. }) => !self.fresh_shows(*i),
             _ => false,
         };
         if !unseen {
@@ -565,7 +562,7 @@ impl App {
 
     fn dispatch(&mut self, action: Action) -> Vec<Effect> {
         match action {
-            Action::Reading(i, judged) => {
+            Action::Update(i, Judgement::New(judged)) => {
                 self.store.reading(i, *judged);
                 if i.0 == self.view.sel.host {
                     self.rebuild_rows();
@@ -574,7 +571,7 @@ impl App {
                 self.clamp();
                 effects
             }
-            Action::Memory(i, memory) => {
+            Action::Update(i, Judgement::Memory(memory)) => {
                 if !self.store.memory(i, *memory) {
                     return vec![Effect::Whole(i)];
                 }
@@ -585,7 +582,13 @@ impl App {
                 self.clamp();
                 effects
             }
-            Action::Fresh(i, taken_at_ms, gauges) => {
+            Action::Update(
+                i,
+                Judgement::Same {
+                    taken_at_ms,
+                    gauges,
+                },
+            ) => {
                 self.store.fresh(i, taken_at_ms, &gauges);
                 // A reading that says the same is still a reading: a watch of this host takes it.
                 if self.rewatch.as_ref().is_some_and(|rw| rw.watch.watches(i)) {

@@ -21,7 +21,7 @@ use crate::core::host::HostSpec;
 use crate::core::model::now_ms;
 use crate::runtime::eventlog::EventLog;
 use crate::runtime::fleet::protected_for;
-use crate::runtime::{Fleet, HostEvent, Settings};
+use crate::runtime::{Fleet, HostEvent, Judgement, Settings};
 
 const FRAME: Duration = Duration::from_millis(16);
 /// Readings alone redraw at most this often (keys redraw within a frame): with many hosts each sending a
@@ -48,16 +48,10 @@ pub fn new_app(s: &Settings, labels: Vec<String>, specs: &[HostSpec]) -> anyhow:
 
 pub fn action_of(ev: HostEvent) -> Action {
     match ev {
-        HostEvent::Reading { host, judged } => Action::Reading(host, judged),
-        HostEvent::Memory { host, memory } => Action::Memory(host, memory),
+        HostEvent::Update { host, update } => Action::Update(host, update),
         HostEvent::Events { host, events } => Action::Events(host, events),
         HostEvent::Answer { host, id, answer } => Action::Answer(host, id, answer),
         HostEvent::Status { host, status } => Action::Status(host, status),
-        HostEvent::Fresh {
-            host,
-            taken_at_ms,
-            gauges,
-        } => Action::Fresh(host, taken_at_ms, gauges),
     }
 }
 
@@ -90,7 +84,7 @@ fn apply(
             Effect::DrawNow => now = true,
             Effect::Whole(h) => {
                 if let Some(j) = fleet.latest(h) {
-                    queue.extend(app.update(Action::Reading(h, Box::new(j))));
+                    queue.extend(app.update(Action::Update(h, Judgement::New(Box::new(j)))));
                 }
             }
         }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
 
 use super::eventlog::Recorder;
-use super::ledger::{Judged, Judgement, Ledger, MemoryJudged};
+use super::ledger::{Judged, Judgement, Ledger};
 use super::poll;
 use gpusweep_act::{AuditLog, Deliverer};
 use gpusweep_analyze::AnalyzeOptions;
@@ -46,23 +46,13 @@ struct Member {
 /// What the fleet hands a front end: everything its hosts' ledgers decided, in order per host.
 #[derive(Debug, Clone)]
 pub enum HostEvent {
-    /// A reading that says something new, judged by the host's ledger.
-    Reading {
+    /// What the host's ledger decided of its readings since the front end last took one: a whole judged
+    /// reading, memory alone (to a front end that asked, `FleetOptions::memory_alone`: put onto the one it
+    /// holds), or only a new time and gauges. Readings that came faster than the front end took them
+    /// come as one (`Judgement::then`).
+    Update {
         host: HostId,
-        judged: Box<Judged>,
-    },
-    /// A new reading that moved only its memory since the last one handed on (to a front end that asked,
-    /// `FleetOptions::memory_alone`): to be put onto that one, kept fresh.
-    Memory {
-        host: HostId,
-        memory: Box<MemoryJudged>,
-    },
-    /// A new reading that says the same as the host's last one: only its time and GPU gauges are new (no
-    /// gauges: as before).
-    Fresh {
-        host: HostId,
-        taken_at_ms: u64,
-        gauges: Vec<Gauges>,
+        update: Judgement,
     },
     Status {
         host: HostId,
@@ -135,20 +125,9 @@ enum Wire {
     Answer(HostId, u64, ActionAnswer),
 }
 
-/// What of a host waits to be read: its latest whole reading, or only the time and gauges of a fresh one
-/// that said the same (a whole reading waiting takes those in place). At most one of each host is ever
-/// queued, however fast it sends.
-#[derive(Default)]
-enum Waiting {
-    #[default]
-    Nothing,
-    Reading(Box<Judged>),
-    /// Memory alone, onto what the front end took last (and a fresh one's gauges, where none came).
-    Memory(Box<MemoryJudged>),
-    Fresh(u64, Vec<Gauges>),
-}
-
-type Slot = Arc<Mutex<Waiting>>;
+/// What of a host waits to be read: the ledger's updates since the front end last took one, as one
+/// (`Judgement::then`). At most one of each host is ever queued, however fast it sends.
+type Slot = Arc<Mutex<Option<Judgement>>>;
 
 /// The runtime's side of a source: every reading, status and answer goes through the host's ledger, which
 /// judges it; what the ledger decides goes on to the front end.
@@ -161,19 +140,22 @@ struct FleetSink {
 }
 
 impl FleetSink {
-    /// Change what waits in the slot; only an empty slot needs a wake-up (a full one is read once).
-    fn put(&self, change: impl FnOnce(&mut Waiting)) -> bool {
+    /// Add an update to what waits in the slot; only an empty slot needs a wake-up (a full one is read once).
+    fn put(&self, update: Judgement) -> bool {
         let was_empty = match self.slot.lock() {
             Ok(mut w) => {
-                let empty = matches!(*w, Waiting::Nothing);
-                change(&mut w);
+                let earlier = w.take();
+                let empty = earlier.is_none();
+                *w = Some(match earlier {
+                    Some(e) => e.then(update),
+                    None => update,
+                });
                 empty
             }
             Err(_) => return false,
         };
         !was_empty || self.tx.send(Wire::Reading(self.host)).is_ok()
     }
-
     /// Events go out before the reading they came with is taken: a front end records them, then shows it.
     fn events(&self, events: Vec<Event>) -> bool {
         if events.is_empty() {
@@ -186,47 +168,7 @@ impl FleetSink {
     }
 
     fn judged(&self, j: Judgement, events: Vec<Event>) -> bool {
-        if !self.events(events) {
-            return false;
-        }
-        match j {
-            Judgement::New(judged) => self.put(|w| *w = Waiting::Reading(judged)),
-            Judgement::Memory(mut m) => self.put(|w| match w {
-                // Made from the ledger's last reading, which this one is: it fits.
-                Waiting::Reading(j) => {
-                    let whole = m.put_onto(j);
-                    debug_assert!(whole, "memory alone fits the reading it was judged after");
-                }
-                Waiting::Memory(earlier) => {
-                    if m.gauges.is_empty() {
-                        m.gauges = std::mem::take(&mut earlier.gauges);
-                    }
-                    *earlier = m;
-                }
-                Waiting::Fresh(_, gauges) => {
-                    if m.gauges.is_empty() {
-                        m.gauges = std::mem::take(gauges);
-                    }
-                    *w = Waiting::Memory(m);
-                }
-                Waiting::Nothing => *w = Waiting::Memory(m),
-            }),
-            Judgement::Same {
-                taken_at_ms,
-                gauges,
-            } => self.put(|w| match w {
-                Waiting::Reading(j) => j.snap.refresh(taken_at_ms, &gauges),
-                Waiting::Memory(m) => m.refresh(taken_at_ms, gauges),
-                // No gauges said: those waiting still hold.
-                Waiting::Fresh(t, waiting) => {
-                    *t = taken_at_ms;
-                    if !gauges.is_empty() {
-                        *waiting = gauges;
-                    }
-                }
-                Waiting::Nothing => *w = Waiting::Fresh(taken_at_ms, gauges),
-            }),
-        }
+        self.events(events) && self.put(j)
     }
 }
 
@@ -736,17 +678,8 @@ impl Fleet {
     fn event(&self, w: Wire) -> Option<HostEvent> {
         Some(match w {
             Wire::Reading(host) => {
-                let waiting = std::mem::take(&mut *self.hosts.get(host.0)?.slot.lock().ok()?);
-                match waiting {
-                    Waiting::Nothing => return None,
-                    Waiting::Reading(judged) => HostEvent::Reading { host, judged },
-                    Waiting::Memory(memory) => HostEvent::Memory { host, memory },
-                    Waiting::Fresh(taken_at_ms, gauges) => HostEvent::Fresh {
-                        host,
-                        taken_at_ms,
-                        gauges,
-                    },
-                }
+                let update = self.hosts.get(host.0)?.slot.lock().ok()?.take()?;
+                HostEvent::Update { host, update }
             }
             Wire::Status(host, status) => HostEvent::Status { host, status },
             Wire::Events(host, events) => HostEvent::Events { host, events },
@@ -980,14 +913,16 @@ mod tests {
             "one wake-up"
         );
         assert!(rx.try_recv().is_err(), "a full slot wakes nobody again");
-        let waiting = std::mem::take(&mut *s.slot.lock().expect("slot"));
+        let waiting = s.slot.lock().expect("slot").take();
         assert!(
-            matches!(&waiting, Waiting::Fresh(3, g) if *g == hot(90)),
+            matches!(&waiting, Some(Judgement::Same { taken_at_ms: 3, gauges: g }) if *g == hot(90)),
             "the latest time with the gauges last said"
         );
         assert!(s.fresh(4, hot(10)));
-        let waiting = std::mem::take(&mut *s.slot.lock().expect("slot"));
-        assert!(matches!(&waiting, Waiting::Fresh(4, g) if *g == hot(10)));
+        let waiting = s.slot.lock().expect("slot").take();
+        assert!(
+            matches!(&waiting, Some(Judgement::Same { taken_at_ms: 4, gauges: g }) if *g == hot(10))
+        );
     }
 
     /// Memory alone waits in a host's slot with whatever came before or after it: put onto what the front
@@ -1026,11 +961,18 @@ mod tests {
             };
         let mut held: Option<Judged> = None;
         let take = |s: &FleetSink, held: &mut Option<Judged>| {
-            match std::mem::take(&mut *s.slot.lock().expect("slot")) {
-                Waiting::Reading(j) => *held = Some(*j),
-                Waiting::Memory(m) => assert!(m.put_onto(held.as_mut().expect("held"))),
-                Waiting::Fresh(t, g) => held.as_mut().expect("held").snap.refresh(t, &g),
-                Waiting::Nothing => {}
+            match s.slot.lock().expect("slot").take() {
+                Some(Judgement::New(j)) => *held = Some(*j),
+                Some(Judgement::Memory(m)) => assert!(m.put_onto(held.as_mut().expect("held"))),
+                Some(Judgement::Same {
+                    taken_at_ms,
+                    gauges,
+                }) => held
+                    .as_mut()
+                    .expect("held")
+                    .snap
+                    .refresh(taken_at_ms, &gauges),
+                None => {}
             }
             let l = s.ledger.lock().expect("ledger");
             assert_eq!(held.as_ref(), l.last());

@@ -91,6 +91,10 @@ pub struct Judged {
     /// send it again only when this moved.
     pub content: u64,
     pub provenance: Provenance,
+    /// The content of the reading handed on before it, where this one reads as that one but for its memory
+    /// and is judged the same but for memory: a serve may send it as memory alone (decided here, once, for
+    /// every reader).
+    pub memory_from: Option<u64>,
 }
 
 impl Judged {
@@ -106,6 +110,7 @@ impl Judged {
             counts,
             content,
             provenance: Provenance::of(&snap),
+            memory_from: None,
             snap,
         }
     }
@@ -178,6 +183,7 @@ impl MemoryJudged {
             return false;
         }
         (j.counts, j.leaks, j.all_clean, j.content) = (counts, leaks, all_clean, content);
+        j.memory_from = None;
         true
     }
 
@@ -202,6 +208,72 @@ pub enum Judgement {
         taken_at_ms: u64,
         gauges: Vec<Gauges>,
     },
+}
+
+impl Judgement {
+    /// This update followed by `next`, as one: what a front end that has not taken this one yet takes in
+    /// place of both (a host's slot holds one update, however fast the host sends). A whole reading takes
+    /// later memory and gauges in place; memory alone keeps the gauges a later one did not say.
+    #[must_use]
+    pub fn then(self, next: Judgement) -> Judgement {
+        match (self, next) {
+            (_, Judgement::New(j)) => Judgement::New(j),
+            (Judgement::New(mut j), Judgement::Memory(m)) => {
+                // Made from the ledger's last reading, which the waiting one is: it fits.
+                let whole = m.put_onto(&mut j);
+                debug_assert!(whole, "memory alone fits the reading it was judged after");
+                Judgement::New(j)
+            }
+            (earlier, Judgement::Memory(mut m)) => {
+                if m.gauges.is_empty() {
+                    m.gauges = earlier.said_gauges();
+                }
+                Judgement::Memory(m)
+            }
+            (
+                Judgement::New(mut j),
+                Judgement::Same {
+                    taken_at_ms,
+                    gauges,
+                },
+            ) => {
+                j.snap.refresh(taken_at_ms, &gauges);
+                Judgement::New(j)
+            }
+            (
+                Judgement::Memory(mut m),
+                Judgement::Same {
+                    taken_at_ms,
+                    gauges,
+                },
+            ) => {
+                m.refresh(taken_at_ms, gauges);
+                Judgement::Memory(m)
+            }
+            (
+                Judgement::Same {
+                    gauges: waiting, ..
+                },
+                Judgement::Same {
+                    taken_at_ms,
+                    gauges,
+                },
+            ) => Judgement::Same {
+                taken_at_ms,
+                // No gauges said: those waiting still hold.
+                gauges: if gauges.is_empty() { waiting } else { gauges },
+            },
+        }
+    }
+
+    /// The gauges it says (none: as before).
+    fn said_gauges(self) -> Vec<Gauges> {
+        match self {
+            Judgement::New(j) => j.snap.gauges(),
+            Judgement::Memory(m) => m.gauges,
+            Judgement::Same { gauges, .. } => gauges,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -471,7 +543,18 @@ impl Ledger {
         if changed {
             self.content += 1;
         }
-        let judged = Judged::of(snap, self.content);
+        let mut judged = Judged::of(snap, self.content);
+        // A host read from Prometheus carries findings its reader cannot make again: never memory alone.
+        judged.memory_from = self
+            .last
+            .as_ref()
+            .filter(|l| {
+                changed
+                    && !judged.snap.source.judged_remotely()
+                    && l.snap.same_but_memory(&judged.snap)
+                    && l.snap.same_judgement_but_memory(&judged.snap)
+            })
+            .map(|l| l.content);
         let mut events = self.events(&judged, before);
         let at = judged.snap.taken_at_ms;
         events.extend(changes.into_iter().map(|c| self.event(at, job_event(c))));

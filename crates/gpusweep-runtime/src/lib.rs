@@ -11,7 +11,7 @@ pub mod poll;
 pub mod settings;
 
 pub use fleet::{CMD_QUEUE, Fleet, FleetOptions, HostEvent, load_local_early, start_local_nvml};
-pub use ledger::{Judged, MemoryJudged, Provenance, StateCounts};
+pub use ledger::{Judged, Judgement, MemoryJudged, Provenance, StateCounts};
 
 /// Raise the soft limit on open files to the hard limit: a sweep holds a pidfd per target during its grace
 /// period, and a node may have thousands of targets. Returns the soft limit now in force.
