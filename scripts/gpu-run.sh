@@ -51,5 +51,7 @@ for scene in A B; do
     res "PASS $scene: $(grep -o 'read zero .*' "$W/err.$scene")"
   else
     res "FAIL $scene"
+    # What the GPU reads now, for the record: the state and findings that kept it from clean.
+    "$BIN" snapshot --json >"$OUT/after-$scene.json" 2>&1
   fi
 done

@@ -878,6 +878,8 @@ mod tests {
         ));
     }
 
+    /// Gauges of one GPU (under the busy line below 50%: then they say nothing new of a GPU with nothing
+    /// listed).
     fn hot(util: u32) -> Vec<Gauges> {
         vec![Gauges {
             utilization: Some(util),
@@ -902,7 +904,7 @@ mod tests {
         );
         assert!(matches!(rx.try_recv(), Ok(Wire::Reading(HostId(0)))));
         let _ = std::mem::take(&mut *s.slot.lock().expect("slot"));
-        assert!(s.fresh(1, hot(90)));
+        assert!(s.fresh(1, hot(30)));
         assert!(
             s.fresh(2, Vec::new()),
             "an unchanged that left its gauges out"
@@ -915,7 +917,7 @@ mod tests {
         assert!(rx.try_recv().is_err(), "a full slot wakes nobody again");
         let waiting = s.slot.lock().expect("slot").take();
         assert!(
-            matches!(&waiting, Some(Judgement::Same { taken_at_ms: 3, gauges: g }) if *g == hot(90)),
+            matches!(&waiting, Some(Judgement::Same { taken_at_ms: 3, gauges: g }) if *g == hot(30)),
             "the latest time with the gauges last said"
         );
         assert!(s.fresh(4, hot(10)));

@@ -349,11 +349,12 @@ impl Ledger {
         snap.host.clone_from(&self.label);
         // Whatever a host chose to call things reaches every front end escaped.
         snap.escape_labels();
+        let gauges = snap.gauges();
         if !self.resend
             && let Some(last) = &mut self.last
             && last.snap.same_input(&snap)
+            && !gpusweep_analyze::state::busy_moved(&last.snap, &gauges, &self.opts)
         {
-            let gauges = snap.gauges();
             last.snap.refresh(snap.taken_at_ms, &gauges);
             let taken_at_ms = last.snap.taken_at_ms;
             // Time alone may settle a job, name a straggler or confirm a finding: then the reading says
@@ -569,7 +570,15 @@ impl Ledger {
         taken_at_ms: u64,
         gauges: Vec<Gauges>,
     ) -> Option<(Judgement, Vec<Event>)> {
-        self.last.as_mut()?.snap.refresh(taken_at_ms, &gauges);
+        let last = self.last.as_mut()?;
+        let busy_moved = gpusweep_analyze::state::busy_moved(&last.snap, &gauges, &self.opts);
+        last.snap.refresh(taken_at_ms, &gauges);
+        if busy_moved && !self.resend {
+            // Clean means idle: the last reading with these gauges, judged again.
+            let snap = analyzed(last.snap.clone(), &self.opts);
+            let (snap, changes) = self.with_jobs(snap, taken_at_ms);
+            return Some(self.judge(snap, changes));
+        }
         if !self.resend {
             if let Some(again) = self.time_moved(taken_at_ms) {
                 return Some(again);
@@ -1235,5 +1244,68 @@ mod tests {
         );
         let (j, _) = l.fresh(6_000, Vec::new()).expect("a reading");
         assert!(matches!(j, Judgement::Same { .. }));
+    }
+
+    /// Clean means idle: a GPU with nothing listed whose utilization crosses the busy line says something
+    /// new though its memory and processes do not move, whether the reading came whole or as `unchanged`
+    /// gauges. A busy GPU seen again idle was left "in use" for good (a job's end then never read clean),
+    /// and an idle one seen again busy stayed clean: a kernel left running, never named.
+    #[test]
+    fn utilization_crossing_the_busy_line_is_judged_again() {
+        let opts = AnalyzeOptions::default();
+        let at = |t: u64, util: u32| {
+            let mut s = reading(t, false);
+            s.gpus[0].utilization = Some(util);
+            s
+        };
+        let state = |j: &Judgement| match j {
+            Judgement::New(j) => j.snap.gpus[0].state,
+            _ => None,
+        };
+        let mut l = Ledger::new("h", opts);
+        let (j, _) = l.reading(at(1_000, 99));
+        assert_eq!(state(&j), Some(GpuState::InUse), "busy, nothing listed");
+        let (j, _) = l.reading(at(1_500, 0));
+        assert_eq!(
+            state(&j),
+            Some(GpuState::Clean),
+            "idle again: judged again, clean"
+        );
+        let (j, _) = l.reading(at(2_000, 3));
+        assert!(
+            matches!(j, Judgement::Same { .. }),
+            "gauges alone: the same"
+        );
+        let (j, _) = l.reading(at(2_500, 97));
+        assert_eq!(
+            state(&j),
+            Some(GpuState::InUse),
+            "busy again with nothing listed"
+        );
+        // The same through `unchanged` gauges (an agent's or a serve's compact reading).
+        let g = |util: u32| {
+            vec![Gauges {
+                utilization: Some(util),
+                ..Default::default()
+            }]
+        };
+        let (j, _) = l.fresh(3_000, g(0)).expect("a reading before");
+        assert_eq!(
+            state(&j),
+            Some(GpuState::Clean),
+            "idle through an unchanged"
+        );
+        let (j, _) = l.fresh(3_500, g(10)).expect("a reading before");
+        assert!(matches!(j, Judgement::Same { .. }));
+        let (j, _) = l.fresh(4_000, g(100)).expect("a reading before");
+        assert_eq!(
+            state(&j),
+            Some(GpuState::InUse),
+            "busy through an unchanged"
+        );
+        assert_eq!(
+            l.last().map(|j| j.snap.gpus[0].state),
+            Some(Some(GpuState::InUse))
+        );
     }
 }
