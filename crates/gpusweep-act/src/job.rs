@@ -43,7 +43,7 @@ impl Containment {
 
 /// The cgroup v2 mount point, from `/proc/self/mountinfo` (never assumed to be /sys/fs/cgroup: hybrid hosts
 /// mount it at /sys/fs/cgroup/unified).
-pub fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+pub(crate) fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
     gpusweep_core::cgroup::Mounts::parse(mountinfo).v2
 }
 

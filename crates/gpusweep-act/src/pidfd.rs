@@ -10,7 +10,7 @@ use rustix::process::{Pid, PidfdFlags, Signal};
 use gpusweep_core::signal::Sig;
 
 /// An open pidfd; closed when dropped.
-pub struct PidFd(OwnedFd);
+pub(crate) struct PidFd(OwnedFd);
 
 impl PidFd {
     pub fn open(pid: u32) -> std::io::Result<PidFd> {
@@ -81,7 +81,7 @@ fn signal(sig: Sig) -> Signal {
 
 /// Wait until each pidfd is readable (its process exited) or the deadline passes. Returns when each was
 /// seen to exit (`None`: still running): a target that ends at once is not timed by one that takes the grace.
-pub fn wait_exits(fds: &[&PidFd], deadline: Instant) -> Vec<Option<Instant>> {
+pub(crate) fn wait_exits(fds: &[&PidFd], deadline: Instant) -> Vec<Option<Instant>> {
     let mut exited = vec![None; fds.len()];
     loop {
         let waiting: Vec<usize> = (0..fds.len()).filter(|&i| exited[i].is_none()).collect();

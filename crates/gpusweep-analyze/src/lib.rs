@@ -71,7 +71,7 @@ pub fn analyze(snap: &HostSnapshot, opts: &AnalyzeOptions) -> Vec<Finding> {
 
 /// Whether what holds a GPU's memory is kept on purpose, as the host's config declares: a part that keeps
 /// memory after its processes exit, or a GPU held and listed only by programs that keep memory on purpose.
-pub fn kept_gpu(snap: &index::Indexed<'_>, g: &gpusweep_core::model::Gpu) -> bool {
+pub(crate) fn kept_gpu(snap: &index::Indexed<'_>, g: &gpusweep_core::model::Gpu) -> bool {
     let holders: Vec<_> = snap
         .holders
         .iter()
@@ -85,7 +85,7 @@ pub fn kept_gpu(snap: &index::Indexed<'_>, g: &gpusweep_core::model::Gpu) -> boo
 }
 
 /// Whether the host declares anything kept on purpose at all (most do not: then nothing is looked up).
-pub fn keeps_any(snap: &HostSnapshot) -> bool {
+pub(crate) fn keeps_any(snap: &HostSnapshot) -> bool {
     snap.gpus.iter().any(|g| g.kept) || snap.holders.iter().any(|h| h.kept)
 }
 

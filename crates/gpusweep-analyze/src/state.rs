@@ -94,7 +94,7 @@ pub fn needs_reset(g: &Gpu) -> Option<String> {
 
 /// A GPU in MIG mode whose own reading says more memory used than its instances account for (past the
 /// tolerance and the residual slack: an instance's bookkeeping is the driver's): (used, the instances' sum).
-pub fn beyond_instances(g: &Gpu, opts: &AnalyzeOptions) -> Option<(u64, u64)> {
+pub(crate) fn beyond_instances(g: &Gpu, opts: &AnalyzeOptions) -> Option<(u64, u64)> {
     let used = g.memory.used?;
     let inside: u64 = g.mig.iter().filter_map(|i| i.memory.used).sum();
     (used > inside.saturating_add(opts.tolerance.max(opts.residual_slack)))
@@ -119,7 +119,7 @@ fn leak_or_in_use(snap: &HostSnapshot, gpu: u32, instance: Option<u32>) -> GpuSt
 
 /// A MIG instance's state: clean when its memory is at or under the tolerance and nothing is listed on it,
 /// a leak where a leak finding names it, unknown where it could not be read.
-pub fn instance_state(
+pub(crate) fn instance_state(
     snap: &HostSnapshot,
     g: &Gpu,
     inst: &gpusweep_core::model::MigInstance,

@@ -394,7 +394,7 @@ pub const MAX_EXPANSION: usize = 10_000;
 
 /// The most bytes one spec's hosts may take once expanded: counted before a name is made, so a long spec
 /// with a range cannot make gigabytes of names before the count refuses it.
-pub const MAX_EXPANSION_BYTES: usize = 16 * 1024 * 1024;
+pub(crate) const MAX_EXPANSION_BYTES: usize = 16 * 1024 * 1024;
 
 /// A spec cut at its brackets: each piece is a literal (one item) or a bracket's items.
 fn pieces(s: &str) -> Result<Vec<Vec<String>>, SpecError> {

@@ -511,7 +511,7 @@ impl PodShm {
 }
 
 /// The largest integer every JSON reader holds exactly (JavaScript's, jq 1.6's): 2^53 - 1.
-pub const JSON_SAFE_MAX: u64 = (1 << 53) - 1;
+pub(crate) const JSON_SAFE_MAX: u64 = (1 << 53) - 1;
 
 /// A kernel limit as a reading carries it: the number where a JSON reader holds it exactly, else `None`
 /// and `true` (past 2^53 a limit is "none": the kernel's defaults are near 2^64).

@@ -6,9 +6,9 @@ use std::time::Duration;
 use thiserror::Error;
 
 /// The longest duration any flag accepts: longer is a typo, not a plan.
-pub const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
 /// The highest GPU index accepted (NVML numbers GPUs from 0; no host has anywhere near this many).
-pub const MAX_GPU_INDEX: u32 = 1023;
+pub(crate) const MAX_GPU_INDEX: u32 = 1023;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ParseError {
@@ -91,7 +91,7 @@ pub fn parse_gpu_list(s: &str) -> Result<Vec<u32>, ParseError> {
 }
 
 /// "0,2-3,GPU-a5b2e79f-..." -> indices and UUIDs, sorted, no duplicates.
-pub fn parse_gpu_refs(s: &str) -> Result<Vec<GpuRef>, ParseError> {
+pub(crate) fn parse_gpu_refs(s: &str) -> Result<Vec<GpuRef>, ParseError> {
     let mut out = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         if part.len() > 4

@@ -4,7 +4,7 @@
 use super::model::{Proc, ProcState};
 
 /// `include/linux/sched.h`: this task is a kernel thread.
-pub const PF_KTHREAD: u64 = 0x0020_0000;
+pub(crate) const PF_KTHREAD: u64 = 0x0020_0000;
 /// `include/linux/sched.h`: this task is getting shut down (set before its files are closed).
 pub const PF_EXITING: u64 = 0x0000_0004;
 

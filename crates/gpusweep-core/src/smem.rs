@@ -166,7 +166,7 @@ impl Tile {
 }
 
 /// The barrier bytes each pipeline stage needs besides its A and B tiles.
-pub const STAGE_BARRIER_BYTES: u64 = 16;
+pub(crate) const STAGE_BARRIER_BYTES: u64 = 16;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Fit {
@@ -184,7 +184,7 @@ pub struct Fit {
 }
 
 /// bytes per stage = tileM*tileK*size(A) + tileN*tileK*size(B) + 16, plus the epilogue carve-out once.
-pub fn bytes_per_stage(tile: Tile, a: Dtype, b: Dtype) -> u64 {
+pub(crate) fn bytes_per_stage(tile: Tile, a: Dtype, b: Dtype) -> u64 {
     (tile.m * tile.k * a.bits()).div_ceil(8)
         + (tile.n * tile.k * b.bits()).div_ceil(8)
         + STAGE_BARRIER_BYTES

@@ -57,7 +57,7 @@ impl EventLog {
 /// An events file shared by every host of a fleet: events are written as their ledgers produce them,
 /// whichever front end reads the fleet (and whether or not it reads them). A write that fails is said once,
 /// on stderr, and no more is written (a file missing events it says nothing of would mislead).
-pub struct Recorder {
+pub(crate) struct Recorder {
     log: std::sync::Mutex<Option<EventLog>>,
 }
 

@@ -249,7 +249,7 @@ pub enum OpenLiveError {
 
 /// What "open live" may open: a serve's URL, or SSH to a host name alone. The address comes from what a
 /// Prometheus server holds, so a user, a port or `local` is never taken from it.
-pub fn live_spec(url: &str) -> Result<HostSpec, OpenLiveError> {
+pub(crate) fn live_spec(url: &str) -> Result<HostSpec, OpenLiveError> {
     match url.strip_prefix("ssh://") {
         Some(name) if gpusweep_core::host::is_bare_host(name) => {
             Ok(gpusweep_core::host::parse_one(name)?)

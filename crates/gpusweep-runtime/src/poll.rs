@@ -219,7 +219,7 @@ pub fn run(
 }
 
 /// One source of a pool: its own interval and schedule, one thread for them all.
-pub struct Pooled {
+pub(crate) struct Pooled {
     pub src: Box<dyn Source>,
     pub sink: Arc<dyn Sink>,
 }
@@ -276,7 +276,11 @@ fn poll_due(
 /// delivered for them) on this one thread, each at its own interval, until the command channel closes or
 /// no sink listens. Commands name their source by its place in `sources`. A source costs a reading each
 /// interval and nothing between: ten thousand simulated hosts are one thread, not ten thousand.
-pub fn run_pool(sources: Vec<Pooled>, cmds: &mpsc::Receiver<(usize, HostCmd)>, interval: Duration) {
+pub(crate) fn run_pool(
+    sources: Vec<Pooled>,
+    cmds: &mpsc::Receiver<(usize, HostCmd)>,
+    interval: Duration,
+) {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
     let now = Instant::now();

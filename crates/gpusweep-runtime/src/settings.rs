@@ -36,7 +36,7 @@ pub fn serve_socket() -> Option<PathBuf> {
 /// The fastest poll interval accepted.
 pub const MIN_INTERVAL: Duration = Duration::from_millis(20);
 /// Seconds to wait for a host's first reading, unless told otherwise.
-pub const DEFAULT_CONNECT_TIMEOUT_S: u64 = 10;
+pub(crate) const DEFAULT_CONNECT_TIMEOUT_S: u64 = 10;
 
 /// What the operator said on the command line, as clap reads it (with the environment variables each
 /// option names): the global options of every subcommand, resolved here against the config file.

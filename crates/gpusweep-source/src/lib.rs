@@ -62,7 +62,7 @@ pub use gpusweep_core::conn::{ConnStatus, HostCmd};
 
 /// A request that will not be carried out, answered at once, so nothing waits for it forever (polls and
 /// interval changes need no answer).
-pub trait Refuse {
+pub(crate) trait Refuse {
     fn refuse(self, sink: &dyn Sink, why: &str);
 }
 
@@ -97,7 +97,7 @@ pub trait Sink: Send + Sync {
 
 /// The processes worth showing: the seeds (holders, listed PIDs), every zombie, and their ancestors (for the
 /// tree and for zombie parents), as far as `procs` knows them. Returns them and the sorted zombie PIDs.
-pub fn shown_pids(
+pub(crate) fn shown_pids(
     procs: &HashMap<u32, Proc>,
     seeds: impl Iterator<Item = u32>,
 ) -> (HashSet<u32>, Vec<u32>) {
@@ -132,7 +132,7 @@ pub fn shown_pids(
 }
 
 /// A holder NVML charges memory to is never benign, whatever it is called.
-pub fn unbenign_charged(holders: &mut [gpusweep_core::model::Holder], gpus: &[Gpu]) {
+pub(crate) fn unbenign_charged(holders: &mut [gpusweep_core::model::Holder], gpus: &[Gpu]) {
     for h in holders.iter_mut().filter(|h| h.benign) {
         let charged = gpus
             .iter()
@@ -146,7 +146,7 @@ pub fn unbenign_charged(holders: &mut [gpusweep_core::model::Holder], gpus: &[Gp
 
 /// GPU indices of the device files a process has open: `/dev/nvidiaN` -> the GPU whose NVML minor is N
 /// (without GPU readings the minor is taken as the index). Control files map to no GPU.
-pub fn gpus_of_devices(devices: &[String], gpus: &[Gpu]) -> Vec<u32> {
+pub(crate) fn gpus_of_devices(devices: &[String], gpus: &[Gpu]) -> Vec<u32> {
     let by_minor: HashMap<u32, u32> = gpus
         .iter()
         .filter_map(|g| g.minor.map(|m| (m, g.index)))

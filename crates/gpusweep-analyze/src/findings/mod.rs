@@ -78,13 +78,13 @@ pub fn who(snap: &Indexed<'_>, pid: u32) -> String {
     }
 }
 
-pub fn list_pids(snap: &Indexed<'_>, pids: &[u32]) -> String {
+pub(crate) fn list_pids(snap: &Indexed<'_>, pids: &[u32]) -> String {
     pids.iter()
         .map(|&p| who(snap, p))
         .collect::<Vec<_>>()
         .join(", ")
 }
 
-pub fn join_u32(v: &[u32]) -> String {
+pub(crate) fn join_u32(v: &[u32]) -> String {
     v.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
 }

@@ -17,7 +17,7 @@ pub fn mounts(proc_root: &Path) -> Mounts {
 
 /// The process's cgroup (`/proc/PID/cgroup`'s text) and the job it names where the name is proven; an
 /// unproven claim names no job.
-pub fn job_of(
+pub(crate) fn job_of(
     cgroup_file: &str,
     mounts: &Mounts,
     proc_root: &Path,

@@ -11,13 +11,13 @@ use rustix::event::epoll;
 use rustix::process::{Pid, PidfdFlags, pidfd_open};
 
 /// Called when a watched process ended: wakes the poll loop.
-pub type Waker = Box<dyn Fn() + Send + Sync>;
+pub(crate) type Waker = Box<dyn Fn() + Send + Sync>;
 
 /// The epoll data of the shutdown eventfd: no PID is 0.
 const STOP: u64 = 0;
 
 /// The watched processes and the thread that waits on them.
-pub struct ExitWatch {
+pub(crate) struct ExitWatch {
     epoll: Arc<OwnedFd>,
     stop: Arc<OwnedFd>,
     /// PID -> (its start time, its pidfd).

@@ -356,7 +356,7 @@ fn unexplained(gpus: &[Gpu], table: &ProcTable) -> Vec<(u32, Vec<u32>, bool)> {
 
 /// Join GPU readings and a /proc table into one snapshot holding only the processes worth showing.
 #[allow(clippy::too_many_arguments)] // the parts of one reading, gathered by `poll`
-pub fn build_snapshot(
+pub(crate) fn build_snapshot(
     host: &str,
     scanner: &mut ProcScanner,
     table: &mut ProcTable,

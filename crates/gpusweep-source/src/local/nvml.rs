@@ -74,7 +74,7 @@ pub struct NvmlReader {
 }
 
 /// The one line a user sees when NVML cannot be used.
-pub fn describe_init_error(e: &NvmlError) -> String {
+pub(crate) fn describe_init_error(e: &NvmlError) -> String {
     match e {
         NvmlError::LibloadingError(_) | NvmlError::LibraryNotFound => {
             "no NVIDIA driver: libnvidia-ml.so.1 not found".into()

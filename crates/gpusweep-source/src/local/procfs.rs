@@ -23,10 +23,10 @@ use gpusweep_core::procstat::{dead_zombie, parse_cmdline, parse_stat, parse_thre
 const MAX_PROBED: u32 = 2048;
 
 /// Default device files that make a process a holder.
-pub const DEFAULT_DEVICE_GLOBS: &[&str] = &["/dev/nvidia*"];
+pub(crate) const DEFAULT_DEVICE_GLOBS: &[&str] = &["/dev/nvidia*"];
 
 /// Names of processes that open GPU device files without holding memory.
-pub const DEFAULT_BENIGN: &[&str] = &[
+pub(crate) const DEFAULT_BENIGN: &[&str] = &[
     "nvidia-persistenced",
     "nvidia-smi",
     "nv-hostengine",
@@ -41,7 +41,7 @@ pub const DEFAULT_BENIGN: &[&str] = &[
 ];
 
 /// Name prefixes in /dev/shm that the GPU stack leaves behind.
-pub const SHM_PATTERNS: &[&str] = &["nccl-", "torch_", "psm_", "sem.", "cuda.shm", "vllm"];
+pub(crate) const SHM_PATTERNS: &[&str] = &["nccl-", "torch_", "psm_", "sem.", "cuda.shm", "vllm"];
 
 #[derive(Debug, Clone)]
 pub struct ProcfsConfig {
@@ -140,7 +140,7 @@ pub enum Depth {
 
 /// Every process as last read, kept from scan to scan: a poll only reads what may have changed.
 #[derive(Debug, Clone, Default)]
-pub struct ProcTable {
+pub(crate) struct ProcTable {
     /// Every process, keyed by pid (cmdline, user, cgroup filled only for those asked for through
     /// `fill_details`).
     pub procs: HashMap<u32, Proc>,
@@ -160,7 +160,7 @@ impl ProcTable {
     }
 }
 
-pub struct ProcScanner {
+pub(crate) struct ProcScanner {
     cfg: ProcfsConfig,
     /// /proc, open: each process's files are opened relative to it.
     proc_fd: Option<std::os::fd::OwnedFd>,
@@ -1027,7 +1027,7 @@ fn keep_details(new: &mut Proc, old: &Proc) {
 /// name decides, or, for a Python interpreter, the script's name (the kernel sets comm from the script a
 /// shebang runs). Without `exe` (another user's process) the comm decides. argv is never trusted: anyone can
 /// start `exec -a nvidia-smi ...`.
-pub fn is_benign_program(comm: &str, exe: Option<&str>, benign: &[String]) -> bool {
+pub(crate) fn is_benign_program(comm: &str, exe: Option<&str>, benign: &[String]) -> bool {
     match exe {
         Some(exe) => {
             let base = exe.rsplit('/').next().unwrap_or("");
@@ -1040,14 +1040,14 @@ pub fn is_benign_program(comm: &str, exe: Option<&str>, benign: &[String]) -> bo
 }
 
 /// `/proc/PID/cmdline` as one line; empty when it cannot be read (kernel threads, exited processes).
-pub fn read_cmdline(path: &Path) -> String {
+pub(crate) fn read_cmdline(path: &Path) -> String {
     fs::read(path)
         .map(|raw| parse_cmdline(&raw))
         .unwrap_or_default()
 }
 
 /// `/proc/sysvipc/shm`: a header line, then key shmid perms size cpid lpid nattch ...
-pub fn parse_sysvipc_shm(s: &str) -> Vec<SysvSegment> {
+pub(crate) fn parse_sysvipc_shm(s: &str) -> Vec<SysvSegment> {
     s.lines()
         .skip(1)
         .filter_map(|l| {
@@ -1088,14 +1088,14 @@ pub fn statvfs(path: &Path) -> Option<(u64, u64)> {
 }
 
 /// The inode number of the kernel's initial PID namespace (`PROC_PID_INIT_INO`), fixed by the kernel.
-pub const INIT_PID_NS_INO: u64 = 0xEFFF_FFFC;
+pub(crate) const INIT_PID_NS_INO: u64 = 0xEFFF_FFFC;
 
 /// True when this process lives in a child PID namespace (a container), where NVML's host PIDs are not
 /// visible. The link `/proc/self/ns/pid` names the namespace; any but the initial one is a child. (`NSpid`
 /// alone cannot tell once /proc was remounted inside, as `unshare --pid --fork --mount-proc` does.)
 /// Whether the `/proc` at `proc_root` hides other users' processes from this process: mounted with
 /// `hidepid`, and this process neither root nor in the group it exempts.
-pub fn others_hidden(proc_root: &Path) -> bool {
+pub(crate) fn others_hidden(proc_root: &Path) -> bool {
     let Some(h) = fs::read_to_string(proc_root.join("self/mountinfo"))
         .ok()
         .and_then(|m| gpusweep_core::mountinfo::proc_hiding(&m))
@@ -1136,12 +1136,12 @@ pub fn in_child_pid_namespace(proc_root: &Path) -> bool {
 }
 
 /// `pid:[4026531836]` -> 4026531836.
-pub fn pid_ns_ino(link: &str) -> Option<u64> {
+pub(crate) fn pid_ns_ino(link: &str) -> Option<u64> {
     link.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
 }
 
 /// The innermost PID of a process (the last field of `NSpid:` in /proc/PID/status).
-pub fn inner_ns_pid(status: &str) -> Option<u32> {
+pub(crate) fn inner_ns_pid(status: &str) -> Option<u32> {
     status
         .lines()
         .find_map(|l| l.strip_prefix("NSpid:"))?

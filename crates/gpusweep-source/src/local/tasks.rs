@@ -10,7 +10,7 @@ use gpusweep_core::procstat::parse_stat;
 
 /// A live thread of `pid` other than its leader, with its state: where a zombie leader's fds and maps are
 /// read from. `None` when none lives.
-pub fn live_thread(proc_root: &Path, pid: u32) -> Option<(u32, ProcState)> {
+pub(crate) fn live_thread(proc_root: &Path, pid: u32) -> Option<(u32, ProcState)> {
     let dir = std::fs::read_dir(proc_root.join(pid.to_string()).join("task")).ok()?;
     dir.flatten().find_map(|e| {
         let tid: u32 = e.file_name().to_str()?.parse().ok()?;
@@ -26,7 +26,7 @@ pub fn live_thread(proc_root: &Path, pid: u32) -> Option<(u32, ProcState)> {
 /// The threads of `pid` whose fd table is not `reference`'s (the leader's, or the live thread standing in
 /// for it). kcmp(2) compares the tables themselves: a thread that unshared its table and opened the same
 /// numbers again is still told apart.
-pub fn private_fd_tables(proc_root: &Path, pid: u32, reference: u32) -> Vec<u32> {
+pub(crate) fn private_fd_tables(proc_root: &Path, pid: u32, reference: u32) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir(proc_root.join(pid.to_string()).join("task")) else {
         return Vec::new();
     };

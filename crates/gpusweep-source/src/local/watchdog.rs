@@ -12,7 +12,7 @@ use gpusweep_core::model::Gpu;
 
 /// How long one GPU's reading may take. A cold first reading on an H200 takes tens of ms; a GPU without
 /// persistence mode may take a second or two to wake up.
-pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_secs(5);
 
 /// What reads one GPU: NVML in the product.
 pub trait GpuReader: Send + Sync + 'static {

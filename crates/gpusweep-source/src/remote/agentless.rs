@@ -12,14 +12,14 @@ use gpusweep_core::model::{
 use gpusweep_core::procstat::parse_stat;
 
 /// The fields asked of `nvidia-smi --query-gpu`, in order. The first nine are what the reference H200 printed.
-pub const GPU_QUERY: &str = "index,uuid,name,memory.used,memory.total,memory.reserved,compute_cap,persistence_mode,pci.bus_id,utilization.gpu,temperature.gpu,power.draw";
+pub(crate) const GPU_QUERY: &str = "index,uuid,name,memory.used,memory.total,memory.reserved,compute_cap,persistence_mode,pci.bus_id,utilization.gpu,temperature.gpu,power.draw";
 /// No process name: nvidia-smi prints it raw, and a name with a newline could forge a CSV row. Names come from
 /// the scan of /proc, which is NUL-separated.
-pub const APPS_QUERY: &str = "pid,gpu_uuid,used_memory";
+pub(crate) const APPS_QUERY: &str = "pid,gpu_uuid,used_memory";
 
 /// Most records and bytes per record a remote may send us in one reading.
-pub const MAX_RECORDS: usize = 400_000;
-pub const MAX_RECORD: usize = 16_384;
+pub(crate) const MAX_RECORDS: usize = 400_000;
+pub(crate) const MAX_RECORD: usize = 16_384;
 
 /// `[N/A]`, `[Not Supported]`, `N/A`, `[Unknown Error]`, empty: no reading.
 fn value(s: &str) -> Option<&str> {
@@ -41,7 +41,7 @@ fn mib(s: &str) -> Option<u64> {
 }
 
 /// `--query-gpu=GPU_QUERY --format=csv,noheader,nounits`. Lines that do not parse are skipped.
-pub fn parse_gpus(csv: &str) -> Vec<Gpu> {
+pub(crate) fn parse_gpus(csv: &str) -> Vec<Gpu> {
     let mut out = Vec::new();
     for line in csv.lines().take(1024) {
         let f: Vec<&str> = line.split(',').map(str::trim).collect();
@@ -86,7 +86,7 @@ pub fn parse_gpus(csv: &str) -> Vec<Gpu> {
 
 /// `--query-compute-apps=APPS_QUERY --format=csv,noheader,nounits`, attached to GPUs by UUID.
 /// An empty process list is 0 bytes of output. The name may contain commas: it is the rest of the line.
-pub fn attach_apps(gpus: &mut [Gpu], csv: &str) {
+pub(crate) fn attach_apps(gpus: &mut [Gpu], csv: &str) {
     for line in csv.lines().take(65_536) {
         let mut it = line.splitn(4, ',');
         let (Some(pid), Some(uuid), Some(used)) = (it.next(), it.next(), it.next()) else {
@@ -125,7 +125,7 @@ pub struct ShellScan {
 /// The script run on an agentless host. Every record ends with a NUL byte, so no text a process controls
 /// (a `comm` of `\n##x`, a cmdline with newlines) can end a record early or forge a section header.
 /// Sections are headed by a `##name` record; everything is read-only.
-pub fn shell_script() -> String {
+pub(crate) fn shell_script() -> String {
     format!(
         r#"export LC_ALL=C
 printf '##gpus\0'; nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits 2>/dev/null; s=$?; printf '\0'; [ $s -eq 0 ] || printf '##gpu_error\0'
@@ -251,7 +251,7 @@ fn section_of(name: &str) -> Option<&'static str> {
     })
 }
 
-pub fn parse_shell_scan(out: &str) -> ShellScan {
+pub(crate) fn parse_shell_scan(out: &str) -> ShellScan {
     let mut r = Reading::default();
     let mut section = "";
     for record in out.split('\0').take(MAX_RECORDS) {
@@ -271,7 +271,7 @@ pub fn parse_shell_scan(out: &str) -> ShellScan {
 }
 
 /// Holders from the fd lines of a shell scan: (pid, devices, fd count) mapped to GPU indices through minors.
-pub fn holders_from_fds(fds: &HashMap<u32, Vec<String>>, gpus: &[Gpu]) -> Vec<Holder> {
+pub(crate) fn holders_from_fds(fds: &HashMap<u32, Vec<String>>, gpus: &[Gpu]) -> Vec<Holder> {
     let mut out: Vec<Holder> = fds
         .iter()
         .map(|(&pid, paths)| {
@@ -294,7 +294,7 @@ pub fn holders_from_fds(fds: &HashMap<u32, Vec<String>>, gpus: &[Gpu]) -> Vec<Ho
 }
 
 /// Build a snapshot from the agentless shell scan's output.
-pub fn agentless_snapshot(label: &str, out: &str, benign: &[String]) -> HostSnapshot {
+pub(crate) fn agentless_snapshot(label: &str, out: &str, benign: &[String]) -> HostSnapshot {
     let scan = parse_shell_scan(out);
     let mut gpus = parse_gpus(&scan.gpus_csv);
     attach_apps(&mut gpus, &scan.apps_csv);

@@ -22,11 +22,11 @@ use gpusweep_core::host::HostSpec;
 /// How late a silence alarm may fire and still say the host was silent. Later than this, the client itself
 /// was not running (a starved CPU, a stopped process): what the host said meanwhile waits unread in its
 /// socket, so its silence cannot be told from the client's own, and the count starts again from now.
-pub const SELF_STALL: Duration = Duration::from_millis(500);
+pub(crate) const SELF_STALL: Duration = Duration::from_millis(500);
 
 /// Whether a silence alarm due at `due`, seen at `now`, is the host's silence (`true`), or the client's own
 /// lateness (`false`): a host is down only from its own silence.
-pub fn silence_is_the_hosts(due: tokio::time::Instant, now: tokio::time::Instant) -> bool {
+pub(crate) fn silence_is_the_hosts(due: tokio::time::Instant, now: tokio::time::Instant) -> bool {
     now.saturating_duration_since(due) < SELF_STALL
 }
 

@@ -19,7 +19,9 @@ use gpusweep_core::protocol::{AgentCmd, AgentMsg, MAX_LINE_BYTES, Message, PROTO
 use gpusweep_core::trace;
 
 /// The last line or so a process wrote on stderr, for error messages.
-pub fn spawn_tail<R: AsyncRead + Unpin + Send + 'static>(r: R) -> tokio::task::JoinHandle<String> {
+pub(crate) fn spawn_tail<R: AsyncRead + Unpin + Send + 'static>(
+    r: R,
+) -> tokio::task::JoinHandle<String> {
     tokio::spawn(async move {
         let mut lines = BufReader::new(r).lines();
         let mut last = String::new();

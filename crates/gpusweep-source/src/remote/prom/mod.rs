@@ -15,7 +15,7 @@ use crate::{ConnStatus, HostCmd, Refuse};
 use gpusweep_core::format::escape;
 
 /// Prometheus data moves at its scrape interval; polling it faster than this buys nothing.
-pub const MIN_PROM_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const MIN_PROM_INTERVAL: Duration = Duration::from_secs(1);
 /// Identities (UUID, model, bus, where a serve answers) are read again this often.
 const IDENTITY_EVERY: Duration = Duration::from_secs(60);
 

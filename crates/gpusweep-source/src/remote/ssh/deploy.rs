@@ -108,7 +108,7 @@ pub async fn start_agent(
 /// architecture. The directory is the user's own, mode 0700, never a symlink; the upload goes to a fresh
 /// `mktemp` name in it and is renamed into place; the checksum is verified by the same shell line that execs
 /// the binary, so nothing can be swapped in between two round trips.
-pub struct Deployment {
+pub(crate) struct Deployment {
     bytes: Vec<u8>,
     sum: String,
 }

@@ -57,7 +57,7 @@ pub enum Known {
 }
 
 /// `name` as known_hosts writes it: `host`, or `[host]:port` off port 22.
-pub fn entry_name(host: &str, port: u16) -> String {
+pub(crate) fn entry_name(host: &str, port: u16) -> String {
     if port == 22 {
         host.to_string()
     } else {

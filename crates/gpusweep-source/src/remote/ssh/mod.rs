@@ -77,7 +77,7 @@ pub fn home() -> Option<PathBuf> {
     dirs::home_dir()
 }
 
-pub fn expand_tilde(p: &Path) -> PathBuf {
+pub(crate) fn expand_tilde(p: &Path) -> PathBuf {
     match (p.strip_prefix("~"), home()) {
         (Ok(rest), Some(h)) => h.join(rest),
         _ => p.to_path_buf(),
