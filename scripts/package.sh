@@ -26,7 +26,7 @@ if [ ! -x "$tools/bin/cargo-deb" ] || [ "$("$tools/bin/cargo-deb" --version)" !=
   cargo install -q --locked --root "$tools" "cargo-deb@$cargo_deb_v"
 fi
 export PATH="$tools/bin:$PATH"
-version=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["packages"][0]["version"])')
+version=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "gpusweep"))')
 
 rm -rf dist target/package
 mkdir -p dist target/package/man target/package/completions
