@@ -80,7 +80,7 @@ pub struct FleetOptions {
     /// Read utilization, temperature and power of this host's GPUs (readers of the verdict alone skip them).
     pub gauges: bool,
     /// The front end holds every reading it is handed (kept fresh): a reading that moved only its memory
-    /// comes as `HostEvent::Memory`, to be put onto it. Others get every new reading whole.
+    /// comes as `Judgement::Memory`, to be put onto it. Others get every new reading whole.
     pub memory_alone: bool,
     /// And dcgm-exporter's counters (clocks, energy, engines, GPM ratios...): the serve's, at its interval.
     pub counters: bool,

@@ -1308,4 +1308,47 @@ mod tests {
             Some(Some(GpuState::InUse))
         );
     }
+
+    /// Updates a front end has not taken become one: a whole reading takes later times, gauges and memory
+    /// in place, a later whole reading replaces anything, and gauges said once hold until others are said.
+    #[test]
+    fn updates_not_yet_taken_become_one() {
+        let g = |util: u32| {
+            vec![Gauges {
+                utilization: Some(util),
+                ..Default::default()
+            }]
+        };
+        let same = |at: u64, gauges: Vec<Gauges>| Judgement::Same {
+            taken_at_ms: at,
+            gauges,
+        };
+        let mut l = Ledger::new("h", AnalyzeOptions::default());
+        let (first, _) = l.reading(reading(1_000, true));
+        let Judgement::New(j) = first.clone() else {
+            panic!("a first reading is whole")
+        };
+        // Whole, then the same at a later time with new gauges: the whole reading, at that time.
+        match first.clone().then(same(2_000, g(7))) {
+            Judgement::New(w) => {
+                assert_eq!(w.snap.taken_at_ms, 2_000);
+                assert_eq!(w.snap.gpus[0].utilization, Some(7));
+                assert_eq!(w.content, j.content, "the same content");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Anything, then whole: the later whole reading.
+        let (second, _) = l.reading(reading(3_000, false));
+        let Judgement::New(k) = second.clone() else {
+            panic!("another reading is whole")
+        };
+        assert_eq!(same(2_500, g(1)).then(second.clone()), Judgement::New(k));
+        // The same twice: the later time, the gauges last said.
+        assert_eq!(
+            same(1, g(30)).then(same(2, Vec::new())),
+            same(2, g(30)),
+            "no gauges said: those waiting hold"
+        );
+        assert_eq!(same(1, g(30)).then(same(2, g(40))), same(2, g(40)));
+    }
 }
