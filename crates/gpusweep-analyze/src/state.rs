@@ -4,7 +4,7 @@
 
 use super::AnalyzeOptions;
 pub use gpusweep_core::model::GpuState;
-use gpusweep_core::model::{FindingKind, Gauges, Gpu, HostSnapshot};
+use gpusweep_core::model::{FindingKind, Gpu, HostSnapshot};
 
 /// DESIGN's "clean" by memory: used at or under the tolerance and nothing listed (`gpu_state` adds "idle"). `None` when it cannot be told. A GPU
 /// judged by the host's own gpusweep (read from Prometheus, without its process list) is clean only when
@@ -173,19 +173,21 @@ pub fn busy(snap: &HostSnapshot, g: &Gpu, opts: &AnalyzeOptions) -> bool {
         && g.utilization.is_some_and(|u| u >= opts.busy_percent))
 }
 
-/// Whether new gauges put some GPU with nothing listed across the busy line (`busy_percent`), one way or the
-/// other: clean means idle, so a reading that says the same but for such gauges says something new and is
-/// judged again. Never for a host judged where it runs (its own gpusweep judged its utilization), nor for
-/// gauges left out (none: as before).
-pub fn busy_moved(before: &HostSnapshot, gauges: &[Gauges], opts: &AnalyzeOptions) -> bool {
+/// Whether new utilizations (one per GPU, in order) put some GPU with nothing listed across the busy line
+/// (`busy_percent`), one way or the other: clean means idle, so a reading that says the same but for such
+/// gauges says something new and is judged again. Never for a host judged where it runs (its own gpusweep
+/// judged its utilization), nor for gauges left out (none: as before).
+pub fn busy_moved(
+    before: &HostSnapshot,
+    utilization: impl ExactSizeIterator<Item = Option<u32>>,
+    opts: &AnalyzeOptions,
+) -> bool {
     let over = |u: Option<u32>| u.is_some_and(|u| u >= opts.busy_percent);
     opts.busy_percent > 0
         && !before.source.judged_remotely()
-        && gauges.len() == before.gpus.len()
-        && before.gpus.iter().zip(gauges).any(|(g, new)| {
-            g.judged.is_none()
-                && g.processes.is_empty()
-                && over(g.utilization) != over(new.utilization)
+        && utilization.len() == before.gpus.len()
+        && before.gpus.iter().zip(utilization).any(|(g, new)| {
+            g.judged.is_none() && g.processes.is_empty() && over(g.utilization) != over(new)
         })
 }
 

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use gpusweep_analyze::confirm::Confirm;
 use gpusweep_analyze::events::{between, gpus_of_targets, released_by_deaths, verdict_events};
 use gpusweep_analyze::jobs::{JobBook, JobChange};
+use gpusweep_analyze::state::busy_moved;
 use gpusweep_analyze::{AnalyzeOptions, analyzed};
 use gpusweep_core::action::{ActionAnswer, ActionRequest};
 use gpusweep_core::conn::ConnStatus;
@@ -349,12 +350,16 @@ impl Ledger {
         snap.host.clone_from(&self.label);
         // Whatever a host chose to call things reaches every front end escaped.
         snap.escape_labels();
-        let gauges = snap.gauges();
         if !self.resend
             && let Some(last) = &mut self.last
             && last.snap.same_input(&snap)
-            && !gpusweep_analyze::state::busy_moved(&last.snap, &gauges, &self.opts)
+            && !busy_moved(
+                &last.snap,
+                snap.gpus.iter().map(|g| g.utilization),
+                &self.opts,
+            )
         {
+            let gauges = snap.gauges();
             last.snap.refresh(snap.taken_at_ms, &gauges);
             let taken_at_ms = last.snap.taken_at_ms;
             // Time alone may settle a job, name a straggler or confirm a finding: then the reading says
@@ -571,9 +576,9 @@ impl Ledger {
         gauges: Vec<Gauges>,
     ) -> Option<(Judgement, Vec<Event>)> {
         let last = self.last.as_mut()?;
-        let busy_moved = gpusweep_analyze::state::busy_moved(&last.snap, &gauges, &self.opts);
+        let moved = busy_moved(&last.snap, gauges.iter().map(|g| g.utilization), &self.opts);
         last.snap.refresh(taken_at_ms, &gauges);
-        if busy_moved && !self.resend {
+        if moved && !self.resend {
             // Clean means idle: the last reading with these gauges, judged again.
             let snap = analyzed(last.snap.clone(), &self.opts);
             let (snap, changes) = self.with_jobs(snap, taken_at_ms);
