@@ -164,7 +164,6 @@ fn gate_script(port: &str, timeout: &str) -> (String, String) {
 #[test]
 #[allow(clippy::too_many_lines)] // one gate: clean, held, without the token
 fn the_init_container_gate_passes_on_its_clean_gpus_and_holds_on_a_held_one() {
-    use std::io::BufRead;
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("tmp");
     // The DaemonSet's Secret, as its volume lays it out (0400 for the serve; the gate reads its own copy).
@@ -191,16 +190,7 @@ fn the_init_container_gate_passes_on_its_clean_gpus_and_holds_on_a_held_one() {
             .spawn()
             .expect("serve"),
     );
-    let mut banner = String::new();
-    std::io::BufReader::new(serve.0.stderr.take().expect("stderr"))
-        .read_line(&mut banner)
-        .expect("banner");
-    let addr = banner
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("{banner}"))
-        .to_string();
+    let (_, addr, _) = crate::support::serve_banner(&mut serve.0);
     let port = addr.rsplit(':').next().expect("port").to_string();
     // The GPUs' UUIDs, as NVIDIA's device plugin puts them in NVIDIA_VISIBLE_DEVICES.
     let o = crate::support::gpusweep(dir.path())

@@ -4,7 +4,7 @@
 //! cluster gets are deploy/kubernetes's own; the serve authenticates with a token the API server issued for a
 //! pod bound to node gpu-a, as the kubelet would give it.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -347,15 +347,7 @@ fn serve(tmp: &Path, kubeconfig: &Path, lib: &Path) -> (Reaped, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("serve");
-    let mut err = BufReader::new(child.stderr.take().expect("stderr"));
-    let mut banner = String::new();
-    err.read_line(&mut banner).expect("banner");
-    let addr = banner
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("serve said: {banner}"))
-        .to_string();
+    let (_, addr, err) = crate::support::serve_banner(&mut child);
     let mut log = std::fs::File::create(tmp.join("serve.log")).expect("log");
     std::thread::spawn(move || {
         for l in err.lines().map_while(Result::ok) {

@@ -2,7 +2,7 @@
 //! `gpusweep serve --demo` instances and a dcgm-exporter-shaped target; then gpusweep reads the fleet back as
 //! `prom:` hosts. What crosses Prometheus is exactly what dashboards and `prom:` clients see.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -45,16 +45,8 @@ fn serve_on(dir: &Path, host: &str, ip: &str, extra: &[&str]) -> (Proc, String) 
     .stdout(Stdio::null())
     .stderr(Stdio::piped());
     let mut child = c.spawn().expect("serve");
-    let mut err = BufReader::new(child.stderr.take().expect("stderr"));
-    let mut banner = String::new();
-    err.read_line(&mut banner).expect("banner");
+    let (_, addr, err) = crate::support::serve_banner(&mut child);
     std::thread::spawn(move || for _ in err.lines() {});
-    let addr = banner
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("serve said: {banner}"))
-        .to_string();
     (Proc(child), addr)
 }
 
@@ -70,18 +62,7 @@ DCGM_FI_DEV_FB_USED{gpu=\"1\",UUID=\"GPU-d1\",pci_bus_id=\"00000000:0F:00.0\",de
 DCGM_FI_DEV_FB_FREE{gpu=\"0\",UUID=\"GPU-d0\",pci_bus_id=\"00000000:07:00.0\",device=\"nvidia0\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"dcgm-node\"} 81000
 DCGM_FI_DEV_FB_FREE{gpu=\"1\",UUID=\"GPU-d1\",pci_bus_id=\"00000000:0F:00.0\",device=\"nvidia1\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"dcgm-node\"} 79766
 ";
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut s = stream;
-            let mut buf = [0u8; 4096];
-            let _ = s.read(&mut buf);
-            let _ = write!(
-                s,
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{BODY}",
-                BODY.len()
-            );
-        }
-    });
+    answer_scrapes(listener, BODY.to_string());
 }
 
 /// Prometheus's HTTP API, called from this synchronous test through reqwest on a runtime of its own.
@@ -310,12 +291,7 @@ fn prometheus_scrapes_dcgm_names_and_gpusweep_reads_the_fleet_back() {
         Some(true)
     );
     assert_eq!(gb["live_url"], format!("http://{b}"), "{gb}");
-    let kinds: Vec<&str> = gb["findings"]
-        .as_array()
-        .expect("findings")
-        .iter()
-        .filter_map(|f| f["kind"].as_str())
-        .collect();
+    let kinds = crate::support::finding_kinds(&gb);
     assert!(
         kinds.contains(&"ghost") && kinds.contains(&"zombie"),
         "{kinds:?}"
@@ -433,6 +409,12 @@ fn static_target(body: String) -> String {
 fn static_target_on(ip: &str, body: String) -> String {
     let listener = TcpListener::bind((ip, 0)).expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
+    answer_scrapes(listener, body);
+    addr
+}
+
+/// Every scrape on `listener` answered with `body`, in Prometheus's text format.
+fn answer_scrapes(listener: TcpListener, body: String) {
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
             let mut s = stream;
@@ -445,7 +427,6 @@ fn static_target_on(ip: &str, body: String) -> String {
             );
         }
     });
-    addr
 }
 
 /// Prometheus's configuration: `jobs` (name, targets) scraped every second; a job whose name starts with
@@ -1074,15 +1055,9 @@ fn fake_prometheus(listener: TcpListener, discovery: Arc<str>, rest: Arc<str>) {
             let (discovery, rest) = (discovery.clone(), rest.clone());
             std::thread::spawn(move || {
                 let mut s = stream;
-                let mut req = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => req.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let req = String::from_utf8_lossy(&req);
+                let Some(req) = crate::support::read_request(&mut s) else {
+                    return;
+                };
                 let body: &str = if req.contains("max+by+%28Hostname%2C+hostname%2C+instance%29") {
                     &discovery
                 } else if req.contains("up") && req.contains("%3D%3D+0") {

@@ -395,7 +395,7 @@ fn a_snapshot_table_prints_each_host_as_it_answers_while_one_hangs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpusweeps_own_client_resumes_its_stream_where_it_was() {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let dir = tempfile::tempdir().expect("tmp");
     let demo = Command::new(BIN)
         .args(["snapshot", "--demo", "--hosts", "gpu-a", "--json"])
@@ -412,17 +412,8 @@ async fn gpusweeps_own_client_resumes_its_stream_where_it_was() {
     std::thread::spawn(move || {
         for (n, stream) in listener.incoming().flatten().enumerate() {
             let mut s = stream;
-            let mut req = Vec::new();
-            let mut buf = [0u8; 4096];
-            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
-                match s.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(k) => req.extend_from_slice(&buf[..k]),
-                }
-            }
-            seen.lock()
-                .expect("lock")
-                .push(String::from_utf8_lossy(&req).to_lowercase());
+            let req = crate::support::read_request(&mut s).unwrap_or_default();
+            seen.lock().expect("lock").push(req.to_lowercase());
             let hello = r#"{"protocol":1,"version":"0.1.0","hosts":["gpu-a"],"interval_ms":1000}"#;
             let mut body = format!("event: hello\ndata: {hello}\nid: 5-7\n\n");
             if n > 0 {

@@ -250,12 +250,7 @@ fn a_job_is_named_by_its_cgroup_and_an_orphaned_one_is_found_and_swept_by_job() 
             })
     });
     let v = env.snapshot();
-    let kinds: Vec<&str> = v["hosts"][0]["findings"]
-        .as_array()
-        .expect("findings")
-        .iter()
-        .filter_map(|f| f["kind"].as_str())
-        .collect();
+    let kinds = crate::support::finding_kinds(&v["hosts"][0]);
     assert!(
         !kinds.contains(&"orphaned_job"),
         "its supervisor lives: {kinds:?}"
@@ -1000,7 +995,6 @@ fn a_job_swept_by_gpusweep_loses_no_rank() {
 /// `gpusweep serve` of this host on the stand-in devices and driver of `env`, polled every 200 ms; it and its
 /// `127.0.0.1:PORT`.
 fn standin_serve(env: &Env, lib: &Path, glob: &str) -> (crate::support::Reaped, String) {
-    use std::io::BufRead;
     let mut serve = crate::support::Reaped(
         env.cmd(&[
             "serve",
@@ -1018,16 +1012,7 @@ fn standin_serve(env: &Env, lib: &Path, glob: &str) -> (crate::support::Reaped, 
         .spawn()
         .expect("serve"),
     );
-    let mut banner = String::new();
-    std::io::BufReader::new(serve.0.stderr.take().expect("stderr"))
-        .read_line(&mut banner)
-        .expect("banner");
-    let addr = banner
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("{banner}"))
-        .to_string();
+    let (_, addr, _) = crate::support::serve_banner(&mut serve.0);
     (serve, addr)
 }
 

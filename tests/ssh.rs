@@ -7,14 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use gpusweep::act::AuditLog;
-use gpusweep::analyze::AnalyzeOptions;
 use gpusweep::core::host::HostSpec;
 use gpusweep::runtime::{Fleet, FleetOptions, HostEvent, Judgement};
 use gpusweep::source::ConnStatus;
-use gpusweep::source::demo::DemoClock;
-use gpusweep::source::local::procfs::ProcfsConfig;
-use gpusweep::source::remote::http::HttpOptions;
 use gpusweep::source::remote::ssh::SshOptions;
 
 use crate::support::{BIN, await_cond, free_port, text};
@@ -191,12 +186,7 @@ fn snapshot_of_three_hosts_and_one_that_is_down() {
     for h in &hs[..3] {
         assert!(h["error"].is_null(), "{}", h["error"]);
         assert_eq!(h["source"], "agent");
-        let kinds: Vec<&str> = h["findings"]
-            .as_array()
-            .expect("f")
-            .iter()
-            .filter_map(|f| f["kind"].as_str())
-            .collect();
+        let kinds = crate::support::finding_kinds(h);
         for k in [
             "ghost",
             "hidden_holder",
@@ -393,12 +383,7 @@ fn agentless_fallback_reads_the_fake_nvidia_smi() {
             .iter()
             .any(|f| f.as_str().unwrap_or("").starts_with("signals"))
     );
-    let kinds: Vec<&str> = h["findings"]
-        .as_array()
-        .expect("f")
-        .iter()
-        .filter_map(|f| f["kind"].as_str())
-        .collect();
+    let kinds = crate::support::finding_kinds(h);
     assert!(
         kinds.contains(&"ghost") && kinds.contains(&"residual"),
         "{kinds:?}"
@@ -509,16 +494,6 @@ fn local_command_transport() {
 async fn agent_killed_mid_stream_is_reported_and_reconnected() {
     let s = Sshd::start();
     let opts = FleetOptions {
-        interval: Duration::from_millis(200),
-        analyze: AnalyzeOptions::default(),
-        procfs: ProcfsConfig::default(),
-        load_nvml: false,
-        gauges: true,
-        memory_alone: false,
-        counters: false,
-        audit: AuditLog {
-            path: Some(s.path("audit.jsonl")),
-        },
         ssh: SshOptions {
             remote_command: format!("timeout 1 {BIN} agent --demo"),
             identities: vec![s.path("id_ed25519")],
@@ -527,12 +502,7 @@ async fn agent_killed_mid_stream_is_reported_and_reconnected() {
             connect_timeout: Duration::from_secs(10),
             ..Default::default()
         },
-        demo_clock: DemoClock::real(),
-        kill_without_pidfd: false,
-        http: HttpOptions::default(),
-        serve_socket: None,
-        acts: false,
-        events_file: None,
+        ..crate::remote::options(Duration::from_millis(200), &s.path("audit.jsonl"))
     };
     let spec = HostSpec::Ssh {
         user: Some("root".into()),

@@ -255,16 +255,8 @@ impl DemoServe {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("serve");
-        let mut err = std::io::BufReader::new(child.stderr.take().expect("stderr"));
-        let mut banner = String::new();
-        err.read_line(&mut banner).expect("banner");
+        let (_, addr, err) = crate::support::serve_banner(&mut child);
         std::thread::spawn(move || for _ in err.lines() {});
-        let addr = banner
-            .split("http://")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-            .unwrap_or_else(|| panic!("serve said: {banner}"))
-            .to_string();
         DemoServe(child, addr)
     }
 }

@@ -222,3 +222,49 @@ pub fn loopback_certificate(dir: &Path) {
         ],
     );
 }
+
+/// A started `gpusweep serve`'s first stderr line (its banner), the `HOST:PORT` after its `http://`, and
+/// the rest of its stderr to drain or log; panics with the banner when it names no HTTP address.
+pub fn serve_banner(
+    child: &mut std::process::Child,
+) -> (
+    String,
+    String,
+    std::io::BufReader<std::process::ChildStderr>,
+) {
+    use std::io::BufRead;
+    let mut err = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut banner = String::new();
+    err.read_line(&mut banner).expect("banner");
+    let addr = banner
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("serve said: {banner}"))
+        .to_string();
+    (banner, addr, err)
+}
+
+/// The kinds of a JSON host's findings (`snapshot --json`'s `hosts[i]`), in order.
+pub fn finding_kinds(host: &serde_json::Value) -> Vec<&str> {
+    host["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter_map(|f| f["kind"].as_str())
+        .collect()
+}
+
+/// An HTTP request's head read from `s` (up to its blank line), or `None` when the peer closed first.
+pub fn read_request(s: &mut std::net::TcpStream) -> Option<String> {
+    use std::io::Read;
+    let mut req = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => req.extend_from_slice(&buf[..n]),
+        }
+    }
+    Some(String::from_utf8_lossy(&req).into_owned())
+}
