@@ -8,8 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-5000}; SECS=${2:-20}
-BIN=${BIN:-$(pwd)/target/release/gpusweep}
-[ -x "$BIN" ] || cargo build --release
+source scripts/lib/host.sh
 D=$(mktemp -d)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; pkill -P $$ sleep 2>/dev/null || true; rm -rf "$D"; }

@@ -4,8 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-40}
-BIN=${BIN:-target/release/gpusweep}
-[ -x "$BIN" ] || cargo build --release
+source scripts/lib/host.sh
 python3 - "$BIN" "$N" <<'PY'
 import shutil, statistics, subprocess, sys, time
 def t(cmd, n):

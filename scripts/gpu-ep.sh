@@ -13,12 +13,7 @@ OUT=${OUT:-/tmp/gpusweep-ep}
 WORKERS=${WORKERS:-8}; GPUS=${GPUS:-8}; GB=${GB:-40}; NCCL=${NCCL:-0}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export GPUSWEEP_CONFIG=${GPUSWEEP_CONFIG:-/nonexistent/gpusweep.toml}
-mkdir -p "$OUT"
-W=$(mktemp -d)
-L=$OUT/ep.log
-: >"$L"
-say() { echo "== $*" | tee -a "$L"; }
-res() { echo "$*" | tee -a "$L"; }
+source scripts/lib/gpu-log.sh ep
 LP=""
 cleanup() { [ -n "$LP" ] && kill -9 "$LP" 2>/dev/null; pkill -9 -f ep_launcher.py 2>/dev/null; rm -rf "$W"; }
 trap cleanup EXIT

@@ -9,14 +9,9 @@ set -u
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.gpu/gpusweep}
 OUT=${OUT:-/tmp/gpusweep-jobs}
-mkdir -p "$OUT"
-W=$(mktemp -d)
-L=$OUT/jobs.log
-: >"$L"
+source scripts/lib/gpu-log.sh jobs
 export PYTHONUNBUFFERED=1 GPUSWEEP_AUDIT_LOG=$OUT/actions.jsonl GPUSWEEP_CONFIG=$W/config.toml
 printf '[jobs]\nsettle = "4s"\nstraggler = "2s"\n' >"$GPUSWEEP_CONFIG"
-say() { echo "== $*" | tee -a "$L"; }
-res() { echo "$*" | tee -a "$L"; }
 trap 'pkill -9 -f ep_launcher.py 2>/dev/null; rm -rf "$W"' EXIT
 wait_for() { for _ in $(seq 1 "$3"); do grep -q "$1" "$2" 2>/dev/null && return 0; sleep 0.5; done; return 1; }
 

@@ -11,12 +11,7 @@ OUT=${OUT:-/tmp/gpusweep-run}
 WORKERS=${WORKERS:-4}; GB=${GB:-8}
 export PYTHONUNBUFFERED=1 GPUSWEEP_CONFIG=${GPUSWEEP_CONFIG:-/nonexistent/gpusweep.toml}
 export GPUSWEEP_AUDIT_LOG=$OUT/actions.jsonl
-mkdir -p "$OUT"
-W=$(mktemp -d)
-L=$OUT/run.log
-: >"$L"
-say() { echo "== $*" | tee -a "$L"; }
-res() { echo "$*" | tee -a "$L"; }
+source scripts/lib/gpu-log.sh run
 trap 'pkill -9 -f ep_launcher.py 2>/dev/null; rm -rf "$W"' EXIT
 ready() { for _ in $(seq 1 120); do grep -q "ALL READY" "$1" && return 0; sleep 0.5; done; return 1; }
 

@@ -10,8 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:?cmd, http or prom}; N=${2:?hosts}; SECS=${3:-30}
-BIN=${BIN:-$(pwd)/target/release/gpusweep}
-[ -x "$BIN" ] || cargo build --release
+source scripts/lib/host.sh
 D=$(mktemp -d)
 PIDS=()
 S=gpusweep-scale-$$
@@ -27,7 +26,6 @@ names() {
   for i in $(seq 1 "$c"); do printf 'gpu-c%03d\n' "$i"; done
 }
 names "$N" >"$D/names"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 case "$MODE" in
   cmd)
     sed "s|^|cmd:$BIN agent --demo --demo-host |" "$D/names" >"$D/hosts"

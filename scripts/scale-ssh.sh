@@ -5,8 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-64}; SECS=${2:-30}
-BIN=${BIN:-$(pwd)/target/release/gpusweep}
-[ -x "$BIN" ] || cargo build --release
+source scripts/lib/host.sh
 D=$(mktemp -d)
 trap 'for f in "$D"/sshd-*.pid; do [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null; done; rm -rf "$D"' EXIT
 ssh-keygen -q -t ed25519 -N '' -f "$D/host"
@@ -19,7 +18,7 @@ HOSTS=""
 : >"$D/known_hosts"
 DAEMONS=$(( (N + 15) / 16 ))
 for j in $(seq 0 $((DAEMONS - 1))); do
-  PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  PORT=$(free_port)
   COUNT=$(( N - j * 16 < 16 ? N - j * 16 : 16 ))
   {
     echo "Port $PORT"

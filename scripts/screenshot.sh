@@ -5,8 +5,7 @@
 # Needs tmux, aha, chromium and a monospace font (apt-get install tmux aha chromium fonts-dejavu-core).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=${BIN:-target/release/gpusweep}
-[ -x "$BIN" ] || cargo build --release
+source scripts/lib/host.sh
 D=$(mktemp -d)
 S=gpusweep-shot-$$
 N=0

@@ -6,13 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-1000}; C=${2:-100}; WAVES=${3:-4}
-BIN=${BIN:-$(pwd)/target/release/gpusweep}
-[ -x "$BIN" ] || cargo build --release
-D=$(mktemp -d)
-export GPUSWEEP_CONFIG=$D/none.toml GPUSWEEP_SOCKET=$D/none.sock
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$BIN" serve --demo --hosts "gpu-b[00001-$(printf '%05d' "$N")]" --listen "127.0.0.1:$PORT" --interval 1s 2>"$D/serve.err" &
-P=$!
+source scripts/lib/host.sh
+start_demo_serve "$N"
 CURLS=()
 trap 'kill "${CURLS[@]}" $P 2>/dev/null; rm -rf "$D"' EXIT
 until curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1; do sleep 0.2; done

@@ -5,8 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-60}; shift || true
-BIN=${BIN:-target/release/gpusweep}
-[ -x "$BIN" ] || cargo build --release
+source scripts/lib/host.sh
 S=gpusweep-cpu-$$
 CMD=$(printf '%q ' "$BIN" "$@")
 tmux -L "$S" new-session -d -s cpu -x 160 -y 48 "exec $CMD"

@@ -172,25 +172,15 @@ fn the_init_container_gate_passes_on_its_clean_gpus_and_holds_on_a_held_one() {
     std::fs::write(&serve_token, format!("{token}\n")).expect("token");
     std::fs::set_permissions(&serve_token, std::fs::Permissions::from_mode(0o400)).expect("chmod");
     // The node's serve: the demo's gpu-b, whose GPUs 0-5 read clean and 6-7 are held.
-    let mut serve = crate::support::Reaped(
-        crate::support::gpusweep(dir.path())
-            .args([
-                "serve",
-                "--demo",
-                "--hosts",
-                "gpu-b",
-                "--listen",
-                "127.0.0.1:0",
-                "--no-socket",
-                "--token-file",
-            ])
-            .arg(&serve_token)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("serve"),
+    let serve = crate::support::DemoServe::start(
+        dir.path(),
+        &[
+            "--no-socket".as_ref(),
+            "--token-file".as_ref(),
+            serve_token.as_os_str(),
+        ],
     );
-    let (_, addr, _) = crate::support::serve_banner(&mut serve.0);
+    let addr = serve.1.clone();
     let port = addr.rsplit(':').next().expect("port").to_string();
     // The GPUs' UUIDs, as NVIDIA's device plugin puts them in NVIDIA_VISIBLE_DEVICES.
     let o = crate::support::gpusweep(dir.path())

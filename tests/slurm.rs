@@ -271,20 +271,23 @@ fn the_epilog_ends_a_jobs_orphan_and_drains_a_node_whose_gpu_another_process_hol
         "the reason names the holder: {n}"
     );
     // The prolog says the same of a job about to start, without draining when asked not to.
-    let o = Command::new(BIN)
-        .args([
-            "prolog",
-            "--no-nvml",
-            "--no-drain",
-            "--gpus",
-            "0",
-            "--device-glob",
-        ])
-        .arg(format!("{}/nvidia*", c.dir.path().display()))
-        .env("SLURM_JOB_ID", "99")
-        .env("GPUSWEEP_CONFIG", c.path("none.toml"))
-        .output()
-        .expect("prolog");
+    let prolog_99 = || {
+        Command::new(BIN)
+            .args([
+                "prolog",
+                "--no-nvml",
+                "--no-drain",
+                "--gpus",
+                "0",
+                "--device-glob",
+            ])
+            .arg(format!("{}/nvidia*", c.dir.path().display()))
+            .env("SLURM_JOB_ID", "99")
+            .env("GPUSWEEP_CONFIG", c.path("none.toml"))
+            .output()
+            .expect("prolog")
+    };
+    let o = prolog_99();
     let t = String::from_utf8_lossy(&o.stdout).into_owned();
     assert_eq!(o.status.code(), Some(1), "{t}");
     assert!(
@@ -294,20 +297,7 @@ fn the_epilog_ends_a_jobs_orphan_and_drains_a_node_whose_gpu_another_process_hol
     outside.kill().expect("kill");
     outside.wait().expect("wait");
     // Recovered as the README says: the GPU is clean again, so resume the node.
-    let o = Command::new(BIN)
-        .args([
-            "prolog",
-            "--no-nvml",
-            "--no-drain",
-            "--gpus",
-            "0",
-            "--device-glob",
-        ])
-        .arg(format!("{}/nvidia*", c.dir.path().display()))
-        .env("SLURM_JOB_ID", "99")
-        .env("GPUSWEEP_CONFIG", c.path("none.toml"))
-        .output()
-        .expect("prolog");
+    let o = prolog_99();
     assert_eq!(
         o.status.code(),
         Some(0),

@@ -228,50 +228,10 @@ fn wait_progress_is_one_line_redrawn_in_place_at_80_columns() {
     assert!(screen.contains("EXITED 1"), "{screen}");
 }
 
-/// `gpusweep serve --demo --hosts gpu-b` on a port of its own, killed when dropped; and its address.
-struct DemoServe(std::process::Child, String);
-
-impl DemoServe {
-    fn start(dir: &std::path::Path) -> DemoServe {
-        let mut c = Command::new(BIN);
-        c.args([
-            "serve",
-            "--demo",
-            "--hosts",
-            "gpu-b",
-            "--listen",
-            "127.0.0.1:0",
-        ]);
-        DemoServe::spawn(c, dir)
-    }
-
-    /// `c` (a `gpusweep serve`) started; its HTTP address read from its banner.
-    fn spawn(mut c: Command, dir: &std::path::Path) -> DemoServe {
-        use std::io::BufRead;
-        let mut child = c
-            .env("GPUSWEEP_CONFIG", dir.join("none.toml"))
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("serve");
-        let (_, addr, err) = crate::support::serve_banner(&mut child);
-        std::thread::spawn(move || for _ in err.lines() {});
-        DemoServe(child, addr)
-    }
-}
-
-impl Drop for DemoServe {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn a_demo_read_through_a_serve_is_marked_demo_in_the_header_and_dialogs() {
     let dir = tempfile::tempdir().expect("tmp");
-    let serve = DemoServe::start(dir.path());
+    let serve = crate::support::DemoServe::start(dir.path(), &[]);
     let cmd = format!(
         "GPUSWEEP_CONFIG={0}/none.toml {BIN} --hosts http://{1}; echo EXITED $?; sleep 30",
         dir.path().display(),
@@ -351,7 +311,7 @@ fn w_on_a_steady_clean_host_ends_with_its_banner_in_the_demo_and_over_http() {
     .arg(format!("{}/nvidia*", dir.path().display()))
     .env("GPUSWEEP_NVML_LIBRARY", &lib)
     .env("STANDIN_NVML_STATE", dir.path().join("nvml"));
-    let serve = DemoServe::spawn(c, dir.path());
+    let serve = crate::support::DemoServe::spawn(c, dir.path());
     let cmd = format!(
         "GPUSWEEP_CONFIG={0}/none.toml {BIN} --hosts http://{1}; echo EXITED $?; sleep 30",
         dir.path().display(),
@@ -384,7 +344,7 @@ fn a_tui_attached_after_the_crash_shows_the_lost_rank() {
         "--listen",
         "127.0.0.1:0",
     ]);
-    let serve = DemoServe::spawn(c, dir.path());
+    let serve = crate::support::DemoServe::spawn(c, dir.path());
     // The node's own view first: the crash has happened.
     let t0 = Instant::now();
     loop {

@@ -34,12 +34,8 @@ pub async fn first_snapshots_each(
     mut each: impl FnMut(&HostSnapshot),
 ) -> Vec<HostSnapshot> {
     let n = fleet.len();
-    let mut got: Vec<Option<HostSnapshot>> = vec![None; n];
-    let deadline = tokio::time::Instant::now() + timeout;
-    while got.iter().any(Option::is_none) {
-        let Ok(Some(ev)) = tokio::time::timeout_at(deadline, fleet.recv()).await else {
-            break;
-        };
+    let mut told = vec![false; n];
+    let got = gather(fleet, timeout, "no reading", |fleet, ev, got| {
         let (i, snap) = match ev {
             HostEvent::Update {
                 host,
@@ -49,24 +45,19 @@ pub async fn first_snapshots_each(
                 host,
                 status: ConnStatus::Down(e),
             } if host.0 < n && got[host.0].is_none() => (host.0, fleet.unreadable(host, &e)),
-            _ => continue,
+            _ => return None,
         };
-        if got[i].is_none() {
+        if !std::mem::replace(&mut told[i], true) {
             each(&snap);
         }
-        got[i] = Some(snap);
+        Some((i, snap))
+    })
+    .await;
+    // The hosts that said nothing in time, as errors.
+    for (s, _) in got.iter().zip(&told).filter(|(_, told)| !**told) {
+        each(s);
     }
-    got.into_iter()
-        .enumerate()
-        .map(|(i, s)| {
-            s.unwrap_or_else(|| {
-                let why = format!("no reading within {}s", timeout.as_secs());
-                let e = fleet.unreadable(HostId(i), &why);
-                each(&e);
-                e
-            })
-        })
-        .collect()
+    got
 }
 
 /// One reading of every host taken at or after `since_ms` (Unix ms): what a verdict about a moment may rest
@@ -78,37 +69,43 @@ pub async fn readings_since(
 ) -> Vec<HostSnapshot> {
     fleet.broadcast(&HostCmd::PollNow);
     let n = fleet.len();
-    let mut got: Vec<Option<HostSnapshot>> = vec![None; n];
+    gather(fleet, timeout, "no new reading", |fleet, ev, _| match ev {
+        HostEvent::Update {
+            host,
+            update: Judgement::New(judged),
+        } if host.0 < n && judged.snap.taken_at_ms >= since_ms => Some((host.0, judged.snap)),
+        // A reading that said the same: the last one judged, as of its time.
+        HostEvent::Update {
+            host,
+            update: Judgement::Same { taken_at_ms, .. },
+        } if host.0 < n && taken_at_ms >= since_ms => fleet.latest(host).map(|j| (host.0, j.snap)),
+        _ => None,
+    })
+    .await
+}
+
+/// The fleet's events until every host has a reading `pick` takes from one (given what each host has so
+/// far), or `timeout` passes: each host's reading in host order, an error saying `missing` where none came.
+async fn gather(
+    fleet: &mut Fleet,
+    timeout: Duration,
+    missing: &str,
+    mut pick: impl FnMut(&Fleet, HostEvent, &[Option<HostSnapshot>]) -> Option<(usize, HostSnapshot)>,
+) -> Vec<HostSnapshot> {
+    let mut got: Vec<Option<HostSnapshot>> = vec![None; fleet.len()];
     let deadline = tokio::time::Instant::now() + timeout;
     while got.iter().any(Option::is_none) {
         let Ok(Some(ev)) = tokio::time::timeout_at(deadline, fleet.recv()).await else {
             break;
         };
-        match ev {
-            HostEvent::Update {
-                host,
-                update: Judgement::New(judged),
-            } if host.0 < n && judged.snap.taken_at_ms >= since_ms => {
-                got[host.0] = Some(judged.snap);
-            }
-            // A reading that said the same: the last one judged, as of its time.
-            HostEvent::Update {
-                host,
-                update: Judgement::Same { taken_at_ms, .. },
-            } if host.0 < n && taken_at_ms >= since_ms => {
-                got[host.0] = fleet.latest(host).map(|j| j.snap);
-            }
-            _ => {}
+        if let Some((i, snap)) = pick(fleet, ev, &got) {
+            got[i] = Some(snap);
         }
     }
+    let why = format!("{missing} within {}s", timeout.as_secs());
     got.into_iter()
         .enumerate()
-        .map(|(i, s)| {
-            s.unwrap_or_else(|| {
-                let why = format!("no new reading within {}s", timeout.as_secs());
-                fleet.unreadable(HostId(i), &why)
-            })
-        })
+        .map(|(i, s)| s.unwrap_or_else(|| fleet.unreadable(HostId(i), &why)))
         .collect()
 }
 

@@ -112,6 +112,16 @@ impl Store {
             .unwrap_or_default()
     }
 
+    /// The width of the longest host label, within `min..=max` (a column of host names).
+    pub fn label_width(&self, min: usize, max: usize) -> usize {
+        self.hosts
+            .iter()
+            .map(|h| h.label.chars().count())
+            .max()
+            .unwrap_or(min)
+            .clamp(min, max)
+    }
+
     /// Keep an event in the timeline (and, through the effects of this update, in the events file).
     /// Returns whether the timeline grew by one (a scrolled-back view stays on the rows it shows).
     pub fn keep(&mut self, e: Event) {

@@ -268,3 +268,45 @@ pub fn read_request(s: &mut std::net::TcpStream) -> Option<String> {
     }
     Some(String::from_utf8_lossy(&req).into_owned())
 }
+
+/// `gpusweep serve --demo --hosts gpu-b` on a port of its own, killed when dropped; and its address.
+pub struct DemoServe(pub std::process::Child, pub String);
+
+impl DemoServe {
+    /// With no config, the serve's further arguments `extra`.
+    pub fn start(dir: &Path, extra: &[&std::ffi::OsStr]) -> DemoServe {
+        let mut c = Command::new(BIN);
+        c.args([
+            "serve",
+            "--demo",
+            "--hosts",
+            "gpu-b",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(extra);
+        DemoServe::spawn(c, dir)
+    }
+
+    /// `c` (a `gpusweep serve`) started with no config; its HTTP address read from its banner.
+    pub fn spawn(mut c: Command, dir: &Path) -> DemoServe {
+        use std::io::BufRead;
+        let mut child = c
+            .env("GPUSWEEP_CONFIG", dir.join("none.toml"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("serve");
+        let (_, addr, err) = serve_banner(&mut child);
+        std::thread::spawn(move || for _ in err.lines() {});
+        DemoServe(child, addr)
+    }
+}
+
+impl Drop for DemoServe {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -49,6 +49,30 @@ fn gpu_proc(s: &HostSnapshot, pid: u32) -> GpuProc {
     }
 }
 
+/// `pid`, a GPU process of `s`, seen to appear there (or to have exited, `s` its last reading).
+fn process_event(s: &HostSnapshot, pid: u32, appeared: bool) -> EventKind {
+    let GpuProc {
+        cmdline,
+        gpus,
+        bytes: gpu_bytes,
+    } = gpu_proc(s, pid);
+    if appeared {
+        EventKind::ProcessAppeared {
+            pid,
+            cmdline,
+            gpus,
+            gpu_bytes,
+        }
+    } else {
+        EventKind::ProcessExited {
+            pid,
+            cmdline,
+            gpus,
+            gpu_bytes,
+        }
+    }
+}
+
 /// The events between `prev` (None: this is the host's first reading) and `next`, both judged (each GPU's
 /// state filled in). On a first reading only the findings are events: every process there was already
 /// running. A GPU turning clean is `GpuClean` without times: the ledger, which keeps the clocks, adds them.
@@ -66,23 +90,11 @@ pub fn between(prev: Option<&HostSnapshot>, next: &HostSnapshot) -> Vec<EventKin
                 .get(pid)
                 .is_some_and(|o| o.is_none() || st.is_none() || o == st)
         };
-        for (pid, _) in before.iter().filter(|(k, st)| !same(k, st, &now)) {
-            let p = gpu_proc(prev, *pid);
-            out.push(EventKind::ProcessExited {
-                pid: *pid,
-                cmdline: p.cmdline,
-                gpus: p.gpus,
-                gpu_bytes: p.bytes,
-            });
+        for (&pid, _) in before.iter().filter(|(k, st)| !same(k, st, &now)) {
+            out.push(process_event(prev, pid, false));
         }
-        for (pid, _) in now.iter().filter(|(k, st)| !same(k, st, &before)) {
-            let p = gpu_proc(next, *pid);
-            out.push(EventKind::ProcessAppeared {
-                pid: *pid,
-                cmdline: p.cmdline,
-                gpus: p.gpus,
-                gpu_bytes: p.bytes,
-            });
+        for (&pid, _) in now.iter().filter(|(k, st)| !same(k, st, &before)) {
+            out.push(process_event(next, pid, true));
         }
     }
     out.extend(verdict_events(prev, next, first));

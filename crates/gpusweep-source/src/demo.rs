@@ -213,6 +213,15 @@ fn demo_counters(cc: &str, util: u32, energy_mj: Option<u64>) -> gpusweep_core::
     }
 }
 
+/// Rank `i` of a data-parallel server, running since the demo began: it holds GPU `i` and NVML lists it there.
+fn rank(i: u32, pid: u32, ppid: u32, sid: u32, cmdline: &str) -> SimProc {
+    let mut w = sp(pid, ppid, sid, "python3", cmdline);
+    w.holds = vec![i];
+    w.listed_on = Some(i);
+    w.born_ms = Some(0);
+    w
+}
+
 fn sp(pid: u32, ppid: u32, sid: u32, comm: &'static str, cmdline: &str) -> SimProc {
     SimProc {
         pid,
@@ -324,17 +333,14 @@ impl DemoHost {
         h.procs.push(sp(3980, 1, 3980, "bash", "-bash"));
         h.procs.push(launcher);
         for i in 0..8u32 {
-            let mut w = sp(
+            let mut w = rank(
+                i,
                 4120 + i,
                 4100,
                 3980,
-                "python3",
                 &format!("sglang::scheduler_TP{i}_EP{i}"),
             );
-            w.holds = vec![i];
-            w.listed_on = Some(i);
             w.cgroup = Some("/system.slice/sglang-ep8.service".into());
-            w.born_ms = Some(0);
             // Each rank loads at a slightly different pace, as real ranks do; rank 5 at half the pace.
             let slow = i == 5;
             w.mem = Mem::WarmUp {
@@ -485,16 +491,13 @@ impl DemoHost {
         launcher.born_ms = Some(0);
         h.procs.push(launcher);
         for i in 0..8u32 {
-            let mut w = sp(
+            let mut w = rank(
+                i,
                 6120 + i,
                 6100,
                 6090,
-                "python3",
                 &format!("sglang::scheduler_TP{i}_EP{i}"),
             );
-            w.holds = vec![i];
-            w.listed_on = Some(i);
-            w.born_ms = Some(0);
             w.mem = Mem::WarmUp {
                 weights: 29 * GIB + u64::from(i) * 32 * MIB,
                 load_ms: 18_000 + u64::from(i) * 400,

@@ -161,14 +161,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
         .position(|&i| i == app.view.sel.host)
         .unwrap_or(0);
     let start = at.saturating_sub(rows.saturating_sub(1));
-    let name_w = app
-        .store
-        .hosts
-        .iter()
-        .map(|h| h.label.chars().count())
-        .max()
-        .unwrap_or(4)
-        .clamp(4, 24);
+    let name_w = app.store.label_width(4, 24);
     let mut lines = Vec::new();
     for &i in shown.iter().skip(start).take(rows) {
         let h = &app.store.hosts[i];

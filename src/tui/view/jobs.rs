@@ -150,6 +150,16 @@ fn detail(app: &App, f: &mut Frame, area: Rect, r: &JobRow) {
     );
 }
 
+/// A process line's first columns: what it is to the job, its PID, its GPUs and what they charge it.
+fn columns(what: &str, pid: u32, gpus: &[u32], bytes: Option<u64>) -> String {
+    let pad = 11usize.saturating_sub(what.len());
+    format!(
+        "  {what} {pid:>pad$}  GPU {:<6} {:>10}  ",
+        fmt_gpus(gpus),
+        fmt_bytes(bytes)
+    )
+}
+
 /// A job's ranks (a straggler marked), its helpers, and the ranks it lost, one line each.
 fn process_lines(
     app: &App,
@@ -157,60 +167,39 @@ fn process_lines(
     w: usize,
     lines: &mut Vec<Line<'static>>,
 ) {
+    let mut line = |text: String, style: Style| {
+        lines.push(Line::from(Span::styled(truncate(&text, w), style)));
+    };
     for k in &j.ranks {
-        let mark = if k.straggler {
-            "  straggler: behind its peers"
+        let (mark, st) = if k.straggler {
+            ("  straggler: behind its peers", fg(app, Color::Yellow))
         } else {
-            ""
+            ("", Style::default())
         };
-        let st = if k.straggler {
-            fg(app, Color::Yellow)
-        } else {
-            Style::default()
-        };
-        lines.push(Line::from(Span::styled(
-            truncate(
-                &format!(
-                    "  rank {:>7}  GPU {:<6} {:>10}  {}{mark}",
-                    k.pid,
-                    fmt_gpus(&k.gpus),
-                    fmt_bytes(k.bytes),
-                    k.state
-                ),
-                w,
+        line(
+            format!(
+                "{}{}{mark}",
+                columns("rank", k.pid, &k.gpus, k.bytes),
+                k.state
             ),
             st,
-        )));
+        );
     }
     for k in &j.helpers {
-        lines.push(Line::from(Span::styled(
-            truncate(
-                &format!(
-                    "  helper {:>5}  GPU {:<6} {:>10}  {}",
-                    k.pid,
-                    fmt_gpus(&k.gpus),
-                    fmt_bytes(k.bytes),
-                    k.state
-                ),
-                w,
-            ),
+        line(
+            format!("{}{}", columns("helper", k.pid, &k.gpus, k.bytes), k.state),
             fg(app, Color::DarkGray),
-        )));
+        );
     }
     for l in &j.lost {
-        lines.push(Line::from(Span::styled(
-            truncate(
-                &format!(
-                    "  lost {:>7}  GPU {:<6} {:>10}  {} at {}",
-                    l.pid,
-                    fmt_gpus(&l.gpus),
-                    fmt_bytes(l.bytes),
-                    l.how.describe(),
-                    crate::core::format::fmt_clock(l.at_ms)
-                ),
-                w,
+        line(
+            format!(
+                "{}{} at {}",
+                columns("lost", l.pid, &l.gpus, l.bytes),
+                l.how.describe(),
+                crate::core::format::fmt_clock(l.at_ms)
             ),
             fg(app, Color::Red),
-        )));
+        );
     }
 }

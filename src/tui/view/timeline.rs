@@ -47,14 +47,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect) {
         return;
     }
     let rows = inner.height as usize;
-    let host_w = app
-        .store
-        .hosts
-        .iter()
-        .map(|h| h.label.chars().count())
-        .max()
-        .unwrap_or(4)
-        .clamp(4, 16);
+    let host_w = app.store.label_width(4, 16);
     let end = app
         .store
         .timeline

@@ -1308,13 +1308,10 @@ mod tests {
         // who can read any mode).
         std::fs::remove_dir(&locked).expect("rmdir");
         std::fs::write(&locked, b"").expect("fd as a file");
-        let cfg = ProcfsConfig {
+        let (_, t) = full_scan(ProcfsConfig {
             proc_root: root.path().to_path_buf(),
             ..Default::default()
-        };
-        let mut s = ProcScanner::new(cfg).expect("scanner");
-        let mut t = ProcTable::default();
-        s.scan(&mut t, Depth::Full, &HashSet::new());
+        });
         assert!(
             !t.procs.contains_key(&4242),
             "an exited process is not listed"
@@ -1352,13 +1349,10 @@ mod tests {
         };
         task(100, 100);
         loadavg(100);
-        let cfg = ProcfsConfig {
+        let (mut s, mut t) = full_scan(ProcfsConfig {
             proc_root: root.path().to_path_buf(),
             ..Default::default()
-        };
-        let mut s = ProcScanner::new(cfg).expect("scanner");
-        let mut t = ProcTable::default();
-        s.scan(&mut t, Depth::Full, &HashSet::new());
+        });
         assert_eq!(t.procs.len(), 1);
         // A process (101) and a thread of it (102) were created: only the process is one.
         task(101, 101);
@@ -1395,9 +1389,7 @@ mod tests {
             .spawn()
             .expect("bash");
         let pid = child.id();
-        let mut s = ProcScanner::new(cfg).expect("scanner");
-        let mut t = ProcTable::default();
-        s.scan(&mut t, Depth::Full, &HashSet::new());
+        let (mut s, mut t) = full_scan(cfg);
         assert!(t.procs.contains_key(&pid) && !t.holders.contains_key(&pid));
         // It opens the device; NVML lists it.
         let mut stdin = child.stdin.take().expect("stdin");
@@ -1419,6 +1411,14 @@ mod tests {
 
     /// A stand-in GPU device (an ordinary file) in a directory of its own, and a scanner's config that takes
     /// it for one.
+    /// A scanner of `cfg` and its table after one full scan.
+    fn full_scan(cfg: ProcfsConfig) -> (ProcScanner, ProcTable) {
+        let mut s = ProcScanner::new(cfg).expect("scanner");
+        let mut t = ProcTable::default();
+        s.scan(&mut t, Depth::Full, &HashSet::new());
+        (s, t)
+    }
+
     fn stand_in_device() -> (tempfile::TempDir, std::path::PathBuf, ProcfsConfig) {
         let dir = tempfile::tempdir().expect("tempdir");
         let dev = dir.path().join("nvidia0");
@@ -1434,9 +1434,7 @@ mod tests {
     fn scan_finds_self_with_a_stand_in_device_open() {
         let (_dir, dev, cfg) = stand_in_device();
         let _f = std::fs::File::open(&dev).expect("open");
-        let mut s = ProcScanner::new(cfg).expect("scanner");
-        let mut t = ProcTable::default();
-        s.scan(&mut t, Depth::Full, &HashSet::new());
+        let (mut s, mut t) = full_scan(cfg);
         let me = std::process::id();
         let (devs, n) = t.holders.get(&me).expect("we hold the stand-in device");
         assert_eq!(devs, &vec![dev.to_string_lossy().into_owned()]);
