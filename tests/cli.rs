@@ -133,8 +133,7 @@ fn orphan_holder_is_found_and_swept_with_yes() {
         "--timeout",
         "10s",
     ]);
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
+    let t = crate::support::exited(&o, 0);
     assert!(
         t.contains(&format!("{pid} sleep 300: exited after TERM")),
         "{t}"
@@ -193,7 +192,7 @@ fn zombie_is_found_with_its_parent() {
 fn pid_1_and_ancestors_are_refused_and_no_tty_needs_yes() {
     let env = Env::new();
     let o = env.run(&["kill", "1", "--yes", "--no-nvml"]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    crate::support::exited(&o, 1);
     assert!(
         text(&o).contains("refused: PID 1 is never signalled"),
         "{}",
@@ -202,7 +201,7 @@ fn pid_1_and_ancestors_are_refused_and_no_tty_needs_yes() {
 
     let me = std::process::id().to_string();
     let o = env.run(&["kill", &me, "--yes", "--no-nvml", "--signal", "KILL"]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    crate::support::exited(&o, 1);
     assert!(
         text(&o).contains("an ancestor of gpusweep is never signalled"),
         "{}",
@@ -211,7 +210,7 @@ fn pid_1_and_ancestors_are_refused_and_no_tty_needs_yes() {
 
     let mut victim = Command::new("sleep").arg("300").spawn().expect("sleep");
     let o = env.run(&["kill", &victim.id().to_string(), "--no-nvml"]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    crate::support::exited(&o, 2);
     assert!(text(&o).contains("refusing without --yes"), "{}", text(&o));
     assert!(
         victim.try_wait().expect("try_wait").is_none(),
@@ -225,7 +224,7 @@ fn pid_1_and_ancestors_are_refused_and_no_tty_needs_yes() {
         "--signal",
         "KILL",
     ]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    crate::support::exited(&o, 0);
     let st = victim.wait().expect("wait");
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(9));
 }
@@ -363,7 +362,7 @@ fn smem_tile_fit_from_the_issue() {
         assert!(text(&o).contains("CC 12.0"), "{cc}: {}", text(&o));
     }
     let o = env.run(&["smem", "--tile", "128x256x128", "--cc", "sm_90"]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    crate::support::exited(&o, 0);
     assert!(
         text(&o).contains("no room for another stage"),
         "{}",
@@ -415,7 +414,7 @@ fn demo_snapshot_wait_and_sweep() {
     assert_eq!(v["hosts"][0]["gpus"].as_array().expect("gpus").len(), 8);
 
     let o = env.run(&["wait", "--demo", "--hosts", "gpu-b", "--timeout", "300ms"]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    crate::support::exited(&o, 1);
     assert!(
         text(&o).contains("gpu-b: GPU 6") && text(&o).contains("gpu-b: GPU 7"),
         "{}",
@@ -431,7 +430,7 @@ fn demo_snapshot_wait_and_sweep() {
         "--timeout",
         "5s",
     ]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    crate::support::exited(&o, 0);
 
     let o = env.run(&["sweep", "--demo", "--hosts", "gpu-b", "--dry-run"]);
     let t = text(&o);
@@ -448,8 +447,7 @@ fn demo_snapshot_wait_and_sweep() {
         "--timeout",
         "10s",
     ]);
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
+    let t = crate::support::exited(&o, 0);
     assert!(t.contains("clean: every chosen GPU reads zero"), "{t}");
 }
 
@@ -529,8 +527,7 @@ fn cmd_hosts_with_a_common_prefix_stay_two_hosts_and_a_sweep_reaches_each() {
         "--timeout",
         "10s",
     ]);
-    let out = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{out}");
+    let out = crate::support::exited(&o, 0);
     assert!(
         out.matches("7391").count() >= 2,
         "both holders planned: {out}"
@@ -549,8 +546,7 @@ fn kill_host_accepts_the_spec_as_typed() {
     let o = env.run(&[
         "kill", "7306", "--hosts", &a, "--hosts", &b, "--host", &b, "--yes",
     ]);
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
+    let t = crate::support::exited(&o, 0);
     assert!(
         t.contains("PREFIX=2") && t.contains("exited after TERM"),
         "{t}"
@@ -558,7 +554,7 @@ fn kill_host_accepts_the_spec_as_typed() {
     let o = env.run(&[
         "kill", "7306", "--hosts", &a, "--hosts", &b, "--host", "cmd:nope", "--yes",
     ]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    crate::support::exited(&o, 2);
 }
 
 #[test]
@@ -628,8 +624,7 @@ fn a_gpu_the_host_does_not_have_is_an_error() {
         "--timeout",
         "5s",
     ]);
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(2), "{t}");
+    let t = crate::support::exited(&o, 2);
     assert!(
         t.contains("no GPU 99") && t.contains("0-7"),
         "names the host's GPUs: {t}"
@@ -643,7 +638,7 @@ fn a_gpu_the_host_does_not_have_is_an_error() {
         "99",
         "--dry-run",
     ]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    crate::support::exited(&o, 2);
     // A UUID names a GPU too.
     let o = env.run(&["snapshot", "--json", "--demo", "--hosts", "gpu-b"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
@@ -674,8 +669,7 @@ fn a_gate_never_passes_without_a_driver() {
     let env = Env::new();
     // This machine has no NVIDIA driver: NVML cannot load.
     let o = env.run(&["wait", "--timeout", "5s", "--device-glob", &env.glob()]);
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(2), "{t}");
+    let t = crate::support::exited(&o, 2);
     assert!(t.contains("no NVIDIA driver"), "{t}");
     // Asked explicitly to judge by holders alone, it may pass.
     let o = env.run(&[
@@ -686,7 +680,7 @@ fn a_gate_never_passes_without_a_driver() {
         "--device-glob",
         &env.glob(),
     ]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    crate::support::exited(&o, 0);
 }
 
 #[test]
@@ -701,7 +695,7 @@ fn a_host_never_read_is_an_error_not_a_timeout() {
         "--connect-timeout",
         "5",
     ]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    crate::support::exited(&o, 2);
 }
 
 #[test]
@@ -710,7 +704,7 @@ fn wait_takes_at_least_one_reading() {
     let env = Env::new();
     // An agent takes milliseconds to say hello: its first reading comes after the timeout has passed.
     let o = env.run(&["wait", "--hosts", &agent, "--gpus", "0", "--timeout", "1ms"]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    crate::support::exited(&o, 0);
 }
 
 #[test]
@@ -889,7 +883,7 @@ fn no_terminal_and_closed_pipes_are_handled() {
     let env = Env::new();
     // The TUI with no terminal: a clear error, exit 2 (not a panic).
     let o = env.run(&["--demo"]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    crate::support::exited(&o, 2);
     assert!(text(&o).contains("needs a terminal"), "{}", text(&o));
     // A reader that goes away: quiet, whatever the status.
     let script = format!("{BIN} snapshot --demo | true; echo \"status ${{PIPESTATUS[0]}}\"");
@@ -1299,8 +1293,7 @@ fn a_wedged_driver_marks_its_gpu_and_the_rest_goes_on() {
         .env("GPUSWEEP_NVML_LIBRARY", &lib)
         .output()
         .expect("run");
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(2), "{t}");
+    let t = crate::support::exited(&o, 2);
     assert!(t.contains("driver not answering"), "{t}");
     let o = env
         .cmd(&[
@@ -1315,7 +1308,7 @@ fn a_wedged_driver_marks_its_gpu_and_the_rest_goes_on() {
         .env("GPUSWEEP_NVML_LIBRARY", &lib)
         .output()
         .expect("run");
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    crate::support::exited(&o, 0);
 }
 
 #[test]
@@ -1400,7 +1393,7 @@ fn key_conflicts_in_the_config_are_refused_by_every_subcommand() {
         .env("GPUSWEEP_CONFIG", &cfg)
         .output()
         .expect("run");
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    crate::support::exited(&o, 0);
 }
 
 #[test]
@@ -1468,8 +1461,7 @@ fn shm_clean_removes_only_unused_plain_files_each_recorded_first() {
     };
     let run = |args: Vec<String>| env.run(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let o = run(with(&["--dry-run"]));
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
+    let t = crate::support::exited(&o, 0);
     assert!(t.contains("nccl-unused") && t.contains("dry run"), "{t}");
     assert!(
         !t.contains("nccl-open") && !t.contains("nccl-link"),
@@ -1485,12 +1477,11 @@ fn shm_clean_removes_only_unused_plain_files_each_recorded_first() {
     let mut ro = with(&["--yes"]);
     ro.push("--readonly".into());
     let o = run(ro);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    crate::support::exited(&o, 2);
     assert!(text(&o).contains("read-only"), "{}", text(&o));
     assert!(unused.exists() && no_record(&env));
     let o = run(with(&["--yes"]));
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
+    let t = crate::support::exited(&o, 0);
     assert!(
         t.contains(&format!("removed {dir}/nccl-unused")),
         "the directory it read, never /dev/shm: {t}"
@@ -1515,8 +1506,7 @@ fn shm_clean_removes_only_unused_plain_files_each_recorded_first() {
     holder.wait().expect("wait");
     let agent = format!("cmd:{BIN} agent --no-nvml --shm-dir {dir}");
     let o = env.run(&["shm", "clean", "--hosts", &agent, "--yes"]);
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
+    let t = crate::support::exited(&o, 0);
     assert!(t.contains(&format!("removed {dir}/nccl-open")), "{t}");
     assert!(!open.exists() && keep.exists());
 }
@@ -1525,7 +1515,7 @@ fn shm_clean_removes_only_unused_plain_files_each_recorded_first() {
 fn readonly_refuses_kills_and_sweeps_before_reading_anything() {
     let env = Env::new();
     let o = env.run(&["kill", "--readonly", "--yes", "4242"]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    crate::support::exited(&o, 2);
     assert!(text(&o).contains("read-only"), "{}", text(&o));
     let cfg = env.dir.path().join("ro.toml");
     std::fs::write(&cfg, "readonly = true\n").expect("config");
@@ -1536,7 +1526,7 @@ fn readonly_refuses_kills_and_sweeps_before_reading_anything() {
         "--config",
         cfg.to_str().expect("utf-8"),
     ]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    crate::support::exited(&o, 2);
     let o = env.run(&[
         "sweep",
         "--demo",
@@ -1656,12 +1646,11 @@ fn a_job_that_names_no_process_is_an_error_not_a_pass() {
     }
     // A container or pod ID is named by 4 characters or more, as the help says.
     let o = env.run(&["wait", "--demo", "--job", "4f1", "--timeout", "2s"]);
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(2), "{t}");
+    let t = crate::support::exited(&o, 2);
     assert!(t.contains("4 characters"), "{t}");
     // The demo's Slurm job 4711 holds GPUs 6 and 7 of gpu-b: named, it is waited for.
     let o = env.run(&["wait", "--demo", "--job", "4711", "--timeout", "1s"]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    crate::support::exited(&o, 1);
 }
 
 #[test]
@@ -1837,7 +1826,7 @@ fn a_full_disk_leaves_no_torn_audit_record_and_no_signal() {
         .env("GPUSWEEP_AUDIT_LOG", &log)
         .output()
         .expect("kill");
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    crate::support::exited(&o, 0);
     let after = std::fs::read_to_string(&log).expect("log");
     for line in after.lines() {
         serde_json::from_str::<serde_json::Value>(line)
@@ -1854,7 +1843,7 @@ fn events_are_written_by_every_command_that_reads_hosts_not_only_the_tui() {
     let mut victim = Command::new("sleep").arg("300").spawn().expect("sleep");
     let pid = victim.id().to_string();
     let o = env.run(&["kill", &pid, "--yes", "--no-nvml", "--events", f]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    crate::support::exited(&o, 0);
     let _ = victim.wait();
     let kinds = |path: &Path| -> Vec<String> {
         std::fs::read_to_string(path)
@@ -1937,8 +1926,7 @@ fn a_config_error_is_said_once() {
         .env("GPUSWEEP_CONFIG", &cfg)
         .output()
         .expect("snapshot");
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(2), "{t}");
+    let t = crate::support::exited(&o, 2);
     assert_eq!(t.matches("is not a duration").count(), 1, "{t}");
     assert_eq!(t.lines().filter(|l| !l.trim().is_empty()).count(), 1, "{t}");
 }
@@ -2191,7 +2179,7 @@ fn a_holder_whose_main_thread_exited_or_whose_thread_hides_its_fds_is_seen_and_e
         "--timeout",
         "3s",
     ]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    crate::support::exited(&o, 1);
     // A kill ends the leader-less one: its pidfd reaches the thread group.
     let o = env.run(&[
         "kill",
@@ -2201,7 +2189,7 @@ fn a_holder_whose_main_thread_exited_or_whose_thread_hides_its_fds_is_seen_and_e
         "--grace",
         "2s",
     ]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    crate::support::exited(&o, 0);
     let _ = exited.0.wait();
 }
 
@@ -2327,11 +2315,10 @@ fn memory_kept_on_purpose_is_shown_never_swept_never_a_leak_never_waited_for() {
     );
     // A sweep plans nothing and says why; the gate passes; the service lives on.
     let o = with(keep, &["sweep", "--yes", "--timeout", "2s"]);
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
+    let t = crate::support::exited(&o, 0);
     assert!(t.contains("kept on purpose"), "{t}");
     let o = with(keep, &["wait", "--timeout", "2s"]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    crate::support::exited(&o, 0);
     assert!(crate::support::alive(pid));
 }
 
@@ -2352,15 +2339,9 @@ fn an_mpi_hostfile_is_read_as_it_is() {
         "--hostfile",
         f.to_str().expect("utf-8"),
     ]);
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
+    let t = crate::support::exited(&o, 0);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
-    let hosts: Vec<&str> = v["hosts"]
-        .as_array()
-        .expect("hosts")
-        .iter()
-        .filter_map(|h| h["host"].as_str())
-        .collect();
+    let hosts = crate::support::host_names(&v);
     assert_eq!(hosts, ["gpu-a", "gpu-d"], "{t}");
     // Every host has its jobs in the contract, always an array, and every job its lost ranks (`jq
     // '.hosts[].jobs[].lost[]'` reads them all).
@@ -2481,7 +2462,7 @@ fn a_gate_blind_to_the_host_says_unknown_not_ok() {
     let held = format!("4096 {}:4096\n", holder.0.id());
     let o = boxed(&["check"], &held);
     let out = String::from_utf8_lossy(&o.stdout).to_string();
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    crate::support::exited(&o, 2);
     assert!(
         out.starts_with("unknown"),
         "on stdout, where NPD reads: {out}"
@@ -2491,13 +2472,13 @@ fn a_gate_blind_to_the_host_says_unknown_not_ok() {
         "the blind spot is named: {out}"
     );
     let o = boxed(&["wait", "--timeout", "1s"], &held);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    crate::support::exited(&o, 2);
     assert!(text(&o).contains("PID namespace"), "{}", text(&o));
     // Nothing used: the zero was read, and it is OK even from inside.
     let o = boxed(&["check"], "0\n");
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    crate::support::exited(&o, 0);
     let o = boxed(&["wait", "--timeout", "5s"], "0\n");
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    crate::support::exited(&o, 0);
     // Judging by holders alone (`--no-nvml`), a gate that cannot see every process's descriptors cannot
     // observe that nobody holds a GPU: from inside the namespace, or as a user who cannot read root's fds.
     for args in [
@@ -2518,7 +2499,7 @@ fn a_gate_blind_to_the_host_says_unknown_not_ok() {
         .env_remove("GPUSWEEP_HOSTS")
         .output()
         .expect("setpriv (util-linux)");
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    crate::support::exited(&o, 2);
     assert!(
         text(&o).contains("holders alone") && text(&o).contains("descriptors could not be read"),
         "{}",
@@ -2557,13 +2538,13 @@ fn too_many_hosts_in_all_or_too_large_a_hostfile_is_refused() {
         "--hosts",
         "gpu-b[0001-6000]",
     ]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    crate::support::exited(&o, 2);
     assert!(text(&o).contains("in all"), "{}", text(&o));
     let big = env.dir.path().join("hosts.txt");
     let line = format!("{}\n", "n".repeat(1023));
     std::fs::write(&big, line.repeat(17 * 1024)).expect("hostfile");
     let o = env.run(&["snapshot", "--hostfile", big.to_str().expect("utf-8")]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    crate::support::exited(&o, 2);
     assert!(text(&o).contains("larger than 16 MiB"), "{}", text(&o));
 }
 
@@ -2640,11 +2621,10 @@ fn a_gpu_at_work_for_nobody_is_no_clean_gpu() {
         "what was checked is named: {detail}"
     );
     let o = run("", &["check"]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    crate::support::exited(&o, 1);
     // A gate watching it past the confirm window: a leak, and still no pass.
     let o = run("confirm = \"1s\"\n", &["wait", "--timeout", "3s"]);
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(1), "{t}");
+    let t = crate::support::exited(&o, 1);
     assert!(t.contains("100% busy"), "{t}");
     // A benign opener (the persistence daemon) explains nothing, and is named as what blocks the reset.
     let daemon = holder_named("nvidia-persistenced");
@@ -2816,8 +2796,7 @@ fn a_pods_memory_volume_leftover_is_found_with_its_pod_and_removed_a_mapped_one_
         "{leftovers:?}"
     );
     let o = env.run(&["shm", "clean", "--no-nvml", "--shm-dir", &shm_dir, "--yes"]);
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
+    let t = crate::support::exited(&o, 0);
     assert!(t.contains("pod web-0"), "{t}");
     assert!(!left.exists(), "the unused one is removed: {t}");
     assert!(used.exists(), "the mapped one is kept: {t}");
@@ -2832,8 +2811,7 @@ fn a_pods_memory_volume_leftover_is_found_with_its_pod_and_removed_a_mapped_one_
         std::fs::create_dir_all(crowded.join(format!("v{i}"))).expect("volume dir");
     }
     let o = env.run(&["shm", "clean", "--no-nvml", "--shm-dir", &shm_dir, "--yes"]);
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(2), "{t}");
+    let t = crate::support::exited(&o, 2);
     assert!(t.contains("more than 64 emptyDir volumes"), "{t}");
     assert!(!t.contains("no /dev/shm leftovers"), "{t}");
     let o = env.run(&["snapshot", "--json", "--no-nvml", "--shm-dir", &shm_dir]);
@@ -2914,8 +2892,7 @@ fn a_ghost_on_a_mig_instance_is_named_with_it_swept_and_watched_to_zero() {
         "--timeout",
         "20s",
     ]);
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
+    let t = crate::support::exited(&o, 0);
     assert!(t.contains(&hpid.to_string()), "the holder is planned: {t}");
     assert!(t.contains("clean: every chosen GPU reads zero"), "{t}");
     freer.join().expect("freer");
@@ -2929,7 +2906,7 @@ fn a_ghost_on_a_mig_instance_is_named_with_it_swept_and_watched_to_zero() {
     assert_ne!(v["hosts"][0]["gpus"][0]["state"], "clean", "{v}");
     crate::support::set_nvml(dir, &format!("0 {outside}:100 mig=1/0\n"));
     let o = run(&["check"]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    crate::support::exited(&o, 1);
     assert!(text(&o).contains("ghost"), "{}", text(&o));
     crate::support::set_nvml(dir, "0 mig=1/0 mig=2/0\n");
     drop(holder);
@@ -2943,9 +2920,9 @@ fn a_ghost_on_a_mig_instance_is_named_with_it_swept_and_watched_to_zero() {
     assert_eq!(v["hosts"][0]["gpus"][0]["state"], "unknown", "{v}");
     assert!(v["hosts"][0]["gpus"][0]["mig_error"].is_string(), "{v}");
     let o = run(&["wait", "--timeout", "1s"]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    crate::support::exited(&o, 2);
     let o = run(&["check"]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    crate::support::exited(&o, 2);
     assert!(text(&o).starts_with("unknown"), "{}", text(&o));
 }
 
@@ -2995,8 +2972,7 @@ fn help_names_every_host_form() {
 fn the_demos_zombie_is_refused_like_a_real_one() {
     let env = Env::new();
     let o = env.run(&["kill", "7350", "--demo", "--hosts", "gpu-b", "--yes"]);
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(1), "{t}");
+    let t = crate::support::exited(&o, 1);
     assert!(!t.contains("sent TERM"), "{t}");
     assert!(t.contains("zombie") && t.contains("7340"), "{t}");
 }
@@ -3049,8 +3025,7 @@ fn kill_job_reaches_the_job_on_every_host() {
         "gpu-b,gpu-b0042",
         "--yes",
     ]);
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
+    let t = crate::support::exited(&o, 0);
     for host in ["gpu-b:", "gpu-b0042:"] {
         assert!(
             t.lines().any(|l| l.trim_start().starts_with(host)
@@ -3067,6 +3042,6 @@ fn kill_job_reaches_the_job_on_every_host() {
         "gpu-b,gpu-b0042",
         "--yes",
     ]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    crate::support::exited(&o, 2);
     assert!(text(&o).contains("--host"), "{}", text(&o));
 }

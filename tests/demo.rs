@@ -217,11 +217,7 @@ fn gpu_d_loses_rank_3_and_a_sweep_of_the_job_ends_the_seven_left() {
     assert_eq!(lost.2, 7);
     assert!(lost.3.is_some_and(|b| b > 7 * 80 * 1024 * 1024 * 1024));
     let snap = l.last().expect("read").snap.clone();
-    let finding = snap
-        .findings
-        .iter()
-        .find(|f| f.kind == FindingKind::LostRank)
-        .expect("lost_rank");
+    let finding = snap.finding_of(FindingKind::LostRank).expect("lost_rank");
     assert!(
         finding.detail.contains("SM120") && finding.detail.contains("shared memory"),
         "{}",

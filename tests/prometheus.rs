@@ -332,17 +332,17 @@ fn prometheus_scrapes_dcgm_names_and_gpusweep_reads_the_fleet_back() {
         .args(["wait", "--hosts", &only_b, "--gpus", "0", "--timeout", "5s"])
         .output()
         .expect("wait");
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    crate::support::exited(&out, 0);
     let out = gpusweep(tmp)
         .args(["wait", "--hosts", &only_b, "--gpus", "7", "--timeout", "2s"])
         .output()
         .expect("wait");
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    crate::support::exited(&out, 1);
     let out = gpusweep(tmp)
         .args(["kill", "--hosts", &only_b, "7391", "--yes"])
         .output()
         .expect("kill");
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    crate::support::exited(&out, 2);
     assert!(text(&out).contains("read-only"), "{}", text(&out));
 
     // A sweep of gpu-b (through its serve's socket) turns gpusweep_gpu_clean to 1 in Prometheus, and the
@@ -360,7 +360,7 @@ fn prometheus_scrapes_dcgm_names_and_gpusweep_reads_the_fleet_back() {
         ])
         .output()
         .expect("sweep");
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    crate::support::exited(&out, 0);
     await_query(
         &http,
         &prom,
@@ -372,7 +372,7 @@ fn prometheus_scrapes_dcgm_names_and_gpusweep_reads_the_fleet_back() {
         .args(["wait", "--hosts", &only_b, "--timeout", "10s"])
         .output()
         .expect("wait");
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    crate::support::exited(&out, 0);
     let r = query(
         &http,
         &prom,
@@ -392,8 +392,7 @@ fn prometheus_scrapes_dcgm_names_and_gpusweep_reads_the_fleet_back() {
         ])
         .output()
         .expect("wait");
-    let said = text(&out);
-    assert_eq!(out.status.code(), Some(2), "{said}");
+    let said = crate::support::exited(&out, 2);
     assert!(
         said.contains("gpu-c") && said.contains("cannot scrape"),
         "{said}"
@@ -531,8 +530,7 @@ fn a_scrape_target_speaks_only_for_itself_and_a_clean_that_contradicts_its_bytes
         .args(["wait", "--hosts", &only_b, "--timeout", "3s"])
         .output()
         .expect("wait");
-    let said = text(&out);
-    assert_eq!(out.status.code(), Some(2), "{said}");
+    let said = crate::support::exited(&out, 2);
     assert!(
         said.contains(&b) && said.contains(&spoofer) && said.contains("gpu-b"),
         "both targets named: {said}"
@@ -555,7 +553,7 @@ fn a_scrape_target_speaks_only_for_itself_and_a_clean_that_contradicts_its_bytes
         .args(["wait", "--hosts", &narrowed, "--timeout", "2s"])
         .output()
         .expect("wait");
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    crate::support::exited(&out, 1);
     // The liar: 70000 MiB used is not clean, whatever it says.
     let only_liar = format!("prom:{prom}?{{Hostname=\"liar\"}}");
     let doc = snapshot_json(tmp, &only_liar);
@@ -679,7 +677,7 @@ fn while_a_hosts_own_target_is_silent_nothing_else_speaks_for_it() {
         ])
         .output()
         .expect("wait");
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    crate::support::exited(&out, 2);
 }
 
 /// The same with what the lookback forgets and what `honor_labels` lets a target say. gpu-b's own target
@@ -865,8 +863,7 @@ fn a_prometheus_answer_past_the_limit_is_an_error_not_a_memory_balloon() {
         .args(["snapshot", "--json", "--hosts", &format!("prom:{url}")])
         .output()
         .expect("snapshot");
-    let t = text(&out);
-    assert_eq!(out.status.code(), Some(2), "{t}");
+    let t = crate::support::exited(&out, 2);
     assert!(t.contains("larger than") && t.contains("MiB"), "{t}");
 }
 
@@ -897,8 +894,7 @@ fn answers_of_tiny_samples_cannot_make_the_client_hold_gigabytes() {
         .args(["snapshot", "--json", "--hosts", &format!("prom:{url}")])
         .output()
         .expect("snapshot");
-    let t = text(&out);
-    assert_eq!(out.status.code(), Some(2), "{t}");
+    let t = crate::support::exited(&out, 2);
     assert!(t.contains("series in one answer"), "{t}");
     let peak_kib: u64 = t
         .lines()
@@ -1035,12 +1031,7 @@ fn reads_both_spellings(tmp: &Path, http: &Http, prom: &str) {
         |r| r.len() == 17,
     );
     let doc = snapshot_json(tmp, &format!("prom:{prom}"));
-    let hosts: Vec<&str> = doc["hosts"]
-        .as_array()
-        .expect("hosts")
-        .iter()
-        .filter_map(|h| h["host"].as_str())
-        .collect();
+    let hosts = crate::support::host_names(&doc);
     assert_eq!(hosts, ["gpu-a", "gpu-b", "new-node"], "{doc}");
     let new_node = &doc["hosts"][2];
     assert_eq!(new_node["gpus"][0]["memory"]["used"], 0, "{new_node}");
@@ -1096,8 +1087,7 @@ fn a_prometheus_that_names_more_hosts_than_a_client_reads_is_an_error() {
         .args(["snapshot", "--json", "--hosts", &format!("prom:{url}")])
         .output()
         .expect("snapshot");
-    let t = text(&out);
-    assert_eq!(out.status.code(), Some(2), "{t}");
+    let t = crate::support::exited(&out, 2);
     assert!(t.contains("20001 hosts, more than the 20000"), "{t}");
 }
 
@@ -1162,7 +1152,7 @@ fn a_poll_reads_again_only_the_hosts_whose_revision_moved() {
         .args(["--grace", "1s", "--timeout", "20s"])
         .output()
         .expect("sweep");
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    crate::support::exited(&out, 0);
     // gpu-b1's GPU 7 turns clean in the client, read through Prometheus.
     await_cond("gpu-b1's GPU 7 clean through prom:", 30, || {
         std::fs::read_to_string(&events)

@@ -87,8 +87,7 @@ fn spawn(mut c: Command) -> Child {
 fn double_forked_workers_end_with_the_command_and_its_status_passes_through() {
     let env = Env::new();
     let o = env.run_cmd(&[], &launcher("exit 3")).output().expect("run");
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(3), "{t}");
+    let t = crate::support::exited(&o, 3);
     assert!(
         t.contains("in cgroup") && t.contains("cgroup.kill"),
         "a cgroup leaf where one can be made: {t}"
@@ -113,8 +112,7 @@ fn without_a_cgroup_the_subreaper_catches_double_forked_workers() {
         .env("GPUSWEEP_CGROUP_ROOT", env.path("not-a-cgroup"))
         .output()
         .expect("run");
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
+    let t = crate::support::exited(&o, 0);
     assert!(
         t.contains("child subreaper (no cgroup: cannot create"),
         "{t}"
@@ -138,7 +136,7 @@ fn a_sigkilled_launcher_and_a_forwarded_term_end_the_whole_job() {
     )
     .expect("kill the launcher");
     let o = child.wait_with_output().expect("run");
-    assert_eq!(o.status.code(), Some(137), "{}", text(&o));
+    crate::support::exited(&o, 137);
     for w in workers {
         assert!(!alive(w), "worker {w} outlived its job");
     }
@@ -163,7 +161,7 @@ fn a_sigkilled_launcher_and_a_forwarded_term_end_the_whole_job() {
     )
     .expect("TERM");
     let o = child.wait_with_output().expect("run");
-    assert_eq!(o.status.code(), Some(7), "{}", text(&o));
+    crate::support::exited(&o, 7);
     assert_eq!(
         std::fs::read_to_string(env.path("term"))
             .expect("trap ran")
@@ -191,8 +189,7 @@ fn preflight_refuses_a_held_gpu_and_a_gpu_named_twice() {
         .run_cmd(&[], "echo started >started")
         .output()
         .expect("run");
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(2), "{t}");
+    let t = crate::support::exited(&o, 2);
     assert!(
         t.contains("refusing to start") && t.contains(&hp.to_string()),
         "names the holder: {t}"
@@ -222,7 +219,7 @@ fn preflight_refuses_a_held_gpu_and_a_gpu_named_twice() {
         .env("CUDA_VISIBLE_DEVICES", "0,1,0")
         .output()
         .expect("run");
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    crate::support::exited(&o, 2);
     assert!(text(&o).contains("names GPU 0 twice"), "{}", text(&o));
 }
 
@@ -285,8 +282,7 @@ fn a_job_is_named_by_its_cgroup_and_an_orphaned_one_is_found_and_swept_by_job() 
         ])
         .output()
         .expect("sweep");
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
+    let t = crate::support::exited(&o, 0);
     for w in &workers {
         assert!(!alive(*w), "{w} survived the job sweep: {t}");
     }
@@ -366,7 +362,7 @@ fn slurm_docker_and_unit_cgroups_name_real_processes() {
         ])
         .output()
         .expect("kill");
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    crate::support::exited(&o, 0);
     for (i, mut c) in kids.into_iter().enumerate() {
         if i > 0 {
             c.kill().expect("kill");
@@ -458,8 +454,7 @@ fn memory_released_after_the_job_ends_is_seen_at_the_fast_poll_not_the_interval(
     });
     set_nvml(env.dir.path(), "0\n");
     let o = child.wait_with_output().expect("run");
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
+    let t = crate::support::exited(&o, 0);
     assert!(t.contains("read zero"), "{t}");
 }
 
@@ -467,8 +462,7 @@ fn memory_released_after_the_job_ends_is_seen_at_the_fast_poll_not_the_interval(
 fn exit_255_is_an_exit_status_and_a_long_command_line_is_handed_over() {
     let env = Env::new();
     let o = env.run_cmd(&[], "exit 255").output().expect("run");
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(255), "{t}");
+    let t = crate::support::exited(&o, 255);
     assert!(
         t.contains("exit status 255") && !t.contains("signal"),
         "{t}"
@@ -478,7 +472,7 @@ fn exit_255_is_an_exit_status_and_a_long_command_line_is_handed_over() {
     let mut c = env.run_cmd(&[], "echo \"$#\" >count");
     c.args(&long);
     let o = c.output().expect("run");
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    crate::support::exited(&o, 0);
     assert_eq!(
         std::fs::read_to_string(env.path("count"))
             .expect("count")
@@ -1219,7 +1213,7 @@ fn an_ep_job_stays_one_unit_through_its_crash_and_is_swept_whole() {
         .env("STANDIN_NVML_STATE", env.path("nvml"))
         .output()
         .expect("sweep");
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    crate::support::exited(&o, 0);
     for p in [ranks[0], ranks[1], ranks[2], loader, sidecar] {
         await_cond("the job's processes ended", 20, || !alive(p));
     }

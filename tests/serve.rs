@@ -355,15 +355,13 @@ async fn the_api_and_the_event_stream_serve_the_json_contract_read_only() {
         .args(["kill", "--hosts", &url, "7391", "--yes"])
         .output()
         .expect("kill");
-    let said = text(&out);
-    assert_eq!(out.status.code(), Some(2), "{said}");
+    let said = crate::support::exited(&out, 2);
     assert!(said.contains("read-only") && said.contains("SSH"), "{said}");
     let out = gpusweep(dir.path())
         .args(["sweep", "--hosts", &url, "--yes", "--grace", "1s"])
         .output()
         .expect("sweep");
-    let said = text(&out);
-    assert_eq!(out.status.code(), Some(2), "{said}");
+    let said = crate::support::exited(&out, 2);
     assert!(said.contains("read-only") && said.contains("SSH"), "{said}");
     let (_, _, m) = get(&serve.url("/metrics")).await;
     assert_eq!(
@@ -407,8 +405,7 @@ async fn several_hosts_are_named_one_by_one() {
         ])
         .output()
         .expect("snapshot");
-    let said = text(&out);
-    assert_eq!(out.status.code(), Some(2), "{said}");
+    let said = crate::support::exited(&out, 2);
     assert!(
         said.contains("serves 4 hosts") && said.contains("/hosts/gpu-a"),
         "{said}"
@@ -536,7 +533,7 @@ async fn a_token_guards_every_route_but_healthz_and_tls_is_served_with_the_given
         .arg(tmp.join("loose"))
         .output()
         .expect("serve");
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    crate::support::exited(&out, 2);
     assert!(text(&out).contains("chmod 600"), "{}", text(&out));
     // A CA of the test's own, and a certificate for 127.0.0.1 it signed.
     crate::support::loopback_certificate(tmp);
@@ -712,7 +709,7 @@ async fn snapshot_and_wait_read_a_running_serve_through_its_socket() {
     assert_eq!(doc["hosts"][0]["source"], "local", "{doc}");
     // wait through the serve: held, then released when the holder dies and the "driver" lets go.
     let out = client(&["wait", "--timeout", "1s"]).output().expect("wait");
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    crate::support::exited(&out, 1);
     let w = client(&["wait", "--timeout", "20s"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -722,7 +719,7 @@ async fn snapshot_and_wait_read_a_running_serve_through_its_socket() {
     holder.wait().expect("reap");
     set_nvml(tmp, "0\n");
     let out = w.wait_with_output().expect("wait");
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    crate::support::exited(&out, 0);
     assert!(text(&out).contains("clean"), "{}", text(&out));
     // The release fed the time-to-clean histogram, counted from the holder's exit.
     let (_, _, m) = get(&serve.url("/metrics")).await;
@@ -806,8 +803,7 @@ async fn a_sweep_through_the_socket_cleans_the_demo_and_the_metrics_say_so() {
             .stdin(Stdio::null())
             .output()
             .expect("setpriv (util-linux)");
-        let said = text(&out);
-        assert_eq!(out.status.code(), Some(1), "{said}");
+        let said = crate::support::exited(&out, 1);
         assert!(
             said.contains("not allowed") && said.contains("65534"),
             "{said}"
@@ -828,7 +824,7 @@ async fn a_sweep_through_the_socket_cleans_the_demo_and_the_metrics_say_so() {
         ])
         .output()
         .expect("sweep");
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    crate::support::exited(&out, 0);
     let url = serve.url("/metrics");
     let said = Instant::now();
     let m = loop {
@@ -1066,7 +1062,7 @@ async fn time_to_clean_counts_from_the_signal_that_freed_the_gpu() {
         .args(["kill", "--hosts", &unix, "7340", "--yes"])
         .output()
         .expect("kill");
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    crate::support::exited(&out, 0);
     // The scenario's gap between that kill and the sweep (not a synchronisation: the time it measures).
     tokio::time::sleep(Duration::from_secs(2)).await;
     let out = gpusweep(tmp)
@@ -1082,7 +1078,7 @@ async fn time_to_clean_counts_from_the_signal_that_freed_the_gpu() {
         ])
         .output()
         .expect("sweep");
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    crate::support::exited(&out, 0);
     let url = serve.url("/metrics");
     let t = Instant::now();
     let m = loop {
@@ -1170,7 +1166,7 @@ async fn a_sweep_of_this_host_goes_through_its_serve_and_its_stream_tells_it() {
     }
     set_nvml(tmp, "0\n");
     let out = sweep.wait_with_output().expect("sweep");
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    crate::support::exited(&out, 0);
     for want in [
         r#""event":"signal_sent""#,
         r#""event":"signal_fate""#,
@@ -1915,7 +1911,7 @@ fn sweep_through(tmp: &std::path::Path, sock: &str) {
         .args(["--grace", "1s", "--timeout", "20s"])
         .output()
         .expect("sweep");
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    crate::support::exited(&out, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2099,8 +2095,7 @@ fn counters_stay_with_the_serve_that_reads_them_and_never_age_in_a_client() {
         .args(["snapshot", "--json", "--hosts", &url])
         .output()
         .expect("snapshot");
-    let t = text(&out);
-    assert_eq!(out.status.code(), Some(0), "{t}");
+    let t = crate::support::exited(&out, 0);
     assert!(!t.contains("\"counters\""), "{t}");
 }
 
@@ -3044,7 +3039,7 @@ async fn an_xid_that_needs_a_reset_makes_the_gpu_not_ready() {
         .env("STANDIN_NVML_STATE", tmp.join("nvml"))
         .output()
         .expect("check");
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    crate::support::exited(&o, 1);
 }
 
 /// A PID that was and is no more (a process started and reaped).
@@ -3129,7 +3124,7 @@ async fn metric_families_a_site_does_not_read_are_left_out_whole() {
         ])
         .output()
         .expect("serve");
-    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+    crate::support::exited(&refused, 2);
     assert!(
         text(&refused).contains("DCGM_FI_DEV_FB_USED"),
         "{}",

@@ -218,11 +218,7 @@ fn the_epilog_ends_a_jobs_orphan_and_drains_a_node_whose_gpu_another_process_hol
     let pidfile = c.path("orphan.pid");
     // Job 1 leaves a double-forked orphan holding the GPU: Slurm's process tracking loses it, the epilog
     // finds it by its job and ends it, and the node stays idle.
-    let wrap = format!(
-        "sh -c '(sleep 300 <{} >/dev/null 2>&1 & echo $! >{})'; echo done",
-        dev.display(),
-        pidfile.display()
-    );
+    let wrap = orphan_job(&dev, &pidfile);
     let out = c.client("sbatch", &["-o", "/dev/null", "--wrap", &wrap]);
     assert!(out.contains("Submitted batch job"), "{out}");
     await_cond_every("the orphan's pid", 30, POLL, || {
@@ -360,11 +356,7 @@ fn the_epilog_ends_only_the_jobs_processes_never_another_users_or_a_look_alike_c
     }
     let dev = c.path("nvidia0");
     let pidfile = share.join("orphan.pid");
-    let wrap = format!(
-        "sh -c '(sleep 300 <{} >/dev/null 2>&1 & echo $! >{})'; echo done",
-        dev.display(),
-        pidfile.display()
-    );
+    let wrap = orphan_job(&dev, &pidfile);
     let o = Command::new("setpriv")
         .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
         .args(["sbatch", "--hold", "-o", "/dev/null", "--wrap", &wrap])
@@ -475,8 +467,7 @@ fn hosts_slurm_reads_a_jobs_nodes_and_this_node_is_local() {
     };
     // The node (gsnode) runs on this machine (its NodeHostname): read as this host.
     let o = snapshot(&format!("slurm:{id}"), &[]);
-    let t = crate::support::text(&o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
+    let t = crate::support::exited(&o, 0);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     let hosts = v["hosts"].as_array().expect("hosts");
     assert_eq!(hosts.len(), 1, "{t}");
@@ -484,15 +475,23 @@ fn hosts_slurm_reads_a_jobs_nodes_and_this_node_is_local() {
     assert_eq!(hosts[0]["source"], "local");
     // Inside a job: its node list from the environment.
     let o = snapshot("slurm", &[("SLURM_JOB_NODELIST", "gsnode")]);
-    assert_eq!(o.status.code(), Some(0), "{}", crate::support::text(&o));
+    crate::support::exited(&o, 0);
     // Outside one, and a job that does not exist: errors that say so, never a pass.
     let o = snapshot("slurm", &[]);
-    let t = crate::support::text(&o);
-    assert_eq!(o.status.code(), Some(2), "{t}");
+    let t = crate::support::exited(&o, 2);
     assert!(t.contains("not inside a Slurm job"), "{t}");
     let o = snapshot("slurm:999999", &[]);
-    let t = crate::support::text(&o);
-    assert_eq!(o.status.code(), Some(2), "{t}");
+    let t = crate::support::exited(&o, 2);
     assert!(t.contains("slurm:999999"), "{t}");
     c.client("scancel", &[&id]);
+}
+
+/// A batch job's command that leaves a double-forked orphan holding `dev` (its PID in `pidfile`): what
+/// Slurm's process tracking loses and the epilog finds by its job.
+fn orphan_job(dev: &Path, pidfile: &Path) -> String {
+    format!(
+        "sh -c '(sleep 300 <{} >/dev/null 2>&1 & echo $! >{})'; echo done",
+        dev.display(),
+        pidfile.display()
+    )
 }

@@ -224,7 +224,7 @@ fn remote_sweep_then_wait_across_hosts() {
         &Sshd::demo_agent(),
         &["wait", "--hosts", &hosts, "--timeout", "1500ms"],
     );
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    crate::support::exited(&o, 1);
     assert!(
         text(&o).contains(&format!("{}: GPU 7", s.host(1)))
             && text(&o).contains(&format!("{}: GPU 6", s.host(2))),
@@ -243,13 +243,12 @@ fn remote_sweep_then_wait_across_hosts() {
             "10s",
         ],
     );
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    crate::support::exited(&o, 0);
     let o = s.run(
         &Sshd::demo_agent(),
         &["sweep", "--yes", "--hosts", &hosts, "--timeout", "15s"],
     );
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
+    let t = crate::support::exited(&o, 0);
     assert!(
         t.contains(&format!("{}: 7391", s.host(1))) && t.contains(&format!("{}: 7306", s.host(2))),
         "{t}"
@@ -433,7 +432,7 @@ fn agentless_fallback_reads_the_fake_nvidia_smi() {
     let _ = parent.wait();
     let _ = hostile.kill();
     let _ = hostile.wait();
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    crate::support::exited(&o, 1);
     assert!(
         text(&o).contains("agentless host: signals and removals need gpusweep there"),
         "{}",

@@ -310,3 +310,21 @@ impl Drop for DemoServe {
         let _ = self.0.wait();
     }
 }
+
+/// What a command said ([`text`]), once it is known to have exited with `code`.
+#[track_caller]
+pub fn exited(o: &Output, code: i32) -> String {
+    let t = text(o);
+    assert_eq!(o.status.code(), Some(code), "{t}");
+    t
+}
+
+/// The hosts a JSON document (`snapshot --json`) names, in order.
+pub fn host_names(doc: &serde_json::Value) -> Vec<&str> {
+    doc["hosts"]
+        .as_array()
+        .expect("hosts")
+        .iter()
+        .filter_map(|h| h["host"].as_str())
+        .collect()
+}

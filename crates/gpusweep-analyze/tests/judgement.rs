@@ -100,21 +100,13 @@ fn real_fork_leak_is_ghost_hidden_holder_orphan_and_residual() {
         k.contains(&(FindingKind::Orphan, Some(0), Some(946))),
         "{k:?}"
     );
-    let residual = snap
-        .findings
-        .iter()
-        .find(|f| f.kind == FindingKind::Residual)
-        .expect("residual");
+    let residual = snap.finding_of(FindingKind::Residual).expect("residual");
     assert_eq!(
         residual.bytes,
         Some(10157 * MIB),
         "nothing live is charged, so all used memory is residual"
     );
-    let ghost = snap
-        .findings
-        .iter()
-        .find(|f| f.kind == FindingKind::Ghost)
-        .expect("ghost");
+    let ghost = snap.finding_of(FindingKind::Ghost).expect("ghost");
     assert_eq!(ghost.bytes, Some(10_640_949_248));
     assert_eq!(
         ghost.target_pid,
@@ -173,11 +165,7 @@ fn zombie_names_its_parent_and_holds_nothing() {
         .with_zombies(vec![1345]),
         &AnalyzeOptions::default(),
     );
-    let z = snap
-        .findings
-        .iter()
-        .find(|f| f.kind == FindingKind::Zombie)
-        .expect("zombie");
+    let z = snap.finding_of(FindingKind::Zombie).expect("zombie");
     assert_eq!(z.pid, Some(1345));
     assert_eq!(z.target_pid, Some(1300));
     assert!(z.action.contains("1300") && z.action.contains("killing a zombie does nothing"));
@@ -214,11 +202,7 @@ fn reused_pid_is_a_ghost_not_a_live_process() {
         ),
         &AnalyzeOptions::default(),
     );
-    let g = snap
-        .findings
-        .iter()
-        .find(|f| f.kind == FindingKind::Ghost)
-        .expect("ghost");
+    let g = snap.finding_of(FindingKind::Ghost).expect("ghost");
     assert!(g.detail.contains("reused"), "{}", g.detail);
     // And the plan does not kill the innocent process that now has that PID.
     assert!(
@@ -537,11 +521,7 @@ fn an_unprivileged_reader_never_claims_nobody_holds_the_gpu() {
     );
     snap.unreadable_processes = 6;
     let s = analyzed(snap, &AnalyzeOptions::default());
-    let ghost = s
-        .findings
-        .iter()
-        .find(|f| f.kind == FindingKind::Ghost)
-        .expect("ghost");
+    let ghost = s.finding_of(FindingKind::Ghost).expect("ghost");
     assert!(
         !ghost.detail.contains("no live process"),
         "{}",
@@ -561,11 +541,7 @@ fn inside_a_pid_namespace_the_holder_is_named_as_outside() {
     let mut snap = host(vec![gpu(0, 6762, &[])], vec![], vec![]);
     snap.in_child_pid_namespace = true;
     let s = analyzed(snap, &AnalyzeOptions::default());
-    let r = s
-        .findings
-        .iter()
-        .find(|f| f.kind == FindingKind::Residual)
-        .expect("residual");
+    let r = s.finding_of(FindingKind::Residual).expect("residual");
     assert!(
         r.detail.contains("PID namespace") && r.detail.contains("outside"),
         "{}",

@@ -1084,6 +1084,10 @@ impl HostSnapshot {
     pub fn holders_known(&self) -> bool {
         !self.lacks(Feature::Holders)
     }
+    /// The first finding of `kind`, if this reading has one.
+    pub fn finding_of(&self, kind: FindingKind) -> Option<&Finding> {
+        self.findings.iter().find(|f| f.kind == kind)
+    }
     /// Bytes NVML charges this PID over every GPU; `None` when it is listed nowhere or no charge is known.
     pub fn charged(&self, pid: u32) -> Option<u64> {
         let v: Vec<u64> = self

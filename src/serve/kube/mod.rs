@@ -139,27 +139,27 @@ impl KubeStatus {
     /// `gpusweep_kube_node_held`
     /// (1 held, 0 clean, -1 unread, absent until written).
     pub fn register(&self, r: &mut Registry) {
-        let writes = Counter::<u64>::default();
-        writes.inc_by(self.writes.load(Ordering::Relaxed));
-        r.register(
-            "gpusweep_kube_writes",
-            "Requests the Kubernetes API took from this serve's node writer",
-            writes,
-        );
-        let failed = Counter::<u64>::default();
-        failed.inc_by(self.failed.load(Ordering::Relaxed));
-        r.register(
-            "gpusweep_kube_writes_failed",
-            "Requests of this serve's node writer that failed (the node's condition may be stale)",
-            failed,
-        );
-        let conflicts = Counter::<u64>::default();
-        conflicts.inc_by(self.conflicts.load(Ordering::Relaxed));
-        r.register(
-            "gpusweep_kube_conflicts",
-            "Taint patches that met a Node another writer had changed since it was read (read again, retried)",
-            conflicts,
-        );
+        for (name, help, n) in [
+            (
+                "gpusweep_kube_writes",
+                "Requests the Kubernetes API took from this serve's node writer",
+                &self.writes,
+            ),
+            (
+                "gpusweep_kube_writes_failed",
+                "Requests of this serve's node writer that failed (the node's condition may be stale)",
+                &self.failed,
+            ),
+            (
+                "gpusweep_kube_conflicts",
+                "Taint patches that met a Node another writer had changed since it was read (read again, retried)",
+                &self.conflicts,
+            ),
+        ] {
+            let c = Counter::<u64>::default();
+            c.inc_by(n.load(Ordering::Relaxed));
+            r.register(name, help, c);
+        }
         let held = self.said.lock().ok().and_then(|s| s.held);
         if let Some(h) = held {
             let g = Gauge::<i64>::default();
