@@ -1231,3 +1231,83 @@ fn a_mig_gpus_instances_add_up_to_its_memory() {
     assert_eq!(used(0), Some(3072 * 1024 * 1024), "{host}");
     assert_eq!(used(1), Some(0), "{host}");
 }
+
+/// An identity read is always followed by a read of every host, so the two (and the glance) are asked
+/// together: a first view waits for one round of queries, not three. This "Prometheus" answers discovery at
+/// once and holds every other answer until it has been asked for identities, the glance and the whole read;
+/// a client that waited for each answer before asking the next would only be answered at its patience's end.
+#[test]
+fn identities_the_glance_and_the_first_read_are_asked_together() {
+    use std::sync::{Condvar, Mutex};
+    let dir = tempfile::tempdir().expect("tmp");
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    // Identities (by UUID), the glance (revisions), the whole read (findings): how many of each wait for
+    // their answer now; and whether all three have waited at once (then none waits any longer).
+    let waiting = Arc::new((Mutex::new(([0usize; 3], false)), Condvar::new()));
+    let together = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (waiting_in, together_in) = (waiting.clone(), together.clone());
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let (waiting, together) = (waiting_in.clone(), together_in.clone());
+            std::thread::spawn(move || {
+                let mut s = stream;
+                let Some(req) = crate::support::read_request(&mut s) else {
+                    return;
+                };
+                let discovery = req.contains("max+by+%28Hostname%2C+hostname%2C+instance%29")
+                    || (req.contains("up") && req.contains("%3D%3D+0"));
+                let body = if discovery && req.contains("last_over_time") {
+                    r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"Hostname":"n1","instance":"n1"},"value":[1,"1"]}]}}"#
+                } else {
+                    r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#
+                };
+                let kinds = ["UUID", "gpusweep_reading_revision", "gpusweep_findings"]
+                    .map(|needle| !discovery && req.contains(needle));
+                if kinds.iter().any(|k| *k) {
+                    let (lock, cv) = &*waiting;
+                    let mut now = lock.lock().expect("lock");
+                    for (n, k) in now.0.iter_mut().zip(kinds) {
+                        *n += usize::from(k);
+                    }
+                    if !now.0.contains(&0) {
+                        now.1 = true;
+                        together.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    cv.notify_all();
+                    let (mut now, _) = cv
+                        .wait_timeout_while(now, Duration::from_secs(20), |n| !n.1)
+                        .expect("lock");
+                    for (n, k) in now.0.iter_mut().zip(kinds) {
+                        *n -= usize::from(k);
+                    }
+                }
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    let out = gpusweep(dir.path())
+        .args([
+            "snapshot",
+            "--json",
+            "--connect-timeout",
+            "60",
+            "--hosts",
+            &format!("prom:{url}"),
+        ])
+        .output()
+        .expect("snapshot");
+    let t = text(&out);
+    assert!(
+        together.load(std::sync::atomic::Ordering::SeqCst),
+        "identities, the glance and the whole read were not asked together: {t}"
+    );
+    // The one host has no series: unreadable, never clean.
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(crate::support::host_names(&v), ["n1"], "{t}");
+    assert!(v["hosts"][0]["error"].is_string(), "{t}");
+}

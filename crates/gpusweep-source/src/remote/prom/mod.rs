@@ -86,42 +86,39 @@ impl Poller {
         }
     }
 
-    /// One poll (identities first, when they are old): a glance at every host's revision, then the series
-    /// of the hosts whose revision moved (or of all, when most moved or no glance can narrow the read).
-    /// False once no host listens.
+    /// One poll: a glance at every host's revision, then the series of the hosts whose revision moved (or of
+    /// all, when most moved or no glance can narrow the read). When identities are old they are read again,
+    /// and every host with them: the three are asked together, so a first view waits for one round of
+    /// queries, not three. False once no host listens.
     async fn poll(&mut self) -> bool {
         if self
             .ids
             .read_at
             .is_none_or(|t| t.elapsed() >= IDENTITY_EVERY)
         {
-            match identities(&self.server, &self.http).await {
-                Ok(i) => {
-                    self.ids = i;
-                    self.said.fill(None);
-                }
-                Err(e) => return say_down(&self.hosts, &mut self.down, &e),
-            }
+            let (ids, g, whole) = tokio::join!(
+                identities(&self.server, &self.http),
+                glance(&self.server, &self.http, &self.glance, &self.names),
+                poll(&self.server, &self.http, &self.queries, &self.names),
+            );
+            let (ids, g) = match (ids, g) {
+                (Ok(ids), Ok(g)) => (ids, g),
+                (Err(e), _) | (_, Err(e)) => return say_down(&self.hosts, &mut self.down, &e),
+            };
+            self.ids = ids;
+            self.said.fill(None);
+            let seen = self.seen(&g);
+            // Every host moved (none is said yet); `moved` still learns how each is named.
+            let _ = self.moved(&seen);
+            let listening = self.hosts.iter().any(|h| h.detached.load(Ordering::SeqCst));
+            let now = gpusweep_core::model::now_ms();
+            return self.apply(whole, None, &seen, now) || listening;
         }
         let g = match glance(&self.server, &self.http, &self.glance, &self.names).await {
             Ok(g) => g,
             Err(e) => return say_down(&self.hosts, &mut self.down, &e),
         };
-        // Each host's glance, by its place in `hosts`: looked up once.
-        let seen: Vec<Seen> = self
-            .hosts
-            .iter()
-            .map(|h| {
-                let at = self.names.of(&h.name);
-                let get = |v: &[Option<f64>]| at.and_then(|at| v.get(at).copied().flatten());
-                Seen {
-                    revision: get(&g.revision),
-                    taken: get(&g.taken),
-                    by_hostname: at.and_then(|at| g.by_hostname.get(at).copied()) == Some(true),
-                    target: at.and_then(|at| g.target.get(at).cloned().flatten()),
-                }
-            })
-            .collect();
+        let seen = self.seen(&g);
         let moved = self.moved(&seen);
         let n_moved = moved.iter().filter(|m| **m).count();
         let now = gpusweep_core::model::now_ms();
@@ -161,6 +158,23 @@ impl Poller {
         }
     }
 
+    /// Each host's part of a glance, by its place in `hosts`: looked up once.
+    fn seen(&self, g: &poll::Glance) -> Vec<Seen> {
+        self.hosts
+            .iter()
+            .map(|h| {
+                let at = self.names.of(&h.name);
+                let get = |v: &[Option<f64>]| at.and_then(|at| v.get(at).copied().flatten());
+                Seen {
+                    revision: get(&g.revision),
+                    taken: get(&g.taken),
+                    by_hostname: at.and_then(|at| g.by_hostname.get(at).copied()) == Some(true),
+                    target: at.and_then(|at| g.target.get(at).cloned().flatten()),
+                }
+            })
+            .collect()
+    }
+
     /// Which hosts a glance says moved: read again when unread, down, without a revision, at another revision,
     /// or heard from another target than the one its reading was believed from.
     fn moved(&mut self, seen: &[Seen]) -> Vec<bool> {
@@ -193,23 +207,34 @@ impl Poller {
         now: u64,
     ) -> bool {
         let queries = narrowed.map_or(&self.queries, |(q, _)| q);
-        let (data, up) = match poll(&self.server, &self.http, queries, &self.names).await {
+        let polled = poll(&self.server, &self.http, queries, &self.names).await;
+        self.apply(polled, narrowed.map(|(_, moved)| moved), seen, now)
+    }
+
+    /// Hand on what a read found of every host it asked for (`moved`: those alone). False once no host
+    /// listens.
+    fn apply(
+        &mut self,
+        polled: Result<poll::Polled, String>,
+        moved: Option<&[bool]>,
+        seen: &[Seen],
+        now: u64,
+    ) -> bool {
+        let (data, up) = match polled {
             Ok(x) => x,
             Err(e) => return say_down(&self.hosts, &mut self.down, &e),
         };
         self.whole_next = false;
         let mut listening = false;
         for i in 0..self.hosts.len() {
-            if self.hosts[i].detached.load(Ordering::SeqCst)
-                || narrowed.is_some_and(|(_, moved)| !moved[i])
-            {
+            if self.hosts[i].detached.load(Ordering::SeqCst) || moved.is_some_and(|m| !m[i]) {
                 continue;
             }
             let at = self.names.of(&self.hosts[i].name);
             let d = at.and_then(|at| data.get(at)).and_then(Option::as_ref);
             // A host the narrowed read asked for and did not find may have moved to another target: the
             // next poll reads every host, once (a host already down does not ask again).
-            self.whole_next |= narrowed.is_some() && d.is_none() && self.down[i].is_none();
+            self.whole_next |= moved.is_some() && d.is_none() && self.down[i].is_none();
             self.revision[i] = seen[i].revision;
             listening |= self.host(i, d, &up, now);
         }
