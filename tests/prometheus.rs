@@ -183,23 +183,7 @@ fn prometheus_scrapes_dcgm_names_and_gpusweep_reads_the_fleet_back() {
         ),
     )
     .expect("config");
-    let _prometheus = Proc(
-        Command::new("prometheus")
-            .arg(format!(
-                "--config.file={}",
-                tmp.join("prometheus.yml").display()
-            ))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                tmp.join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .arg("--log.level=warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus (Debian's prometheus package)"),
-    );
+    let _prometheus = start_prometheus(tmp, port);
     let prom = format!("http://127.0.0.1:{port}");
     let http = Http::new();
     // Every target scraped: 3 serves x 8 GPUs, and dcgm-exporter's 2.
@@ -347,20 +331,7 @@ fn prometheus_scrapes_dcgm_names_and_gpusweep_reads_the_fleet_back() {
 
     // A sweep of gpu-b (through its serve's socket) turns gpusweep_gpu_clean to 1 in Prometheus, and the
     // prom: view follows.
-    let out = gpusweep(tmp)
-        .args([
-            "sweep",
-            "--hosts",
-            &format!("unix:{}", sock.display()),
-            "--yes",
-            "--grace",
-            "1s",
-            "--timeout",
-            "20s",
-        ])
-        .output()
-        .expect("sweep");
-    crate::support::exited(&out, 0);
+    crate::support::sweep_through(tmp, sock.to_str().expect("utf-8"));
     await_query(
         &http,
         &prom,
@@ -454,12 +425,9 @@ fn reload(p: &Proc) {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).expect("SIGHUP");
 }
 
-/// Start Prometheus scraping `jobs` (name, targets) every second; its base URL. A job whose name starts with
-/// `honor` keeps its targets' own `instance` labels (`honor_labels: true`), as some fleets configure it.
-fn prometheus(tmp: &Path, jobs: &[(&str, Vec<String>)]) -> (Proc, String) {
-    let port = free_port();
-    write_config(tmp, jobs);
-    let p = Proc(
+/// Debian's Prometheus on `127.0.0.1:port`, as `tmp/prometheus.yml` says, its data in `tmp/data`.
+fn start_prometheus(tmp: &Path, port: u16) -> Proc {
+    Proc(
         Command::new("prometheus")
             .arg(format!(
                 "--config.file={}",
@@ -475,7 +443,15 @@ fn prometheus(tmp: &Path, jobs: &[(&str, Vec<String>)]) -> (Proc, String) {
             .stderr(Stdio::null())
             .spawn()
             .expect("prometheus (Debian's prometheus package)"),
-    );
+    )
+}
+
+/// Start Prometheus scraping `jobs` (name, targets) every second; its base URL. A job whose name starts with
+/// `honor` keeps its targets' own `instance` labels (`honor_labels: true`), as some fleets configure it.
+fn prometheus(tmp: &Path, jobs: &[(&str, Vec<String>)]) -> (Proc, String) {
+    let port = free_port();
+    write_config(tmp, jobs);
+    let p = start_prometheus(tmp, port);
     (p, format!("http://127.0.0.1:{port}"))
 }
 

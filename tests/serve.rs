@@ -811,20 +811,7 @@ async fn a_sweep_through_the_socket_cleans_the_demo_and_the_metrics_say_so() {
     }
     let (_, _, m) = get(&serve.url("/metrics")).await;
     assert_eq!(sample(&m, "gpusweep_gpu_clean", &[("gpu", "7")]), Some(0.0));
-    let out = gpusweep(tmp)
-        .args([
-            "sweep",
-            "--hosts",
-            &unix,
-            "--yes",
-            "--grace",
-            "1s",
-            "--timeout",
-            "20s",
-        ])
-        .output()
-        .expect("sweep");
-    crate::support::exited(&out, 0);
+    crate::support::sweep_through(tmp, &sock_s);
     let url = serve.url("/metrics");
     let said = Instant::now();
     let m = loop {
@@ -1065,20 +1052,7 @@ async fn time_to_clean_counts_from_the_signal_that_freed_the_gpu() {
     crate::support::exited(&out, 0);
     // The scenario's gap between that kill and the sweep (not a synchronisation: the time it measures).
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let out = gpusweep(tmp)
-        .args([
-            "sweep",
-            "--hosts",
-            &unix,
-            "--yes",
-            "--grace",
-            "1s",
-            "--timeout",
-            "20s",
-        ])
-        .output()
-        .expect("sweep");
-    crate::support::exited(&out, 0);
+    crate::support::sweep_through(tmp, &sock_s);
     let url = serve.url("/metrics");
     let t = Instant::now();
     let m = loop {
@@ -1904,16 +1878,6 @@ fn seq_of(id: &str) -> u64 {
         .unwrap_or_else(|| panic!("an id EPOCH-SEQ: {id:?}"))
 }
 
-/// Sweep the demo's gpu-b through the serve's socket.
-fn sweep_through(tmp: &std::path::Path, sock: &str) {
-    let out = gpusweep(tmp)
-        .args(["sweep", "--hosts", &format!("unix:{sock}"), "--yes"])
-        .args(["--grace", "1s", "--timeout", "20s"])
-        .output()
-        .expect("sweep");
-    crate::support::exited(&out, 0);
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_that_reconnects_with_its_last_event_id_gets_every_event_it_missed() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -1950,7 +1914,7 @@ async fn a_stream_that_reconnects_with_its_last_event_id_gets_every_event_it_mis
     );
     let left_at = first.last().expect("events").0.clone();
     // While B is away, a sweep.
-    sweep_through(tmp, &sock);
+    crate::support::sweep_through(tmp, &sock);
     read_until(&mut a, &mut got_a, r#""event":"all_clean""#).await;
     // B comes back from where it was: every timeline event A saw since, in order, then the state now.
     let mut b = c
@@ -1999,7 +1963,7 @@ async fn a_stream_further_behind_than_the_serve_keeps_is_told_so() {
     read_through_snapshot(&mut b, &mut got_b).await;
     drop(b);
     let left_at = sse_events(&got_b).last().expect("events").0.clone();
-    sweep_through(tmp, &sock);
+    crate::support::sweep_through(tmp, &sock);
     let behind = |id: String| {
         let c = c.clone();
         let url = serve.url("/api/v1/events");

@@ -328,3 +328,13 @@ pub fn host_names(doc: &serde_json::Value) -> Vec<&str> {
         .filter_map(|h| h["host"].as_str())
         .collect()
 }
+
+/// Sweep a demo serve's host through the serve's socket `sock` (every leftover ended, the GPUs waited for).
+pub fn sweep_through(dir: &Path, sock: &str) {
+    let out = gpusweep(dir)
+        .args(["sweep", "--hosts", &format!("unix:{sock}"), "--yes"])
+        .args(["--grace", "1s", "--timeout", "20s"])
+        .output()
+        .expect("sweep");
+    exited(&out, 0);
+}

@@ -213,9 +213,11 @@ fn demo_counters(cc: &str, util: u32, energy_mj: Option<u64>) -> gpusweep_core::
     }
 }
 
-/// Rank `i` of a data-parallel server, running since the demo began: it holds GPU `i` and NVML lists it there.
-fn rank(i: u32, pid: u32, ppid: u32, sid: u32, cmdline: &str) -> SimProc {
-    let mut w = sp(pid, ppid, sid, "python3", cmdline);
+/// Rank `i` of an sglang expert-parallel server whose first rank is `first`, running since the demo began:
+/// it holds GPU `i` and NVML lists it there.
+fn sglang_rank(i: u32, first: u32, ppid: u32, sid: u32) -> SimProc {
+    let cmdline = format!("sglang::scheduler_TP{i}_EP{i}");
+    let mut w = sp(first + i, ppid, sid, "python3", &cmdline);
     w.holds = vec![i];
     w.listed_on = Some(i);
     w.born_ms = Some(0);
@@ -333,13 +335,7 @@ impl DemoHost {
         h.procs.push(sp(3980, 1, 3980, "bash", "-bash"));
         h.procs.push(launcher);
         for i in 0..8u32 {
-            let mut w = rank(
-                i,
-                4120 + i,
-                4100,
-                3980,
-                &format!("sglang::scheduler_TP{i}_EP{i}"),
-            );
+            let mut w = sglang_rank(i, 4120, 4100, 3980);
             w.cgroup = Some("/system.slice/sglang-ep8.service".into());
             // Each rank loads at a slightly different pace, as real ranks do; rank 5 at half the pace.
             let slow = i == 5;
@@ -491,13 +487,7 @@ impl DemoHost {
         launcher.born_ms = Some(0);
         h.procs.push(launcher);
         for i in 0..8u32 {
-            let mut w = rank(
-                i,
-                6120 + i,
-                6100,
-                6090,
-                &format!("sglang::scheduler_TP{i}_EP{i}"),
-            );
+            let mut w = sglang_rank(i, 6120, 6100, 6090);
             w.mem = Mem::WarmUp {
                 weights: 29 * GIB + u64::from(i) * 32 * MIB,
                 load_ms: 18_000 + u64::from(i) * 400,
