@@ -371,6 +371,8 @@ pub struct JobBook {
     tracks: HashMap<String, Track>,
     /// The time of the last reading seen: a clock that ran out by then has had its effect.
     observed_at: u64,
+    /// The time of the first reading seen: a job begun after it was watched from its start.
+    watching_since: Option<u64>,
     /// The first clock to run out after it (worked out once per reading seen, asked at every one).
     next_clock: Option<u64>,
     /// Processes gpusweep itself signalled (pid -> start time, when): a rank of them that leaves was ended,
@@ -411,6 +413,7 @@ impl JobBook {
             opts,
             tracks: HashMap::new(),
             observed_at: 0,
+            watching_since: None,
             next_clock: None,
             signalled: HashMap::new(),
             known: HashMap::new(),
@@ -450,6 +453,7 @@ impl JobBook {
     /// and a later time when a reading says the same: time alone settles a job or names a straggler.
     pub fn observe(&mut self, snap: &HostSnapshot, at: u64) -> JobsSeen {
         self.observed_at = self.observed_at.max(at);
+        self.watching_since.get_or_insert(at);
         let ix = Indexed::new(snap);
         let mut out = JobsSeen::default();
         let mut findings = Findings::new(&snap.host);
@@ -539,7 +543,13 @@ impl JobBook {
         }
         remember(t, &ranks, at);
         let before = t.phase;
-        let phase = next_phase(t, &alive, left_bytes, fresh, started_ms, at, opts);
+        // Memory at first sight of a job begun while the host was watched rose while it was watched. (A
+        // process's start is known to the second: one begun in the second the watch began counts.)
+        let unseen_start = fresh
+            && self
+                .watching_since
+                .is_none_or(|w| started_ms / 1000 < w / 1000);
+        let phase = next_phase(t, &alive, left_bytes, unseen_start, started_ms, at, opts);
         if left_bytes.is_some() {
             t.last_total = left_bytes;
         }
@@ -847,7 +857,7 @@ fn next_phase(
     t: &mut Track,
     alive: &[&Member],
     total: Option<u64>,
-    fresh: bool,
+    start_unseen: bool,
     started_ms: u64,
     at: u64,
     opts: JobOptions,
@@ -876,8 +886,9 @@ fn next_phase(
         }
         (Some(_), None) => {
             t.last_rise_ms = at;
-            // Memory at first sight: it rose since the job started, if that was within the window.
-            if fresh && at.saturating_sub(started_ms) >= opts.settle_ms {
+            // Memory at first sight: it rose since the job started, if that was within the window or
+            // while the host was watched (`start_unseen` false).
+            if start_unseen && at.saturating_sub(started_ms) >= opts.settle_ms {
                 Phase::Holding
             } else {
                 t.seen_warming = true;

@@ -717,3 +717,24 @@ fn a_rank_gone_while_the_others_read_empty_is_lost_when_they_read_again() {
         ended.reports
     );
 }
+
+/// On an H100 (gpu-jobs.sh scene 1, 1 run in 12): `gpusweep run` read the host before it started the job;
+/// the ranks imported torch for longer than the settle window and were first seen with their CUDA contexts
+/// charged (14 MiB). A job that began while the book watched rose while it watched: it is loading and its
+/// warm-up is told, never "holding, not seen rising".
+#[test]
+fn a_job_begun_while_watched_and_first_seen_charged_is_loading() {
+    let mut b = JobBook::new(opts());
+    let before = HostSnapshot {
+        host: "h".into(),
+        ..Default::default()
+    };
+    // Watched from 1.6 s; the job began 0.3 s later (its processes' start known to the second: 1 s).
+    assert!(b.observe(&before, 1600).reports.is_empty());
+    let seen = b.observe(&reading(S, &[Some(14); 4], &[]), 20 * S);
+    assert_eq!(seen.reports[0].phase, Phase::Loading);
+    // Flat for the settle window: settled, with the warm-up it was seen to have.
+    let seen = b.observe(&reading(S, &[Some(14); 4], &[]), 31 * S);
+    assert_eq!(seen.reports[0].phase, Phase::Settled);
+    assert!(seen.reports[0].warmup_ms.is_some(), "{:?}", seen.reports[0]);
+}
