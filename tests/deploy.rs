@@ -180,7 +180,7 @@ fn the_init_container_gate_passes_on_its_clean_gpus_and_holds_on_a_held_one() {
             serve_token.as_os_str(),
         ],
     );
-    let addr = serve.1.clone();
+    let addr = serve.addr.clone();
     let port = addr.rsplit(':').next().expect("port").to_string();
     // The GPUs' UUIDs, as NVIDIA's device plugin puts them in NVIDIA_VISIBLE_DEVICES.
     let o = crate::support::gpusweep(dir.path())

@@ -347,7 +347,7 @@ fn serve(tmp: &Path, kubeconfig: &Path, lib: &Path) -> (Reaped, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("serve");
-    let (_, addr, err) = crate::support::serve_banner(&mut child);
+    let (addr, err) = crate::support::serve_banner(&mut child);
     let mut log = std::fs::File::create(tmp.join("serve.log")).expect("log");
     std::thread::spawn(move || {
         for l in err.lines().map_while(Result::ok) {

@@ -45,7 +45,7 @@ fn serve_on(dir: &Path, host: &str, ip: &str, extra: &[&str]) -> (Proc, String) 
     .stdout(Stdio::null())
     .stderr(Stdio::piped());
     let mut child = c.spawn().expect("serve");
-    let (_, addr, err) = crate::support::serve_banner(&mut child);
+    let (addr, err) = crate::support::serve_banner(&mut child);
     std::thread::spawn(move || for _ in err.lines() {});
     (Proc(child), addr)
 }
@@ -1017,27 +1017,48 @@ fn reads_both_spellings(tmp: &Path, http: &Http, prom: &str) {
 /// A "Prometheus" on `listener`: `discovery` answers the fleet's discovery query, nothing the query for
 /// targets that are down, `rest` every other query.
 fn fake_prometheus(listener: TcpListener, discovery: Arc<str>, rest: Arc<str>) {
+    answer_queries(listener, move |req| {
+        if hosts_query(req) {
+            discovery.to_string()
+        } else if down_query(req) {
+            NO_SERIES.to_string()
+        } else {
+            rest.to_string()
+        }
+    });
+}
+
+/// An answer of Prometheus's API without a series.
+const NO_SERIES: &str = r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+
+/// Whether `req` (a request's head) asks the fleet's discovery query: the hosts seen lately.
+fn hosts_query(req: &str) -> bool {
+    req.contains("max+by+%28Hostname%2C+hostname%2C+instance%29")
+}
+
+/// Whether `req` asks which targets are down (`up == 0`, alone or within a query).
+fn down_query(req: &str) -> bool {
+    req.contains("up") && req.contains("%3D%3D+0")
+}
+
+/// A "Prometheus" on `listener`: every query answered with what `answer` makes of its request's head, on a
+/// thread of its own (an answer may wait for others).
+fn answer_queries(listener: TcpListener, answer: impl Fn(&str) -> String + Send + Sync + 'static) {
+    let answer = Arc::new(answer);
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
-            let (discovery, rest) = (discovery.clone(), rest.clone());
+            let answer = answer.clone();
             std::thread::spawn(move || {
                 let mut s = stream;
                 let Some(req) = crate::support::read_request(&mut s) else {
                     return;
                 };
-                let body: &str = if req.contains("max+by+%28Hostname%2C+hostname%2C+instance%29") {
-                    &discovery
-                } else if req.contains("up") && req.contains("%3D%3D+0") {
-                    "{\"status\":\"success\",\"data\":{\"resultType\":\"vector\",\"result\":[]}}"
-                } else {
-                    &rest
-                };
+                let body = answer(&req);
                 let _ = write!(
                     s,
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                     body.len()
                 );
-                let _ = s.write_all(body.as_bytes());
             });
         }
     });
@@ -1056,8 +1077,7 @@ fn a_prometheus_that_names_more_hosts_than_a_client_reads_is_an_error() {
         hosts.join(",")
     )
     .into();
-    let empty: Arc<str> =
-        "{\"status\":\"success\",\"data\":{\"resultType\":\"vector\",\"result\":[]}}".into();
+    let empty: Arc<str> = NO_SERIES.into();
     fake_prometheus(listener, discovery, empty);
     let out = gpusweep(dir.path())
         .args(["snapshot", "--json", "--hosts", &format!("prom:{url}")])
@@ -1222,49 +1242,32 @@ fn identities_the_glance_and_the_first_read_are_asked_together() {
     // their answer now; and whether all three have waited at once (then none waits any longer).
     let waiting = Arc::new((Mutex::new(([0usize; 3], false)), Condvar::new()));
     let together = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (waiting_in, together_in) = (waiting.clone(), together.clone());
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let (waiting, together) = (waiting_in.clone(), together_in.clone());
-            std::thread::spawn(move || {
-                let mut s = stream;
-                let Some(req) = crate::support::read_request(&mut s) else {
-                    return;
-                };
-                let discovery = req.contains("max+by+%28Hostname%2C+hostname%2C+instance%29")
-                    || (req.contains("up") && req.contains("%3D%3D+0"));
-                let body = if discovery && req.contains("last_over_time") {
-                    r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"Hostname":"n1","instance":"n1"},"value":[1,"1"]}]}}"#
-                } else {
-                    r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#
-                };
-                let kinds = ["UUID", "gpusweep_reading_revision", "gpusweep_findings"]
-                    .map(|needle| !discovery && req.contains(needle));
-                if kinds.iter().any(|k| *k) {
-                    let (lock, cv) = &*waiting;
-                    let mut now = lock.lock().expect("lock");
-                    for (n, k) in now.0.iter_mut().zip(kinds) {
-                        *n += usize::from(k);
-                    }
-                    if !now.0.contains(&0) {
-                        now.1 = true;
-                        together.store(true, std::sync::atomic::Ordering::SeqCst);
-                    }
-                    cv.notify_all();
-                    let (mut now, _) = cv
-                        .wait_timeout_while(now, Duration::from_secs(20), |n| !n.1)
-                        .expect("lock");
-                    for (n, k) in now.0.iter_mut().zip(kinds) {
-                        *n -= usize::from(k);
-                    }
-                }
-                let _ = write!(
-                    s,
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            });
+    let together_in = together.clone();
+    answer_queries(listener, move |req| {
+        if hosts_query(req) {
+            return r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"Hostname":"n1","instance":"n1"},"value":[1,"1"]}]}}"#.to_string();
         }
+        let kinds = ["UUID", "gpusweep_reading_revision", "gpusweep_findings"]
+            .map(|needle| !down_query(req) && req.contains(needle));
+        if kinds.iter().any(|k| *k) {
+            let (lock, cv) = &*waiting;
+            let mut now = lock.lock().expect("lock");
+            for (n, k) in now.0.iter_mut().zip(kinds) {
+                *n += usize::from(k);
+            }
+            if !now.0.contains(&0) {
+                now.1 = true;
+                together_in.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            cv.notify_all();
+            let (mut now, _) = cv
+                .wait_timeout_while(now, Duration::from_secs(20), |n| !n.1)
+                .expect("lock");
+            for (n, k) in now.0.iter_mut().zip(kinds) {
+                *n -= usize::from(k);
+            }
+        }
+        NO_SERIES.to_string()
     });
     let out = gpusweep(dir.path())
         .args([

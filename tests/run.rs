@@ -1006,7 +1006,7 @@ fn standin_serve(env: &Env, lib: &Path, glob: &str) -> (crate::support::Reaped, 
         .spawn()
         .expect("serve"),
     );
-    let (_, addr, _) = crate::support::serve_banner(&mut serve.0);
+    let (addr, _) = crate::support::serve_banner(&mut serve.0);
     (serve, addr)
 }
 

@@ -235,10 +235,10 @@ fn a_demo_read_through_a_serve_is_marked_demo_in_the_header_and_dialogs() {
     let cmd = format!(
         "GPUSWEEP_CONFIG={0}/none.toml {BIN} --hosts http://{1}; echo EXITED $?; sleep 30",
         dir.path().display(),
-        serve.1
+        serve.addr
     );
     let t = Tmux::start("demo-http", 120, 40, &cmd);
-    let s = t.await_text(&format!("{} [·", serve.1));
+    let s = t.await_text(&format!("{} [·", serve.addr));
     let header = s.lines().next().unwrap_or_default();
     assert!(header.contains("gpusweep DEMO"), "{s}");
     // The findings panel of gpu-b, and a finding opened whole.
@@ -315,7 +315,7 @@ fn w_on_a_steady_clean_host_ends_with_its_banner_in_the_demo_and_over_http() {
     let cmd = format!(
         "GPUSWEEP_CONFIG={0}/none.toml {BIN} --hosts http://{1}; echo EXITED $?; sleep 30",
         dir.path().display(),
-        serve.1
+        serve.addr
     );
     let t = Tmux::start("rewatch-http", 160, 48, &cmd);
     t.await_text("2/2 clean");
@@ -353,7 +353,7 @@ fn a_tui_attached_after_the_crash_shows_the_lost_rank() {
                 "snapshot",
                 "--json",
                 "--hosts",
-                &format!("http://{}", serve.1),
+                &format!("http://{}", serve.addr),
             ])
             .env("GPUSWEEP_CONFIG", dir.path().join("none.toml"))
             .output()
@@ -370,10 +370,10 @@ fn a_tui_attached_after_the_crash_shows_the_lost_rank() {
     let cmd = format!(
         "GPUSWEEP_CONFIG={0}/none.toml {BIN} --hosts http://{1}; echo EXITED $?; sleep 30",
         dir.path().display(),
-        serve.1
+        serve.addr
     );
     let t = Tmux::start("attached", 160, 48, &cmd);
-    t.await_text(&format!("{} [", serve.1));
+    t.await_text(&format!("{} [", serve.addr));
     t.keys(&["J"]);
     let s = t.await_text("lost    6123");
     assert!(s.contains("lost a rank"), "{s}");

@@ -223,15 +223,11 @@ pub fn loopback_certificate(dir: &Path) {
     );
 }
 
-/// A started `gpusweep serve`'s first stderr line (its banner), the `HOST:PORT` after its `http://`, and
-/// the rest of its stderr to drain or log; panics with the banner when it names no HTTP address.
+/// A started `gpusweep serve`'s `HOST:PORT`, read after the `http://` of its banner (its first stderr line),
+/// and the rest of its stderr to drain or log; panics with the banner when it names no HTTP address.
 pub fn serve_banner(
     child: &mut std::process::Child,
-) -> (
-    String,
-    String,
-    std::io::BufReader<std::process::ChildStderr>,
-) {
+) -> (String, std::io::BufReader<std::process::ChildStderr>) {
     use std::io::BufRead;
     let mut err = std::io::BufReader::new(child.stderr.take().expect("stderr"));
     let mut banner = String::new();
@@ -242,7 +238,7 @@ pub fn serve_banner(
         .and_then(|r| r.split_whitespace().next())
         .unwrap_or_else(|| panic!("serve said: {banner}"))
         .to_string();
-    (banner, addr, err)
+    (addr, err)
 }
 
 /// The kinds of a JSON host's findings (`snapshot --json`'s `hosts[i]`), in order.
@@ -270,7 +266,10 @@ pub fn read_request(s: &mut std::net::TcpStream) -> Option<String> {
 }
 
 /// `gpusweep serve --demo --hosts gpu-b` on a port of its own, killed when dropped; and its address.
-pub struct DemoServe(pub std::process::Child, pub String);
+pub struct DemoServe {
+    _process: Reaped,
+    pub addr: String,
+}
 
 impl DemoServe {
     /// With no config, the serve's further arguments `extra`.
@@ -298,16 +297,12 @@ impl DemoServe {
             .stderr(Stdio::piped())
             .spawn()
             .expect("serve");
-        let (_, addr, err) = serve_banner(&mut child);
+        let (addr, err) = serve_banner(&mut child);
         std::thread::spawn(move || for _ in err.lines() {});
-        DemoServe(child, addr)
-    }
-}
-
-impl Drop for DemoServe {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        DemoServe {
+            _process: Reaped(child),
+            addr,
+        }
     }
 }
 

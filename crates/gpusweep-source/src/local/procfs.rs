@@ -1409,8 +1409,6 @@ mod tests {
         assert!(full, "the scan before was full");
     }
 
-    /// A stand-in GPU device (an ordinary file) in a directory of its own, and a scanner's config that takes
-    /// it for one.
     /// A scanner of `cfg` and its table after one full scan.
     fn full_scan(cfg: ProcfsConfig) -> (ProcScanner, ProcTable) {
         let mut s = ProcScanner::new(cfg).expect("scanner");
@@ -1419,6 +1417,8 @@ mod tests {
         (s, t)
     }
 
+    /// A stand-in GPU device (an ordinary file) in a directory of its own, and a scanner's config that takes
+    /// it for one.
     fn stand_in_device() -> (tempfile::TempDir, std::path::PathBuf, ProcfsConfig) {
         let dir = tempfile::tempdir().expect("tempdir");
         let dev = dir.path().join("nvidia0");
