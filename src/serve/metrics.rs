@@ -101,6 +101,7 @@ struct Families {
     recovery: Gauges,
     xids: Gauges,
     findings: Gauges,
+    host_findings: Gauges,
     process: Gauges,
     shm: Gauges,
     taken: Gauges,
@@ -174,6 +175,7 @@ impl Families {
                 set(&self.findings, &l, n as f64);
             }
         }
+        set(&self.host_findings, &hl, snap.findings.len() as f64);
         let shm: u64 = snap
             .findings
             .iter()
@@ -455,11 +457,7 @@ impl Families {
             &mut r,
             [self.leftover, self.blockers, self.recovery, self.xids],
         );
-        r.register(
-            m::FINDINGS,
-            "Findings now, by kind and severity",
-            self.findings,
-        );
+        register_findings(&mut r, self.findings, self.host_findings);
         r.register(
             m::PROCESS_BYTES,
             "GPU memory NVML charges each process (the largest per host; the rest under pid=\"other\")",
@@ -500,6 +498,16 @@ impl Families {
         );
         r
     }
+}
+
+/// Findings by kind and severity, and their count (with readability, a `prom:` reader's summary of a host).
+fn register_findings(r: &mut Registry, by_kind: Gauges, count: Gauges) {
+    r.register(m::FINDINGS, "Findings now, by kind and severity", by_kind);
+    r.register(
+        m::HOST_FINDINGS,
+        "How many findings the host has now, of every kind and severity",
+        count,
+    );
 }
 
 /// What leftovers hold, and what would block the reset that ends them.

@@ -152,6 +152,10 @@ pub const RECOVERY_ACTION: &str = "gpusweep_gpu_recovery_action";
 pub const XID_COUNT: &str = "gpusweep_gpu_xid_errors";
 /// Findings now, by kind and severity (every kind and severity, 0 when none).
 pub const FINDINGS: &str = "gpusweep_findings";
+/// How many findings the host has now, of every kind and severity (one series a host): with
+/// `GPUS_READABLE`, a `prom:` reader's summary. Where it is 0 and every GPU was read, a host's memory and
+/// clean per GPU are all there is to read of it.
+pub const HOST_FINDINGS: &str = "gpusweep_host_findings";
 /// Bytes NVML charges each process, by GPU, PID and job; at most `PROCESS_SERIES` a host (the largest), the
 /// rest summed under pid="other".
 pub const PROCESS_BYTES: &str = "gpusweep_process_gpu_memory_bytes";
@@ -195,6 +199,7 @@ pub fn read_names_regex() -> String {
         GPU_READABLE,
         UNEXPLAINED_BYTES,
         FINDINGS,
+        HOST_FINDINGS,
         PROCESS_BYTES,
         SHM_LEFTOVER_BYTES,
         READING_TIMESTAMP,
@@ -215,6 +220,7 @@ pub const READ_BY_PROM: &[&str] = &[
     GPUS_READABLE,
     UNEXPLAINED_BYTES,
     FINDINGS,
+    HOST_FINDINGS,
     READING_TIMESTAMP,
     READING_REVISION,
     SERVE_INFO,

@@ -5,7 +5,7 @@
 //! reading did not change is only marked fresh. Read-only: kills and removals are refused, saying how to act.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -30,7 +30,7 @@ mod reading;
 mod tests;
 
 use answer::{Target, Up, conflict};
-use poll::{GlanceQueries, Names, Queries, Seen, glance, identities, only_hosts, poll};
+use poll::{GlanceQueries, Names, Queries, Seen, glance, identities, only_hosts, poll, summary};
 pub use query::discover;
 pub use reading::PromHost;
 use reading::{HostData, Identities, own_target, snapshot};
@@ -86,20 +86,23 @@ impl Poller {
         }
     }
 
-    /// One poll: a glance at every host's revision, then the series of the hosts whose revision moved (or of
-    /// all, when most moved or no glance can narrow the read). When identities are old they are read again,
-    /// and every host with them: the three are asked together, so a first view waits for one round of
-    /// queries, not three. False once no host listens.
+    /// One poll: a glance at every host's revision, then the series of the hosts whose revision moved (or
+    /// every host's summary and the details it leaves, when most moved or no glance can narrow the read).
+    /// When identities are old they are read again, and every host's summary with them: the three are asked
+    /// together, so a first view waits for one round of queries (two where some host has findings), not
+    /// three. False once no host listens.
     async fn poll(&mut self) -> bool {
         if self
             .ids
             .read_at
             .is_none_or(|t| t.elapsed() >= IDENTITY_EVERY)
         {
-            let (ids, g, whole) = tokio::join!(
-                identities(&self.server, &self.http),
-                glance(&self.server, &self.http, &self.glance, &self.names),
-                poll(&self.server, &self.http, &self.queries, &self.names),
+            // One share of `MAX_ROUND` for the three: asked together, they may not hold three rounds' worth.
+            let spent = AtomicUsize::new(0);
+            let (ids, g, sums) = tokio::join!(
+                identities(&self.server, &self.http, &spent),
+                glance(&self.server, &self.http, &self.glance, &self.names, &spent),
+                summary(&self.server, &self.http, &self.queries, &self.names, &spent),
             );
             let (ids, g) = match (ids, g) {
                 (Ok(ids), Ok(g)) => (ids, g),
@@ -112,9 +115,10 @@ impl Poller {
             let _ = self.moved(&seen);
             let listening = self.hosts.iter().any(|h| h.detached.load(Ordering::SeqCst));
             let now = gpusweep_core::model::now_ms();
-            return self.apply(whole, None, &seen, now) || listening;
+            return self.summed(sums, &seen, now).await || listening;
         }
-        let g = match glance(&self.server, &self.http, &self.glance, &self.names).await {
+        let spent = AtomicUsize::new(0);
+        let g = match glance(&self.server, &self.http, &self.glance, &self.names, &spent).await {
             Ok(g) => g,
             Err(e) => return say_down(&self.hosts, &mut self.down, &e),
         };
@@ -139,7 +143,10 @@ impl Poller {
             (_, Some(Some(m))) => Some(Queries::new(&self.server, Some(m))),
             _ => {
                 // Most hosts moved, or one cannot be named in a query: read them all.
-                return self.read(None, &seen, now).await || listening;
+                let spent = AtomicUsize::new(0);
+                let sums =
+                    summary(&self.server, &self.http, &self.queries, &self.names, &spent).await;
+                return self.summed(sums, &seen, now).await || listening;
             }
         };
         // The others are only fresh, at the time their serve took the reading.
@@ -154,7 +161,7 @@ impl Poller {
         }
         match narrowed {
             None => listening,
-            Some(q) => self.read(Some((&q, &moved)), &seen, now).await || listening,
+            Some(q) => self.read((&q, &moved), &seen, now).await || listening,
         }
     }
 
@@ -198,25 +205,60 @@ impl Poller {
         moved
     }
 
-    /// Read the series of every host, or (`narrowed`) of the hosts that moved with the queries naming them,
-    /// and hand each on. False once no host listens.
-    async fn read(
+    /// Read the series of the hosts that moved with the queries naming them (`moved`), and hand each on.
+    /// False once no host listens.
+    async fn read(&mut self, narrowed: (&Queries, &[bool]), seen: &[Seen], now: u64) -> bool {
+        let polled = poll(&self.server, &self.http, narrowed.0, &self.names).await;
+        self.apply(polled, Some(narrowed.1), true, seen, now)
+    }
+
+    /// Hand on every host whose summary says all there is; then read the details of the others (by
+    /// `Hostname` where each can be named, else every host's) and hand those on. A host with findings is
+    /// never handed on from its summary: that would say clean what its serve found leaking. False once no
+    /// host listens.
+    async fn summed(
         &mut self,
-        narrowed: Option<(&Queries, &[bool])>,
+        sums: Result<(poll::Polled, Vec<bool>), String>,
         seen: &[Seen],
         now: u64,
     ) -> bool {
-        let queries = narrowed.map_or(&self.queries, |(q, _)| q);
+        let (polled, details) = match sums {
+            Ok(x) => x,
+            Err(e) => return say_down(&self.hosts, &mut self.down, &e),
+        };
+        let wanted: Vec<bool> = self
+            .hosts
+            .iter()
+            .map(|h| self.names.of(&h.name).is_some_and(|at| details[at]))
+            .collect();
+        let summed: Vec<bool> = wanted.iter().map(|w| !w).collect();
+        let mut listening = self.apply(Ok(polled), Some(&summed), false, seen, now);
+        if !wanted.contains(&true) {
+            return listening;
+        }
+        let only = only_hosts(
+            self.hosts
+                .iter()
+                .zip(&wanted)
+                .zip(&self.by_hostname)
+                .filter(|((_, w), _)| **w)
+                .map(|((h, _), by_name)| by_name.then_some(h.name.as_str())),
+        );
+        let narrowed = only.map(|m| Queries::new(&self.server, Some(&m)));
+        let queries = narrowed.as_ref().unwrap_or(&self.queries);
         let polled = poll(&self.server, &self.http, queries, &self.names).await;
-        self.apply(polled, narrowed.map(|(_, moved)| moved), seen, now)
+        listening |= self.apply(polled, Some(&wanted), true, seen, now);
+        listening
     }
 
-    /// Hand on what a read found of every host it asked for (`moved`: those alone). False once no host
-    /// listens.
+    /// Hand on what a read found of every host it asked for (`only`: those alone). A host a read that named
+    /// it (`named`) did not find may have moved to another target: the next poll reads every host, once (a
+    /// host already down does not ask again). False once no host listens.
     fn apply(
         &mut self,
         polled: Result<poll::Polled, String>,
-        moved: Option<&[bool]>,
+        only: Option<&[bool]>,
+        named: bool,
         seen: &[Seen],
         now: u64,
     ) -> bool {
@@ -224,17 +266,17 @@ impl Poller {
             Ok(x) => x,
             Err(e) => return say_down(&self.hosts, &mut self.down, &e),
         };
-        self.whole_next = false;
+        if !named {
+            self.whole_next = false;
+        }
         let mut listening = false;
         for i in 0..self.hosts.len() {
-            if self.hosts[i].detached.load(Ordering::SeqCst) || moved.is_some_and(|m| !m[i]) {
+            if self.hosts[i].detached.load(Ordering::SeqCst) || only.is_some_and(|m| !m[i]) {
                 continue;
             }
             let at = self.names.of(&self.hosts[i].name);
             let d = at.and_then(|at| data.get(at)).and_then(Option::as_ref);
-            // A host the narrowed read asked for and did not find may have moved to another target: the
-            // next poll reads every host, once (a host already down does not ask again).
-            self.whole_next |= moved.is_some() && d.is_none() && self.down[i].is_none();
+            self.whole_next |= named && d.is_none() && self.down[i].is_none();
             self.revision[i] = seen[i].revision;
             listening |= self.host(i, d, &up, now);
         }

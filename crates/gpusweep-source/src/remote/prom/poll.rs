@@ -21,6 +21,16 @@ pub(super) struct Queries {
     pub(super) findings: String,
     pub(super) taken: String,
     pub(super) up: String,
+    /// What a summary asks instead of `unreadable`, `unexplained` and `findings`.
+    pub(super) summary: SummaryQueries,
+}
+
+/// A host's summary, beside its memory and clean per GPU: whether its serve read every GPU (one series a host)
+/// and how many findings it has (one series a host). Where the serve read them all and found nothing, the
+/// summary is all a whole read would say; the others' details are read after it, by `Hostname`.
+pub(super) struct SummaryQueries {
+    pub(super) unreadable: String,
+    pub(super) findings: String,
 }
 
 impl Queries {
@@ -34,7 +44,13 @@ impl Queries {
                 sel(name)
             )
         };
+        let by_host =
+            |name: &str| format!("max by (Hostname, hostname, job, instance) ({})", sel(name));
         Queries {
+            summary: SummaryQueries {
+                unreadable: format!("{} == 0", by_host(m::GPUS_READABLE)),
+                findings: by_host(m::HOST_FINDINGS),
+            },
             // A GPU in MIG mode has one series per instance (`GPU_I_ID`): their sum is the GPU's.
             used: format!(
                 "sum by (Hostname, hostname, job, instance, gpu) (max by (Hostname, hostname, job, \
@@ -46,9 +62,9 @@ impl Queries {
             // A GPU its serve could not read; and (without a `gpu` label) a host whose serve says the
             // driver or one of its GPUs does not answer.
             unreadable: format!(
-                "({} == 0) or (max by (Hostname, hostname, job, instance) ({}) == 0)",
+                "({} == 0) or ({} == 0)",
                 by_gpu(m::GPU_READABLE),
-                sel(m::GPUS_READABLE)
+                by_host(m::GPUS_READABLE)
             ),
             unexplained: format!(
                 "max by (Hostname, hostname, job, instance, gpu, kind) ({})",
@@ -123,11 +139,11 @@ pub(super) async fn glance(
     http: &HttpClient,
     q: &GlanceQueries,
     names: &Names,
+    spent: &AtomicUsize,
 ) -> Result<Glance, String> {
-    let spent = AtomicUsize::new(0);
     let (revision, taken) = tokio::join!(
-        server.fetch(http, &q.revision, &spent),
-        server.fetch(http, &q.taken, &spent)
+        server.fetch(http, &q.revision, spent),
+        server.fetch(http, &q.taken, spent)
     );
     let (revision, taken) = (revision?, taken?);
     let revision = server.samples(&revision)?;
@@ -225,14 +241,17 @@ pub(super) fn identity_queries(p: &PromServer) -> [String; 4] {
 }
 
 /// Read identities: GPU UUIDs, models, buses; each host's scrape target and serve.
-pub(super) async fn identities(p: &PromServer, http: &HttpClient) -> Result<Identities, String> {
+pub(super) async fn identities(
+    p: &PromServer,
+    http: &HttpClient,
+    spent: &AtomicUsize,
+) -> Result<Identities, String> {
     let [gpus_q, serve_q, usable_q, reserved_q] = identity_queries(p);
-    let spent = AtomicUsize::new(0);
     let (gpu_body, serve_body, usable_body, reserved_body) = tokio::join!(
-        p.fetch(http, &gpus_q, &spent),
-        p.fetch(http, &serve_q, &spent),
-        p.fetch(http, &usable_q, &spent),
-        p.fetch(http, &reserved_q, &spent)
+        p.fetch(http, &gpus_q, spent),
+        p.fetch(http, &serve_q, spent),
+        p.fetch(http, &usable_q, spent),
+        p.fetch(http, &reserved_q, spent)
     );
     let (gpu_body, serve_body) = (gpu_body?, serve_body?);
     let (usable_body, reserved_body) = (usable_body?, reserved_body?);
@@ -244,7 +263,8 @@ pub(super) async fn identities(p: &PromServer, http: &HttpClient) -> Result<Iden
     ids.sizes_from(&p.samples(&usable_body)?, true);
     ids.sizes_from(&p.samples(&reserved_body)?, false);
     ids.serves_from(&p.samples(&serve_body)?);
-    down_voices(p, http, &mut ids).await?;
+    drop((gpu_body, serve_body, usable_body, reserved_body));
+    down_voices(p, http, &mut ids, spent).await?;
     Ok(ids)
 }
 
@@ -263,10 +283,10 @@ pub(super) async fn down_voices(
     p: &PromServer,
     http: &HttpClient,
     ids: &mut Identities,
+    spent: &AtomicUsize,
 ) -> Result<(), String> {
-    let spent = AtomicUsize::new(0);
     let body = p
-        .fetch(http, "max by (job, instance) (up == 0)", &spent)
+        .fetch(http, "max by (job, instance) (up == 0)", spent)
         .await?;
     let samples = p.samples(&body)?;
     let down: BTreeSet<&str> = samples.iter().filter_map(|s| s.label("instance")).collect();
@@ -283,7 +303,7 @@ pub(super) async fn down_voices(
         let q = format!(
             "max by (Hostname, hostname, job, instance) (last_over_time({{__name__=~\"{names}\",{matcher}{sel}}}[{DOWN_LOOKBACK}]))"
         );
-        let body = p.fetch(http, &q, &spent).await?;
+        let body = p.fetch(http, &q, spent).await?;
         for x in p.samples(&body)? {
             if let Some(host) = x.host() {
                 ids.voices
@@ -439,9 +459,99 @@ pub(super) async fn poll(
     let answers = [
         bodies.0?, bodies.1?, bodies.2?, bodies.3?, bodies.4?, bodies.5?, bodies.6?,
     ];
-    let (hosts, mut up) = table(server, names, &answers)?;
-    // Targets whose series came without memory or a serve's info (the `up` query's own filter): asked
-    // for by instance, so a target Prometheus scrapes is never taken for one it does not.
+    let (hosts, up) = table(server, names, &answers)?;
+    let up = all_up(server, http, &hosts, up, &spent).await?;
+    Ok((hosts, up))
+}
+
+/// An answer without a series: what a summary does not ask.
+const NO_SERIES: &[u8] = br#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+
+/// Every host's summary, joined into per-host data as `poll` joins a whole read, and which hosts' details
+/// are still to read (by each name's place in `names`): those whose serve found something or could not
+/// read a GPU, and a serve's that says no count of findings (one from before summaries). A host of
+/// dcgm-exporter alone has no more to read than its memory.
+pub(super) async fn summary(
+    server: &PromServer,
+    http: &HttpClient,
+    queries: &Queries,
+    names: &Names,
+    spent: &AtomicUsize,
+) -> Result<(Polled, Vec<bool>), String> {
+    let bodies = tokio::join!(
+        server.fetch(http, &queries.used, spent),
+        server.fetch(http, &queries.clean, spent),
+        server.fetch(http, &queries.summary.unreadable, spent),
+        server.fetch(http, &queries.summary.findings, spent),
+        server.fetch(http, &queries.taken, spent),
+        server.fetch(http, &queries.up, spent),
+    );
+    let answers = [
+        bodies.0?, bodies.1?, bodies.2?, bodies.3?, bodies.4?, bodies.5?,
+    ];
+    let ((hosts, up), details) = summary_table(server, names, answers)?;
+    let up = all_up(server, http, &hosts, up, spent).await?;
+    Ok(((hosts, up), details))
+}
+
+/// The answers of a summary (memory, clean, unreadable, the count of findings, time, `up`) joined into
+/// per-host data, and which hosts' details are still to read.
+pub(super) fn summary_table(
+    server: &PromServer,
+    names: &Names,
+    answers: [bytes::Bytes; 6],
+) -> Result<(Polled, Vec<bool>), String> {
+    let [used, clean, unreadable, findings, taken, up] = answers;
+    let none = bytes::Bytes::from_static(NO_SERIES);
+    let (mut hosts, up) = table(
+        server,
+        names,
+        &[used, clean, unreadable, none.clone(), none, taken, up],
+    )?;
+    let details = details_wanted(server, names, &mut hosts, &findings)?;
+    Ok(((hosts, up), details))
+}
+
+/// Which hosts' summaries leave details to read, from the answer of each host's count of findings (the
+/// targets that sent it are the host's voices too, as any series naming it).
+pub(super) fn details_wanted(
+    server: &PromServer,
+    names: &Names,
+    hosts: &mut [Option<HostData>],
+    findings: &[u8],
+) -> Result<Vec<bool>, String> {
+    // Per host: None when no count came; Some(true) when every count that came is 0.
+    let mut none_found: Vec<Option<bool>> = vec![None; names.len()];
+    for sample in server.samples(findings)? {
+        let n = sample.value();
+        let Some(at) = sample.host().and_then(|h| names.of(h)) else {
+            continue;
+        };
+        none_found[at] = Some(none_found[at].unwrap_or(true) && n == Some(0.0));
+        if let Some(d) = hosts.get_mut(at).and_then(Option::as_mut) {
+            d.targets.insert(sample.target());
+        }
+    }
+    Ok(hosts
+        .iter()
+        .zip(none_found)
+        .map(|(d, none_found)| {
+            d.as_ref()
+                .is_some_and(|d| d.gpus_unreadable || none_found.map_or(d.gpusweep, |quiet| !quiet))
+        })
+        .collect())
+}
+
+/// `up` of every target whose series came: those the `up` query left out (their series came without
+/// memory or a serve's info, its own filter) asked for by instance, so a target Prometheus scrapes is never
+/// taken for one it does not.
+async fn all_up(
+    server: &PromServer,
+    http: &HttpClient,
+    hosts: &[Option<HostData>],
+    mut up: Up,
+    spent: &AtomicUsize,
+) -> Result<Up, String> {
     let missing: BTreeSet<&str> = hosts
         .iter()
         .flatten()
@@ -451,7 +561,7 @@ pub(super) async fn poll(
         .collect();
     for m in instance_matchers(missing.into_iter(), MAX_DOWN_ASKED).0 {
         let body = server
-            .fetch(http, &format!("max by (job, instance) (up{{{m}}})"), &spent)
+            .fetch(http, &format!("max by (job, instance) (up{{{m}}})"), spent)
             .await?;
         for s in server.samples(&body)? {
             if let Some(v) = s.value() {
@@ -459,7 +569,7 @@ pub(super) async fn poll(
             }
         }
     }
-    Ok((hosts, up))
+    Ok(up)
 }
 
 /// `instance=~"a|b"` matchers naming these instances, each at most `MAX_ONLY` bytes, every regular-

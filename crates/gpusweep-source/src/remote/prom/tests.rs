@@ -3,7 +3,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::answer::Target;
-use super::poll::{Names, instance_matchers, table};
+use super::poll::{Names, instance_matchers, summary_table, table};
 use super::query::Query;
 use super::reading::{GpuData, HostData, Ident, Identities, snapshot};
 use super::*;
@@ -208,14 +208,111 @@ fn names_keep_the_first_place_of_a_name() {
     assert_eq!(names.len(), 2);
 }
 
+/// An answer of Prometheus's API holding these samples (JSON objects, comma separated).
+fn answer(result: &str) -> bytes::Bytes {
+    format!(r#"{{"status":"success","data":{{"resultType":"vector","result":[{result}]}}}}"#)
+        .into_bytes()
+        .into()
+}
+
+/// One sample of host `host` at its own target, with more labels (`extra`, starting with a comma).
+fn sample(host: &str, extra: &str, value: &str) -> String {
+    format!(
+        r#"{{"metric":{{"Hostname":"{host}","job":"gpusweep","instance":"{host}:9401"{extra}}},"value":[1,"{value}"]}}"#
+    )
+}
+
+fn fleet(names: &[&str]) -> Vec<PromHost> {
+    names
+        .iter()
+        .map(|n| PromHost {
+            name: (*n).into(),
+            sink: Arc::new(Deaf),
+            detached: Arc::default(),
+        })
+        .collect()
+}
+
+/// A summary says all of a host whose serve read every GPU and found nothing (the same data a whole read
+/// builds) and of a host of dcgm-exporter alone; it leaves to read the details of a host with findings, of
+/// one whose serve could not read a GPU, and of a serve that sends no count of findings.
+#[test]
+fn a_summary_is_the_whole_reading_of_a_quiet_host_and_leaves_the_others_details() {
+    let p = server("http://p:9090", "");
+    let hosts = fleet(&["quiet", "loud", "blind", "old", "dcgm"]);
+    let names = Names::new(&hosts);
+    let g = |n: u32| format!(r#","gpu":"{n}""#);
+    let serves = ["quiet", "loud", "blind", "old"];
+    let used = answer(
+        &["quiet", "loud", "blind", "old", "dcgm"]
+            .iter()
+            .flat_map(|h| [sample(h, &g(0), "0"), sample(h, &g(1), "500")])
+            .collect::<Vec<_>>()
+            .join(","),
+    );
+    let clean = answer(
+        &serves
+            .iter()
+            .flat_map(|h| [sample(h, &g(0), "1"), sample(h, &g(1), "0")])
+            .collect::<Vec<_>>()
+            .join(","),
+    );
+    let unreadable = answer(&sample("blind", "", "0"));
+    let counts = answer(
+        &[("quiet", "0"), ("loud", "3"), ("blind", "0")]
+            .map(|(h, n)| sample(h, "", n))
+            .join(","),
+    );
+    let taken = answer(
+        &["quiet", "loud", "blind", "old", "dcgm"]
+            .map(|h| sample(h, "", "1700000000"))
+            .join(","),
+    );
+    let up = answer(
+        &["quiet", "loud", "blind", "old", "dcgm"]
+            .map(|h| {
+                format!(
+                    r#"{{"metric":{{"job":"gpusweep","instance":"{h}:9401"}},"value":[1,"1"]}}"#
+                )
+            })
+            .join(","),
+    );
+    let ((sums, _), details) = summary_table(
+        &p,
+        &names,
+        [
+            used.clone(),
+            clean.clone(),
+            unreadable.clone(),
+            counts,
+            taken.clone(),
+            up.clone(),
+        ],
+    )
+    .expect("a summary");
+    assert_eq!(details, [false, true, true, true, false]);
+    let findings = answer(&sample(
+        "loud",
+        r#","kind":"zombie","severity":"warning""#,
+        "3",
+    ));
+    let (whole, _) = table(
+        &p,
+        &names,
+        &[used, clean, unreadable, answer(""), findings, taken, up],
+    )
+    .expect("a whole read");
+    for (i, name) in ["quiet", "dcgm"].into_iter().enumerate() {
+        let at = names.of(name).expect("named");
+        assert!(sums[at].is_some(), "{name}");
+        assert_eq!(sums[at], whole[at], "{name}'s summary and whole read ({i})");
+    }
+    assert_ne!(sums[1], whole[1], "loud's summary lacks its findings");
+}
+
 #[test]
 fn a_serve_that_says_it_cannot_read_its_gpus_has_no_clean_gpu() {
     let p = server("http://p:9090", "");
-    let answer = |result: &str| -> bytes::Bytes {
-        format!(r#"{{"status":"success","data":{{"resultType":"vector","result":[{result}]}}}}"#)
-            .into_bytes()
-            .into()
-    };
     let t = r#""Hostname":"node1","job":"gpusweep","instance":"10.0.0.1:9401""#;
     let answers = [
         answer(&format!(
@@ -231,11 +328,7 @@ fn a_serve_that_says_it_cannot_read_its_gpus_has_no_clean_gpu() {
         answer(""),
         answer(""),
     ];
-    let hosts = [PromHost {
-        name: "node1".into(),
-        sink: Arc::new(Deaf),
-        detached: Arc::default(),
-    }];
+    let hosts = fleet(&["node1"]);
     let (table, _) = table(&p, &Names::new(&hosts), &answers).expect("a table");
     let d = table[0].as_ref().expect("node1's data");
     assert!(d.gpus_unreadable);
