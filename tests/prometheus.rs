@@ -1166,7 +1166,7 @@ fn a_poll_reads_again_only_the_hosts_whose_revision_moved() {
                     && l.contains(r#""gpu":7"#)
             })
     });
-    // (The trace names each query, cut at 90 characters.)
+    // (The trace names each query, cut at 200 characters.)
     let reads_of = |t: &str, q: &str| {
         t.lines()
             .filter(|l| l.contains("bytes in") && l.contains(q))
@@ -1339,13 +1339,19 @@ fn a_quiet_hosts_summary_is_its_reading_and_only_a_loud_hosts_details_are_read()
         "a whole read of findings:\n{trace}"
     );
     assert_eq!(asked("(gpusweep_unexplained_bytes{})"), 0, "{trace}");
-    // (The trace cuts each query at 90 characters: the clean query shows whom a read names.)
-    assert_eq!(
-        asked(r#"(gpusweep_gpu_clean{Hostname=~"gpu-b1"})"#),
-        1,
-        "gpu-b1's details, read by name alone:\n{trace}"
-    );
-    assert_eq!(asked(r#"(gpusweep_findings{Hostname=~""#), 1, "{trace}");
+    for details in [
+        "gpusweep_findings",
+        "gpusweep_unexplained_bytes",
+        "gpusweep_gpu_readable",
+    ] {
+        assert_eq!(
+            asked(&format!(r#"({details}{{Hostname=~"gpu-b1"}})"#)),
+            1,
+            "gpu-b1's {details}, read by name alone:\n{trace}"
+        );
+    }
+    // Its memory and clean came with the summary: not asked again.
+    assert_eq!(asked("gpusweep_gpu_clean{Hostname"), 0, "{trace}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(crate::support::host_names(&v), ["gpu-a1", "gpu-b1"], "{v}");
     let quiet = &v["hosts"][0];

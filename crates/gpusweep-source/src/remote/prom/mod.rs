@@ -26,11 +26,14 @@ mod answer;
 mod poll;
 mod query;
 mod reading;
+mod table;
 #[cfg(test)]
 mod tests;
 
 use answer::{Target, Up, conflict};
-use poll::{GlanceQueries, Names, Queries, Seen, glance, identities, only_hosts, poll, summary};
+use poll::{
+    GlanceQueries, Names, Queries, Seen, details, glance, identities, only_hosts, poll, summary,
+};
 pub use query::discover;
 pub use reading::PromHost;
 use reading::{HostData, Identities, own_target, snapshot};
@@ -222,17 +225,17 @@ impl Poller {
         seen: &[Seen],
         now: u64,
     ) -> bool {
-        let (polled, details) = match sums {
+        let (polled, details_at) = match sums {
             Ok(x) => x,
             Err(e) => return say_down(&self.hosts, &mut self.down, &e),
         };
         let wanted: Vec<bool> = self
             .hosts
             .iter()
-            .map(|h| self.names.of(&h.name).is_some_and(|at| details[at]))
+            .map(|h| self.names.of(&h.name).is_some_and(|at| details_at[at]))
             .collect();
         let summed: Vec<bool> = wanted.iter().map(|w| !w).collect();
-        let mut listening = self.apply(Ok(polled), Some(&summed), false, seen, now);
+        let mut listening = self.hand_on(&polled, Some(&summed), false, seen, now);
         if !wanted.contains(&true) {
             return listening;
         }
@@ -246,7 +249,7 @@ impl Poller {
         );
         let narrowed = only.map(|m| Queries::new(&self.server, Some(&m)));
         let queries = narrowed.as_ref().unwrap_or(&self.queries);
-        let polled = poll(&self.server, &self.http, queries, &self.names).await;
+        let polled = details(&self.server, &self.http, queries, &self.names, polled).await;
         listening |= self.apply(polled, Some(&wanted), true, seen, now);
         listening
     }
@@ -262,10 +265,21 @@ impl Poller {
         seen: &[Seen],
         now: u64,
     ) -> bool {
-        let (data, up) = match polled {
-            Ok(x) => x,
-            Err(e) => return say_down(&self.hosts, &mut self.down, &e),
-        };
+        match polled {
+            Ok(polled) => self.hand_on(&polled, only, named, seen, now),
+            Err(e) => say_down(&self.hosts, &mut self.down, &e),
+        }
+    }
+
+    /// Hand on what a read found (see `apply`).
+    fn hand_on(
+        &mut self,
+        (data, up): &poll::Polled,
+        only: Option<&[bool]>,
+        named: bool,
+        seen: &[Seen],
+        now: u64,
+    ) -> bool {
         if !named {
             self.whole_next = false;
         }
@@ -278,7 +292,7 @@ impl Poller {
             let d = at.and_then(|at| data.get(at)).and_then(Option::as_ref);
             self.whole_next |= named && d.is_none() && self.down[i].is_none();
             self.revision[i] = seen[i].revision;
-            listening |= self.host(i, d, &up, now);
+            listening |= self.host(i, d, up, now);
         }
         listening
     }

@@ -9,7 +9,8 @@ use super::super::http::HttpClient;
 use super::PromServer;
 use super::answer::{Sample, Target, Up};
 use super::query::{MAX_HOSTS, Query, lookback};
-use super::reading::{GpuData, HostData, Ident, Identities, PromHost, whole};
+use super::reading::{HostData, Ident, Identities, PromHost, whole};
+use super::table::{fold_details, summary_table, table};
 use gpusweep_core::metrics as m;
 
 /// The queries of one poll, each aggregated by host (and GPU) so the answer stays small at a thousand hosts.
@@ -464,13 +465,8 @@ pub(super) async fn poll(
     Ok((hosts, up))
 }
 
-/// An answer without a series: what a summary does not ask.
-const NO_SERIES: &[u8] = br#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
-
 /// Every host's summary, joined into per-host data as `poll` joins a whole read, and which hosts' details
-/// are still to read (by each name's place in `names`): those whose serve found something or could not
-/// read a GPU, and a serve's that says no count of findings (one from before summaries). A host of
-/// dcgm-exporter alone has no more to read than its memory.
+/// are still to read (by each name's place in `names`).
 pub(super) async fn summary(
     server: &PromServer,
     http: &HttpClient,
@@ -489,57 +485,36 @@ pub(super) async fn summary(
     let answers = [
         bodies.0?, bodies.1?, bodies.2?, bodies.3?, bodies.4?, bodies.5?,
     ];
-    let ((hosts, up), details) = summary_table(server, names, answers)?;
+    let ((hosts, up), details) = summary_table(server, names, &answers)?;
     let up = all_up(server, http, &hosts, up, spent).await?;
     Ok(((hosts, up), details))
 }
 
-/// The answers of a summary (memory, clean, unreadable, the count of findings, time, `up`) joined into
-/// per-host data, and which hosts' details are still to read.
-pub(super) fn summary_table(
+/// The details a summary left, read with `queries` (narrowed to the hosts that want them, or not) and
+/// folded into the summary's data (`polled`): together what a whole read says.
+pub(super) async fn details(
     server: &PromServer,
+    http: &HttpClient,
+    queries: &Queries,
     names: &Names,
-    answers: [bytes::Bytes; 6],
-) -> Result<(Polled, Vec<bool>), String> {
-    let [used, clean, unreadable, findings, taken, up] = answers;
-    let none = bytes::Bytes::from_static(NO_SERIES);
-    let (mut hosts, up) = table(
+    polled: Polled,
+) -> Result<Polled, String> {
+    let spent = AtomicUsize::new(0);
+    let bodies = tokio::join!(
+        server.fetch(http, &queries.unreadable, &spent),
+        server.fetch(http, &queries.unexplained, &spent),
+        server.fetch(http, &queries.findings, &spent),
+    );
+    let (mut hosts, up) = polled;
+    fold_details(
         server,
         names,
-        &[used, clean, unreadable, none.clone(), none, taken, up],
+        &mut hosts,
+        &[bodies.0?, bodies.1?, bodies.2?],
     )?;
-    let details = details_wanted(server, names, &mut hosts, &findings)?;
-    Ok(((hosts, up), details))
-}
-
-/// Which hosts' summaries leave details to read, from the answer of each host's count of findings (the
-/// targets that sent it are the host's voices too, as any series naming it).
-pub(super) fn details_wanted(
-    server: &PromServer,
-    names: &Names,
-    hosts: &mut [Option<HostData>],
-    findings: &[u8],
-) -> Result<Vec<bool>, String> {
-    // Per host: None when no count came; Some(true) when every count that came is 0.
-    let mut none_found: Vec<Option<bool>> = vec![None; names.len()];
-    for sample in server.samples(findings)? {
-        let n = sample.value();
-        let Some(at) = sample.host().and_then(|h| names.of(h)) else {
-            continue;
-        };
-        none_found[at] = Some(none_found[at].unwrap_or(true) && n == Some(0.0));
-        if let Some(d) = hosts.get_mut(at).and_then(Option::as_mut) {
-            d.targets.insert(sample.target());
-        }
-    }
-    Ok(hosts
-        .iter()
-        .zip(none_found)
-        .map(|(d, none_found)| {
-            d.as_ref()
-                .is_some_and(|d| d.gpus_unreadable || none_found.map_or(d.gpusweep, |quiet| !quiet))
-        })
-        .collect())
+    // A target heard only in the details is asked for its `up` too.
+    let up = all_up(server, http, &hosts, up, &spent).await?;
+    Ok((hosts, up))
 }
 
 /// `up` of every target whose series came: those the `up` query left out (their series came without
@@ -612,102 +587,4 @@ pub(super) fn instance_matchers<'a>(
         out.push(format!("instance=~\"{chunk}\""));
     }
     (out, skipped)
-}
-
-/// The host's data in this poll's table, begun at its first sample; the sample's scrape target is noted.
-pub(super) fn of<'t>(
-    table: &'t mut [Option<HostData>],
-    names: &Names,
-    sample: &Sample,
-) -> Option<&'t mut HostData> {
-    let at = names.of(sample.host()?)?;
-    let data = table.get_mut(at)?.get_or_insert_with(HostData::default);
-    data.targets.insert(sample.target());
-    Some(data)
-}
-
-/// The answers of one poll (in the order of `Queries`' fields), joined into per-host data.
-pub(super) fn table(
-    server: &PromServer,
-    names: &Names,
-    answers: &[bytes::Bytes; 7],
-) -> Result<Polled, String> {
-    // Each answer parsed, folded in and let go before the next: one answer's samples are held at a time.
-    let [used, clean, unreadable, unexplained, findings, taken, up] = answers;
-    let mut hosts: Vec<Option<HostData>> =
-        std::iter::repeat_with(|| None).take(names.len()).collect();
-    // (answer, what a GPU's sample sets, whether only gpusweep sends it, whether a sample without a `gpu`
-    // speaks for the whole host: `gpusweep_gpus_readable == 0`).
-    for (body, set, gpusweep, whole_host) in [
-        (
-            used,
-            (|g, x| g.used = x.value()) as fn(&mut GpuData, &Sample),
-            false,
-            false,
-        ),
-        (clean, |g, x| g.clean = x.value(), true, false),
-        (unreadable, |g, _| g.unreadable = true, true, true),
-        (
-            unexplained,
-            |g, x| {
-                if let (Some(k), Some(v)) = (x.label("kind"), x.value()) {
-                    g.unexplained.push((k.to_string(), v));
-                }
-            },
-            true,
-            false,
-        ),
-    ] {
-        for sample in server.samples(body)? {
-            let Some(gpu) = sample.gpu() else {
-                if whole_host && let Some(data) = of(&mut hosts, names, &sample) {
-                    data.gpusweep = true;
-                    data.gpus_unreadable = true;
-                }
-                continue;
-            };
-            let Some(data) = of(&mut hosts, names, &sample) else {
-                continue;
-            };
-            data.gpusweep |= gpusweep;
-            set(data.gpus.entry(gpu).or_default(), &sample);
-        }
-    }
-    for sample in server.samples(findings)? {
-        let (Some(kind), Some(sev), Some(n)) = (
-            sample.label("kind"),
-            sample.label("severity"),
-            sample.value(),
-        ) else {
-            continue;
-        };
-        let Some(data) = of(&mut hosts, names, &sample) else {
-            continue;
-        };
-        data.gpusweep = true;
-        data.counts.push((kind.to_string(), sev.to_string(), n));
-    }
-    for sample in server.samples(taken)? {
-        let Some(data) = of(&mut hosts, names, &sample) else {
-            continue;
-        };
-        data.taken_s = sample
-            .value()
-            .into_iter()
-            .chain(data.taken_s)
-            .reduce(f64::max);
-    }
-    // Prometheus may answer in any order: sorted, two polls that say the same compare equal.
-    for data in hosts.iter_mut().flatten() {
-        data.counts.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
-        for g in data.gpus.values_mut() {
-            g.unexplained.sort_by(|a, b| a.0.cmp(&b.0));
-        }
-    }
-    let up: Up = server
-        .samples(up)?
-        .iter()
-        .filter_map(|sample| Some((sample.target(), sample.value()?)))
-        .collect();
-    Ok((hosts, up))
 }

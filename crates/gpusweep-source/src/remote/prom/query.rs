@@ -99,7 +99,7 @@ impl Query for PromServer {
                     "{} bytes in {} ms: {}",
                     body.len(),
                     asked.elapsed().as_millis(),
-                    truncate(q, 90)
+                    truncate(q, 200)
                 ),
             );
         }

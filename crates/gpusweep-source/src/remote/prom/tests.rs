@@ -3,9 +3,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::answer::Target;
-use super::poll::{Names, instance_matchers, summary_table, table};
+use super::poll::{Names, instance_matchers};
 use super::query::Query;
 use super::reading::{GpuData, HostData, Ident, Identities, snapshot};
+use super::table::{fold_details, summary_table, table};
 use super::*;
 use crate::Sink;
 use gpusweep_core::model::{Feature, FindingKind, GpuState, HostSnapshot, MIB};
@@ -277,10 +278,10 @@ fn a_summary_is_the_whole_reading_of_a_quiet_host_and_leaves_the_others_details(
             })
             .join(","),
     );
-    let ((sums, _), details) = summary_table(
+    let ((mut sums, _), details) = summary_table(
         &p,
         &names,
-        [
+        &[
             used.clone(),
             clean.clone(),
             unreadable.clone(),
@@ -296,18 +297,26 @@ fn a_summary_is_the_whole_reading_of_a_quiet_host_and_leaves_the_others_details(
         r#","kind":"zombie","severity":"warning""#,
         "3",
     ));
-    let (whole, _) = table(
-        &p,
-        &names,
-        &[used, clean, unreadable, answer(""), findings, taken, up],
-    )
-    .expect("a whole read");
-    for (i, name) in ["quiet", "dcgm"].into_iter().enumerate() {
+    let unexplained = answer(&sample("old", r#","gpu":"1","kind":"residual""#, "1024"));
+    let whole_answers = [
+        used,
+        clean,
+        unreadable.clone(),
+        unexplained.clone(),
+        findings.clone(),
+        taken,
+        up,
+    ];
+    let (whole, _) = table(&p, &names, &whole_answers).expect("a whole read");
+    for name in ["quiet", "dcgm"] {
         let at = names.of(name).expect("named");
         assert!(sums[at].is_some(), "{name}");
-        assert_eq!(sums[at], whole[at], "{name}'s summary and whole read ({i})");
+        assert_eq!(sums[at], whole[at], "{name}'s summary and whole read");
     }
     assert_ne!(sums[1], whole[1], "loud's summary lacks its findings");
+    // The details folded into the summary: what the whole read says of every host.
+    fold_details(&p, &names, &mut sums, &[unreadable, unexplained, findings]).expect("details");
+    assert_eq!(sums, whole);
 }
 
 #[test]
