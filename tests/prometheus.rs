@@ -142,6 +142,17 @@ fn await_query(
     }
 }
 
+/// Wait until two targets' 8 GPUs each speak for `host` in Prometheus (its own serve and another).
+fn await_two_voices(c: &Http, prom: &str, host: &str) {
+    await_query(
+        c,
+        prom,
+        &format!(r#"count(gpusweep_gpu_clean{{Hostname="{host}"}})"#),
+        &format!("both voices for {host}"),
+        |r| r.first().is_some_and(|(_, v)| is(*v, 16.0)),
+    );
+}
+
 /// Stop a scrape target and wait until Prometheus reads it down (`up` 0).
 fn stop_target(c: &Http, prom: &str, target: &mut Proc, addr: &str) {
     let _ = target.0.kill();
@@ -486,13 +497,7 @@ fn a_scrape_target_speaks_only_for_itself_and_a_clean_that_contradicts_its_bytes
         ],
     );
     let http = Http::new();
-    await_query(
-        &http,
-        &prom,
-        r#"count(gpusweep_gpu_clean{Hostname="gpu-b"})"#,
-        "both voices for gpu-b",
-        |r| r.first().is_some_and(|(_, v)| is(*v, 16.0)),
-    );
+    await_two_voices(&http, &prom, "gpu-b");
     await_query(
         &http,
         &prom,
@@ -589,13 +594,7 @@ fn while_a_hosts_own_target_is_silent_nothing_else_speaks_for_it() {
     );
     let http = Http::new();
     for host in ["gpu-b", "gpu-c"] {
-        await_query(
-            &http,
-            &prom,
-            &format!(r#"count(gpusweep_gpu_clean{{Hostname="{host}"}})"#),
-            "both voices for the host",
-            |r| r.first().is_some_and(|(_, v)| is(*v, 16.0)),
-        );
+        await_two_voices(&http, &prom, host);
     }
     let spec = |host: &str| format!("prom:{prom}?{{Hostname=\"{host}\"}}");
     let wait = |host: &str| {
@@ -689,13 +688,7 @@ fn a_silence_past_the_lookback_and_a_forged_target_are_never_a_voice() {
     };
     let (prometheus, prom) = prometheus(tmp, &jobs(true));
     let http = Http::new();
-    await_query(
-        &http,
-        &prom,
-        r#"count(gpusweep_gpu_clean{Hostname="gpu-b"})"#,
-        "both voices for gpu-b",
-        |r| r.first().is_some_and(|(_, v)| is(*v, 16.0)),
-    );
+    await_two_voices(&http, &prom, "gpu-b");
     let wait = |host: &str| {
         let out = gpusweep(tmp)
             .env("GPUSWEEP_PROM_LOOKBACK", "3s")

@@ -109,6 +109,10 @@ impl Sshd {
             t.push_str(&format!("[{a}]:{} {alg} {b64}\n", self.port));
             t
         });
+        self.write_known_hosts(&text);
+    }
+    /// known_hosts as `text` says.
+    fn write_known_hosts(&self, text: &str) {
         std::fs::write(self.path("known_hosts"), text).expect("known_hosts");
     }
     /// The known_hosts line fields of a public key file: (algorithm, base64).
@@ -162,6 +166,13 @@ impl Drop for Sshd {
 
 fn json(o: &Output) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("json: {e}: {}", text(o)))
+}
+
+/// That the first host's error in a `snapshot --json` says each of `needles`.
+#[track_caller]
+fn assert_first_error(o: &Output, needles: &[&str]) {
+    let e = host_error(o, 0);
+    assert!(needles.iter().all(|n| e.contains(n)), "{e}");
 }
 
 #[test]
@@ -260,30 +271,20 @@ fn remote_sweep_then_wait_across_hosts() {
 fn host_keys_unknown_changed_and_learned() {
     let s = Sshd::start();
     let h = s.host(1);
-    std::fs::write(s.path("known_hosts"), "").expect("empty");
+    s.write_known_hosts("");
     let o = s.run(&Sshd::demo_agent(), &["snapshot", "--json", "--hosts", &h]);
-    let e = json(&o)["hosts"][0]["error"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    assert!(
-        e.contains("unknown host key") && e.contains("--accept-new"),
-        "{e}"
-    );
+    assert_first_error(&o, &["unknown host key", "--accept-new"]);
     s.known_hosts(&["127.0.0.1"], "other_host_ed25519.pub");
     let o = s.run(
         &Sshd::demo_agent(),
         &["snapshot", "--json", "--hosts", &h, "--accept-new"],
     );
-    let e = json(&o)["hosts"][0]["error"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let e = host_error(&o, 0);
     assert!(
         e.contains("HOST KEY CHANGED"),
         "a changed key is refused even with --accept-new: {e}"
     );
-    std::fs::write(s.path("known_hosts"), "").expect("empty");
+    s.write_known_hosts("");
     let o = s.run(
         &Sshd::demo_agent(),
         &["snapshot", "--json", "--hosts", &h, "--accept-new"],
@@ -308,14 +309,7 @@ fn failed_authentication_says_what_was_tried() {
         )
         .output()
         .expect("run");
-    let e = json(&o)["hosts"][0]["error"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    assert!(
-        e.contains("authentication failed for user root") && e.contains("bad_ed25519"),
-        "{e}"
-    );
+    assert_first_error(&o, &["authentication failed for user root", "bad_ed25519"]);
     assert_eq!(o.status.code(), Some(2), "no host could be read");
 }
 
@@ -326,24 +320,16 @@ fn garbage_instead_of_the_protocol() {
         "echo hello from a login banner; cat",
         &["snapshot", "--json", "--hosts", &s.host(1)],
     );
-    let e = json(&o)["hosts"][0]["error"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    assert!(
-        e.contains("did not speak the agent protocol") && e.contains("hello from a login banner"),
-        "{e}"
+    assert_first_error(
+        &o,
+        &[
+            "did not speak the agent protocol",
+            "hello from a login banner",
+        ],
     );
     let bad = r#"printf '%s\n' '{"type":"hello","protocol":1,"version":"t","host":"h","pid":1}' 'NOT JSON'; cat"#;
     let o = s.run(bad, &["snapshot", "--json", "--hosts", &s.host(1)]);
-    let e = json(&o)["hosts"][0]["error"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    assert!(
-        e.contains("garbage from the agent") && e.contains("NOT JSON"),
-        "{e}"
-    );
+    assert_first_error(&o, &["garbage from the agent", "NOT JSON"]);
 }
 
 /// Wait until `pid` has renamed itself.
@@ -575,11 +561,9 @@ fn revoked_keys_and_negated_patterns_in_known_hosts() {
     let s = Sshd::start();
     let (alg, b64) = s.key_fields("host_ed25519.pub");
     let port = s.port;
-    std::fs::write(
-        s.path("known_hosts"),
-        format!("[127.0.0.1]:{port} {alg} {b64}\n@revoked * {alg} {b64}\n"),
-    )
-    .expect("known_hosts");
+    s.write_known_hosts(&format!(
+        "[127.0.0.1]:{port} {alg} {b64}\n@revoked * {alg} {b64}\n"
+    ));
     let o = s.run(
         &Sshd::demo_agent(),
         &["snapshot", "--json", "--hosts", &s.host(1), "--accept-new"],
@@ -588,11 +572,9 @@ fn revoked_keys_and_negated_patterns_in_known_hosts() {
     assert!(e.contains("REVOKED") && e.contains("@revoked"), "{e}");
 
     // Every loopback host but 127.0.0.1: .2 is known, .1 is not (and is not learned without --accept-new).
-    std::fs::write(
-        s.path("known_hosts"),
-        format!("[127.0.0.*]:{port},![127.0.0.1]:{port} {alg} {b64}\n"),
-    )
-    .expect("known_hosts");
+    s.write_known_hosts(&format!(
+        "[127.0.0.*]:{port},![127.0.0.1]:{port} {alg} {b64}\n"
+    ));
     let o = s.run(
         &Sshd::demo_agent(),
         &[

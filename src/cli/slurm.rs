@@ -93,6 +93,17 @@ fn reason(watch: &Watch, snap: &HostSnapshot) -> String {
     truncate(&escape(&line), 240)
 }
 
+/// The gate's answer when the job's GPUs are not clean: the reason said, the node drained unless told not
+/// to; exit 1.
+fn not_clean(watch: &Watch, snap: &HostSnapshot, drains: bool) -> i32 {
+    let why = reason(watch, snap);
+    println!("{why}");
+    if drains {
+        drain(&why);
+    }
+    1
+}
+
 /// Drain this node with `why`, as slurmd names it (SLURMD_NODENAME). Failing to is said, never fatal: the
 /// non-zero exit drains it anyway.
 fn drain(why: &str) {
@@ -153,12 +164,7 @@ pub fn prolog(s: &Settings, a: &GateArgs) -> anyhow::Result<i32> {
         println!("gpusweep: job {job}: unknown: {b}");
         return Ok(2);
     }
-    let why = reason(&watch, &snaps[0]);
-    println!("{why}");
-    if !a.no_drain {
-        drain(&why);
-    }
-    Ok(1)
+    Ok(not_clean(&watch, &snaps[0], !a.no_drain))
 }
 
 /// Exit 0: the job's leftovers ended and its GPUs read zero; 1: not clean within --timeout (the reason
@@ -219,12 +225,7 @@ pub fn epilog(s: &Settings, a: &GateArgs) -> anyhow::Result<i32> {
         );
         return Ok(0);
     }
-    let why = reason(&watch, &last[0]);
-    println!("{why}");
-    if !a.no_drain {
-        drain(&why);
-    }
-    Ok(1)
+    Ok(not_clean(&watch, &last[0], !a.no_drain))
 }
 
 #[cfg(test)]

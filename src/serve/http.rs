@@ -108,6 +108,14 @@ async fn not_found() -> Response {
         .into_response()
 }
 
+/// What `answer` says of the host named `name` (by its place), or that there is no such host.
+fn one_host(web: &Web, name: &str, answer: impl FnOnce(usize) -> Response) -> Response {
+    match web.shared.host_index(name) {
+        Some(i) => answer(i),
+        None => no_such_host(web, name),
+    }
+}
+
 fn no_such_host(web: &Web, name: &str) -> Response {
     let names: Vec<&str> = web.shared.hosts.iter().map(|h| h.label.as_str()).collect();
     (
@@ -175,10 +183,7 @@ async fn host_metrics(
     Path(name): Path<String>,
     headers: axum::http::HeaderMap,
 ) -> Response {
-    match web.shared.host_index(&name) {
-        Some(i) => metrics(&web, &[i], &headers),
-        None => no_such_host(&web, &name),
-    }
+    one_host(&web, &name, |i| metrics(&web, &[i], &headers))
 }
 
 fn latest(web: &Web, i: usize) -> Option<Arc<Reading>> {
@@ -206,10 +211,7 @@ async fn all_snapshot(State(web): State<Web>) -> Response {
 }
 
 async fn host_snapshot(State(web): State<Web>, Path(name): Path<String>) -> Response {
-    match web.shared.host_index(&name) {
-        Some(i) => snapshot(&web, &[i]),
-        None => no_such_host(&web, &name),
-    }
+    one_host(&web, &name, |i| snapshot(&web, &[i]))
 }
 
 /// Why a host's reading cannot be trusted now, if it cannot.
@@ -273,10 +275,7 @@ async fn all_health(State(web): State<Web>) -> Response {
 }
 
 async fn host_health(State(web): State<Web>, Path(name): Path<String>) -> Response {
-    match web.shared.host_index(&name) {
-        Some(i) => health(&web, &[i]),
-        None => no_such_host(&web, &name),
-    }
+    one_host(&web, &name, |i| health(&web, &[i]))
 }
 
 #[derive(Debug, serde::Deserialize)]

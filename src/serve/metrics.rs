@@ -8,10 +8,10 @@ use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
-use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 
 use super::hub::{Reading, Shared};
@@ -574,35 +574,29 @@ pub fn gpus_readable(snap: &HostSnapshot) -> bool {
         && snap.gpus.iter().all(|g| g.memory.used.is_some())
 }
 
-/// The chosen hosts' counters, as one family.
-#[derive(Debug, Default)]
-struct CounterView(Vec<(Labels, prometheus_client::metrics::counter::Counter)>);
+/// The chosen hosts' counters or histograms, as one family (a serve's per-host paths show only theirs).
+#[derive(Debug)]
+struct HostsView<M>(Vec<(Labels, M)>);
 
-impl EncodeMetric for CounterView {
-    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        for (labels, c) in &self.0 {
-            c.encode(encoder.encode_family(labels)?)?;
-        }
-        Ok(())
-    }
-    fn metric_type(&self) -> MetricType {
-        MetricType::Counter
+// Empty whatever `M` is (derived, `Default` would ask it of a histogram, which has none).
+impl<M> Default for HostsView<M> {
+    fn default() -> Self {
+        HostsView(Vec::new())
     }
 }
 
-/// The chosen hosts' time-to-clean histograms, as one family (a serve's per-host paths show only theirs).
-#[derive(Debug, Default)]
-struct TimeToCleanView(Vec<(Labels, Histogram)>);
+type CounterView = HostsView<prometheus_client::metrics::counter::Counter>;
+type TimeToCleanView = HostsView<Histogram>;
 
-impl EncodeMetric for TimeToCleanView {
+impl<M: EncodeMetric + TypedMetric> EncodeMetric for HostsView<M> {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        for (labels, h) in &self.0 {
-            h.encode(encoder.encode_family(labels)?)?;
+        for (labels, x) in &self.0 {
+            x.encode(encoder.encode_family(labels)?)?;
         }
         Ok(())
     }
     fn metric_type(&self) -> MetricType {
-        MetricType::Histogram
+        M::TYPE
     }
 }
 

@@ -429,15 +429,20 @@ impl DemoHost {
         h
     }
 
-    fn blackwell(name: &str, clock: DemoClock) -> Self {
-        let mut h = Self::base(
+    /// Eight RTX PRO 6000 Blackwell parts (SM120), nothing on them yet.
+    fn pro6000(name: &str, clock: DemoClock) -> Self {
+        Self::base(
             name,
             clock,
             "NVIDIA RTX PRO 6000 Blackwell Server Edition",
             "12.0",
             PRO6000_TOTAL,
             PRO6000_RESERVED,
-        );
+        )
+    }
+
+    fn blackwell(name: &str, clock: DemoClock) -> Self {
+        let mut h = Self::pro6000(name, clock);
         h.procs.push(sp(
             5200,
             1,
@@ -468,14 +473,7 @@ impl DemoHost {
     /// for more shared memory per block than the part has and the rank dies; the seven others keep their
     /// memory, waiting on it in a collective until NCCL's watchdog fires.
     fn lost_rank(name: &str, clock: DemoClock) -> Self {
-        let mut h = Self::base(
-            name,
-            clock,
-            "NVIDIA RTX PRO 6000 Blackwell Server Edition",
-            "12.0",
-            PRO6000_TOTAL,
-            PRO6000_RESERVED,
-        );
+        let mut h = Self::pro6000(name, clock);
         h.procs.push(sp(6090, 1, 6090, "bash", "-bash"));
         let mut launcher = sp(
             6100,

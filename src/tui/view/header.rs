@@ -52,14 +52,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, banner: Rect) {
             Span::raw(format!(" {}h {total} GPUs ", app.store.hosts.len())),
             Span::styled(format!("{clean}✓ "), fg(app, Color::Green)),
             Span::styled(format!("{inuse}● "), fg(app, Color::Cyan)),
-            Span::styled(
-                format!("{leak}!"),
-                if leak > 0 {
-                    fg(app, Color::Red).add_modifier(Modifier::BOLD)
-                } else {
-                    Style::default()
-                },
-            ),
+            Span::styled(format!("{leak}!"), leak_style(app, leak)),
             Span::raw(if unknown > 0 {
                 format!(" {unknown}?")
             } else {
@@ -76,6 +69,15 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, banner: Rect) {
         render_wide(app, f, area, (clean, inuse, leak, unknown), &sweep);
     }
     render_banner(app, f, banner);
+}
+
+/// The count of leaking GPUs: bold red when there are any, plain at 0.
+fn leak_style(app: &App, leak: usize) -> Style {
+    if leak > 0 {
+        fg(app, Color::Red).add_modifier(Modifier::BOLD)
+    } else {
+        Style::default()
+    }
 }
 
 fn render_wide(
@@ -97,14 +99,7 @@ fn render_wide(
         Span::raw("  "),
         Span::styled(format!("{inuse} ● in use"), fg(app, Color::Cyan)),
         Span::raw("  "),
-        Span::styled(
-            format!("{leak} ! leak"),
-            if leak > 0 {
-                fg(app, Color::Red).add_modifier(Modifier::BOLD)
-            } else {
-                Style::default()
-            },
-        ),
+        Span::styled(format!("{leak} ! leak"), leak_style(app, leak)),
     ];
     if unknown > 0 {
         spans.push(Span::raw(format!("  {unknown} ? N/A")));

@@ -268,12 +268,7 @@ pub(super) fn silence_limits(
     connect_timeout: Duration,
 ) -> (Duration, Duration) {
     let every = serve_interval.map_or(interval, |s| s.min(interval));
-    let stale_after = every.saturating_mul(3).max(Duration::from_secs(3));
-    let give_up = every
-        .saturating_mul(10)
-        .max(stale_after.saturating_mul(2))
-        .max(connect_timeout);
-    (stale_after, give_up)
+    super::stream::silence_limits(every, connect_timeout)
 }
 
 /// Why an action on a host read over HTTP is refused.

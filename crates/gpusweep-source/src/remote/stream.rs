@@ -408,9 +408,12 @@ impl<'t> Conversation<'t> {
     }
 }
 
-/// How long a connected agent may say nothing before its data is called stale, and before the connection is
-/// given up and made again. An agent sends a reading every interval.
-fn silence_limits(interval: Duration, connect_timeout: Duration) -> (Duration, Duration) {
+/// How long a connected agent (or serve) may say nothing before its data is called stale, and before the
+/// connection is given up and made again, when it sends a reading every `interval`.
+pub(super) fn silence_limits(
+    interval: Duration,
+    connect_timeout: Duration,
+) -> (Duration, Duration) {
     let stale = interval.saturating_mul(3).max(Duration::from_secs(3));
     let timeout = interval
         .saturating_mul(10)

@@ -131,16 +131,7 @@ impl Poller {
         let now = gpusweep_core::model::now_ms();
         let mut listening = self.hosts.iter().any(|h| h.detached.load(Ordering::SeqCst));
         // A few moved: their series alone are read, named by `Hostname`.
-        let only = (n_moved * 4 <= self.hosts.len()).then(|| {
-            only_hosts(
-                self.hosts
-                    .iter()
-                    .zip(&moved)
-                    .zip(&self.by_hostname)
-                    .filter(|((_, m), _)| **m)
-                    .map(|((h, _), by_name)| by_name.then_some(h.name.as_str())),
-            )
-        });
+        let only = (n_moved * 4 <= self.hosts.len()).then(|| self.only(&moved));
         let narrowed = match (n_moved, &only) {
             (0, _) => None,
             (_, Some(Some(m))) => Some(Queries::new(&self.server, Some(m))),
@@ -166,6 +157,18 @@ impl Poller {
             None => listening,
             Some(q) => self.read((&q, &moved), &seen, now).await || listening,
         }
+    }
+
+    /// The `Hostname` matcher naming these hosts (by their place in `hosts`), if every one can be named.
+    fn only(&self, which: &[bool]) -> Option<String> {
+        only_hosts(
+            self.hosts
+                .iter()
+                .zip(which)
+                .zip(&self.by_hostname)
+                .filter(|((_, w), _)| **w)
+                .map(|((h, _), by_name)| by_name.then_some(h.name.as_str())),
+        )
     }
 
     /// Each host's part of a glance, by its place in `hosts`: looked up once.
@@ -239,15 +242,9 @@ impl Poller {
         if !wanted.contains(&true) {
             return listening;
         }
-        let only = only_hosts(
-            self.hosts
-                .iter()
-                .zip(&wanted)
-                .zip(&self.by_hostname)
-                .filter(|((_, w), _)| **w)
-                .map(|((h, _), by_name)| by_name.then_some(h.name.as_str())),
-        );
-        let narrowed = only.map(|m| Queries::new(&self.server, Some(&m)));
+        let narrowed = self
+            .only(&wanted)
+            .map(|m| Queries::new(&self.server, Some(&m)));
         let queries = narrowed.as_ref().unwrap_or(&self.queries);
         let polled = details(&self.server, &self.http, queries, &self.names, polled).await;
         listening |= self.apply(polled, Some(&wanted), true, seen, now);

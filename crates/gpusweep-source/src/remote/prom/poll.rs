@@ -35,6 +35,36 @@ pub(super) struct SummaryQueries {
 }
 
 impl Queries {
+    /// A whole read's queries, in the order `table` joins their answers.
+    pub(super) fn whole(&self) -> [&str; 7] {
+        [
+            &self.used,
+            &self.clean,
+            &self.unreadable,
+            &self.unexplained,
+            &self.findings,
+            &self.taken,
+            &self.up,
+        ]
+    }
+
+    /// A summary's queries, in the order `summary_table` joins their answers.
+    pub(super) fn summary(&self) -> [&str; 6] {
+        [
+            &self.used,
+            &self.clean,
+            &self.summary.unreadable,
+            &self.summary.findings,
+            &self.taken,
+            &self.up,
+        ]
+    }
+
+    /// What a summary leaves to read, in the order `fold_details` folds their answers.
+    pub(super) fn details(&self) -> [&str; 3] {
+        [&self.unreadable, &self.unexplained, &self.findings]
+    }
+
     /// Every host's series, or (`only`, a matcher on `Hostname`) those of some hosts.
     pub(super) fn new(p: &PromServer, only: Option<&str>) -> Queries {
         let lb = lookback();
@@ -142,11 +172,7 @@ pub(super) async fn glance(
     names: &Names,
     spent: &AtomicUsize,
 ) -> Result<Glance, String> {
-    let (revision, taken) = tokio::join!(
-        server.fetch(http, &q.revision, spent),
-        server.fetch(http, &q.taken, spent)
-    );
-    let (revision, taken) = (revision?, taken?);
+    let [revision, taken] = fetch_all(server, http, [&q.revision, &q.taken], spent).await?;
     let revision = server.samples(&revision)?;
     let taken = server.samples(&taken)?;
     let revision = sole_per_host(&revision, names);
@@ -248,14 +274,8 @@ pub(super) async fn identities(
     spent: &AtomicUsize,
 ) -> Result<Identities, String> {
     let [gpus_q, serve_q, usable_q, reserved_q] = identity_queries(p);
-    let (gpu_body, serve_body, usable_body, reserved_body) = tokio::join!(
-        p.fetch(http, &gpus_q, spent),
-        p.fetch(http, &serve_q, spent),
-        p.fetch(http, &usable_q, spent),
-        p.fetch(http, &reserved_q, spent)
-    );
-    let (gpu_body, serve_body) = (gpu_body?, serve_body?);
-    let (usable_body, reserved_body) = (usable_body?, reserved_body?);
+    let [gpu_body, serve_body, usable_body, reserved_body] =
+        fetch_all(p, http, [&gpus_q, &serve_q, &usable_q, &reserved_q], spent).await?;
     let mut ids = Identities {
         read_at: Some(Instant::now()),
         ..Default::default()
@@ -448,18 +468,7 @@ pub(super) async fn poll(
     names: &Names,
 ) -> Result<Polled, String> {
     let spent = AtomicUsize::new(0);
-    let bodies = tokio::join!(
-        server.fetch(http, &queries.used, &spent),
-        server.fetch(http, &queries.clean, &spent),
-        server.fetch(http, &queries.unreadable, &spent),
-        server.fetch(http, &queries.unexplained, &spent),
-        server.fetch(http, &queries.findings, &spent),
-        server.fetch(http, &queries.taken, &spent),
-        server.fetch(http, &queries.up, &spent),
-    );
-    let answers = [
-        bodies.0?, bodies.1?, bodies.2?, bodies.3?, bodies.4?, bodies.5?, bodies.6?,
-    ];
+    let answers = fetch_all(server, http, queries.whole(), &spent).await?;
     let (hosts, up) = table(server, names, &answers)?;
     let up = all_up(server, http, &hosts, up, &spent).await?;
     Ok((hosts, up))
@@ -474,17 +483,7 @@ pub(super) async fn summary(
     names: &Names,
     spent: &AtomicUsize,
 ) -> Result<(Polled, Vec<bool>), String> {
-    let bodies = tokio::join!(
-        server.fetch(http, &queries.used, spent),
-        server.fetch(http, &queries.clean, spent),
-        server.fetch(http, &queries.summary.unreadable, spent),
-        server.fetch(http, &queries.summary.findings, spent),
-        server.fetch(http, &queries.taken, spent),
-        server.fetch(http, &queries.up, spent),
-    );
-    let answers = [
-        bodies.0?, bodies.1?, bodies.2?, bodies.3?, bodies.4?, bodies.5?,
-    ];
+    let answers = fetch_all(server, http, queries.summary(), spent).await?;
     let ((hosts, up), details) = summary_table(server, names, &answers)?;
     let up = all_up(server, http, &hosts, up, spent).await?;
     Ok(((hosts, up), details))
@@ -500,21 +499,26 @@ pub(super) async fn details(
     polled: Polled,
 ) -> Result<Polled, String> {
     let spent = AtomicUsize::new(0);
-    let bodies = tokio::join!(
-        server.fetch(http, &queries.unreadable, &spent),
-        server.fetch(http, &queries.unexplained, &spent),
-        server.fetch(http, &queries.findings, &spent),
-    );
+    let answers = fetch_all(server, http, queries.details(), &spent).await?;
     let (mut hosts, up) = polled;
-    fold_details(
-        server,
-        names,
-        &mut hosts,
-        &[bodies.0?, bodies.1?, bodies.2?],
-    )?;
+    fold_details(server, names, &mut hosts, &answers)?;
     // A target heard only in the details is asked for its `up` too.
     let up = all_up(server, http, &hosts, up, &spent).await?;
     Ok((hosts, up))
+}
+
+/// Ask these queries together, within `spent`'s share: their answers in the same order, or the first error.
+pub(super) async fn fetch_all<const N: usize>(
+    server: &PromServer,
+    http: &HttpClient,
+    queries: [&str; N],
+    spent: &AtomicUsize,
+) -> Result<[bytes::Bytes; N], String> {
+    let answers = futures::future::join_all(queries.map(|q| server.fetch(http, q, spent))).await;
+    let answers: Vec<bytes::Bytes> = answers.into_iter().collect::<Result<_, _>>()?;
+    answers
+        .try_into()
+        .map_err(|_| "Prometheus: an answer went missing".to_string())
 }
 
 /// `up` of every target whose series came: those the `up` query left out (their series came without

@@ -5,6 +5,7 @@ use super::answer::{Sample, Up};
 use super::poll::{Names, Polled};
 use super::query::Query;
 use super::reading::HostData;
+use Part::{Clean, Findings, Taken, Unexplained, Unreadable, Used};
 
 /// What an answer says of each host it names.
 #[derive(Clone, Copy)]
@@ -38,13 +39,13 @@ pub(super) fn of<'t>(
 
 /// Fold answers into `hosts` (by each name's place in `names`), each parsed, folded in and let go before
 /// the next: one answer's samples are held at a time.
-pub(super) fn fold(
+pub(super) fn fold<'b>(
     server: &PromServer,
     names: &Names,
     hosts: &mut [Option<HostData>],
-    answers: &[(Part, &[u8])],
+    answers: impl IntoIterator<Item = (Part, &'b bytes::Bytes)>,
 ) -> Result<(), String> {
-    for &(part, body) in answers {
+    for (part, body) in answers {
         for sample in server.samples(body)? {
             fold_sample(names, hosts, part, &sample);
         }
@@ -117,9 +118,16 @@ pub(super) fn ups(server: &PromServer, body: &[u8]) -> Result<Up, String> {
         .collect())
 }
 
-/// No host's data yet, one place for each name.
-pub(super) fn empty(names: &Names) -> Vec<Option<HostData>> {
-    std::iter::repeat_with(|| None).take(names.len()).collect()
+/// Answers folded into new per-host data, one place for each name.
+fn folded<'b>(
+    server: &PromServer,
+    names: &Names,
+    answers: impl IntoIterator<Item = (Part, &'b bytes::Bytes)>,
+) -> Result<Vec<Option<HostData>>, String> {
+    let mut hosts: Vec<Option<HostData>> =
+        std::iter::repeat_with(|| None).take(names.len()).collect();
+    fold(server, names, &mut hosts, answers)?;
+    Ok(hosts)
 }
 
 /// The answers of one whole read (in the order of `Queries`' fields), joined into per-host data.
@@ -129,20 +137,9 @@ pub(super) fn table(
     answers: &[bytes::Bytes; 7],
 ) -> Result<Polled, String> {
     let [used, clean, unreadable, unexplained, findings, taken, up] = answers;
-    let mut hosts = empty(names);
-    fold(
-        server,
-        names,
-        &mut hosts,
-        &[
-            (Part::Used, used),
-            (Part::Clean, clean),
-            (Part::Unreadable, unreadable),
-            (Part::Unexplained, unexplained),
-            (Part::Findings, findings),
-            (Part::Taken, taken),
-        ],
-    )?;
+    let parts = [Used, Clean, Unreadable, Unexplained, Findings, Taken];
+    let bodies = [used, clean, unreadable, unexplained, findings, taken];
+    let hosts = folded(server, names, parts.into_iter().zip(bodies))?;
     Ok((hosts, ups(server, up)?))
 }
 
@@ -154,17 +151,11 @@ pub(super) fn summary_table(
     answers: &[bytes::Bytes; 6],
 ) -> Result<(Polled, Vec<bool>), String> {
     let [used, clean, unreadable, findings, taken, up] = answers;
-    let mut hosts = empty(names);
-    fold(
+    let parts = [Used, Clean, Unreadable, Taken];
+    let mut hosts = folded(
         server,
         names,
-        &mut hosts,
-        &[
-            (Part::Used, used),
-            (Part::Clean, clean),
-            (Part::Unreadable, unreadable),
-            (Part::Taken, taken),
-        ],
+        parts.into_iter().zip([used, clean, unreadable, taken]),
     )?;
     let details = details_wanted(server, names, &mut hosts, findings)?;
     Ok(((hosts, ups(server, up)?), details))
@@ -210,15 +201,6 @@ pub(super) fn fold_details(
     hosts: &mut [Option<HostData>],
     answers: &[bytes::Bytes; 3],
 ) -> Result<(), String> {
-    let [unreadable, unexplained, findings] = answers;
-    fold(
-        server,
-        names,
-        hosts,
-        &[
-            (Part::Unreadable, unreadable),
-            (Part::Unexplained, unexplained),
-            (Part::Findings, findings),
-        ],
-    )
+    let parts = [Unreadable, Unexplained, Findings];
+    fold(server, names, hosts, parts.into_iter().zip(answers))
 }

@@ -9,6 +9,21 @@ use super::connect::Client;
 use crate::remote::stream::read_line_bounded;
 use gpusweep_core::protocol::MAX_LINE_BYTES;
 
+/// A session channel running `command`.
+async fn open_exec(
+    handle: &Handle<Client>,
+    command: &str,
+) -> Result<russh::Channel<russh::client::Msg>, String> {
+    let ch = handle
+        .channel_open_session()
+        .await
+        .map_err(|e| format!("open channel: {e}"))?;
+    ch.exec(true, command)
+        .await
+        .map_err(|e| format!("exec: {e}"))?;
+    Ok(ch)
+}
+
 /// Run a command to completion: (exit status, stdout), stdin fed from `input`. Output is bounded.
 pub async fn exec(
     handle: &Handle<Client>,
@@ -16,13 +31,7 @@ pub async fn exec(
     input: Option<&[u8]>,
     max: usize,
 ) -> Result<(Option<u32>, Vec<u8>), String> {
-    let mut ch = handle
-        .channel_open_session()
-        .await
-        .map_err(|e| format!("open channel: {e}"))?;
-    ch.exec(true, command)
-        .await
-        .map_err(|e| format!("exec: {e}"))?;
+    let mut ch = open_exec(handle, command).await?;
     if let Some(data) = input {
         ch.data_bytes(data.to_vec())
             .await
@@ -76,13 +85,7 @@ pub async fn start_agent(
     )>,
     String,
 > {
-    let ch = handle
-        .channel_open_session()
-        .await
-        .map_err(|e| format!("open channel: {e}"))?;
-    ch.exec(true, line)
-        .await
-        .map_err(|e| format!("exec: {e}"))?;
+    let ch = open_exec(handle, line).await?;
     let (r, w) = tokio::io::split(ch.into_stream());
     let mut r = BufReader::new(r);
     let first = read_line_bounded(&mut r, MAX_LINE_BYTES)

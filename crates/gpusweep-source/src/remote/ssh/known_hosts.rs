@@ -231,45 +231,37 @@ mod tests {
     fn plain_wildcard_negated_and_revoked() {
         let k = key(ED);
         let n = "[10.0.0.5]:2222";
+        let known = |file: &str| check(file, n, &k);
+        assert_eq!(known(&format!("{n} ssh-ed25519 {ED}\n")), Known::Match);
         assert_eq!(
-            check(&format!("{n} ssh-ed25519 {ED}\n"), n, &k),
+            known(&format!("[10.0.0.*]:2222 ssh-ed25519 {ED}\n")),
             Known::Match
         );
         assert_eq!(
-            check(&format!("[10.0.0.*]:2222 ssh-ed25519 {ED}\n"), n, &k),
-            Known::Match
-        );
-        assert_eq!(
-            check(
-                &format!("[10.0.0.*]:2222,![10.0.0.5]:2222 ssh-ed25519 {ED}\n"),
-                n,
-                &k
-            ),
+            known(&format!(
+                "[10.0.0.*]:2222,![10.0.0.5]:2222 ssh-ed25519 {ED}\n"
+            )),
             Known::Unknown,
             "a negated pattern excludes the line"
         );
         assert_eq!(
-            check(
-                &format!("{n} ssh-ed25519 {ED}\n@revoked * ssh-ed25519 {ED}\n"),
-                n,
-                &k
-            ),
+            known(&format!(
+                "{n} ssh-ed25519 {ED}\n@revoked * ssh-ed25519 {ED}\n"
+            )),
             Known::Revoked { line: 2 },
             "revoked wins over a match"
         );
+        let changed = Known::Changed {
+            line: 3,
+            algorithm: "ssh-ed25519".into(),
+        };
         assert_eq!(
-            check(&format!("# comment\n\n{n} ssh-ed25519 {ED2}\n"), n, &k),
-            Known::Changed {
-                line: 3,
-                algorithm: "ssh-ed25519".into()
-            }
+            known(&format!("# comment\n\n{n} ssh-ed25519 {ED2}\n")),
+            changed
         );
+        assert_eq!(known(&format!("other ssh-ed25519 {ED2}\n")), Known::Unknown);
         assert_eq!(
-            check(&format!("other ssh-ed25519 {ED2}\n"), n, &k),
-            Known::Unknown
-        );
-        assert_eq!(
-            check(&format!("@cert-authority * ssh-ed25519 {ED2}\n"), n, &k),
+            known(&format!("@cert-authority * ssh-ed25519 {ED2}\n")),
             Known::Unknown
         );
     }
