@@ -1370,3 +1370,32 @@ fn a_quiet_hosts_summary_is_its_reading_and_only_a_loud_hosts_details_are_read()
         assert!(kinds.contains(&k), "gpu-b1 lost {k}: {kinds:?}");
     }
 }
+
+/// A Prometheus slower than `--connect-timeout` (a large fleet's first read on a busy server): every host is
+/// unreadable, never clean, and the error says how to wait longer.
+#[test]
+fn a_first_read_past_the_connect_timeout_is_unreadable_and_says_how_to_wait() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    answer_queries(listener, |req| {
+        if hosts_query(req) {
+            return r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"Hostname":"n1","instance":"n1"},"value":[1,"1"]}]}}"#.to_string();
+        }
+        // Every other answer comes long after the client stopped waiting.
+        std::thread::sleep(Duration::from_secs(20));
+        NO_SERIES.to_string()
+    });
+    let out = gpusweep(dir.path())
+        .args(["snapshot", "--json", "--connect-timeout", "1"])
+        .args(["--hosts", &format!("prom:{url}")])
+        .output()
+        .expect("snapshot");
+    let t = crate::support::exited(&out, 2);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let error = v["hosts"][0]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("within 1s") && error.contains("--connect-timeout"),
+        "{error}\n{t}"
+    );
+}

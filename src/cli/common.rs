@@ -102,7 +102,10 @@ async fn gather(
             got[i] = Some(snap);
         }
     }
-    let why = format!("{missing} within {}s", timeout.as_secs());
+    let why = format!(
+        "{missing} within {}s (--connect-timeout SECS waits longer)",
+        timeout.as_secs()
+    );
     got.into_iter()
         .enumerate()
         .map(|(i, s)| s.unwrap_or_else(|| fleet.unreadable(HostId(i), &why)))
