@@ -40,6 +40,12 @@ for m in $(seq 1 "$MIN"); do
   say "$line"
 done
 kill $W 2>/dev/null
+# Where each one's resident memory is: by mapping (the binary, libnvidia-ml, anonymous), the largest first.
+for p in $S $N; do
+  say "resident by mapping, $(cat /proc/$p/comm 2>/dev/null) (kB): $(grep -E '^(Anonymous|Rss):' /proc/$p/smaps_rollup 2>/dev/null | tr -s ' ' | tr '\n' ' ')"
+  awk '$0 ~ /^[0-9a-f]+-[0-9a-f]+ / {name = ($6 == "" ? "[anonymous]" : $6)} /^Rss:/ {r[name] += $2}
+       END {for (n in r) if (r[n] >= 256) print "  " r[n], n}' "/proc/$p/smaps" 2>/dev/null | sort -rn | head -8 | tee -a "$L"
+done
 say "serve's metrics: $(curl -s http://127.0.0.1:19401/metrics | grep -vc '^#') samples"
 kill $S $N $X 2>/dev/null; wait 2>/dev/null
 say "== the uncached snapshot path (no serve running), 30 runs each, alternating"
