@@ -1399,3 +1399,39 @@ fn a_first_read_past_the_connect_timeout_is_unreadable_and_says_how_to_wait() {
         "{error}\n{t}"
     );
 }
+
+/// A dcgm-exporter target whose GPU 0 is gone (fallen off the bus: only GPU 3 reports) is still a target
+/// Prometheus scrapes: its host is read, never called unscraped.
+#[test]
+fn a_host_without_gpu_0_is_read_from_its_scraped_target() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let body = "# TYPE DCGM_FI_DEV_FB_USED gauge\nDCGM_FI_DEV_FB_USED{gpu=\"3\",UUID=\"GPU-l3\",device=\"nvidia3\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"lone-gpu\"} 512\n".to_string();
+    let target = static_target(body);
+    let (_prom, url) = prometheus(tmp, &[("dcgm", vec![target])]);
+    await_query(
+        &Http::new(),
+        &url,
+        "DCGM_FI_DEV_FB_USED",
+        "GPU 3 scraped",
+        |r| r.len() == 1,
+    );
+    let out = gpusweep(tmp)
+        .env("GPUSWEEP_TRACE", "1")
+        .args(["snapshot", "--json", "--hosts", &format!("prom:{url}")])
+        .output()
+        .expect("snapshot");
+    let trace = text(&out);
+    // The `up` query names targets by their GPU 0: this one's `up` is asked for by its instance.
+    assert!(trace.contains("(up{instance=~"), "{trace}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let host = &v["hosts"][0];
+    assert_eq!(host["host"], "lone-gpu", "{v}");
+    assert!(host["error"].is_null(), "{host}");
+    assert_eq!(host["gpus"][0]["index"], 3, "{host}");
+    assert_eq!(
+        host["gpus"][0]["memory"]["used"].as_u64(),
+        Some(512 * 1024 * 1024),
+        "{host}"
+    );
+}

@@ -112,16 +112,24 @@ impl Queries {
             ),
             // `up` of the scrape targets whose series the selector picks: Prometheus's own word on which
             // addresses it scrapes (a target's labels cannot add one), whatever labels the selector names.
+            // One memory series a target (its GPU 0's) is enough to name it: a target whose GPU 0 is gone
+            // has its `up` asked by instance after (`all_up`), as any target this query leaves out.
             up: format!(
                 "max by (job, instance) (up and on (job, instance) group by (job, instance) \
                  (last_over_time({}[{lb}]) or last_over_time({}[{lb}]))) \
                  or max by (job, instance) (up == 0)",
-                sel(m::FB_USED),
+                p.sel_only(
+                    m::FB_USED,
+                    Some(&only.map_or(GPU_0.to_string(), |o| format!("{o},{GPU_0}")))
+                ),
                 sel(m::SERVE_INFO)
             ),
         }
     }
 }
+
+/// The matcher of a target's first GPU.
+const GPU_0: &str = r#"gpu="0""#;
 
 /// The first, cheap step of every poll: one series per host of a serve, its revision and its reading's
 /// time. Only hosts whose revision moved (or that have none: dcgm-exporter's, a serve before revisions)

@@ -488,7 +488,11 @@ fn queries_carry_the_selector() {
         r#"sum by (Hostname, hostname, job, instance, gpu) (max by (Hostname, hostname, job, instance, gpu, GPU_I_ID) (DCGM_FI_DEV_FB_USED{job="gpu"}))"#
     );
     assert!(q.up.starts_with("max by (job, instance) (up and on (job, instance)"));
-    assert!(q.up.contains(r#"DCGM_FI_DEV_FB_USED{job="gpu"}[10m]"#));
+    assert!(
+        q.up.contains(r#"DCGM_FI_DEV_FB_USED{job="gpu",gpu="0"}[10m]"#),
+        "{}",
+        q.up
+    );
     let p = server("http://p:9090", "");
     assert!(
         Queries::new(&p, None)
