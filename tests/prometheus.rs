@@ -166,6 +166,18 @@ fn stop_target(c: &Http, prom: &str, target: &mut Proc, addr: &str) {
     );
 }
 
+/// `snapshot --json` of `prom:URL` with `GPUSWEEP_TRACE=1`: the document and the trace (stderr and stdout,
+/// each query's line naming it up to 200 characters).
+fn traced_snapshot(dir: &Path, url: &str) -> (serde_json::Value, String) {
+    let out = gpusweep(dir)
+        .env("GPUSWEEP_TRACE", "1")
+        .args(["snapshot", "--json", "--hosts", &format!("prom:{url}")])
+        .output()
+        .expect("snapshot");
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    (v, text(&out))
+}
+
 fn snapshot_json(dir: &Path, spec: &str) -> serde_json::Value {
     let out = gpusweep(dir)
         .args(["snapshot", "--json", "--hosts", spec])
@@ -1313,12 +1325,7 @@ fn a_quiet_hosts_summary_is_its_reading_and_only_a_loud_hosts_details_are_read()
         "both serves' summaries and GPUs",
         |r| r.first().is_some_and(|(_, v)| is(*v, 2.0)),
     );
-    let out = gpusweep(tmp)
-        .env("GPUSWEEP_TRACE", "1")
-        .args(["snapshot", "--json", "--hosts", &format!("prom:{prom}")])
-        .output()
-        .expect("snapshot");
-    let trace = text(&out);
+    let (v, trace) = traced_snapshot(tmp, &prom);
     let asked = |q: &str| {
         trace
             .lines()
@@ -1345,7 +1352,7 @@ fn a_quiet_hosts_summary_is_its_reading_and_only_a_loud_hosts_details_are_read()
     }
     // Its memory and clean came with the summary: not asked again.
     assert_eq!(asked("gpusweep_gpu_clean{Hostname"), 0, "{trace}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+
     assert_eq!(crate::support::host_names(&v), ["gpu-a1", "gpu-b1"], "{v}");
     let quiet = &v["hosts"][0];
     assert!(quiet["error"].is_null(), "{quiet}");
@@ -1416,15 +1423,9 @@ fn a_host_without_gpu_0_is_read_from_its_scraped_target() {
         "GPU 3 scraped",
         |r| r.len() == 1,
     );
-    let out = gpusweep(tmp)
-        .env("GPUSWEEP_TRACE", "1")
-        .args(["snapshot", "--json", "--hosts", &format!("prom:{url}")])
-        .output()
-        .expect("snapshot");
-    let trace = text(&out);
+    let (v, trace) = traced_snapshot(tmp, &url);
     // The `up` query names targets by their GPU 0: this one's `up` is asked for by its instance.
     assert!(trace.contains("(up{instance=~"), "{trace}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     let host = &v["hosts"][0];
     assert_eq!(host["host"], "lone-gpu", "{v}");
     assert!(host["error"].is_null(), "{host}");
