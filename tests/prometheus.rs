@@ -1389,6 +1389,10 @@ fn a_first_read_past_the_connect_timeout_is_unreadable_and_says_how_to_wait() {
         if hosts_query(req) {
             return r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"Hostname":"n1","instance":"n1"},"value":[1,"1"]}]}}"#.to_string();
         }
+        // Which targets are down: none, at once (discovery waits for it within the same timeout).
+        if down_query(req) {
+            return NO_SERIES.to_string();
+        }
         // Every other answer comes long after the client stopped waiting.
         std::thread::sleep(Duration::from_secs(20));
         NO_SERIES.to_string()
@@ -1400,6 +1404,8 @@ fn a_first_read_past_the_connect_timeout_is_unreadable_and_says_how_to_wait() {
         .expect("snapshot");
     let t = crate::support::exited(&out, 2);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    // Discovery answered: the host is the one it named, and its reading is what did not come.
+    assert_eq!(crate::support::host_names(&v), ["n1"], "{t}");
     let error = v["hosts"][0]["error"].as_str().unwrap_or_default();
     assert!(
         error.contains("within 1s") && error.contains("--connect-timeout"),
