@@ -793,9 +793,11 @@ fn losses<'a>(
             continue;
         }
         let now = snap.proc(*pid).filter(|p| p.start_time == s.start_time);
-        let unreaped = now.is_some_and(|p| p.state.is_zombie());
+        // Exited: a zombie not reaped yet, or still on its way out (its files closed while the driver frees
+        // its memory, read in that window).
+        let exited = now.is_some_and(|p| p.state.is_zombie() || p.exiting);
         // Alive but no longer on a GPU: it let go of its device, which is no loss.
-        if now.is_none() || unreaped {
+        if now.is_none() || exited {
             lost.push(LostRank {
                 pid: *pid,
                 gpus: s.gpus.clone(),

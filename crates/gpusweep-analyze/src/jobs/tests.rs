@@ -345,6 +345,33 @@ fn a_killed_rank_left_a_zombie_off_the_gpu_is_lost() {
     );
 }
 
+/// A rank SIGKILLed and read while it exits: its files closed (no device file, NVML no longer lists it) while
+/// the driver frees its memory, so no member of the job, yet in /proc and not a zombie yet. It is lost, not
+/// "let go of its GPU" (seen on an H100: a rank killed mid-warm-up read in that window, and never named).
+#[test]
+fn a_killed_rank_read_while_it_exits_is_lost() {
+    let mut b = JobBook::new(opts());
+    b.observe(&reading(0, &[Some(8192); 3], &[]), 0);
+    let mut r = reading(0, &[Some(8192); 3], &['S', 'R', 'S']);
+    r.gpus[1].processes.clear();
+    r.holders.retain(|h| h.pid != 102);
+    for p in r.processes.iter_mut().filter(|p| p.pid == 102) {
+        p.exiting = true;
+    }
+    let seen = b.observe(&r, S);
+    assert!(
+        seen.reports[0]
+            .lost
+            .iter()
+            .any(|l| l.pid == 102 && l.how == LostHow::Exited),
+        "{:?}",
+        seen.reports[0]
+    );
+    // Gone the reading after: said once.
+    let seen = b.observe(&reading(0, &[Some(8192), None, Some(8192)], &[]), 2 * S);
+    assert_eq!(seen.reports[0].lost.len(), 1, "{:?}", seen.reports[0]);
+}
+
 #[test]
 fn the_whole_job_ending_at_once_loses_no_rank() {
     let mut b = JobBook::new(opts());
