@@ -57,6 +57,13 @@ cmds = {
     "gpusweep snapshot --json --no-serve --no-gauges": [bin, "snapshot", "--json", "--no-serve", "--no-gauges"],
     "nvidia-smi --query-gpu=memory.used": ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader"],
     "nvidia-smi --query-gpu=memory.used,utilization.gpu": ["nvidia-smi", "--query-gpu=memory.used,utilization.gpu", "--format=csv,noheader"],
+    "nvidia-smi --query-gpu=memory.used,utilization.gpu,temperature.gpu,power.draw": ["nvidia-smi", "--query-gpu=memory.used,utilization.gpu,temperature.gpu,power.draw", "--format=csv,noheader"],
+}
+# What each reads alike: the verdict reads memory, processes and utilization (clean means idle); the full
+# reading the gauges too.
+alike = {
+    "gpusweep snapshot --json --no-serve --no-gauges": "nvidia-smi --query-gpu=memory.used,utilization.gpu",
+    "gpusweep snapshot --json --no-serve": "nvidia-smi --query-gpu=memory.used,utilization.gpu,temperature.gpu,power.draw",
 }
 t = {k: [] for k in cmds}
 for _ in range(30):
@@ -65,5 +72,6 @@ for _ in range(30):
 base = statistics.median(t["nvidia-smi --query-gpu=memory.used"])
 for k, v in t.items():
     m = statistics.median(v)
-    print(f"{k:55s} median {m*1000:6.2f} ms  {m/base:.2f}x nvidia-smi memory.used")
+    same = f"  {m/statistics.median(t[alike[k]]):.2f}x nvidia-smi reading the same" if k in alike else ""
+    print(f"{k:55s} median {m*1000:6.2f} ms  {m/base:.2f}x nvidia-smi memory.used{same}")
 PY

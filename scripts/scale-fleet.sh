@@ -5,7 +5,8 @@
 #   prom  the same serve scraped by a real Prometheus (one target per host), read as one prom: spec
 # For each: the first complete `snapshot --json` (every host read), the TUI's first complete view (its
 # --events file holds a host_up for every host), and the TUI's CPU and memory at a 1 s poll over SECS.
-#   scripts/scale-fleet.sh MODE N [SECS]      (needs tmux; prom needs prometheus; SCRAPE=15s its interval)
+#   scripts/scale-fleet.sh MODE N [SECS]      (needs tmux; prom needs prometheus; SCRAPE=15s its interval;
+#                                              PERF=FILE profiles the TUI meanwhile; BIN=PATH the build)
 # all-smi's viewer, measured the same way on its own mock nodes: scripts/scale-allsmi.sh N [SECS].
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -85,7 +86,13 @@ sleep 3
 C0=$(awk '{print $14+$15}' "/proc/$PID/stat")
 [ -n "${SERVE_PID:-}" ] && S0=$(awk '{print $14+$15}' "/proc/$SERVE_PID/stat")
 [ -n "${PROM_PID:-}" ] && P0=$(awk '{print $14+$15}' "/proc/$PROM_PID/stat")
-sleep "$SECS"
+# PERF=FILE: the TUI profiled over the same window (a build with symbols: CARGO_PROFILE_RELEASE_DEBUG=1
+# CARGO_PROFILE_RELEASE_STRIP=false), read with `perf report -i FILE`.
+if [ -n "${PERF:-}" ]; then
+  perf record -q -F 499 --call-graph dwarf,16384 -p "$PID" -o "$PERF" -- sleep "$SECS" 2>/dev/null
+else
+  sleep "$SECS"
+fi
 C1=$(awk '{print $14+$15}' "/proc/$PID/stat")
 if [ -n "${SERVE_PID:-}" ]; then
   S1=$(awk '{print $14+$15}' "/proc/$SERVE_PID/stat")

@@ -2633,6 +2633,102 @@ fn memory_alone_travels_and_the_client_puts_it_onto_the_reading_it_has() {
     });
 }
 
+/// Each event of a raw stream read so far: its kind and data, in order.
+fn events(got: &str) -> Vec<(String, String)> {
+    got.split("\n\n")
+        .filter_map(|e| {
+            let kind = e.lines().find_map(|l| l.strip_prefix("event: "))?;
+            let data = e.lines().find_map(|l| l.strip_prefix("data: "))?;
+            Some((kind.to_string(), data.to_string()))
+        })
+        .collect()
+}
+
+/// A warming host with a straggler: its finding's bytes move with every step of the warm-up, so each
+/// reading was sent whole (13 KB a second a host on the demo's 8 GPUs). A stream that asks `findings=moved`
+/// gets the memory with the findings instead; one that does not gets no findings in a `memory` event.
+#[test]
+fn a_stragglers_moving_figures_travel_with_the_memory_not_as_whole_readings() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().expect("tmp");
+    let serve = Serve::start(
+        dir.path(),
+        &[
+            "--demo",
+            "--hosts",
+            "gpu-a",
+            "--interval",
+            "250ms",
+            "--no-socket",
+        ],
+        &[],
+    );
+    let open = |query: &str| {
+        let mut s =
+            std::net::TcpStream::connect(serve.addr.as_deref().expect("http")).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("timeout");
+        write!(s, "GET /api/v1/events?hosts=gpu-a&{query} HTTP/1.0\r\n\r\n").expect("ask");
+        s
+    };
+    let (mut with, mut without) = (open("memory=moved&findings=moved"), open("memory=moved"));
+    let carries_straggler = |data: &str| {
+        serde_json::from_str::<serde_json::Value>(data).is_ok_and(|m| {
+            m["findings"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|f| f["kind"] == "straggler"))
+        })
+    };
+    let (mut got, mut buf) = (String::new(), vec![0u8; 65536]);
+    let t = Instant::now();
+    // Until five memory events carried the straggler's finding (it is said some seconds into the warm-up).
+    while events(&got)
+        .iter()
+        .filter(|(k, d)| k == "memory" && carries_straggler(d))
+        .count()
+        < 5
+    {
+        assert!(t.elapsed() < Duration::from_secs(60), "{got}");
+        let n = with.read(&mut buf).expect("the stream goes on");
+        assert!(n > 0, "{got}");
+        got.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let seen = events(&got);
+    let first = seen
+        .iter()
+        .position(|(k, d)| k == "memory" && carries_straggler(d))
+        .expect("one");
+    // From the first on, the readings went as memory with findings, not whole (a finding of something new
+    // still goes whole: at most one here).
+    let whole_after = seen[first..]
+        .iter()
+        .filter(|(k, _)| k == "snapshot")
+        .count();
+    assert!(whole_after <= 1, "{whole_after} whole readings: {got}");
+    let (_, data) = &seen[first];
+    assert!(data.len() < 4096, "{} bytes: {data}", data.len());
+    let m: serde_json::Value = serde_json::from_str(data).expect("json");
+    assert_eq!(m["used"].as_array().map(Vec::len), Some(8), "{data}");
+    // The stream that did not ask: the same readings whole, never findings in a memory event.
+    without
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut other = String::new();
+    while other.matches("event: snapshot").count() < 3 {
+        let n = without.read(&mut buf).expect("the stream goes on");
+        assert!(n > 0, "{other}");
+        other.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    assert!(
+        events(&other)
+            .iter()
+            .all(|(k, d)| k != "memory" || !d.contains("\"findings\"")),
+        "{other}"
+    );
+    let refused = serve.raw_get("/api/v1/events?memory=moved&findings=some");
+    assert!(refused.starts_with("HTTP/1.0 400"), "{refused}");
+}
+
 #[test]
 fn a_serve_open_beyond_loopback_without_a_token_says_so() {
     let dir = tempfile::tempdir().expect("tmp");

@@ -102,6 +102,7 @@ impl Demo {
                     charged,
                     gauges: Some(snap.gauges()),
                     moved: None,
+                    findings: None,
                 }
             })
         });
@@ -745,6 +746,7 @@ fn reducer_memory_alone_shows_what_whole_readings_show() {
         leaks: 0,
         all_clean: true,
         content: 1,
+        from: (None, None),
     };
     let eff = fresh.update(Action::Update(HostId(0), Judgement::Memory(Box::new(m))));
     assert!(matches!(eff[..], [Effect::Whole(HostId(0))]), "{eff:?}");

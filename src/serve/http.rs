@@ -289,6 +289,9 @@ pub struct EventsQuery {
     gauges: Option<String>,
     /// `moved`: a reading that reads as the last one sent but for its memory is sent as a `memory` event.
     memory: Option<String>,
+    /// `moved` (with `memory=moved`): also one whose findings moved only in their figures (a straggler's
+    /// bytes), the findings sent with the memory.
+    findings: Option<String>,
 }
 
 async fn all_events(
@@ -347,6 +350,8 @@ struct Asked {
     only_moved: bool,
     /// It is sent `memory` events.
     memory_alone: bool,
+    /// Its `memory` events may carry findings whose figures moved.
+    with_findings: bool,
 }
 
 impl Drop for Asked {
@@ -387,6 +392,10 @@ fn events(web: Web, hosts: &[usize], q: &EventsQuery, resume: Option<(u64, u64)>
         Ok(b) => b,
         Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),
     };
+    let with_findings = match choice("findings", q.findings.as_deref(), "whole", "moved") {
+        Ok(b) => b,
+        Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),
+    };
     let Ok(place) = web.streams.clone().try_acquire_owned() else {
         let mut r = (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -422,6 +431,7 @@ fn events(web: Web, hosts: &[usize], q: &EventsQuery, resume: Option<(u64, u64)>
         unknown,
         only_moved,
         memory_alone,
+        with_findings: memory_alone && with_findings,
     };
     let mut r =
         axum::body::Body::from_stream(stream(web.shared, hosts, asked, resume)).into_response();
@@ -492,6 +502,8 @@ struct Follow {
     only_moved: bool,
     /// A reading that reads as the last one it sent but for its memory goes as `memory` (`memory=moved`).
     memory_alone: bool,
+    /// And one whose findings moved only in their figures, with them (`findings=moved`).
+    with_findings: bool,
 }
 
 /// The events of a host's new reading for a stream: the whole snapshot when it says something new to this
@@ -518,7 +530,15 @@ fn reading_events(shared: &Shared, f: &mut Follow, out: &mut Vec<Frame>) {
             moved,
         };
         out.push(event(sse::Kind::Unchanged, &u));
-    } else if f.memory_alone && f.content.is_some() && f.content == r.memory_from {
+    } else if f.memory_alone
+        && f.content.is_some()
+        && (f.content == r.memory_from || (f.with_findings && f.content == r.figures_from))
+    {
+        // Findings whose figures moved go with the memory, as this reader may see them.
+        let findings = (f.content != r.memory_from).then(|| {
+            super::redact::redact(&r.snap, shared.http_view)
+                .map_or_else(|| r.snap.findings.clone(), |s| s.findings)
+        });
         f.content = Some(r.content);
         let (all, moved) = moved_gauges(f, gauges);
         let (used, charged) = r.snap.memory_numbers();
@@ -529,6 +549,7 @@ fn reading_events(shared: &Shared, f: &mut Follow, out: &mut Vec<Frame>) {
             charged,
             gauges: all,
             moved,
+            findings,
         };
         out.push(event(sse::Kind::Memory, &m));
     } else {
@@ -675,6 +696,7 @@ fn begin(
             gauges: Vec::new(),
             only_moved: asked.only_moved,
             memory_alone: asked.memory_alone,
+            with_findings: asked.with_findings,
         })
         .collect();
     debug_assert!(

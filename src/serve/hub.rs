@@ -158,6 +158,9 @@ pub struct Reading {
     /// The content of the reading before it, when this one reads the same but for its memory: a stream that
     /// sent that one and asked (`memory=moved`) is sent the memory alone.
     pub memory_from: Option<u64>,
+    /// The same where the findings moved only in their figures too: sent as memory with the findings to a
+    /// stream that asked (`findings=moved`).
+    pub figures_from: Option<u64>,
     json: OnceLock<String>,
     /// The same with every process hidden but by PID and memory (`None`: nothing to hide).
     json_no_others: OnceLock<Option<String>>,
@@ -171,6 +174,7 @@ impl Reading {
         Reading {
             content: judged.content,
             memory_from: judged.memory_from,
+            figures_from: judged.figures_from,
             snap: judged.snap,
             json: OnceLock::new(),
             json_no_others: OnceLock::new(),
@@ -560,6 +564,7 @@ impl Hub {
                         snap: r.snap.clone(),
                         content: r.content,
                         memory_from: r.memory_from,
+                        figures_from: r.figures_from,
                         json: OnceLock::new(),
                         json_no_others: OnceLock::new(),
                         sse: OnceLock::new(),

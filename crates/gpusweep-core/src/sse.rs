@@ -94,6 +94,11 @@ pub struct MemoryMoved {
     pub gauges: Option<Vec<Gauges>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moved: Option<Vec<(u32, Gauges)>>,
+    /// The host's findings, where their figures moved with the memory (the same findings, as
+    /// `model::same_findings_but_figures` says; sent only to a stream that asked `findings=moved`). None:
+    /// the findings are the reading's before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub findings: Option<Vec<crate::model::Finding>>,
 }
 
 /// A host's connection in a word, as the stream says it.

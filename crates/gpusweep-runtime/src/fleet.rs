@@ -960,6 +960,7 @@ mod tests {
                 charged: vec![vec![]],
                 gauges,
                 moved: None,
+                findings: None,
             };
         let mut held: Option<Judged> = None;
         let take = |s: &FleetSink, held: &mut Option<Judged>| {

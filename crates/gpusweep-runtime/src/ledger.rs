@@ -96,6 +96,9 @@ pub struct Judged {
     /// and is judged the same but for memory: a serve may send it as memory alone (decided here, once, for
     /// every reader).
     pub memory_from: Option<u64>,
+    /// As `memory_from`, where the findings may differ in their figures too (a straggler's bytes): a serve
+    /// may send the memory with the findings to a stream that asked for them (`findings=moved`).
+    pub figures_from: Option<u64>,
 }
 
 impl Judged {
@@ -112,6 +115,7 @@ impl Judged {
             content,
             provenance: Provenance::of(&snap),
             memory_from: None,
+            figures_from: None,
             snap,
         }
     }
@@ -138,6 +142,8 @@ pub struct MemoryJudged {
     pub leaks: usize,
     pub all_clean: bool,
     pub content: u64,
+    /// The judged reading's own (`Judged::memory_from`, `Judged::figures_from`).
+    pub from: (Option<u64>, Option<u64>),
 }
 
 impl MemoryJudged {
@@ -156,6 +162,7 @@ impl MemoryJudged {
             leaks: j.leaks,
             all_clean: j.all_clean,
             content: j.content,
+            from: (j.memory_from, j.figures_from),
         }
     }
 
@@ -178,13 +185,18 @@ impl MemoryJudged {
 
     /// `put_onto_reading`, with what the ledger counted.
     pub fn put_onto(self, j: &mut Judged) -> bool {
-        let (counts, leaks, all_clean, content) =
-            (self.counts, self.leaks, self.all_clean, self.content);
+        let (counts, leaks, all_clean, content, from) = (
+            self.counts,
+            self.leaks,
+            self.all_clean,
+            self.content,
+            self.from,
+        );
         if !self.put_onto_reading(&mut j.snap) {
             return false;
         }
         (j.counts, j.leaks, j.all_clean, j.content) = (counts, leaks, all_clean, content);
-        j.memory_from = None;
+        (j.memory_from, j.figures_from) = from;
         true
     }
 
@@ -403,15 +415,26 @@ impl Ledger {
         if !last.snap.memory_fits(&moved.used, &moved.charged) {
             return None;
         }
+        // The serve's findings, their figures moved with the memory: the same findings, or the event is
+        // not of this reading.
+        if let Some(f) = &moved.findings
+            && !(last.snap.source.judged_remotely()
+                && gpusweep_core::model::same_findings_but_figures(&last.snap.findings, f))
+        {
+            return None;
+        }
         let at = moved.taken_at_ms;
         let gauges = moved.gauges.unwrap_or_default();
         // The same numbers (what moved at the serve was not these): fresh, as an `unchanged` is.
-        if last.snap.memory_is(&moved.used, &moved.charged) {
+        if moved.findings.is_none() && last.snap.memory_is(&moved.used, &moved.charged) {
             return self.fresh(at, gauges);
         }
         // After a silence the reading goes on whole with the host back up: the ordinary way.
         if self.resend {
             let mut snap = last.snap.clone();
+            if let Some(f) = moved.findings {
+                snap.findings = f;
+            }
             snap.put_memory(at, &moved.used, &moved.charged);
             snap.refresh(at, &gauges);
             return Some(self.reading(snap));
@@ -425,7 +448,10 @@ impl Ledger {
         let remote = snap.source.judged_remotely();
         let before = HostSnapshot {
             findings: if remote {
-                snap.findings.clone()
+                match &moved.findings {
+                    Some(f) => std::mem::replace(&mut snap.findings, f.clone()),
+                    None => snap.findings.clone(),
+                }
             } else {
                 std::mem::take(&mut snap.findings)
             },
@@ -438,6 +464,12 @@ impl Ledger {
                     ..Default::default()
                 })
                 .collect(),
+            // Judged here: what memory_from and figures_from compare against.
+            jobs: if remote {
+                Vec::new()
+            } else {
+                snap.jobs.clone()
+            },
             ..Default::default()
         };
         snap.put_memory(at, &moved.used, &moved.charged);
@@ -540,6 +572,7 @@ impl Ledger {
                 .withhold_passing(&mut snap.findings, at, self.opts.confirm_ms);
             self.confirm_due = applied.due_ms;
         }
+        let last_content = self.content;
         // Memory that moved is news.
         let changed = before.is_some()
             || self
@@ -550,17 +583,24 @@ impl Ledger {
             self.content += 1;
         }
         let mut judged = Judged::of(snap, self.content);
-        // A host read from Prometheus carries findings its reader cannot make again: never memory alone.
-        judged.memory_from = self
-            .last
-            .as_ref()
-            .filter(|l| {
-                changed
-                    && !judged.snap.source.judged_remotely()
-                    && l.snap.same_but_memory(&judged.snap)
-                    && l.snap.same_judgement_but_memory(&judged.snap)
-            })
-            .map(|l| l.content);
+        // The reading before it where this one reads as that one but for its memory: the last, or (memory
+        // put in place) what was kept of it. A host read from Prometheus carries findings its reader cannot
+        // make again: never memory alone.
+        let but_memory = match before {
+            Some(b) => Some((b, last_content)),
+            None => self
+                .last
+                .as_ref()
+                .filter(|l| l.snap.same_but_memory(&judged.snap))
+                .map(|l| (&l.snap, l.content)),
+        }
+        .filter(|_| changed && !judged.snap.source.judged_remotely());
+        judged.figures_from = but_memory
+            .filter(|(b, _)| b.same_judgement_but_figures(&judged.snap))
+            .map(|(_, c)| c);
+        judged.memory_from = but_memory
+            .filter(|(b, _)| b.same_judgement_but_memory(&judged.snap))
+            .map(|(_, c)| c);
         let mut events = self.events(&judged, before);
         let at = judged.snap.taken_at_ms;
         events.extend(changes.into_iter().map(|c| self.event(at, job_event(c))));
@@ -1102,6 +1142,7 @@ mod tests {
             charged: vec![vec![Some(charged * MIB)]],
             gauges: None,
             moved: None,
+            findings: None,
         };
         assert!(
             l.memory(moved(500, 1, 1)).is_none(),
@@ -1131,6 +1172,68 @@ mod tests {
             ..moved(3_000, 1, 1)
         };
         assert!(l.memory(two_processes).is_none(), "another shape");
+    }
+
+    /// A reading whose findings moved only in their figures with its memory (unexplained bytes growing, a
+    /// straggler's) may go as memory with its findings (`figures_from`), not as memory alone; a client holding
+    /// the serve's reading takes those findings, and findings of other things are not its reading's.
+    #[test]
+    fn findings_whose_figures_moved_go_with_the_memory() {
+        use gpusweep_core::model::FindingKind;
+        let moved = |at: u64, used: u64, findings| gpusweep_core::sse::MemoryMoved {
+            host: "gpu-x".into(),
+            taken_at_ms: at,
+            used: vec![Some(used * MIB)],
+            charged: vec![vec![Some(1024 * MIB)]],
+            gauges: None,
+            moved: None,
+            findings,
+        };
+        // At the serve: 2 GiB then 3 GiB used by a process charged 1 GiB: the same residual, larger.
+        let mut serve = Ledger::new("gpu-x", AnalyzeOptions::default());
+        let mut at = |used: u64, t: u64| {
+            let mut s = reading(t, true);
+            s.gpus[0].memory.used = Some(used * MIB);
+            let Judgement::New(j) = serve.reading(s).0 else {
+                panic!("a new reading")
+            };
+            j
+        };
+        // The first past its confirm window, so the two after it are of the same severity.
+        let (_, two, three) = (at(1536, 1_000), at(2048, 6_000), at(3072, 7_000));
+        let residual = |j: &Judged| {
+            j.snap
+                .findings
+                .iter()
+                .find(|f| f.kind == FindingKind::Residual)
+                .and_then(|f| f.bytes)
+        };
+        assert!(
+            residual(&three) > residual(&two),
+            "{:?}",
+            three.snap.findings
+        );
+        assert_eq!(three.memory_from, None, "its findings' figures moved");
+        assert_eq!(three.figures_from, Some(two.content));
+        // At a client holding the serve's reading of 2 GiB.
+        let mut client = Ledger::new("gpu-x", AnalyzeOptions::default());
+        let mut held = two.snap.clone();
+        held.source = SourceKind::Http;
+        client.reading(held);
+        let other = vec![gpusweep_core::model::Finding {
+            kind: FindingKind::Ghost,
+            ..three.snap.findings[0].clone()
+        }];
+        assert!(client.memory(moved(7_000, 3072, Some(other))).is_none());
+        assert_eq!(client.last().map(|l| l.snap.taken_at_ms), Some(6_000));
+        let (j, _) = client
+            .memory(moved(7_000, 3072, Some(three.snap.findings.clone())))
+            .expect("the same findings");
+        let Judgement::New(j) = j else {
+            panic!("{j:?}")
+        };
+        assert_eq!(j.snap.findings, three.snap.findings);
+        assert_eq!(j.snap.gpus[0].memory.used, Some(3072 * MIB));
     }
 
     /// Memory put onto the last reading in place is judged as the whole reading with those numbers would
@@ -1177,6 +1280,7 @@ mod tests {
                 charged: vec![vec![Some(charged * MIB)], vec![]],
                 gauges: None,
                 moved: None,
+                findings: None,
             };
             let mut snap = whole.last().expect("a reading").snap.clone();
             assert!(snap.put_memory(at, &moved.used, &moved.charged));
@@ -1210,6 +1314,7 @@ mod tests {
                 charged: vec![vec![Some(1024 * MIB)], vec![]],
                 gauges: None,
                 moved: None,
+                findings: None,
             };
             l.memory(moved).expect("it fits").1
         };

@@ -178,8 +178,11 @@ impl Group {
         // (an older serve ignores the ask and sends them all).
         let mut query: Vec<(&str, &str)> = names.iter().map(|n| ("hosts", n.as_str())).collect();
         query.push(("gauges", "moved"));
-        // And a warming host's reading as its memory alone, put onto the reading before it here.
+        // And a warming host's reading as its memory alone, put onto the reading before it here; with its
+        // findings where only their figures moved (a straggler's bytes: an older serve ignores the ask and
+        // sends such readings whole).
         query.push(("memory", "moved"));
+        query.push(("findings", "moved"));
         let opened = super::http::open_events(
             &self.http,
             &url,
@@ -436,6 +439,7 @@ impl Group {
             charged: m.charged,
             gauges: (!gauges.is_empty()).then_some(gauges),
             moved: None,
+            findings: m.findings,
         };
         if !st.heard(at, &self.hosts[at]) {
             return Step::End(Ended::Stopped);
@@ -532,6 +536,8 @@ struct MemoryRef<'a> {
     gauges: Option<Vec<Gauges>>,
     #[serde(default)]
     moved: Option<Vec<(usize, Gauges)>>,
+    #[serde(default)]
+    findings: Option<Vec<gpusweep_core::model::Finding>>,
 }
 
 /// What one event, chunk or command amounts to.
