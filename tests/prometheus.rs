@@ -1442,3 +1442,100 @@ fn a_host_without_gpu_0_is_read_from_its_scraped_target() {
         "{host}"
     );
 }
+
+/// One host, n0, whose GPU 0 holds 1 GB (so a wait goes on): its reading time stepping `step` seconds at each
+/// glance, its revision fixed.
+fn stepping_prometheus(listener: TcpListener, step: f64) {
+    let glances = std::sync::atomic::AtomicU32::new(0);
+    let series = |labels: &str, v: f64| {
+        format!(
+            r#"{{"status":"success","data":{{"resultType":"vector","result":[{{"metric":{{"Hostname":"n0","instance":"n0:9400","job":"gpusweep"{labels}}},"value":[1,"{v}"]}}]}}}}"#
+        )
+    };
+    answer_queries(listener, move |req| {
+        let has = |q: &str| req.contains(q);
+        if hosts_query(req) {
+            series("", 1.0)
+        } else if has("up+and+on") {
+            // Prometheus scrapes n0's target, and it is up.
+            series("", 1.0)
+        } else if down_query(req) {
+            NO_SERIES.into()
+        } else if has("gpusweep_reading_timestamp_seconds") && !has("timestamp%28") {
+            let n = glances.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            series("", 1_800_000_000.0 + step * f64::from(n))
+        } else if has("gpusweep_reading_timestamp_seconds") {
+            series("", 1_800_000_000.0)
+        } else if has("gpusweep_reading_revision") {
+            series("", 7.0)
+        } else if has("gpusweep_gpu_clean") {
+            series(r#","gpu":"0""#, 0.0)
+        } else if has("gpusweep_host_findings") {
+            series("", 0.0)
+        } else if has("sum+by") && has("DCGM_FI_DEV_FB_USED") {
+            series(r#","gpu":"0""#, 1e9)
+        } else {
+            NO_SERIES.into()
+        }
+    });
+}
+
+/// When each glance of a traced `prom:` client was asked, in seconds from its start.
+fn glance_times(trace: &str) -> Vec<f64> {
+    trace
+        .lines()
+        .filter(|l| l.contains("bytes in") && l.contains("(gpusweep_reading_revision{})"))
+        .filter_map(|l| {
+            l.strip_prefix('[')?
+                .split(" ms]")
+                .next()?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .map(|ms| ms / 1000.0)
+        .collect()
+}
+
+/// Prometheus holds a host's new reading once a scrape: asked every second against a 20 s scrape, the
+/// client reads it four times a scrape (every 5 s) once it has seen the readings' times step three times;
+/// scraped every second, it keeps the second asked.
+#[test]
+fn a_prom_fleet_is_asked_four_times_a_scrape_not_faster() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let gaps = |step: f64| {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        stepping_prometheus(listener, step);
+        let out = gpusweep(dir.path())
+            .env("GPUSWEEP_TRACE", "1")
+            .args([
+                "wait",
+                "--hosts",
+                &format!("prom:{url}"),
+                "--timeout",
+                "11s",
+            ])
+            .args(["--poll", "1s"])
+            .output()
+            .expect("wait");
+        let t = String::from_utf8_lossy(&out.stderr).into_owned();
+        let at = glance_times(&t);
+        assert!(at.len() >= 6, "{t}");
+        at.windows(2).map(|w| w[1] - w[0]).collect::<Vec<f64>>()
+    };
+    // Three steps seen by the fourth glance (the fifth was due by then); from then on, a quarter of the 20 s
+    // scrape.
+    let (slow, fast) = std::thread::scope(|s| {
+        let slow = s.spawn(|| gaps(20.0));
+        let fast = s.spawn(|| gaps(1.0));
+        (
+            slow.join().expect("20 s scrape"),
+            fast.join().expect("1 s scrape"),
+        )
+    });
+    assert!(slow.len() >= 5, "{slow:?}");
+    assert!(slow[..4].iter().all(|g| *g < 4.0), "{slow:?}");
+    assert!(slow[4..].iter().all(|g| *g >= 4.5), "{slow:?}");
+    assert!(fast.iter().all(|g| *g < 4.0), "{fast:?}");
+}

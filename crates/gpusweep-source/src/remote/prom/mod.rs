@@ -23,6 +23,7 @@ const IDENTITY_EVERY: Duration = Duration::from_secs(60);
 pub type PromServer = gpusweep_core::host::PromSpec;
 
 mod answer;
+mod pace;
 mod poll;
 mod query;
 mod reading;
@@ -65,6 +66,9 @@ struct Poller {
     asked: Vec<Duration>,
     interval: Duration,
     next: tokio::time::Instant,
+    /// Each host's reading time at the last glance, and what their steps say of the scrape.
+    taken: Vec<Option<f64>>,
+    pace: pace::Pace,
 }
 
 impl Poller {
@@ -171,9 +175,11 @@ impl Poller {
         )
     }
 
-    /// Each host's part of a glance, by its place in `hosts`: looked up once.
-    fn seen(&self, g: &poll::Glance) -> Vec<Seen> {
-        self.hosts
+    /// Each host's part of a glance, by its place in `hosts`: looked up once. Its reading time's step since
+    /// the last glance tells the scrape's pace.
+    fn seen(&mut self, g: &poll::Glance) -> Vec<Seen> {
+        let seen: Vec<Seen> = self
+            .hosts
             .iter()
             .map(|h| {
                 let at = self.names.of(&h.name);
@@ -185,7 +191,12 @@ impl Poller {
                     target: at.and_then(|at| g.target.get(at).cloned().flatten()),
                 }
             })
-            .collect()
+            .collect();
+        for (before, s) in self.taken.iter_mut().zip(&seen) {
+            self.pace.saw(*before, s.taken);
+            *before = s.taken;
+        }
+        seen
     }
 
     /// Which hosts a glance says moved: read again when unread, down, without a revision, at another revision,
@@ -411,6 +422,8 @@ pub async fn run(
         asked: vec![interval; n],
         interval,
         next: tokio::time::Instant::now(),
+        taken: vec![None; n],
+        pace: pace::Pace::default(),
     };
     loop {
         tokio::select! {
@@ -421,7 +434,7 @@ pub async fn run(
                 continue;
             }
         }
-        p.next = tokio::time::Instant::now() + p.interval.max(MIN_PROM_INTERVAL);
+        p.next = tokio::time::Instant::now() + p.pace.every(p.interval.max(MIN_PROM_INTERVAL));
         if !p.poll().await {
             return;
         }
