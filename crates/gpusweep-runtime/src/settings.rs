@@ -66,7 +66,7 @@ pub struct Overrides {
     /// --hosts picks among them.
     #[arg(help_heading = "Global options", long, global = true)]
     pub demo: bool,
-    /// Poll interval (e.g. 500ms, 2s). Default 1s.
+    /// Poll interval (e.g. 500ms, 2s). Default 1s. A prom: fleet is asked at most four times per scrape.
     #[arg(help_heading = "Global options", long, global = true, env = "GPUSWEEP_INTERVAL", value_name = "DUR", value_parser = gpusweep_core::parse::duration_arg, allow_hyphen_values = true)]
     pub interval: Option<Duration>,
     /// Device files that make a process a holder (repeatable). Default /dev/nvidia*.
