@@ -71,6 +71,11 @@ fn reading(at: u64, mib: &[Option<u64>], state: &[char]) -> HostSnapshot {
     s
 }
 
+/// Whether a report names `pid` lost, and how.
+fn lost_as(r: &JobReport, pid: u32, how: LostHow) -> bool {
+    r.lost.iter().any(|l| l.pid == pid && l.how == how)
+}
+
 fn opts() -> JobOptions {
     JobOptions {
         settle_ms: 10 * S,
@@ -275,20 +280,14 @@ fn a_zombie_rank_is_lost_and_a_rank_in_d_only_past_the_window() {
     let seen = b.observe(&reading(0, &[Some(8192); 3], &['S', 'Z', 'S']), S);
     // It exited; a zombie a moment, until its launcher reaps it, is no news.
     assert!(
-        seen.reports[0]
-            .lost
-            .iter()
-            .any(|l| l.pid == 102 && l.how == LostHow::Exited),
+        lost_as(&seen.reports[0], 102, LostHow::Exited),
         "{:?}",
         seen.reports[0]
     );
     // Not reaped past the window: said so.
     let seen = b.observe(&reading(0, &[Some(8192); 3], &['S', 'Z', 'S']), 7 * S);
     assert!(
-        seen.reports[0]
-            .lost
-            .iter()
-            .any(|l| l.pid == 102 && l.how == LostHow::Zombie),
+        lost_as(&seen.reports[0], 102, LostHow::Zombie),
         "{:?}",
         seen.reports[0]
     );
@@ -299,10 +298,7 @@ fn a_zombie_rank_is_lost_and_a_rank_in_d_only_past_the_window() {
     assert!(seen.reports[0].lost.is_empty());
     let seen = b.observe(&reading(0, &[Some(8192); 3], &['S', 'T', 'S']), 7 * S);
     assert!(
-        seen.reports[0]
-            .lost
-            .iter()
-            .any(|l| l.pid == 102 && l.how == LostHow::Stopped),
+        lost_as(&seen.reports[0], 102, LostHow::Stopped),
         "{:?}",
         seen.reports[0]
     );
@@ -336,10 +332,7 @@ fn a_killed_rank_left_a_zombie_off_the_gpu_is_lost() {
         seen.reports[0]
     );
     assert!(
-        seen.reports[0]
-            .lost
-            .iter()
-            .any(|l| l.pid == 102 && l.how == LostHow::Exited),
+        lost_as(&seen.reports[0], 102, LostHow::Exited),
         "{:?}",
         seen.reports[0]
     );
@@ -360,10 +353,7 @@ fn a_killed_rank_read_while_it_exits_is_lost() {
     }
     let seen = b.observe(&r, S);
     assert!(
-        seen.reports[0]
-            .lost
-            .iter()
-            .any(|l| l.pid == 102 && l.how == LostHow::Exited),
+        lost_as(&seen.reports[0], 102, LostHow::Exited),
         "{:?}",
         seen.reports[0]
     );
