@@ -446,14 +446,10 @@ async fn an_unchanged_reading_carries_the_gauges_only_when_they_moved() {
     .await;
     let mut last: Option<serde_json::Value> = None;
     let mut moved = 0;
-    for ev in got.split("\n\n") {
-        let kind = ev.lines().find_map(|l| l.strip_prefix("event: "));
-        let Some(data) = ev.lines().find_map(|l| l.strip_prefix("data: ")) else {
-            continue;
-        };
-        let v: serde_json::Value = serde_json::from_str(data).expect("json");
-        match kind {
-            Some("snapshot") => {
+    for (kind, data) in events(&got) {
+        let v: serde_json::Value = serde_json::from_str(&data).expect("json");
+        match kind.as_str() {
+            "snapshot" => {
                 let g: Vec<serde_json::Value> = v["gpus"]
                     .as_array()
                     .expect("gpus")
@@ -464,7 +460,7 @@ async fn an_unchanged_reading_carries_the_gauges_only_when_they_moved() {
                     .collect();
                 last = Some(serde_json::Value::Array(g));
             }
-            Some("unchanged") => {
+            "unchanged" => {
                 if let Some(g) = v.get("gauges") {
                     assert_ne!(Some(g), last.as_ref(), "gauges repeated unchanged: {got}");
                     last = Some(g.clone());
