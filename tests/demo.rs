@@ -133,7 +133,7 @@ fn gpu_a_warms_up_through_its_phases_with_rank_5_straggling() {
     let h = DemoHost::new("gpu-a", clock);
     let mut l = gpusweep::runtime::ledger::Ledger::new("gpu-a", AnalyzeOptions::default());
     let events = watch_demo(&h, &t, &mut l, 0, 30_000);
-    let last = l.last().expect("read");
+    let last = l.latest().expect("read");
     let job = &last.snap.jobs[0];
     assert_eq!(job.id, "sglang-ep8.service");
     assert_eq!(job.ranks.len(), 8);
@@ -167,7 +167,7 @@ fn gpu_a_warms_up_through_its_phases_with_rank_5_straggling() {
         _ => None,
     });
     let (at, warmup) = settled.expect("settled");
-    let start = l.last().expect("read").snap.jobs[0].started_ms;
+    let start = l.latest().expect("read").snap.jobs[0].started_ms;
     assert_eq!(
         warmup,
         Some(90_000),
@@ -175,7 +175,7 @@ fn gpu_a_warms_up_through_its_phases_with_rank_5_straggling() {
     );
     assert_eq!(at - start, 150_000, "a minute after memory stopped rising");
     assert!(
-        !l.last()
+        !l.latest()
             .expect("read")
             .snap
             .findings
@@ -216,7 +216,7 @@ fn gpu_d_loses_rank_3_and_a_sweep_of_the_job_ends_the_seven_left() {
     assert_eq!(lost.1, [3]);
     assert_eq!(lost.2, 7);
     assert!(lost.3.is_some_and(|b| b > 7 * 80 * 1024 * 1024 * 1024));
-    let snap = l.last().expect("read").snap.clone();
+    let snap = l.latest().expect("read").snap;
     let finding = snap.finding_of(FindingKind::LostRank).expect("lost_rank");
     assert!(
         finding.detail.contains("SM120") && finding.detail.contains("shared memory"),
@@ -264,7 +264,7 @@ fn gpu_d_loses_rank_3_and_a_sweep_of_the_job_ends_the_seven_left() {
         "{events:?}"
     );
     assert_eq!(
-        verdict(&l.last().expect("read").snap, &Scope::default(), 0, &[]),
+        verdict(&l.latest().expect("read").snap, &Scope::default(), 0, &[]),
         Verdict::Clean
     );
 }

@@ -2582,7 +2582,7 @@ fn memory_alone_travels_and_the_client_puts_it_onto_the_reading_it_has() {
                             },
                     } if fleet.label(host).ends_with("gpu-a") => {
                         if let Some(h) = held.as_mut() {
-                            h.snap.refresh(taken_at_ms, &gauges);
+                            std::sync::Arc::make_mut(&mut h.snap).refresh(taken_at_ms, &gauges);
                         }
                         continue;
                     }

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -40,7 +41,7 @@ pub async fn first_snapshots_each(
             HostEvent::Update {
                 host,
                 update: Judgement::New(judged),
-            } if host.0 < n => (host.0, judged.snap),
+            } if host.0 < n => (host.0, Arc::unwrap_or_clone(judged.snap)),
             HostEvent::Status {
                 host,
                 status: ConnStatus::Down(e),
@@ -73,12 +74,16 @@ pub async fn readings_since(
         HostEvent::Update {
             host,
             update: Judgement::New(judged),
-        } if host.0 < n && judged.snap.taken_at_ms >= since_ms => Some((host.0, judged.snap)),
+        } if host.0 < n && judged.snap.taken_at_ms >= since_ms => {
+            Some((host.0, Arc::unwrap_or_clone(judged.snap)))
+        }
         // A reading that said the same: the last one judged, as of its time.
         HostEvent::Update {
             host,
             update: Judgement::Same { taken_at_ms, .. },
-        } if host.0 < n && taken_at_ms >= since_ms => fleet.latest(host).map(|j| (host.0, j.snap)),
+        } if host.0 < n && taken_at_ms >= since_ms => fleet
+            .latest(host)
+            .map(|j| (host.0, Arc::unwrap_or_clone(j.snap))),
         _ => None,
     })
     .await

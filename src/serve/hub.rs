@@ -152,7 +152,9 @@ impl Journal {
 /// One reading as served.
 #[derive(Debug)]
 pub struct Reading {
-    pub snap: HostSnapshot,
+    /// As its ledger judged it (shared with the ledger; a reading that said the same is a copy with its
+    /// time and gauges put in).
+    pub snap: Arc<HostSnapshot>,
     /// Bumped when what the reading says changes, not its time: subscribers send a whole snapshot only then.
     pub content: u64,
     /// The content of the reading before it, when this one reads the same but for its memory: a stream that
@@ -188,7 +190,7 @@ impl Reading {
     /// The JSON contract of this reading, serialized once, by whoever asks first.
     pub fn json(&self) -> &str {
         self.json
-            .get_or_init(|| serde_json::to_string(&self.snap).unwrap_or_default())
+            .get_or_init(|| serde_json::to_string(&*self.snap).unwrap_or_default())
     }
 
     /// The JSON contract of this reading as a reader with `view` may see it: whole (serialized once), or
@@ -573,7 +575,7 @@ impl Hub {
                 }) else {
                     return;
                 };
-                r.snap.refresh(taken_at_ms, &gauges);
+                Arc::make_mut(&mut r.snap).refresh(taken_at_ms, &gauges);
                 self.publish(host.0, r);
             }
             HostEvent::Status { host, status } => {

@@ -3,10 +3,11 @@
 //! timeline of events. It takes what the fleet sends and judges nothing itself.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use crate::core::conn::ConnStatus;
 use crate::core::event::Event;
-use crate::core::model::{Gauges, HostId, HostSnapshot, MIB};
+use crate::core::model::{Gauges, Gpu, HostId, HostSnapshot, MIB};
 use crate::core::signal::Protected;
 use crate::runtime::{Judged, MemoryJudged, StateCounts};
 
@@ -18,7 +19,11 @@ pub const TIMELINE: usize = 2000;
 #[derive(Debug, Clone)]
 pub struct HostView {
     pub label: String,
-    pub snap: Option<HostSnapshot>,
+    /// Its latest reading as its ledger judged it: the ledger's own, shared, not a copy.
+    pub snap: Option<Arc<HostSnapshot>>,
+    /// The gauges of the readings since `snap` that said the same, GPU by GPU as in `snap` (empty: as in
+    /// `snap`): kept beside it, so `snap` stays the one reading its ledger holds too.
+    pub gauges: Vec<Gauges>,
     pub status: ConnStatus,
     /// Unix ms of the last good reading.
     pub last_seen_ms: Option<u64>,
@@ -43,6 +48,7 @@ impl HostView {
         HostView {
             label,
             snap: None,
+            gauges: Vec::new(),
             status: ConnStatus::Connecting,
             last_seen_ms: None,
             history: super::history::Histories::default(),
@@ -55,9 +61,22 @@ impl HostView {
         }
     }
 
+    /// Its latest reading.
+    pub fn snap(&self) -> Option<&HostSnapshot> {
+        self.snap.as_deref()
+    }
+
+    /// Utilization, temperature and power of `g`, its `k`th GPU, as last read.
+    pub fn gauges_of(&self, k: usize, g: &Gpu) -> (Option<u32>, Option<u32>, Option<u32>) {
+        match self.gauges.get(k) {
+            Some(v) => (v.utilization, v.temperature_c, v.power_mw),
+            None => (g.utilization, g.temperature_c, g.power_mw),
+        }
+    }
+
     /// Keep its memory history and how long each GPU process has held a GPU, as of `snap`.
     fn remember(&mut self, snap: &HostSnapshot) {
-        self.remember_memory(snap);
+        self.remember_memory(snap, snap.taken_at_ms);
         let mut seen: Vec<(u32, u64)> = snap
             .holders
             .iter()
@@ -77,14 +96,15 @@ impl HostView {
         }
     }
 
-    /// Keep its memory history as of `snap`: all a reading that says the same (fresh) adds.
-    fn remember_memory(&mut self, snap: &HostSnapshot) {
-        for g in &snap.gpus {
-            if let Some(used) = g.memory.used {
-                self.history
-                    .push(g.index, snap.taken_at_ms, used / MIB, HISTORY);
-            }
-        }
+    /// Keep its memory history as of `snap` read at `at_ms`.
+    fn remember_memory(&mut self, snap: &HostSnapshot, at_ms: u64) {
+        self.history.reading(
+            at_ms,
+            snap.gpus
+                .iter()
+                .map(|g| (g.index, g.memory.used.map(|u| u / MIB))),
+            HISTORY,
+        );
     }
 }
 
@@ -149,6 +169,7 @@ impl Store {
         h.leaks = judged.leaks;
         h.simulated = judged.provenance.simulated;
         h.snap = Some(judged.snap);
+        h.gauges.clear();
     }
 
     /// A reading that moved only its memory since the one shown: put onto it. `false`, and nothing
@@ -158,18 +179,24 @@ impl Store {
             return false;
         };
         let (counts, leaks) = (m.counts, m.leaks);
-        let Some(mut snap) = h.snap.take() else {
+        let Some(snap) = h.snap.as_mut() else {
             return false;
         };
-        let fits = m.put_onto_reading(&mut snap);
-        if fits {
-            h.last_seen_ms = Some(snap.taken_at_ms);
-            // The same processes as before: only the memory history moves.
-            h.remember_memory(&snap);
+        // Its own copy from here (its ledger made a new reading of the one they shared), the gauges said
+        // since put in: memory alone may say none.
+        let snap = Arc::make_mut(snap);
+        if !h.gauges.is_empty() {
+            snap.refresh(snap.taken_at_ms, &std::mem::take(&mut h.gauges));
         }
-        h.snap = Some(snap);
-        if !fits {
+        if !m.put_onto_reading(snap) {
             return false;
+        }
+        let at = snap.taken_at_ms;
+        h.last_seen_ms = Some(at);
+        // The same processes as before: only the memory history moves.
+        if let Some(snap) = h.snap.take() {
+            h.remember_memory(&snap, at);
+            h.snap = Some(snap);
         }
         h.status = ConnStatus::Up;
         h.counts = counts;
@@ -179,17 +206,21 @@ impl Store {
 
     /// A reading that said the same as the last: its time and gauges; the memory it said before goes on
     /// in the history and the chart.
-    pub fn fresh(&mut self, id: HostId, taken_at_ms: u64, gauges: &[Gauges]) {
+    pub fn fresh(&mut self, id: HostId, taken_at_ms: u64, gauges: Vec<Gauges>) {
         let Some(h) = self.hosts.get_mut(id.0) else {
             return;
         };
-        let Some(mut snap) = h.snap.take() else {
+        let Some(snap) = h.snap.take() else {
             return;
         };
-        snap.refresh(taken_at_ms, gauges);
-        // The same processes as before: only the memory history moves.
-        h.remember_memory(&snap);
-        h.last_seen_ms = Some(snap.taken_at_ms);
+        // Beside the reading, not into it: it stays its ledger's.
+        let at = taken_at_ms.max(h.last_seen_ms.unwrap_or(0));
+        if gauges.len() == snap.gpus.len() {
+            h.gauges = gauges;
+        }
+        // The same memory as before: the history counts one more reading of it.
+        h.history.again(at, HISTORY);
+        h.last_seen_ms = Some(at);
         h.snap = Some(snap);
         if matches!(h.status, ConnStatus::Stale { .. }) {
             h.status = ConnStatus::Up;
@@ -226,5 +257,100 @@ impl Store {
             .enumerate()
             .map(|(i, h)| (HostId(i), h.label.clone()))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analyze::AnalyzeOptions;
+    use crate::core::model::{Gpu, ListedProcess, Memory, SourceKind};
+    use crate::core::sse::MemoryMoved;
+    use crate::runtime::Judgement;
+    use crate::runtime::ledger::Ledger;
+
+    /// A host read over HTTP, its GPU 0 held by 42, at `util` percent.
+    fn reading(at: u64, util: u32, used_mib: u64) -> HostSnapshot {
+        HostSnapshot {
+            host: "h".into(),
+            taken_at_ms: at,
+            source: SourceKind::Http,
+            gpus: vec![Gpu {
+                index: 0,
+                memory: Memory {
+                    used: Some(used_mib * MIB),
+                    total: Some(80 << 30),
+                    reserved: None,
+                },
+                utilization: Some(util),
+                processes: vec![ListedProcess {
+                    pid: 42,
+                    used_bytes: Some(used_mib * MIB),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// The TUI shows the ledger's reading itself, not a copy: readings that said the same go beside it
+    /// (their gauges shown, their time in the history), and memory alone makes the TUI's own copy.
+    #[test]
+    fn the_reading_shown_is_the_ledgers_and_what_said_the_same_goes_beside_it() {
+        let mut l = Ledger::new("h", AnalyzeOptions::default());
+        l.hand_on_memory_alone();
+        let mut store = Store::new(vec!["h".into()]);
+        let id = HostId(0);
+        let Judgement::New(j) = l.reading(reading(1_000, 5, 100)).0 else {
+            panic!("a whole reading first")
+        };
+        let shared = Arc::clone(&j.snap);
+        store.reading(id, *j);
+        let Judgement::Same {
+            taken_at_ms,
+            gauges,
+        } = l.reading(reading(2_000, 70, 100)).0
+        else {
+            panic!("the same")
+        };
+        store.fresh(id, taken_at_ms, gauges);
+        let h = &store.hosts[0];
+        let snap = h.snap.as_ref().expect("shown");
+        assert!(Arc::ptr_eq(snap, &shared), "still the ledger's reading");
+        assert_eq!(h.gauges_of(0, &snap.gpus[0]).0, Some(70));
+        assert_eq!(h.last_seen_ms, Some(2_000));
+        assert_eq!(
+            h.history.get(&0).map(|x| x.iter().collect::<Vec<_>>()),
+            Some(vec![(1_000, 100), (2_000, 100)])
+        );
+        // Memory alone with no gauges: put onto the TUI's own copy, the gauges said before kept.
+        let (used, charged) = reading(3_000, 70, 300).memory_numbers();
+        let moved = MemoryMoved {
+            host: "h".into(),
+            taken_at_ms: 3_000,
+            used,
+            charged,
+            gauges: None,
+            moved: None,
+            findings: None,
+        };
+        let Some((Judgement::Memory(m), _)) = l.memory(moved) else {
+            panic!("memory alone")
+        };
+        assert!(store.memory(id, *m));
+        let h = &store.hosts[0];
+        let snap = h.snap.as_ref().expect("shown");
+        assert_eq!(snap.gpus[0].memory.used, Some(300 * MIB));
+        assert_eq!(h.gauges_of(0, &snap.gpus[0]).0, Some(70));
+        assert_eq!(
+            shared.gpus[0].memory.used,
+            Some(100 * MIB),
+            "the ledger's first reading as it was"
+        );
+        assert_eq!(
+            l.latest().map(|j| j.snap.gpus[0].memory.used),
+            Some(Some(300 * MIB))
+        );
     }
 }

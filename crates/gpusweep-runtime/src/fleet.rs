@@ -125,9 +125,48 @@ enum Wire {
     Answer(HostId, u64, ActionAnswer),
 }
 
-/// What of a host waits to be read: the ledger's updates since the front end last took one, as one
-/// (`Judgement::then`). At most one of each host is ever queued, however fast it sends.
-type Slot = Arc<Mutex<Option<Judgement>>>;
+/// What of a host waits to be read: the ledger's updates since the front end last took one. At most one
+/// wake-up of each host is ever queued, however fast it sends.
+type Slot = Arc<Mutex<Pending>>;
+
+/// A host's updates not taken yet: its last whole reading, and what came after it as one
+/// (`Judgement::then`). The whole reading is the ledger's own, shared: what came after waits beside it and
+/// is taken after it, where putting it in would copy the reading (every host of a 10,000-host TUI, whose
+/// first readings wait while it draws the first view).
+#[derive(Debug, Default)]
+struct Pending {
+    whole: Option<Box<Judged>>,
+    after: Option<Judgement>,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.whole.is_none() && self.after.is_none()
+    }
+
+    fn put(&mut self, update: Judgement) {
+        match update {
+            Judgement::New(j) => {
+                self.whole = Some(j);
+                self.after = None;
+            }
+            u => {
+                self.after = Some(match self.after.take() {
+                    Some(earlier) => earlier.then(u),
+                    None => u,
+                });
+            }
+        }
+    }
+
+    /// The next update to hand on: the whole reading first.
+    fn take(&mut self) -> Option<Judgement> {
+        self.whole
+            .take()
+            .map(Judgement::New)
+            .or_else(|| self.after.take())
+    }
+}
 
 /// The runtime's side of a source: every reading, status and answer goes through the host's ledger, which
 /// judges it; what the ledger decides goes on to the front end.
@@ -144,12 +183,8 @@ impl FleetSink {
     fn put(&self, update: Judgement) -> bool {
         let was_empty = match self.slot.lock() {
             Ok(mut w) => {
-                let earlier = w.take();
-                let empty = earlier.is_none();
-                *w = Some(match earlier {
-                    Some(e) => e.then(update),
-                    None => update,
-                });
+                let empty = w.is_empty();
+                w.put(update);
                 empty
             }
             Err(_) => return false,
@@ -207,6 +242,17 @@ impl Sink for FleetSink {
         };
         self.events(events) && self.tx.send(Wire::Answer(self.host, id, answer)).is_ok()
     }
+}
+
+/// The next update waiting in a host's slot. What came after a whole reading stays, and the host is woken
+/// again: its turn comes after the events queued meanwhile.
+fn take_waiting(slot: &Slot, host: HostId, tx: &mpsc::UnboundedSender<Wire>) -> Option<Judgement> {
+    let mut waiting = slot.lock().ok()?;
+    let update = waiting.take()?;
+    if !waiting.is_empty() {
+        let _ = tx.send(Wire::Reading(host));
+    }
+    Some(update)
 }
 
 enum Handle {
@@ -677,10 +723,10 @@ impl Fleet {
 
     fn event(&self, w: Wire) -> Option<HostEvent> {
         Some(match w {
-            Wire::Reading(host) => {
-                let update = self.hosts.get(host.0)?.slot.lock().ok()?.take()?;
-                HostEvent::Update { host, update }
-            }
+            Wire::Reading(host) => HostEvent::Update {
+                host,
+                update: take_waiting(&self.hosts.get(host.0)?.slot, host, &self.tx)?,
+            },
             Wire::Status(host, status) => HostEvent::Status { host, status },
             Wire::Events(host, events) => HostEvent::Events { host, events },
             Wire::Answer(host, id, answer) => HostEvent::Answer { host, id, answer },
@@ -742,7 +788,7 @@ impl Fleet {
 
     /// The host's latest reading as its ledger judged it (kept fresh), if it sent one.
     pub fn latest(&self, host: HostId) -> Option<Judged> {
-        self.hosts.get(host.0)?.ledger.lock().ok()?.last().cloned()
+        self.hosts.get(host.0)?.ledger.lock().ok()?.latest()
     }
 
     /// A reading of a host that could not be read, saying why: never clean, and marked with the kind of
@@ -927,6 +973,41 @@ mod tests {
         );
     }
 
+    /// A whole reading waiting with readings after it that said the same is handed on as the ledger's own
+    /// (not a copy made to put their time in), then their time and gauges, woken again behind what was
+    /// queued meanwhile.
+    #[test]
+    fn a_whole_reading_waiting_is_the_ledgers_own_and_what_came_after_follows() {
+        let (s, mut rx) = sink();
+        assert!(s.reading(HostSnapshot {
+            taken_at_ms: 1_000,
+            gpus: vec![gpusweep_core::model::Gpu::default()],
+            ..Default::default()
+        }));
+        assert!(s.fresh(2_000, hot(30)));
+        assert!(s.fresh(3_000, hot(31)));
+        assert!(matches!(rx.try_recv(), Ok(Wire::Events(..))));
+        assert!(matches!(rx.try_recv(), Ok(Wire::Reading(HostId(0)))));
+        assert!(rx.try_recv().is_err(), "one wake-up");
+        let Some(Judgement::New(j)) = take_waiting(&s.slot, HostId(0), &s.tx) else {
+            panic!("the whole reading first")
+        };
+        let ledger = s.ledger.lock().expect("ledger");
+        assert!(ledger.shares(&j.snap), "the ledger's own");
+        drop(ledger);
+        assert_eq!(j.snap.taken_at_ms, 1_000);
+        assert!(
+            matches!(rx.try_recv(), Ok(Wire::Reading(HostId(0)))),
+            "woken again"
+        );
+        assert!(matches!(
+            take_waiting(&s.slot, HostId(0), &s.tx),
+            Some(Judgement::Same { taken_at_ms: 3_000, ref gauges }) if *gauges == hot(31)
+        ));
+        assert!(rx.try_recv().is_err());
+        assert!(take_waiting(&s.slot, HostId(0), &s.tx).is_none());
+    }
+
     /// Memory alone waits in a host's slot with whatever came before or after it: put onto what the front
     /// end holds, it makes the reading the ledger keeps, at every take.
     #[test]
@@ -964,21 +1045,20 @@ mod tests {
             };
         let mut held: Option<Judged> = None;
         let take = |s: &FleetSink, held: &mut Option<Judged>| {
-            match s.slot.lock().expect("slot").take() {
-                Some(Judgement::New(j)) => *held = Some(*j),
-                Some(Judgement::Memory(m)) => assert!(m.put_onto(held.as_mut().expect("held"))),
-                Some(Judgement::Same {
-                    taken_at_ms,
-                    gauges,
-                }) => held
-                    .as_mut()
-                    .expect("held")
-                    .snap
-                    .refresh(taken_at_ms, &gauges),
-                None => {}
+            let mut waiting = s.slot.lock().expect("slot");
+            while let Some(u) = waiting.take() {
+                match u {
+                    Judgement::New(j) => *held = Some(*j),
+                    Judgement::Memory(m) => assert!(m.put_onto(held.as_mut().expect("held"))),
+                    Judgement::Same {
+                        taken_at_ms,
+                        gauges,
+                    } => Arc::make_mut(&mut held.as_mut().expect("held").snap)
+                        .refresh(taken_at_ms, &gauges),
+                }
             }
             let l = s.ledger.lock().expect("ledger");
-            assert_eq!(held.as_ref(), l.last());
+            assert_eq!(*held, l.latest());
         };
         assert!(s.reading(whole(1_000, 1)));
         take(&s, &mut held);
@@ -998,7 +1078,7 @@ mod tests {
         assert_eq!(s.memory(moved(7_000, 2048, None)), Some(true));
         assert!(s.fresh(8_000, hot(90)));
         take(&s, &mut held);
-        // A whole reading waiting takes the memory in place.
+        // A whole reading waiting, and memory after it: taken in turn.
         assert!(s.reading(whole(9_000, 1)));
         assert_eq!(s.memory(moved(10_000, 4096, Some(hot(10)))), Some(true));
         take(&s, &mut held);

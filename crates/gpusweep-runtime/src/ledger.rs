@@ -8,6 +8,7 @@
 //! host, and tests drive it directly.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use gpusweep_analyze::confirm::Confirm;
 use gpusweep_analyze::events::{between, gpus_of_targets, released_by_deaths, verdict_events};
@@ -81,8 +82,11 @@ impl std::ops::Add for StateCounts {
 /// A reading as its host's ledger judged it: the one value every front end shows or publishes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Judged {
-    /// The reading, with its findings and each GPU's state filled in.
-    pub snap: HostSnapshot,
+    /// The reading, with its findings and each GPU's state filled in. Shared: the ledger and the front end
+    /// that shows it hold one reading, not a copy each (15 KB twice for each of a 10,000-host TUI's hosts);
+    /// a later reading that says the same leaves it as it is and goes on as its time and gauges
+    /// (`Judgement::Same`), which each holder keeps beside it.
+    pub snap: Arc<HostSnapshot>,
     pub counts: StateCounts,
     /// Findings of severity `leak`.
     pub leaks: usize,
@@ -102,7 +106,9 @@ pub struct Judged {
 }
 
 impl Judged {
-    fn of(snap: HostSnapshot, content: u64) -> Judged {
+    fn of(mut snap: HostSnapshot, content: u64) -> Judged {
+        // Kept until the host says something new, by every front end that shows it.
+        snap.shrink_to_fit();
         let counts = StateCounts::of(&snap);
         Judged {
             leaks: snap
@@ -116,7 +122,7 @@ impl Judged {
             provenance: Provenance::of(&snap),
             memory_from: None,
             figures_from: None,
-            snap,
+            snap: Arc::new(snap),
         }
     }
 }
@@ -192,7 +198,7 @@ impl MemoryJudged {
             self.content,
             self.from,
         );
-        if !self.put_onto_reading(&mut j.snap) {
+        if !self.put_onto_reading(Arc::make_mut(&mut j.snap)) {
             return false;
         }
         (j.counts, j.leaks, j.all_clean, j.content) = (counts, leaks, all_clean, content);
@@ -223,6 +229,30 @@ pub enum Judgement {
     },
 }
 
+/// What readings that said the same as the last said since: their time and gauges.
+#[derive(Debug, Clone)]
+struct Fresh {
+    taken_at_ms: u64,
+    gauges: Vec<Gauges>,
+}
+
+impl Fresh {
+    /// Gauges said for every GPU: put in place of those kept (counters only where read, as `refresh` does).
+    fn said(&mut self, gauges: &[Gauges]) {
+        if self.gauges.len() != gauges.len() {
+            self.gauges = gauges.to_vec();
+            return;
+        }
+        for (k, v) in self.gauges.iter_mut().zip(gauges) {
+            (k.utilization, k.temperature_c, k.power_mw) =
+                (v.utilization, v.temperature_c, v.power_mw);
+            if v.counters.is_some() {
+                k.counters.clone_from(&v.counters);
+            }
+        }
+    }
+}
+
 impl Judgement {
     /// This update followed by `next`, as one: what a front end that has not taken this one yet takes in
     /// place of both (a host's slot holds one update, however fast the host sends). A whole reading takes
@@ -250,7 +280,7 @@ impl Judgement {
                     gauges,
                 },
             ) => {
-                j.snap.refresh(taken_at_ms, &gauges);
+                Arc::make_mut(&mut j.snap).refresh(taken_at_ms, &gauges);
                 Judgement::New(j)
             }
             (
@@ -294,6 +324,9 @@ pub struct Ledger {
     label: String,
     opts: AnalyzeOptions,
     last: Option<Judged>,
+    /// The time and gauges said since `last` was judged, kept beside it rather than put into it: the
+    /// reading stays the one its front end holds too (see `Judged::snap`).
+    fresh: Option<Fresh>,
     content: u64,
     /// The host went down or stale since its last reading: the next one is handed on whole, so whoever
     /// counted the host unreadable gets a reading to count it again.
@@ -321,6 +354,7 @@ impl Ledger {
             label: label.to_string(),
             opts,
             last: None,
+            fresh: None,
             content: 0,
             resend: false,
             down: false,
@@ -344,9 +378,62 @@ impl Ledger {
         &self.label
     }
 
-    /// The last reading judged, kept fresh.
-    pub fn last(&self) -> Option<&Judged> {
-        self.last.as_ref()
+    /// The last reading judged, with the time and gauges said since.
+    pub fn latest(&self) -> Option<Judged> {
+        let mut last = self.last.clone()?;
+        if let Some(f) = &self.fresh {
+            Arc::make_mut(&mut last.snap).refresh(f.taken_at_ms, &f.gauges);
+        }
+        Some(last)
+    }
+
+    /// Whether `snap` is the last reading judged itself, not a copy.
+    pub fn shares(&self, snap: &Arc<HostSnapshot>) -> bool {
+        self.last
+            .as_ref()
+            .is_some_and(|l| Arc::ptr_eq(&l.snap, snap))
+    }
+
+    /// A copy of the last reading with the time and gauges said since, to judge again.
+    fn latest_snap(&self) -> Option<HostSnapshot> {
+        let mut snap = HostSnapshot::clone(&self.last.as_ref()?.snap);
+        if let Some(f) = &self.fresh {
+            snap.refresh(f.taken_at_ms, &f.gauges);
+        }
+        Some(snap)
+    }
+
+    /// A reading that said the same as the last at `taken_at_ms`: its time and gauges kept beside the last.
+    /// Returns the last reading's time now.
+    fn note_fresh(&mut self, taken_at_ms: u64, gauges: &[Gauges]) -> u64 {
+        let Some(last) = &self.last else {
+            return taken_at_ms;
+        };
+        let fits = gauges.len() == last.snap.gpus.len();
+        let f = self.fresh.get_or_insert_with(|| Fresh {
+            taken_at_ms: last.snap.taken_at_ms,
+            gauges: Vec::new(),
+        });
+        f.taken_at_ms = f.taken_at_ms.max(taken_at_ms);
+        if fits {
+            f.said(gauges);
+        }
+        f.taken_at_ms
+    }
+
+    /// The last reading as a new one is to be judged after it: the time and gauges said since put in.
+    fn take_last(&mut self) -> Option<HostSnapshot> {
+        let mut snap = Arc::unwrap_or_clone(self.last.take()?.snap);
+        if let Some(f) = self.fresh.take() {
+            snap.refresh(f.taken_at_ms, &f.gauges);
+        }
+        Some(snap)
+    }
+
+    /// Keep a judged reading as the last.
+    fn keep(&mut self, judged: Judged) {
+        self.last = Some(judged);
+        self.fresh = None;
     }
 
     fn event(&self, at_ms: u64, what: EventKind) -> Event {
@@ -362,8 +449,9 @@ impl Ledger {
         snap.host.clone_from(&self.label);
         // Whatever a host chose to call things reaches every front end escaped.
         snap.escape_labels();
+        // Busy or not is compared with the reading as judged: every crossing since was judged again.
         if !self.resend
-            && let Some(last) = &mut self.last
+            && let Some(last) = &self.last
             && last.snap.same_input(&snap)
             && !busy_moved(
                 &last.snap,
@@ -372,8 +460,7 @@ impl Ledger {
             )
         {
             let gauges = snap.gauges();
-            last.snap.refresh(snap.taken_at_ms, &gauges);
-            let taken_at_ms = last.snap.taken_at_ms;
+            let taken_at_ms = self.note_fresh(snap.taken_at_ms, &gauges);
             // Time alone may settle a job, name a straggler or confirm a finding: then the reading says
             // something new.
             if let Some(again) = self.time_moved(taken_at_ms) {
@@ -401,7 +488,7 @@ impl Ledger {
         if self.confirm_due.is_none_or(|d| at < d) {
             return None;
         }
-        let snap = self.last.as_ref()?.snap.clone();
+        let snap = self.latest_snap()?;
         Some(self.judge(snap, Vec::new()))
     }
 
@@ -431,7 +518,7 @@ impl Ledger {
         }
         // After a silence the reading goes on whole with the host back up: the ordinary way.
         if self.resend {
-            let mut snap = last.snap.clone();
+            let mut snap = self.latest_snap()?;
             if let Some(f) = moved.findings {
                 snap.findings = f;
             }
@@ -442,7 +529,7 @@ impl Ledger {
         // The last reading becomes the new one in place (a whole reading copied and dropped per step of a
         // warm-up was a quarter of a 10,000-host client's time): its processes are the new one's, so only
         // its findings and GPU states are kept apart, to judge the new one against.
-        let mut snap = std::mem::take(&mut self.last.take()?.snap);
+        let mut snap = self.take_last()?;
         // A serve's judgement stays the serve's: its findings and jobs are kept (the serve sends memory
         // alone only when they are unchanged but for memory), its ranks' charges put in.
         let remote = snap.source.judged_remotely();
@@ -498,7 +585,7 @@ impl Ledger {
         } else {
             Judgement::New(Box::new(judged.clone()))
         };
-        self.last = Some(judged);
+        self.keep(judged);
         Some((judgement, events))
     }
 
@@ -527,7 +614,7 @@ impl Ledger {
         if seen.changes.is_empty() && same_findings && seen.reports == last.snap.jobs {
             return None;
         }
-        let mut snap = last.snap.clone();
+        let mut snap = self.latest_snap()?;
         put_jobs(&mut snap, seen.reports, seen.findings);
         Some(self.judge(snap, seen.changes))
     }
@@ -546,7 +633,7 @@ impl Ledger {
     /// An analyzed reading with its jobs: judged, its events made, kept as the last.
     fn judge(&mut self, snap: HostSnapshot, changes: Vec<JobChange>) -> (Judgement, Vec<Event>) {
         let (judged, events) = self.judge_against(snap, changes, None);
-        self.last = Some(judged.clone());
+        self.keep(judged.clone());
         (Judgement::New(Box::new(judged)), events)
     }
 
@@ -592,7 +679,7 @@ impl Ledger {
                 .last
                 .as_ref()
                 .filter(|l| l.snap.same_but_memory(&judged.snap))
-                .map(|l| (&l.snap, l.content)),
+                .map(|l| (&*l.snap, l.content)),
         }
         .filter(|_| changed && !judged.snap.source.judged_remotely());
         judged.figures_from = but_memory
@@ -615,12 +702,12 @@ impl Ledger {
         taken_at_ms: u64,
         gauges: Vec<Gauges>,
     ) -> Option<(Judgement, Vec<Event>)> {
-        let last = self.last.as_mut()?;
+        let last = self.last.as_ref()?;
         let moved = busy_moved(&last.snap, gauges.iter().map(|g| g.utilization), &self.opts);
-        last.snap.refresh(taken_at_ms, &gauges);
+        self.note_fresh(taken_at_ms, &gauges);
         if moved && !self.resend {
             // Clean means idle: the last reading with these gauges, judged again.
-            let snap = analyzed(last.snap.clone(), &self.opts);
+            let snap = analyzed(self.latest_snap()?, &self.opts);
             let (snap, changes) = self.with_jobs(snap, taken_at_ms);
             return Some(self.judge(snap, changes));
         }
@@ -637,7 +724,7 @@ impl Ledger {
             ));
         }
         self.resend = false;
-        let whole = Box::new(self.last.clone()?);
+        let whole = Box::new(self.latest()?);
         let mut events = Vec::new();
         if self.down {
             self.down = false;
@@ -650,7 +737,7 @@ impl Ledger {
     fn events(&mut self, judged: &Judged, before: Option<&HostSnapshot>) -> Vec<Event> {
         let next = &judged.snap;
         let at = next.taken_at_ms;
-        let prev = before.or(self.last.as_ref().map(|l| &l.snap));
+        let prev = before.or(self.last.as_ref().map(|l| &*l.snap));
         let mut out = Vec::new();
         if prev.is_none() || self.down {
             out.push(EventKind::HostUp {
@@ -929,6 +1016,11 @@ mod tests {
         })
     }
 
+    /// A front end's reading, with the time of one that said the same.
+    fn refreshed(j: &mut Judged, at: u64) {
+        Arc::make_mut(&mut j.snap).refresh(at, &[]);
+    }
+
     fn kinds(ev: &[Event]) -> Vec<&EventKind> {
         ev.iter().map(|e| &e.what).collect()
     }
@@ -975,6 +1067,73 @@ mod tests {
             "{j3:?}"
         );
         assert_eq!(kinds(&ev), [&EventKind::HostUp { first: false }]);
+    }
+
+    /// The reading handed on is the ledger's own, shared: readings that say the same after it leave it as
+    /// it is (a copy per host for the front end doubled a 10,000-host client), and what they said is kept
+    /// beside it: in the latest reading, in one judged after it, in one handed on whole after a silence.
+    #[test]
+    fn a_reading_handed_on_is_shared_and_what_said_the_same_goes_beside_it() {
+        let mut l = Ledger::new("gpu-x", AnalyzeOptions::default());
+        let (j, _) = l.reading(reading(1_000, true));
+        let Judgement::New(held) = j else {
+            panic!("{j:?}")
+        };
+        let one = |l: &Ledger| Arc::ptr_eq(&held.snap, &l.last.as_ref().expect("kept").snap);
+        assert!(one(&l), "handed on, not copied");
+        for at in [2_007, 3_009] {
+            assert!(matches!(
+                l.reading(reading(at, true)).0,
+                Judgement::Same { .. }
+            ));
+        }
+        assert!(matches!(
+            l.fresh(3_500, Vec::new()),
+            Some((Judgement::Same { .. }, _))
+        ));
+        assert!(one(&l), "readings that said the same left it as it is");
+        assert_eq!(held.snap.taken_at_ms, 1_000);
+        let latest = l.latest().expect("read");
+        assert_eq!(latest.snap.taken_at_ms, 3_500);
+        assert_eq!(
+            latest.snap.gpus[0].utilization,
+            Some(9),
+            "the last gauges said"
+        );
+        assert_eq!(latest.content, held.content);
+        // A silence: the reading goes on whole, with what was said since.
+        l.status(&ConnStatus::Stale { silent_ms: 3_000 }, 7_000);
+        let (j, _) = l.fresh(8_000, Vec::new()).expect("a reading");
+        let Judgement::New(whole) = j else {
+            panic!("{j:?}")
+        };
+        assert_eq!(
+            (whole.snap.taken_at_ms, whole.snap.gpus[0].utilization),
+            (8_000, Some(9))
+        );
+        // Memory that moves: judged from the reading with its latest gauges.
+        let moved = gpusweep_core::sse::MemoryMoved {
+            host: "gpu-x".into(),
+            taken_at_ms: 9_000,
+            used: vec![Some(2048 * MIB)],
+            charged: vec![vec![Some(2048 * MIB)]],
+            gauges: None,
+            moved: None,
+            findings: None,
+        };
+        let (j, _) = l.memory(moved).expect("it fits");
+        let Judgement::New(j) = j else {
+            panic!("{j:?}")
+        };
+        assert_eq!(
+            (j.snap.taken_at_ms, j.snap.gpus[0].utilization),
+            (9_000, Some(9))
+        );
+        assert_eq!(
+            held.snap.gpus[0].memory.used,
+            Some(1024 * MIB),
+            "the first stays as handed on"
+        );
     }
 
     #[test]
@@ -1217,7 +1376,7 @@ mod tests {
         assert_eq!(three.figures_from, Some(two.content));
         // At a client holding the serve's reading of 2 GiB.
         let mut client = Ledger::new("gpu-x", AnalyzeOptions::default());
-        let mut held = two.snap.clone();
+        let mut held = HostSnapshot::clone(&two.snap);
         held.source = SourceKind::Http;
         client.reading(held);
         let other = vec![gpusweep_core::model::Finding {
@@ -1225,7 +1384,7 @@ mod tests {
             ..three.snap.findings[0].clone()
         }];
         assert!(client.memory(moved(7_000, 3072, Some(other))).is_none());
-        assert_eq!(client.last().map(|l| l.snap.taken_at_ms), Some(6_000));
+        assert_eq!(client.latest().map(|l| l.snap.taken_at_ms), Some(6_000));
         let (j, _) = client
             .memory(moved(7_000, 3072, Some(three.snap.findings.clone())))
             .expect("the same findings");
@@ -1282,7 +1441,7 @@ mod tests {
                 moved: None,
                 findings: None,
             };
-            let mut snap = whole.last().expect("a reading").snap.clone();
+            let mut snap = HostSnapshot::clone(&whole.latest().expect("a reading").snap);
             assert!(snap.put_memory(at, &moved.used, &moved.charged));
             let (handed, handed_events) = alone.memory(moved.clone()).expect("it fits");
             let a = by_memory.memory(moved).expect("it fits");
@@ -1290,10 +1449,10 @@ mod tests {
             // Put onto the reading the front end holds, memory alone makes the whole reading judged.
             match handed {
                 Judgement::Memory(m) => assert!(m.put_onto(&mut held), "at {at}"),
-                Judgement::Same { taken_at_ms, .. } => held.snap.refresh(taken_at_ms, &[]),
+                Judgement::Same { taken_at_ms, .. } => refreshed(&mut held, taken_at_ms),
                 Judgement::New(j) => panic!("memory alone came whole at {at}: {j:?}"),
             }
-            assert_eq!(Some(&held), whole.last(), "at {at}");
+            assert_eq!(Some(&held), whole.latest().as_ref(), "at {at}");
             assert_eq!(handed_events, b.1, "at {at}");
             match (&a.0, &b.0) {
                 // The same numbers again: fresh both ways (no gauges said: as before).
@@ -1414,7 +1573,7 @@ mod tests {
             "busy through an unchanged"
         );
         assert_eq!(
-            l.last().map(|j| j.snap.gpus[0].state),
+            l.latest().map(|j| j.snap.gpus[0].state),
             Some(Some(GpuState::InUse))
         );
     }

@@ -64,9 +64,16 @@ fn no_table(app: &App, h: &HostView) -> Option<String> {
 }
 
 /// One GPU's row.
-fn row<'a>(app: &App, h: &HostView, g: &Gpu, wide: bool, widths: (u16, u16, usize)) -> Row<'a> {
+fn row<'a>(
+    app: &App,
+    h: &HostView,
+    (k, g): (usize, &Gpu),
+    wide: bool,
+    widths: (u16, u16, usize),
+) -> Row<'a> {
     let (name_w, bar_w, spark_w) = widths;
     let st = g.state.unwrap_or(GpuState::Unknown);
+    let (utilization, temperature_c, power_mw) = h.gauges_of(k, g);
     let na = || "N/A".to_string();
     let mem = format!(
         "{} {:>9}/{:<9}",
@@ -87,15 +94,13 @@ fn row<'a>(app: &App, h: &HostView, g: &Gpu, wide: bool, widths: (u16, u16, usiz
     if wide {
         cells.push(Cell::from(fmt_bytes(g.memory.reserved)));
     }
+    cells.push(Cell::from(utilization.map_or_else(na, |u| format!("{u}%"))));
     cells.push(Cell::from(
-        g.utilization.map_or_else(na, |u| format!("{u}%")),
-    ));
-    cells.push(Cell::from(
-        g.temperature_c.map_or_else(na, |t| format!("{t}C")),
+        temperature_c.map_or_else(na, |t| format!("{t}C")),
     ));
     if wide {
         cells.push(Cell::from(
-            g.power_mw.map_or_else(na, |p| format!("{}W", p / 1000)),
+            power_mw.map_or_else(na, |p| format!("{}W", p / 1000)),
         ));
         cells.push(Cell::from(fmt_opt(g.compute_capability.as_ref())));
     }
@@ -187,7 +192,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     let mut rows: Vec<Row> = Vec::new();
     let mut chosen = None;
     for (i, g) in s.gpus.iter().enumerate() {
-        let r = row(app, h, g, wide, (name_w, bar_w, spark_w));
+        let r = row(app, h, (i, g), wide, (name_w, bar_w, spark_w));
         if focused && i == app.view.sel.gpu {
             chosen = Some(rows.len());
             rows.push(r.style(selected(app)));

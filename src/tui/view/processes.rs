@@ -106,9 +106,11 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, compact: bool) {
     }
     let block = panel(app, &title, focused, compact);
     let wide = area.width >= 90;
+    // The host's last reading's time (a reading that said the same is one too).
     let now_s = app
-        .snap()
-        .map_or(app.view.now_ms / 1000, |s| s.taken_at_ms / 1000);
+        .host()
+        .and_then(|h| h.last_seen_ms)
+        .map_or(app.view.now_ms / 1000, |t| t / 1000);
     let (header, widths) = columns(wide);
     let rows: Vec<Row> = rows_data
         .iter()
