@@ -115,11 +115,15 @@ pub struct Store {
     pub timeline: VecDeque<Event>,
     /// Events kept during the current update, for the events file.
     unsaved: Vec<Event>,
+    /// The longest host label, in characters: counted once (the hosts are fixed), not per frame over
+    /// ten thousand labels.
+    longest_label: usize,
 }
 
 impl Store {
     pub fn new(labels: Vec<String>) -> Store {
         Store {
+            longest_label: labels.iter().map(|l| l.chars().count()).max().unwrap_or(0),
             hosts: labels.into_iter().map(HostView::new).collect(),
             ..Default::default()
         }
@@ -134,12 +138,10 @@ impl Store {
 
     /// The width of the longest host label, within `min..=max` (a column of host names).
     pub fn label_width(&self, min: usize, max: usize) -> usize {
-        self.hosts
-            .iter()
-            .map(|h| h.label.chars().count())
-            .max()
-            .unwrap_or(min)
-            .clamp(min, max)
+        if self.hosts.is_empty() {
+            return min;
+        }
+        self.longest_label.clamp(min, max)
     }
 
     /// Keep an event in the timeline (and, through the effects of this update, in the events file).
