@@ -5,6 +5,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use super::history::Histories;
 use crate::core::conn::ConnStatus;
 use crate::core::event::Event;
 use crate::core::model::{Gauges, Gpu, HostId, HostSnapshot, MIB};
@@ -28,7 +29,7 @@ pub struct HostView {
     /// Unix ms of the last good reading.
     pub last_seen_ms: Option<u64>,
     /// Per GPU index, (Unix ms, used MiB) over time.
-    pub history: super::history::Histories,
+    pub history: Histories,
     /// When each GPU process (pid, start time) was first seen holding or listed, Unix ms.
     pub held_since: HashMap<(u32, u64), u64>,
     /// PIDs never offered for signals on this host.
@@ -51,7 +52,7 @@ impl HostView {
             gauges: Vec::new(),
             status: ConnStatus::Connecting,
             last_seen_ms: None,
-            history: super::history::Histories::default(),
+            history: Histories::default(),
             held_since: HashMap::new(),
             protected: Protected::remote(),
             read_only: false,
@@ -76,7 +77,7 @@ impl HostView {
 
     /// Keep its memory history and how long each GPU process has held a GPU, as of `snap`.
     fn remember(&mut self, snap: &HostSnapshot) {
-        self.remember_memory(snap, snap.taken_at_ms);
+        remember_memory(&mut self.history, snap, snap.taken_at_ms);
         let mut seen: Vec<(u32, u64)> = snap
             .holders
             .iter()
@@ -95,17 +96,17 @@ impl HostView {
             self.held_since.entry(k).or_insert(snap.taken_at_ms);
         }
     }
+}
 
-    /// Keep its memory history as of `snap` read at `at_ms`.
-    fn remember_memory(&mut self, snap: &HostSnapshot, at_ms: u64) {
-        self.history.reading(
-            at_ms,
-            snap.gpus
-                .iter()
-                .map(|g| (g.index, g.memory.used.map(|u| u / MIB))),
-            HISTORY,
-        );
-    }
+/// Keep a host's memory history as of `snap` read at `at_ms`.
+fn remember_memory(history: &mut Histories, snap: &HostSnapshot, at_ms: u64) {
+    history.reading(
+        at_ms,
+        snap.gpus
+            .iter()
+            .map(|g| (g.index, g.memory.used.map(|u| u / MIB))),
+        HISTORY,
+    );
 }
 
 #[derive(Debug, Clone, Default)]
@@ -193,13 +194,9 @@ impl Store {
         if !m.put_onto_reading(snap) {
             return false;
         }
-        let at = snap.taken_at_ms;
-        h.last_seen_ms = Some(at);
+        h.last_seen_ms = Some(snap.taken_at_ms);
         // The same processes as before: only the memory history moves.
-        if let Some(snap) = h.snap.take() {
-            h.remember_memory(&snap, at);
-            h.snap = Some(snap);
-        }
+        remember_memory(&mut h.history, snap, snap.taken_at_ms);
         h.status = ConnStatus::Up;
         h.counts = counts;
         h.leaks = leaks;
@@ -212,18 +209,17 @@ impl Store {
         let Some(h) = self.hosts.get_mut(id.0) else {
             return;
         };
-        let Some(snap) = h.snap.take() else {
+        let Some(snap) = &h.snap else {
             return;
         };
         // Beside the reading, not into it: it stays its ledger's.
-        let at = taken_at_ms.max(h.last_seen_ms.unwrap_or(0));
         if gauges.len() == snap.gpus.len() {
             h.gauges = gauges;
         }
+        let at = taken_at_ms.max(h.last_seen_ms.unwrap_or(0));
         // The same memory as before: the history counts one more reading of it.
         h.history.again(at, HISTORY);
         h.last_seen_ms = Some(at);
-        h.snap = Some(snap);
         if matches!(h.status, ConnStatus::Stale { .. }) {
             h.status = ConnStatus::Up;
         }

@@ -380,15 +380,19 @@ impl Ledger {
 
     /// The last reading judged, with the time and gauges said since.
     pub fn latest(&self) -> Option<Judged> {
-        let mut last = self.last.clone()?;
-        if let Some(f) = &self.fresh {
-            Arc::make_mut(&mut last.snap).refresh(f.taken_at_ms, &f.gauges);
-        }
-        Some(last)
+        let last = self.last.as_ref()?;
+        Some(match self.fresh {
+            Some(_) => Judged {
+                snap: Arc::new(self.latest_snap()?),
+                ..last.clone()
+            },
+            None => last.clone(),
+        })
     }
 
     /// Whether `snap` is the last reading judged itself, not a copy.
-    pub fn shares(&self, snap: &Arc<HostSnapshot>) -> bool {
+    #[cfg(test)]
+    pub(crate) fn shares(&self, snap: &Arc<HostSnapshot>) -> bool {
         self.last
             .as_ref()
             .is_some_and(|l| Arc::ptr_eq(&l.snap, snap))
@@ -1079,8 +1083,7 @@ mod tests {
         let Judgement::New(held) = j else {
             panic!("{j:?}")
         };
-        let one = |l: &Ledger| Arc::ptr_eq(&held.snap, &l.last.as_ref().expect("kept").snap);
-        assert!(one(&l), "handed on, not copied");
+        assert!(l.shares(&held.snap), "handed on, not copied");
         for at in [2_007, 3_009] {
             assert!(matches!(
                 l.reading(reading(at, true)).0,
@@ -1091,7 +1094,10 @@ mod tests {
             l.fresh(3_500, Vec::new()),
             Some((Judgement::Same { .. }, _))
         ));
-        assert!(one(&l), "readings that said the same left it as it is");
+        assert!(
+            l.shares(&held.snap),
+            "readings that said the same left it as it is"
+        );
         assert_eq!(held.snap.taken_at_ms, 1_000);
         let latest = l.latest().expect("read");
         assert_eq!(latest.snap.taken_at_ms, 3_500);

@@ -7,6 +7,7 @@
 //! others stay up, and the stream is given up only when the whole serve falls silent. What the serve sends
 //! is untrusted (bounded and escaped, as `http`'s parser does).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,8 +49,6 @@ struct Member {
     gauges: Vec<Gauges>,
 }
 
-type ByName = std::collections::HashMap<String, usize, foldhash::fast::RandomState>;
-
 /// The group's reader.
 struct Group {
     /// Where the serve's API is: `scheme://host:port` for named hosts, the whole address for a serve named by
@@ -58,10 +57,7 @@ struct Group {
     http: HttpClient,
     connect_timeout: Duration,
     hosts: Vec<GroupHost>,
-    /// Each named host's place, by the name the serve's events carry. Hashed with foldhash, not SipHash:
-    /// the names are this client's own (a serve's events only look them up), and at 10,000 hosts the
-    /// lookup of each event's host was a twentieth of the client's time.
-    by_name: ByName,
+    by_name: HashMap<String, usize>,
     /// Each host's interval as last asked; the stream reads at the fastest.
     asked: Vec<Duration>,
     /// The last event's id: where the next connection resumes.
@@ -336,9 +332,9 @@ impl Group {
     }
 
     /// A serve named by its address must serve one host: its name, as the events will carry it.
-    fn one_host(&self, served: &[String]) -> Result<ByName, String> {
+    fn one_host(&self, served: &[String]) -> Result<HashMap<String, usize>, String> {
         if let [one] = served {
-            return Ok(ByName::from_iter([(one.clone(), 0)]));
+            return Ok(HashMap::from([(one.clone(), 0)]));
         }
         let names: Vec<String> = served
             .iter()
