@@ -276,6 +276,10 @@ async fn the_api_and_the_event_stream_serve_the_json_contract_read_only() {
             .as_array()
             .is_some_and(|f| f.iter().any(|f| f["kind"] == "ghost"))
     );
+    assert!(
+        host0["gpus"][0]["counters"]["sm_clock_mhz"].is_u64(),
+        "the serve reads dcgm's counters: {host0}"
+    );
     // The stream: hello, the whole snapshot once, then readings that only say they are fresh.
     let mut r = client()
         .get(serve.url("/api/v1/events?interval=100ms"))
@@ -301,6 +305,20 @@ async fn the_api_and_the_event_stream_serve_the_json_contract_read_only() {
         "{got}"
     );
     assert!(got.contains(r#""hosts":["gpu-b"]"#), "{got}");
+    // The whole reading on the stream leaves the counters out: its later readings would not move them.
+    let whole: serde_json::Value = got
+        .split("event: snapshot\n")
+        .nth(1)
+        .and_then(|e| e.lines().next()?.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).expect("snapshot json"))
+        .expect("a snapshot");
+    assert_eq!(whole["host"], "gpu-b");
+    assert!(
+        whole["gpus"]
+            .as_array()
+            .is_some_and(|g| !g.is_empty() && g.iter().all(|g| g.get("counters").is_none())),
+        "{whole}"
+    );
     // gpu-b's GPUs idle: their gauges came with the snapshot, and an `unchanged` does not repeat them.
     let unchanged: Vec<serde_json::Value> = got
         .split("event: unchanged\n")
@@ -2582,7 +2600,8 @@ fn memory_alone_travels_and_the_client_puts_it_onto_the_reading_it_has() {
                             },
                     } if fleet.label(host).ends_with("gpu-a") => {
                         if let Some(h) = held.as_mut() {
-                            std::sync::Arc::make_mut(&mut h.snap).refresh(taken_at_ms, &gauges);
+                            std::sync::Arc::make_mut(&mut h.snap)
+                                .refresh_said(taken_at_ms, &gauges);
                         }
                         continue;
                     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseButton, MouseEvent, MouseEventKind};
 use gpusweep::analyze::AnalyzeOptions;
 use gpusweep::core::action::{ActionAnswer, ActionRequest};
-use gpusweep::core::model::{GpuState, HostId};
+use gpusweep::core::model::{GpuState, HostId, SaidGauges};
 use gpusweep::core::signal::{Fate, Outcome, Protected, Sig};
 use gpusweep::runtime::ledger::{Judgement, Ledger};
 use gpusweep::source::demo::{DEMO_HOSTS, DemoClock, DemoHost};
@@ -736,7 +736,7 @@ fn reducer_memory_alone_shows_what_whole_readings_show() {
     );
     let m = gpusweep::runtime::MemoryJudged {
         taken_at_ms: BASE_MS,
-        gauges: Vec::new(),
+        gauges: SaidGauges::default(),
         used: vec![Some(0)],
         charged: vec![Vec::new()],
         states: vec![Some(GpuState::Clean)],
@@ -900,11 +900,12 @@ fn a_fresh_reading_moves_the_gauges_and_the_time_only() {
     let mut gauges = before.gauges();
     gauges[0].utilization = Some(97);
     assert!(!d.screen(140, 40).contains("97%"), "not shown before");
+    // Only the GPU that moved, by its position, as a serve's stream says it.
     d.app.update(Action::Update(
         HostId(1),
         Judgement::Same {
             taken_at_ms: seen + 700,
-            gauges,
+            gauges: SaidGauges::moved(vec![(0, gauges[0].clone())]),
         },
     ));
     let h = &d.app.store.hosts[1];
@@ -963,7 +964,7 @@ fn only_what_is_on_screen_asks_for_a_frame() {
         HostId(1),
         Judgement::Same {
             taken_at_ms: b.taken_at_ms + 700,
-            gauges: b.gauges(),
+            gauges: SaidGauges::every(b.gauges()),
         },
     ));
     assert_eq!(
@@ -975,7 +976,7 @@ fn only_what_is_on_screen_asks_for_a_frame() {
         HostId(0),
         Judgement::Same {
             taken_at_ms: a.taken_at_ms + 700,
-            gauges: a.gauges(),
+            gauges: SaidGauges::every(a.gauges()),
         },
     ));
     assert_ne!(
@@ -994,7 +995,7 @@ fn only_what_is_on_screen_asks_for_a_frame() {
         HostId(1),
         Judgement::Same {
             taken_at_ms: b.taken_at_ms + 9_000,
-            gauges: b.gauges(),
+            gauges: SaidGauges::every(b.gauges()),
         },
     ));
     assert_ne!(d.app.changes(), at, "a stale host fresh again");

@@ -209,23 +209,41 @@ impl Reading {
         }
     }
 
-    /// `json_as` as SSE `data:` lines: for the whole view and for readers the serve cannot name, formatted
-    /// once and shared (a clone is a reference); per reader otherwise.
+    /// The reading as an event stream sends it whole (`snapshot`), as a reader with `view` may see it, as
+    /// SSE `data:` lines: for the whole view and for readers the serve cannot name, formatted once and shared
+    /// (a clone is a reference); per reader otherwise.
     pub fn sse_as(&self, view: View) -> bytes::Bytes {
-        let sse_data = |j: &str| super::frame::sse_body(crate::core::sse::Kind::Snapshot, j);
+        let sse_data = |s: &HostSnapshot| {
+            let j = serde_json::to_string(&without_counters(s)).unwrap_or_default();
+            super::frame::sse_body(crate::core::sse::Kind::Snapshot, &j)
+        };
         match view {
-            View::Whole => self.sse.get_or_init(|| sse_data(self.json())).clone(),
+            View::Whole => self.sse.get_or_init(|| sse_data(&self.snap)).clone(),
             View::NoOthers => self
                 .sse_no_others
-                .get_or_init(|| match self.json_as(view) {
-                    std::borrow::Cow::Owned(j) => Some(sse_data(&j)),
-                    std::borrow::Cow::Borrowed(_) => None,
-                })
+                .get_or_init(|| redact(&self.snap, view).map(|s| sse_data(&s)))
                 .clone()
                 .unwrap_or_else(|| self.sse_as(View::Whole)),
-            View::Own(_) => sse_data(&self.json_as(view)),
+            View::Own(_) => {
+                redact(&self.snap, view).map_or_else(|| self.sse_as(View::Whole), |s| sse_data(&s))
+            }
         }
     }
+}
+
+/// A reading as an event stream carries it: without its GPUs' dcgm counters. They move at every reading,
+/// and the stream's later readings (`unchanged`, `memory`) leave them out, so a client would show the
+/// first reading's as current while they aged (gpusweep's dropped them on arrival: a third of each
+/// whole reading it parsed); the serve's `/metrics` has them.
+fn without_counters(s: &HostSnapshot) -> std::borrow::Cow<'_, HostSnapshot> {
+    if s.gpus.iter().all(|g| g.counters.is_none()) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = s.clone();
+    for g in &mut out.gpus {
+        g.counters = None;
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// How a serve was started: read-only, and whether it reads NVML.
@@ -575,7 +593,7 @@ impl Hub {
                 }) else {
                     return;
                 };
-                Arc::make_mut(&mut r.snap).refresh(taken_at_ms, &gauges);
+                Arc::make_mut(&mut r.snap).refresh_said(taken_at_ms, &gauges);
                 self.publish(host.0, r);
             }
             HostEvent::Status { host, status } => {

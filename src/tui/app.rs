@@ -589,7 +589,7 @@ impl App {
                     gauges,
                 },
             ) => {
-                self.store.fresh(i, taken_at_ms, gauges);
+                self.store.fresh(i, taken_at_ms, &gauges);
                 // A reading that says the same is still a reading: a watch of this host takes it.
                 if self.rewatch.as_ref().is_some_and(|rw| rw.watch.watches(i)) {
                     return self.observe(i);

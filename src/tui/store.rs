@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::history::Histories;
 use crate::core::conn::ConnStatus;
 use crate::core::event::Event;
-use crate::core::model::{Gauges, Gpu, HostId, HostSnapshot, MIB};
+use crate::core::model::{Gauges, Gpu, HostId, HostSnapshot, MIB, SaidGauges};
 use crate::core::signal::Protected;
 use crate::runtime::{Judged, MemoryJudged, StateCounts};
 
@@ -203,9 +203,9 @@ impl Store {
         true
     }
 
-    /// A reading that said the same as the last: its time and gauges; the memory it said before goes on
-    /// in the history and the chart.
-    pub fn fresh(&mut self, id: HostId, taken_at_ms: u64, gauges: Vec<Gauges>) {
+    /// A reading that said the same as the last: its time and the gauges it said; the memory it said
+    /// before goes on in the history and the chart.
+    pub fn fresh(&mut self, id: HostId, taken_at_ms: u64, gauges: &SaidGauges) {
         let Some(h) = self.hosts.get_mut(id.0) else {
             return;
         };
@@ -213,8 +213,11 @@ impl Store {
             return;
         };
         // Beside the reading, not into it: it stays its ledger's.
-        if gauges.len() == snap.gpus.len() {
-            h.gauges = gauges;
+        if !gauges.is_empty() {
+            if h.gauges.is_empty() {
+                h.gauges = snap.gauges();
+            }
+            gauges.put_onto(&mut h.gauges);
         }
         let at = taken_at_ms.max(h.last_seen_ms.unwrap_or(0));
         // The same memory as before: the history counts one more reading of it.
@@ -312,7 +315,7 @@ mod tests {
         else {
             panic!("the same")
         };
-        store.fresh(id, taken_at_ms, gauges);
+        store.fresh(id, taken_at_ms, &gauges);
         let h = &store.hosts[0];
         let snap = h.snap.as_ref().expect("shown");
         assert!(Arc::ptr_eq(snap, &shared), "still the ledger's reading");

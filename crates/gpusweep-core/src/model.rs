@@ -729,6 +729,81 @@ impl PartialEq for Gauges {
 
 impl Eq for Gauges {}
 
+impl Gauges {
+    /// Take what a later reading said of this GPU: its gauges, and its counters where it read them.
+    pub fn take_from(&mut self, later: &Gauges) {
+        (self.utilization, self.temperature_c, self.power_mw) =
+            (later.utilization, later.temperature_c, later.power_mw);
+        if later.counters.is_some() {
+            self.counters.clone_from(&later.counters);
+        }
+    }
+}
+
+/// The gauges a reading that said the same carries, each by its GPU's position in the reading: every GPU's,
+/// only those that moved since the last said, or none (as before). They travel as said and are put onto what
+/// each holder keeps: copying every GPU's gauges on for each of ten thousand readings a second, where one GPU
+/// of eight moved, was a tenth of a fleet client's time. A position the reading does not have is the
+/// sender's mistake: left out.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SaidGauges(Vec<(u32, Gauges)>);
+
+impl SaidGauges {
+    /// Every GPU's, in order.
+    pub fn every(all: Vec<Gauges>) -> SaidGauges {
+        SaidGauges((0..).zip(all).collect())
+    }
+
+    /// Only these GPUs', by position.
+    pub fn moved(moved: Vec<(u32, Gauges)>) -> SaidGauges {
+        SaidGauges(moved)
+    }
+
+    /// As an event carries them: every GPU's (`gauges`), else those that moved (`moved`), else none.
+    pub fn from_wire(all: Option<Vec<Gauges>>, moved: Option<Vec<(u32, Gauges)>>) -> SaidGauges {
+        match (all, moved) {
+            (Some(all), _) => SaidGauges::every(all),
+            (None, Some(moved)) => SaidGauges(moved),
+            (None, None) => SaidGauges::default(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Each GPU's said, by position.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, &Gauges)> {
+        self.0
+            .iter()
+            .filter_map(|(i, g)| Some((usize::try_from(*i).ok()?, g)))
+    }
+
+    /// Put onto `held`, each GPU's by its position.
+    pub fn put_onto(&self, held: &mut [Gauges]) {
+        for (i, g) in self.iter() {
+            if let Some(h) = held.get_mut(i) {
+                h.take_from(g);
+            }
+        }
+    }
+
+    /// These, then `later`: where both say a GPU, the later.
+    #[must_use]
+    pub fn then(mut self, later: SaidGauges) -> SaidGauges {
+        if self.0.is_empty() {
+            return later;
+        }
+        for (i, g) in later.0 {
+            match self.0.iter_mut().find(|(j, _)| *j == i) {
+                Some(slot) => slot.1.take_from(&g),
+                None => self.0.push((i, g)),
+            }
+        }
+        self
+    }
+}
+
 /// What dcgm-exporter's default counters say that NVML can give without DCGM, in its units. `None`: not read
 /// (the part or driver does not support it), never 0.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -755,6 +830,15 @@ pub struct Counters {
 }
 
 impl Gpu {
+    /// Take what a later reading said of this GPU's gauges (its counters where it read them).
+    pub fn take_gauges(&mut self, v: &Gauges) {
+        (self.utilization, self.temperature_c, self.power_mw) =
+            (v.utilization, v.temperature_c, v.power_mw);
+        if v.counters.is_some() {
+            self.counters.clone_from(&v.counters);
+        }
+    }
+
     pub fn gauges(&self) -> Gauges {
         Gauges {
             utilization: self.utilization,
@@ -951,16 +1035,22 @@ impl HostSnapshot {
         }
     }
 
-    /// A fresh reading that said the same but for its gauges: take its time and its gauges.
+    /// A fresh reading that said the same but for its gauges: take its time and its gauges (every GPU's).
     pub fn refresh(&mut self, taken_at_ms: u64, gauges: &[Gauges]) {
         self.taken_at_ms = self.taken_at_ms.max(taken_at_ms);
         if gauges.len() == self.gpus.len() {
             for (g, v) in self.gpus.iter_mut().zip(gauges) {
-                (g.utilization, g.temperature_c, g.power_mw) =
-                    (v.utilization, v.temperature_c, v.power_mw);
-                if v.counters.is_some() {
-                    g.counters.clone_from(&v.counters);
-                }
+                g.take_gauges(v);
+            }
+        }
+    }
+
+    /// A fresh reading that said the same but for its gauges: take its time and the gauges it said.
+    pub fn refresh_said(&mut self, taken_at_ms: u64, said: &SaidGauges) {
+        self.taken_at_ms = self.taken_at_ms.max(taken_at_ms);
+        for (i, v) in said.iter() {
+            if let Some(g) = self.gpus.get_mut(i) {
+                g.take_gauges(v);
             }
         }
     }
@@ -1214,6 +1304,50 @@ pub fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Gauges said by position go onto what is held, GPU by GPU: every GPU's, only those that moved (the
+    /// others kept), none (as before); a position the reading does not have is left out, and readings not
+    /// taken yet become one, the later winning where both say a GPU.
+    #[test]
+    fn gauges_said_by_position_go_onto_those_held() {
+        let g = |u: u32| Gauges {
+            utilization: Some(u),
+            ..Default::default()
+        };
+        let mut held = vec![g(0), g(1), g(2)];
+        SaidGauges::every(vec![g(10), g(11), g(12)]).put_onto(&mut held);
+        assert_eq!(held, [g(10), g(11), g(12)]);
+        SaidGauges::default().put_onto(&mut held);
+        assert_eq!(held, [g(10), g(11), g(12)], "none said: as before");
+        SaidGauges::moved(vec![(1, g(70)), (9, g(99))]).put_onto(&mut held);
+        assert_eq!(held, [g(10), g(70), g(12)], "position 9 is not the host's");
+        let one = SaidGauges::moved(vec![(1, g(20))]).then(SaidGauges::moved(vec![(2, g(30))]));
+        assert_eq!(one, SaidGauges::moved(vec![(1, g(20)), (2, g(30))]));
+        let one = one.then(SaidGauges::moved(vec![(1, g(40))]));
+        assert_eq!(
+            one,
+            SaidGauges::moved(vec![(1, g(40)), (2, g(30))]),
+            "the later"
+        );
+        assert_eq!(SaidGauges::default().then(one.clone()), one);
+        assert_eq!(
+            SaidGauges::from_wire(Some(vec![g(5)]), Some(vec![(0, g(6))])),
+            SaidGauges::every(vec![g(5)]),
+            "every GPU's, where both came"
+        );
+        // A reading takes them with its time; counters only where read.
+        let mut snap = HostSnapshot {
+            taken_at_ms: 1,
+            gpus: vec![Gpu {
+                counters: Some(Box::default()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        snap.refresh_said(5, &SaidGauges::moved(vec![(0, g(80))]));
+        assert_eq!((snap.taken_at_ms, snap.gpus[0].utilization), (5, Some(80)));
+        assert!(snap.gpus[0].counters.is_some(), "not read again: kept");
+    }
 
     /// A reading parsed from JSON holds room for more than it says until shrunk; then none.
     #[test]

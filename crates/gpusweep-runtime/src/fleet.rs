@@ -20,7 +20,7 @@ use gpusweep_analyze::AnalyzeOptions;
 use gpusweep_core::action::ActionAnswer;
 use gpusweep_core::event::Event;
 use gpusweep_core::host::{HostSpec, unique_labels};
-use gpusweep_core::model::{Gauges, HostId, HostSnapshot, SourceKind, now_ms};
+use gpusweep_core::model::{HostId, HostSnapshot, SaidGauges, SourceKind, now_ms};
 use gpusweep_core::signal::Protected;
 use gpusweep_source::demo::{DemoClock, DemoHost};
 use gpusweep_source::local::LocalSource;
@@ -227,7 +227,7 @@ impl Sink for FleetSink {
         };
         self.events(events) && self.tx.send(Wire::Status(self.host, status)).is_ok()
     }
-    fn fresh(&self, taken_at_ms: u64, gauges: Vec<Gauges>) -> bool {
+    fn fresh(&self, taken_at_ms: u64, gauges: SaidGauges) -> bool {
         let Ok(fresh) = self.ledger.lock().map(|mut l| l.fresh(taken_at_ms, gauges)) else {
             return false;
         };
@@ -890,6 +890,7 @@ fn spawn_thread(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpusweep_core::model::Gauges;
 
     fn sink() -> (FleetSink, mpsc::UnboundedReceiver<Wire>) {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -935,10 +936,18 @@ mod tests {
         }]
     }
 
+    /// The same, as a reading that said the same carries them.
+    fn said(util: u32) -> SaidGauges {
+        SaidGauges::every(hot(util))
+    }
+
     #[test]
     fn a_fresh_reading_without_gauges_keeps_those_waiting() {
         let (s, mut rx) = sink();
-        assert!(s.fresh(0, hot(1)), "before any reading: nothing to refresh");
+        assert!(
+            s.fresh(0, said(1)),
+            "before any reading: nothing to refresh"
+        );
         assert!(rx.try_recv().is_err());
         assert!(s.reading(HostSnapshot {
             gpus: vec![gpusweep_core::model::Gpu::default()],
@@ -950,12 +959,12 @@ mod tests {
         );
         assert!(matches!(rx.try_recv(), Ok(Wire::Reading(HostId(0)))));
         let _ = std::mem::take(&mut *s.slot.lock().expect("slot"));
-        assert!(s.fresh(1, hot(30)));
+        assert!(s.fresh(1, said(30)));
         assert!(
-            s.fresh(2, Vec::new()),
+            s.fresh(2, SaidGauges::default()),
             "an unchanged that left its gauges out"
         );
-        assert!(s.fresh(3, Vec::new()));
+        assert!(s.fresh(3, SaidGauges::default()));
         assert!(
             matches!(rx.try_recv(), Ok(Wire::Reading(HostId(0)))),
             "one wake-up"
@@ -963,13 +972,13 @@ mod tests {
         assert!(rx.try_recv().is_err(), "a full slot wakes nobody again");
         let waiting = s.slot.lock().expect("slot").take();
         assert!(
-            matches!(&waiting, Some(Judgement::Same { taken_at_ms: 3, gauges: g }) if *g == hot(30)),
+            matches!(&waiting, Some(Judgement::Same { taken_at_ms: 3, gauges: g }) if *g == said(30)),
             "the latest time with the gauges last said"
         );
-        assert!(s.fresh(4, hot(10)));
+        assert!(s.fresh(4, said(10)));
         let waiting = s.slot.lock().expect("slot").take();
         assert!(
-            matches!(&waiting, Some(Judgement::Same { taken_at_ms: 4, gauges: g }) if *g == hot(10))
+            matches!(&waiting, Some(Judgement::Same { taken_at_ms: 4, gauges: g }) if *g == said(10))
         );
     }
 
@@ -984,8 +993,8 @@ mod tests {
             gpus: vec![gpusweep_core::model::Gpu::default()],
             ..Default::default()
         }));
-        assert!(s.fresh(2_000, hot(30)));
-        assert!(s.fresh(3_000, hot(31)));
+        assert!(s.fresh(2_000, said(30)));
+        assert!(s.fresh(3_000, said(31)));
         assert!(matches!(rx.try_recv(), Ok(Wire::Events(..))));
         assert!(matches!(rx.try_recv(), Ok(Wire::Reading(HostId(0)))));
         assert!(rx.try_recv().is_err(), "one wake-up");
@@ -1002,7 +1011,7 @@ mod tests {
         );
         assert!(matches!(
             take_waiting(&s.slot, HostId(0), &s.tx),
-            Some(Judgement::Same { taken_at_ms: 3_000, ref gauges }) if *gauges == hot(31)
+            Some(Judgement::Same { taken_at_ms: 3_000, ref gauges }) if *gauges == said(31)
         ));
         assert!(rx.try_recv().is_err());
         assert!(take_waiting(&s.slot, HostId(0), &s.tx).is_none());
@@ -1054,7 +1063,7 @@ mod tests {
                         taken_at_ms,
                         gauges,
                     } => Arc::make_mut(&mut held.as_mut().expect("held").snap)
-                        .refresh(taken_at_ms, &gauges),
+                        .refresh_said(taken_at_ms, &gauges),
                 }
             }
             let l = s.ledger.lock().expect("ledger");
@@ -1066,7 +1075,7 @@ mod tests {
         assert_eq!(s.memory(moved(2_000, 512, Some(hot(50)))), Some(true));
         take(&s, &mut held);
         assert_eq!(s.memory(moved(3_000, 1024, Some(hot(60)))), Some(true));
-        assert!(s.fresh(4_000, hot(70)));
+        assert!(s.fresh(4_000, said(70)));
         assert_eq!(s.memory(moved(5_000, 0, None)), Some(true));
         take(&s, &mut held);
         assert_eq!(
@@ -1074,9 +1083,9 @@ mod tests {
             Some(Some(70))
         );
         // A fresh one before it, then one after it.
-        assert!(s.fresh(6_000, hot(80)));
+        assert!(s.fresh(6_000, said(80)));
         assert_eq!(s.memory(moved(7_000, 2048, None)), Some(true));
-        assert!(s.fresh(8_000, hot(90)));
+        assert!(s.fresh(8_000, said(90)));
         take(&s, &mut held);
         // A whole reading waiting, and memory after it: taken in turn.
         assert!(s.reading(whole(9_000, 1)));

@@ -19,7 +19,9 @@ use gpusweep_core::action::{ActionAnswer, ActionRequest};
 use gpusweep_core::conn::ConnStatus;
 use gpusweep_core::event::{Event, EventKind};
 use gpusweep_core::job::JobReport;
-use gpusweep_core::model::{Finding, Gauges, GpuState, HostSnapshot, Severity, SourceKind};
+use gpusweep_core::model::{
+    Finding, Gauges, GpuState, HostSnapshot, SaidGauges, Severity, SourceKind,
+};
 
 /// Where a reading came from and what may be done through it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,8 +136,8 @@ impl Judged {
 #[derive(Debug, Clone, PartialEq)]
 pub struct MemoryJudged {
     pub taken_at_ms: u64,
-    /// Each GPU's gauges; none: as before.
-    pub gauges: Vec<Gauges>,
+    /// The gauges said since the reading it is put onto (none: as before).
+    pub gauges: SaidGauges,
     /// Each GPU's used bytes.
     pub used: Vec<Option<u64>>,
     /// Per GPU, what NVML charges each of its listed processes.
@@ -153,7 +155,7 @@ pub struct MemoryJudged {
 }
 
 impl MemoryJudged {
-    fn of(j: &Judged, gauges: Vec<Gauges>) -> MemoryJudged {
+    fn of(j: &Judged, gauges: SaidGauges) -> MemoryJudged {
         let s = &j.snap;
         let (used, charged) = s.memory_numbers();
         MemoryJudged {
@@ -180,7 +182,7 @@ impl MemoryJudged {
         {
             return false;
         }
-        snap.refresh(self.taken_at_ms, &self.gauges);
+        snap.refresh_said(self.taken_at_ms, &self.gauges);
         for (g, s) in snap.gpus.iter_mut().zip(self.states) {
             g.state = s;
         }
@@ -206,12 +208,10 @@ impl MemoryJudged {
         true
     }
 
-    /// A later reading that said the same: its time and gauges (none: as before).
-    pub fn refresh(&mut self, taken_at_ms: u64, gauges: Vec<Gauges>) {
+    /// A later reading that said the same: its time and the gauges it said.
+    pub fn refresh(&mut self, taken_at_ms: u64, gauges: SaidGauges) {
         self.taken_at_ms = self.taken_at_ms.max(taken_at_ms);
-        if !gauges.is_empty() {
-            self.gauges = gauges;
-        }
+        self.gauges = std::mem::take(&mut self.gauges).then(gauges);
     }
 }
 
@@ -222,35 +222,19 @@ pub enum Judgement {
     New(Box<Judged>),
     /// Only its memory moved since the reading handed on before, to a ledger told to hand that on alone.
     Memory(Box<MemoryJudged>),
-    /// It says what the last one said: only its time and gauges are new (no gauges: as before).
+    /// It says what the last one said: only its time and the gauges it said are new.
     Same {
         taken_at_ms: u64,
-        gauges: Vec<Gauges>,
+        gauges: SaidGauges,
     },
 }
 
-/// What readings that said the same as the last said since: their time and gauges.
+/// What readings that said the same as the last said since: their time and every GPU's gauges (empty
+/// until one said some: as in the reading).
 #[derive(Debug, Clone)]
 struct Fresh {
     taken_at_ms: u64,
     gauges: Vec<Gauges>,
-}
-
-impl Fresh {
-    /// Gauges said for every GPU: put in place of those kept (counters only where read, as `refresh` does).
-    fn said(&mut self, gauges: &[Gauges]) {
-        if self.gauges.len() != gauges.len() {
-            self.gauges = gauges.to_vec();
-            return;
-        }
-        for (k, v) in self.gauges.iter_mut().zip(gauges) {
-            (k.utilization, k.temperature_c, k.power_mw) =
-                (v.utilization, v.temperature_c, v.power_mw);
-            if v.counters.is_some() {
-                k.counters.clone_from(&v.counters);
-            }
-        }
-    }
 }
 
 impl Judgement {
@@ -268,9 +252,7 @@ impl Judgement {
                 Judgement::New(j)
             }
             (earlier, Judgement::Memory(mut m)) => {
-                if m.gauges.is_empty() {
-                    m.gauges = earlier.said_gauges();
-                }
+                m.gauges = earlier.said_gauges().then(m.gauges);
                 Judgement::Memory(m)
             }
             (
@@ -280,7 +262,7 @@ impl Judgement {
                     gauges,
                 },
             ) => {
-                Arc::make_mut(&mut j.snap).refresh(taken_at_ms, &gauges);
+                Arc::make_mut(&mut j.snap).refresh_said(taken_at_ms, &gauges);
                 Judgement::New(j)
             }
             (
@@ -303,16 +285,16 @@ impl Judgement {
                 },
             ) => Judgement::Same {
                 taken_at_ms,
-                // No gauges said: those waiting still hold.
-                gauges: if gauges.is_empty() { waiting } else { gauges },
+                // What the later did not say, the waiting one's still holds.
+                gauges: waiting.then(gauges),
             },
         }
     }
 
-    /// The gauges it says (none: as before).
-    fn said_gauges(self) -> Vec<Gauges> {
+    /// The gauges it says.
+    fn said_gauges(self) -> SaidGauges {
         match self {
-            Judgement::New(j) => j.snap.gauges(),
+            Judgement::New(j) => SaidGauges::every(j.snap.gauges()),
             Judgement::Memory(m) => m.gauges,
             Judgement::Same { gauges, .. } => gauges,
         }
@@ -409,18 +391,20 @@ impl Ledger {
 
     /// A reading that said the same as the last at `taken_at_ms`: its time and gauges kept beside the last.
     /// Returns the last reading's time now.
-    fn note_fresh(&mut self, taken_at_ms: u64, gauges: &[Gauges]) -> u64 {
+    fn note_fresh(&mut self, taken_at_ms: u64, gauges: &SaidGauges) -> u64 {
         let Some(last) = &self.last else {
             return taken_at_ms;
         };
-        let fits = gauges.len() == last.snap.gpus.len();
         let f = self.fresh.get_or_insert_with(|| Fresh {
             taken_at_ms: last.snap.taken_at_ms,
             gauges: Vec::new(),
         });
         f.taken_at_ms = f.taken_at_ms.max(taken_at_ms);
-        if fits {
-            f.said(gauges);
+        if !gauges.is_empty() {
+            if f.gauges.is_empty() {
+                f.gauges = last.snap.gauges();
+            }
+            gauges.put_onto(&mut f.gauges);
         }
         f.taken_at_ms
     }
@@ -463,7 +447,7 @@ impl Ledger {
                 &self.opts,
             )
         {
-            let gauges = snap.gauges();
+            let gauges = SaidGauges::every(snap.gauges());
             let taken_at_ms = self.note_fresh(snap.taken_at_ms, &gauges);
             // Time alone may settle a job, name a straggler or confirm a finding: then the reading says
             // something new.
@@ -515,7 +499,7 @@ impl Ledger {
             return None;
         }
         let at = moved.taken_at_ms;
-        let gauges = moved.gauges.unwrap_or_default();
+        let gauges = SaidGauges::from_wire(moved.gauges, moved.moved);
         // The same numbers (what moved at the serve was not these): fresh, as an `unchanged` is.
         if moved.findings.is_none() && last.snap.memory_is(&moved.used, &moved.charged) {
             return self.fresh(at, gauges);
@@ -527,7 +511,7 @@ impl Ledger {
                 snap.findings = f;
             }
             snap.put_memory(at, &moved.used, &moved.charged);
-            snap.refresh(at, &gauges);
+            snap.refresh_said(at, &gauges);
             return Some(self.reading(snap));
         }
         // The last reading becomes the new one in place (a whole reading copied and dropped per step of a
@@ -564,7 +548,7 @@ impl Ledger {
             ..Default::default()
         };
         snap.put_memory(at, &moved.used, &moved.charged);
-        snap.refresh(at, &gauges);
+        snap.refresh_said(at, &gauges);
         if remote {
             let charges: Vec<(u32, Option<u64>)> = snap
                 .jobs
@@ -704,11 +688,22 @@ impl Ledger {
     pub fn fresh(
         &mut self,
         taken_at_ms: u64,
-        gauges: Vec<Gauges>,
+        gauges: SaidGauges,
     ) -> Option<(Judgement, Vec<Event>)> {
-        let last = self.last.as_ref()?;
-        let moved = busy_moved(&last.snap, gauges.iter().map(|g| g.utilization), &self.opts);
+        let remote = self.last.as_ref()?.provenance.source.judged_remotely();
         self.note_fresh(taken_at_ms, &gauges);
+        // Busy or not is compared with the reading as judged, every GPU's as said since; a host judged
+        // where it is read is not judged again here.
+        let moved = !remote
+            && !gauges.is_empty()
+            && match (&self.last, &self.fresh) {
+                (Some(last), Some(f)) => busy_moved(
+                    &last.snap,
+                    f.gauges.iter().map(|g| g.utilization),
+                    &self.opts,
+                ),
+                _ => false,
+            };
         if moved && !self.resend {
             // Clean means idle: the last reading with these gauges, judged again.
             let snap = analyzed(self.latest_snap()?, &self.opts);
@@ -1055,7 +1050,7 @@ mod tests {
         assert_eq!(j.snap.jobs[0].phase, gpusweep_core::job::Phase::Loading);
         let (j2, ev) = l.reading(reading(2_001, true));
         assert!(
-            matches!(&j2, Judgement::Same { taken_at_ms: 2_001, gauges } if gauges[0].utilization == Some(1)),
+            matches!(&j2, Judgement::Same { taken_at_ms: 2_001, gauges } if gauges.iter().next().is_some_and(|(i, g)| i == 0 && g.utilization == Some(1))),
             "{j2:?}"
         );
         assert!(ev.is_empty());
@@ -1091,7 +1086,7 @@ mod tests {
             ));
         }
         assert!(matches!(
-            l.fresh(3_500, Vec::new()),
+            l.fresh(3_500, SaidGauges::default()),
             Some((Judgement::Same { .. }, _))
         ));
         assert!(
@@ -1109,7 +1104,7 @@ mod tests {
         assert_eq!(latest.content, held.content);
         // A silence: the reading goes on whole, with what was said since.
         l.status(&ConnStatus::Stale { silent_ms: 3_000 }, 7_000);
-        let (j, _) = l.fresh(8_000, Vec::new()).expect("a reading");
+        let (j, _) = l.fresh(8_000, SaidGauges::default()).expect("a reading");
         let Judgement::New(whole) = j else {
             panic!("{j:?}")
         };
@@ -1194,7 +1189,7 @@ mod tests {
         assert!(matches!(j, Judgement::Same { .. }), "{j:?}");
         assert!(ev.is_empty());
         // The same reading, 5 s after memory last rose: settled, a new reading with its event.
-        let (j, ev) = l.fresh(6_000, Vec::new()).expect("a reading");
+        let (j, ev) = l.fresh(6_000, SaidGauges::default()).expect("a reading");
         let Judgement::New(j) = j else {
             panic!("{j:?}")
         };
@@ -1209,7 +1204,7 @@ mod tests {
             ),
             "{ev:?}"
         );
-        let (j, _) = l.fresh(7_000, Vec::new()).expect("a reading");
+        let (j, _) = l.fresh(7_000, SaidGauges::default()).expect("a reading");
         assert!(matches!(j, Judgement::Same { .. }), "settled once: {j:?}");
     }
 
@@ -1263,7 +1258,7 @@ mod tests {
         assert!(matches!(j, Judgement::Same { .. }), "{j:?}");
         assert!(ev.is_empty());
         // Lasted 3 s: the same reading now says a leak, and says it again as an event.
-        let (j, ev) = l.fresh(5_000, Vec::new()).expect("a reading");
+        let (j, ev) = l.fresh(5_000, SaidGauges::default()).expect("a reading");
         let Judgement::New(j) = j else {
             panic!("{j:?}")
         };
@@ -1275,7 +1270,7 @@ mod tests {
             j.snap.findings
         );
         assert_eq!(appeared(&ev), [Severity::Leak]);
-        let (j, _) = l.fresh(6_000, Vec::new()).expect("a reading");
+        let (j, _) = l.fresh(6_000, SaidGauges::default()).expect("a reading");
         assert!(matches!(j, Judgement::Same { .. }), "{j:?}");
         // Gone and back: seen to appear again.
         l.reading(reading(7_000, false));
@@ -1496,7 +1491,10 @@ mod tests {
     fn answers_are_events_and_a_fresh_reading_after_a_silence_goes_on_whole() {
         use gpusweep_core::signal::{Fate, Outcome};
         let mut l = Ledger::new("gpu-x", AnalyzeOptions::default());
-        assert!(l.fresh(5, Vec::new()).is_none(), "nothing read yet");
+        assert!(
+            l.fresh(5, SaidGauges::default()).is_none(),
+            "nothing read yet"
+        );
         l.reading(reading(1_000, false));
         let ev = l.answered(
             &ActionAnswer::Signal(vec![Outcome {
@@ -1512,12 +1510,12 @@ mod tests {
             [EventKind::SignalFate { ok: true, .. }]
         ));
         l.status(&ConnStatus::Stale { silent_ms: 3_000 }, 4_000);
-        let (j, _) = l.fresh(5_000, Vec::new()).expect("a reading");
+        let (j, _) = l.fresh(5_000, SaidGauges::default()).expect("a reading");
         assert!(
             matches!(j, Judgement::New(ref j) if j.snap.taken_at_ms == 5_000),
             "{j:?}"
         );
-        let (j, _) = l.fresh(6_000, Vec::new()).expect("a reading");
+        let (j, _) = l.fresh(6_000, SaidGauges::default()).expect("a reading");
         assert!(matches!(j, Judgement::Same { .. }));
     }
 
@@ -1559,10 +1557,10 @@ mod tests {
         );
         // The same through `unchanged` gauges (an agent's or a serve's compact reading).
         let g = |util: u32| {
-            vec![Gauges {
+            SaidGauges::every(vec![Gauges {
                 utilization: Some(util),
                 ..Default::default()
-            }]
+            }])
         };
         let (j, _) = l.fresh(3_000, g(0)).expect("a reading before");
         assert_eq!(
@@ -1584,17 +1582,58 @@ mod tests {
         );
     }
 
+    /// Gauges said by position (a serve's `gauges=moved`): those of the GPU that moved go onto the others
+    /// as said before, and the busy line is judged with every GPU's as said since, so a crossing on the one
+    /// that moved is judged again while the others keep theirs.
+    #[test]
+    fn gauges_said_by_position_keep_the_others_and_a_crossing_is_judged_again() {
+        let mut two = reading(1_000, false);
+        let mut second = two.gpus[0].clone();
+        second.index = 1;
+        two.gpus.push(second);
+        for g in &mut two.gpus {
+            g.utilization = Some(0);
+        }
+        let g = |u: u32| Gauges {
+            utilization: Some(u),
+            ..Default::default()
+        };
+        let utils = |j: &Judged| (j.snap.gpus[0].utilization, j.snap.gpus[1].utilization);
+        let mut l = Ledger::new("h", AnalyzeOptions::default());
+        l.reading(two);
+        let (j, _) = l
+            .fresh(2_000, SaidGauges::moved(vec![(0, g(10))]))
+            .expect("a reading before");
+        assert!(matches!(j, Judgement::Same { .. }), "{j:?}");
+        let (j, _) = l
+            .fresh(3_000, SaidGauges::moved(vec![(1, g(95))]))
+            .expect("a reading before");
+        let Judgement::New(j) = j else {
+            panic!("GPU 1 crossed the busy line: {j:?}")
+        };
+        assert_eq!(utils(&j), (Some(10), Some(95)), "GPU 0 as said before");
+        assert_eq!(j.snap.gpus[1].state, Some(GpuState::InUse));
+        let (j, _) = l
+            .fresh(4_000, SaidGauges::moved(vec![(0, g(20))]))
+            .expect("a reading before");
+        assert!(
+            matches!(j, Judgement::Same { .. }),
+            "GPU 1 still busy: {j:?}"
+        );
+        assert_eq!(l.latest().map(|j| utils(&j)), Some((Some(20), Some(95))));
+    }
+
     /// Updates a front end has not taken become one: a whole reading takes later times, gauges and memory
     /// in place, a later whole reading replaces anything, and gauges said once hold until others are said.
     #[test]
     fn updates_not_yet_taken_become_one() {
         let g = |util: u32| {
-            vec![Gauges {
+            SaidGauges::every(vec![Gauges {
                 utilization: Some(util),
                 ..Default::default()
-            }]
+            }])
         };
-        let same = |at: u64, gauges: Vec<Gauges>| Judgement::Same {
+        let same = |at: u64, gauges: SaidGauges| Judgement::Same {
             taken_at_ms: at,
             gauges,
         };
@@ -1620,7 +1659,7 @@ mod tests {
         assert_eq!(same(2_500, g(1)).then(second.clone()), Judgement::New(k));
         // The same twice: the later time, the gauges last said.
         assert_eq!(
-            same(1, g(30)).then(same(2, Vec::new())),
+            same(1, g(30)).then(same(2, SaidGauges::default())),
             same(2, g(30)),
             "no gauges said: those waiting hold"
         );

@@ -80,8 +80,8 @@ pub trait Sink: Send + Sync {
     fn reading(&self, snap: HostSnapshot) -> bool;
     /// A reading taken at `taken_at_ms` that says the same as the last one handed over but for its GPU gauges
     /// (a serve's `unchanged`, a Prometheus poll that moved nothing): the host is fresh, nothing needs judging
-    /// again, and only the gauges are new (empty when none were read).
-    fn fresh(&self, _taken_at_ms: u64, _gauges: Vec<gpusweep_core::model::Gauges>) -> bool {
+    /// again, and only the gauges it said are new (by position: every GPU's, those that moved, or none).
+    fn fresh(&self, _taken_at_ms: u64, _gauges: gpusweep_core::model::SaidGauges) -> bool {
         true
     }
     /// A reading that reads as the last one handed over but for its memory (a serve's `memory` event, its

@@ -21,7 +21,7 @@ use super::http::{
 use super::{FIRST_BACKOFF, MAX_BACKOFF};
 use crate::{ConnStatus, HostCmd, Refuse, Sink};
 use gpusweep_core::format::{escape, millis};
-use gpusweep_core::model::Gauges;
+use gpusweep_core::model::{Gauges, SaidGauges};
 use gpusweep_core::sse;
 
 /// A command for one host of the group: its place, and the command.
@@ -45,8 +45,6 @@ struct Member {
     up: bool,
     /// Not among the hosts the serve's hello lists: said down once, never judged for silence.
     absent: bool,
-    /// Its gauges as last heard: an `unchanged` sends only the GPUs whose gauges moved.
-    gauges: Vec<Gauges>,
 }
 
 /// The group's reader.
@@ -204,7 +202,6 @@ impl Group {
                     stale: false,
                     up: false,
                     absent: false,
-                    gauges: Vec::new(),
                 })
                 .collect(),
             said_hello: false,
@@ -379,7 +376,6 @@ impl Group {
                 let Some(&at) = self.by_name.get(&snap.host) else {
                     return Step::Go;
                 };
-                st.members[at].gauges = snap.gauges();
                 st.heard(at, &self.hosts[at]) && self.hosts[at].sink.reading(snap)
             }
             Some(sse::Kind::Unchanged) => {
@@ -392,7 +388,8 @@ impl Group {
                 let Some(&at) = self.by_name.get(u.host.as_ref()) else {
                     return Step::Go;
                 };
-                let gauges = heard_gauges(&mut st.members[at].gauges, u.gauges, u.moved);
+                // As said (only the GPUs that moved, by position): each holder puts them onto its own.
+                let gauges = SaidGauges::from_wire(u.gauges, u.moved);
                 st.heard(at, &self.hosts[at]) && self.hosts[at].sink.fresh(u.taken_at_ms, gauges)
             }
             Some(sse::Kind::Memory) => return self.on_memory(st, &ev.data),
@@ -431,14 +428,13 @@ impl Group {
         let Some(&at) = self.by_name.get(m.host.as_ref()) else {
             return Step::Go;
         };
-        let gauges = heard_gauges(&mut st.members[at].gauges, m.gauges, m.moved);
         let moved = sse::MemoryMoved {
             host: m.host.into_owned(),
             taken_at_ms: m.taken_at_ms,
             used: m.used,
             charged: m.charged,
-            gauges: (!gauges.is_empty()).then_some(gauges),
-            moved: None,
+            gauges: m.gauges,
+            moved: m.moved,
             findings: m.findings,
         };
         if !st.heard(at, &self.hosts[at]) {
@@ -495,33 +491,7 @@ struct UnchangedRef<'a> {
     #[serde(default)]
     gauges: Option<Vec<Gauges>>,
     #[serde(default)]
-    moved: Option<Vec<(usize, Gauges)>>,
-}
-
-/// An `unchanged`'s gauges as the sink takes them: every GPU's (none: as before), with what was heard
-/// of the host kept up to date.
-fn heard_gauges(
-    known: &mut Vec<Gauges>,
-    all: Option<Vec<Gauges>>,
-    moved: Option<Vec<(usize, Gauges)>>,
-) -> Vec<Gauges> {
-    match (all, moved) {
-        (Some(all), _) => {
-            known.clone_from(&all);
-            all
-        }
-        (None, Some(moved)) => {
-            for (i, g) in moved {
-                // A position the host's reading does not have is the serve's mistake: nothing of it is
-                // taken.
-                if let Some(slot) = known.get_mut(i) {
-                    *slot = g;
-                }
-            }
-            known.clone()
-        }
-        (None, None) => Vec::new(),
-    }
+    moved: Option<Vec<(u32, Gauges)>>,
 }
 
 /// `sse::MemoryMoved` read with its host's name borrowed.
@@ -535,7 +505,7 @@ struct MemoryRef<'a> {
     #[serde(default)]
     gauges: Option<Vec<Gauges>>,
     #[serde(default)]
-    moved: Option<Vec<(usize, Gauges)>>,
+    moved: Option<Vec<(u32, Gauges)>>,
     #[serde(default)]
     findings: Option<Vec<gpusweep_core::model::Finding>>,
 }
@@ -566,33 +536,5 @@ impl Stream {
         let was = m.stale || !m.up;
         (m.stale, m.up) = (false, true);
         !was || host.sink.status(ConnStatus::Up)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn g(u: u32) -> Gauges {
-        Gauges {
-            utilization: Some(u),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn gauges_that_moved_are_put_in_place_of_those_heard_and_the_rest_kept() {
-        let mut known = Vec::new();
-        assert_eq!(
-            heard_gauges(&mut known, Some(vec![g(0), g(1), g(2)]), None),
-            [g(0), g(1), g(2)]
-        );
-        assert!(heard_gauges(&mut known, None, None).is_empty(), "as before");
-        assert_eq!(
-            heard_gauges(&mut known, None, Some(vec![(1, g(70)), (9, g(99))])),
-            [g(0), g(70), g(2)],
-            "position 9 is not the host's: left out"
-        );
-        assert_eq!(known, [g(0), g(70), g(2)]);
     }
 }

@@ -14,7 +14,7 @@ use super::RemoteTask;
 use crate::{ConnStatus, HostCmd, Refuse};
 use gpusweep_core::action::ActionRequest;
 use gpusweep_core::format::{escape, millis, truncate};
-use gpusweep_core::model::SourceKind;
+use gpusweep_core::model::{SaidGauges, SourceKind};
 use gpusweep_core::protocol::{AgentCmd, AgentMsg, MAX_LINE_BYTES, Message, PROTOCOL};
 use gpusweep_core::trace;
 
@@ -338,7 +338,7 @@ impl<'t> Conversation<'t> {
                     return Err("the agent said a reading was unchanged before sending one".into());
                 }
                 self.heard();
-                sink.fresh(taken_at_ms, gauges)
+                sink.fresh(taken_at_ms, SaidGauges::every(gauges))
             }
             Message::Answer { id, answer } => {
                 self.pending.retain(|p| p.id != id);

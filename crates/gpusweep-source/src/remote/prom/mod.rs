@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use super::http::HttpClient;
 use crate::{ConnStatus, HostCmd, Refuse};
 use gpusweep_core::format::escape;
+use gpusweep_core::model::SaidGauges;
 
 /// Prometheus data moves at its scrape interval; polling it faster than this buys nothing.
 pub(crate) const MIN_PROM_INTERVAL: Duration = Duration::from_secs(1);
@@ -154,7 +155,7 @@ impl Poller {
             }
             if let Some(said) = self.said[i].as_mut() {
                 said.taken_s = seen[i].taken;
-                listening |= h.sink.fresh(said.taken_at_ms(now), Vec::new());
+                listening |= h.sink.fresh(said.taken_at_ms(now), SaidGauges::default());
             }
         }
         match narrowed {
@@ -338,7 +339,7 @@ impl Poller {
         // Most polls of most hosts say what the last one said: then only its time is news, and no
         // snapshot is built to find that out.
         if !was_down && self.said[i].as_ref().is_some_and(|p| p.same_but_time(d)) {
-            return h.sink.fresh(d.taken_at_ms(now), Vec::new());
+            return h.sink.fresh(d.taken_at_ms(now), SaidGauges::default());
         }
         self.said[i] = Some(d.clone());
         // Whether the snapshot says anything new is the runtime's to decide, once.
