@@ -28,11 +28,6 @@ const FRAME: Duration = Duration::from_millis(16);
 /// reading a second, drawing each one would cost more than everything else. It is also the longest a stream
 /// of readings may keep the screen from being drawn.
 const DATA_FRAME: Duration = Duration::from_millis(100);
-/// The same for a fleet of more than `MANY_HOSTS`: its screen shows a few dozen of its hosts, and drawing
-/// ten times a second was a tenth of a 10,000-host client's time. A reading is on screen within a quarter
-/// of a second still; keys and a re-watch are drawn within a frame as ever.
-const MANY_DATA_FRAME: Duration = Duration::from_millis(250);
-const MANY_HOSTS: usize = 1000;
 /// The longest one batch of queued readings is taken before the loop draws and reads keys again.
 const DRAIN: Duration = Duration::from_millis(20);
 
@@ -199,15 +194,6 @@ pub fn run(s: &Settings) -> anyhow::Result<i32> {
     res
 }
 
-/// How often readings alone redraw a fleet of `hosts`.
-fn data_frame(hosts: usize) -> Duration {
-    if hosts > MANY_HOSTS {
-        MANY_DATA_FRAME
-    } else {
-        DATA_FRAME
-    }
-}
-
 /// An instant `d` ago (or now, on a clock too young for it).
 fn ago(d: Duration) -> Instant {
     Instant::now().checked_sub(d).unwrap_or_else(Instant::now)
@@ -239,17 +225,17 @@ async fn event_loop(
     }
     let first = app.update(Action::Tick(now_ms()));
     apply(fleet, app, log, first)?;
-    // Something to draw; only readings changed since the last draw (no key, resize or tick).
-    let (mut dirty, mut data_only) = (true, false);
+    let mut dirty = true;
+    // Only readings changed since the last draw (no key, resize or tick).
+    let mut data_only = false;
     let mut last_draw = ago(FRAME);
     // A completed watch is drawn at once, whatever the throttle.
     let mut urgent = false;
     let mut next_tick = Instant::now();
-    let data_frame = data_frame(app.store.hosts.len());
-    let mut last_take = ago(data_frame);
+    let mut last_take = ago(DATA_FRAME);
     loop {
         let gap = if data_only && app.rewatch().is_none() && !urgent {
-            data_frame
+            DATA_FRAME
         } else {
             FRAME
         };
@@ -261,11 +247,11 @@ async fn event_loop(
             last_draw = Instant::now();
         }
         let tick_wait = next_tick.saturating_duration_since(Instant::now());
-        // Readings are taken in batches, one per data frame at most: in between they wait in their hosts'
+        // Readings are taken in batches, one per DATA_FRAME at most: in between they wait in their hosts'
         // slots, where a newer one replaces an older one with no wake-up, so a thousand hosts cost the loop
-        // ten wake-ups a second at most, not a thousand. A watch takes them as they come (its times need that).
+        // ten wake-ups a second, not a thousand. A watch takes them as they come (its times need that).
         let hold_until =
-            Some(last_take + data_frame).filter(|t| app.rewatch().is_none() && *t > Instant::now());
+            Some(last_take + DATA_FRAME).filter(|t| app.rewatch().is_none() && *t > Instant::now());
         let hold = hold_until.is_some();
         // Up to the next frame to draw, or the end of the hold.
         let frame_wait = [dirty.then(|| last_draw + gap), hold_until]
