@@ -95,6 +95,23 @@ pub trait Sink: Send + Sync {
     fn answer(&self, id: u64, answer: ActionAnswer) -> bool;
 }
 
+/// A sink nobody listens to, for tests of a collector's own bookkeeping.
+#[cfg(test)]
+pub(crate) struct Deaf;
+
+#[cfg(test)]
+impl Sink for Deaf {
+    fn reading(&self, _: HostSnapshot) -> bool {
+        false
+    }
+    fn status(&self, _: ConnStatus) -> bool {
+        false
+    }
+    fn answer(&self, _: u64, _: ActionAnswer) -> bool {
+        false
+    }
+}
+
 /// The processes worth showing: the seeds (holders, listed PIDs), every zombie, and their ancestors (for the
 /// tree and for zombie parents), as far as `procs` knows them. Returns them and the sorted zombie PIDs.
 pub(crate) fn shown_pids(

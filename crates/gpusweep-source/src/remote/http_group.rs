@@ -579,20 +579,7 @@ impl Stream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpusweep_core::model::HostSnapshot;
-
-    struct Deaf;
-    impl Sink for Deaf {
-        fn reading(&self, _: HostSnapshot) -> bool {
-            false
-        }
-        fn status(&self, _: ConnStatus) -> bool {
-            false
-        }
-        fn answer(&self, _: u64, _: gpusweep_core::action::ActionAnswer) -> bool {
-            false
-        }
-    }
+    use crate::Deaf;
 
     /// An event's host is the one after the last event's where the names say so, else found by name; a
     /// name given twice is always its first place, and a name the group lacks is none.

@@ -8,8 +8,8 @@ use super::query::Query;
 use super::reading::{GpuData, HostData, Ident, Identities, snapshot};
 use super::table::{fold_details, summary_table, table};
 use super::*;
-use crate::Sink;
-use gpusweep_core::model::{Feature, FindingKind, GpuState, HostSnapshot, MIB};
+use crate::Deaf;
+use gpusweep_core::model::{Feature, FindingKind, GpuState, MIB};
 
 fn server(url: &str, selector: &str) -> PromServer {
     PromServer {
@@ -178,19 +178,6 @@ fn a_host_polled_again_is_the_same_but_for_its_time() {
         7,
         "no serve time: when it was polled"
     );
-}
-
-struct Deaf;
-impl Sink for Deaf {
-    fn reading(&self, _: HostSnapshot) -> bool {
-        false
-    }
-    fn status(&self, _: ConnStatus) -> bool {
-        false
-    }
-    fn answer(&self, _: u64, _: gpusweep_core::action::ActionAnswer) -> bool {
-        false
-    }
 }
 
 #[test]
