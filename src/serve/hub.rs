@@ -3,6 +3,7 @@
 //! from those events, and the polling rate its clients ask for. One loop (`run`) writes it; the HTTP
 //! endpoints, the Unix socket and the metrics only read it, each reader waking only for the hosts it follows.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -213,20 +214,23 @@ impl Reading {
     /// SSE `data:` lines: for the whole view and for readers the serve cannot name, formatted once and shared
     /// (a clone is a reference); per reader otherwise.
     pub fn sse_as(&self, view: View) -> bytes::Bytes {
-        let sse_data = |s: &HostSnapshot| {
+        let sse_data = |s: Cow<'_, HostSnapshot>| {
             let j = serde_json::to_string(&without_counters(s)).unwrap_or_default();
             super::frame::sse_body(crate::core::sse::Kind::Snapshot, &j)
         };
+        // A redacted reading is already a copy: its counters are taken out of it in place.
         match view {
-            View::Whole => self.sse.get_or_init(|| sse_data(&self.snap)).clone(),
+            View::Whole => self
+                .sse
+                .get_or_init(|| sse_data(Cow::Borrowed(&self.snap)))
+                .clone(),
             View::NoOthers => self
                 .sse_no_others
-                .get_or_init(|| redact(&self.snap, view).map(|s| sse_data(&s)))
+                .get_or_init(|| redact(&self.snap, view).map(|s| sse_data(Cow::Owned(s))))
                 .clone()
                 .unwrap_or_else(|| self.sse_as(View::Whole)),
-            View::Own(_) => {
-                redact(&self.snap, view).map_or_else(|| self.sse_as(View::Whole), |s| sse_data(&s))
-            }
+            View::Own(_) => redact(&self.snap, view)
+                .map_or_else(|| self.sse_as(View::Whole), |s| sse_data(Cow::Owned(s))),
         }
     }
 }
@@ -235,15 +239,13 @@ impl Reading {
 /// and the stream's later readings (`unchanged`, `memory`) leave them out, so a client would show the
 /// first reading's as current while they aged (gpusweep's dropped them on arrival: a third of each
 /// whole reading it parsed); the serve's `/metrics` has them.
-fn without_counters(s: &HostSnapshot) -> std::borrow::Cow<'_, HostSnapshot> {
-    if s.gpus.iter().all(|g| g.counters.is_none()) {
-        return std::borrow::Cow::Borrowed(s);
+fn without_counters(mut s: Cow<'_, HostSnapshot>) -> Cow<'_, HostSnapshot> {
+    if s.gpus.iter().any(|g| g.counters.is_some()) {
+        for g in &mut s.to_mut().gpus {
+            g.counters = None;
+        }
     }
-    let mut out = s.clone();
-    for g in &mut out.gpus {
-        g.counters = None;
-    }
-    std::borrow::Cow::Owned(out)
+    s
 }
 
 /// How a serve was started: read-only, and whether it reads NVML.

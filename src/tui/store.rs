@@ -213,12 +213,7 @@ impl Store {
             return;
         };
         // Beside the reading, not into it: it stays its ledger's.
-        if !gauges.is_empty() {
-            if h.gauges.is_empty() {
-                h.gauges = snap.gauges();
-            }
-            gauges.put_onto(&mut h.gauges);
-        }
+        gauges.put_beside(&mut h.gauges, snap);
         let at = taken_at_ms.max(h.last_seen_ms.unwrap_or(0));
         // The same memory as before: the history counts one more reading of it.
         h.history.again(at, HISTORY);

@@ -788,6 +788,18 @@ impl SaidGauges {
         }
     }
 
+    /// Put onto the gauges kept beside `reading` (every GPU's, made from the reading's own the first time
+    /// some are said; empty until then): the reading itself stays as it was judged, shared.
+    pub fn put_beside(&self, kept: &mut Vec<Gauges>, reading: &HostSnapshot) {
+        if self.is_empty() {
+            return;
+        }
+        if kept.is_empty() {
+            *kept = reading.gauges();
+        }
+        self.put_onto(kept);
+    }
+
     /// These, then `later`: where both say a GPU, the later.
     #[must_use]
     pub fn then(mut self, later: SaidGauges) -> SaidGauges {

@@ -400,12 +400,7 @@ impl Ledger {
             gauges: Vec::new(),
         });
         f.taken_at_ms = f.taken_at_ms.max(taken_at_ms);
-        if !gauges.is_empty() {
-            if f.gauges.is_empty() {
-                f.gauges = last.snap.gauges();
-            }
-            gauges.put_onto(&mut f.gauges);
-        }
+        gauges.put_beside(&mut f.gauges, &last.snap);
         f.taken_at_ms
     }
 
@@ -696,14 +691,17 @@ impl Ledger {
         // where it is read is not judged again here.
         let moved = !remote
             && !gauges.is_empty()
-            && match (&self.last, &self.fresh) {
-                (Some(last), Some(f)) => busy_moved(
-                    &last.snap,
-                    f.gauges.iter().map(|g| g.utilization),
-                    &self.opts,
-                ),
-                _ => false,
-            };
+            && self
+                .last
+                .as_ref()
+                .zip(self.fresh.as_ref())
+                .is_some_and(|(last, f)| {
+                    busy_moved(
+                        &last.snap,
+                        f.gauges.iter().map(|g| g.utilization),
+                        &self.opts,
+                    )
+                });
         if moved && !self.resend {
             // Clean means idle: the last reading with these gauges, judged again.
             let snap = analyzed(self.latest_snap()?, &self.opts);
