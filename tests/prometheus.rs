@@ -1378,6 +1378,96 @@ fn a_quiet_hosts_summary_is_its_reading_and_only_a_loud_hosts_details_are_read()
     }
 }
 
+/// Identities are read again once a minute (a GPU swapped, a serve moved, a second voice for a host), but a
+/// host whose identities did not change is not read again for it, and the GPUs' sizes, fixed for a GPU's life,
+/// are asked only of GPUs not seen before. At ten thousand hosts the whole read that followed each identity
+/// read cost Prometheus most of what the client cost it. A serve-shaped target whose reading never changes
+/// (its revision stays, its reading's time moves): a watch of 70 s reads identities twice, its summary and
+/// the sizes once.
+#[test]
+fn identities_read_again_reread_no_host_whose_identities_held_nor_known_sizes() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let steady = steady_serve_target();
+    let (_prometheus, prom) = prometheus(tmp, &[("gpusweep", vec![steady])]);
+    await_query(
+        &Http::new(),
+        &prom,
+        "count(gpusweep_gpu_clean) == 2 and count(DCGM_FI_DEV_FB_RESERVED) == 2",
+        "the target's GPUs",
+        |r| !r.is_empty(),
+    );
+    let out = gpusweep(tmp)
+        .env("GPUSWEEP_TRACE", "1")
+        .args(["wait", "--hosts", &format!("prom:{prom}")])
+        .args(["--timeout", "70s", "--poll", "1s"])
+        .output()
+        .expect("wait");
+    let trace = text(&out);
+    let asked = |q: &str| {
+        trace
+            .lines()
+            .filter(|l| l.contains("bytes in") && l.contains(q))
+            .count()
+    };
+    assert_eq!(asked("UUID, modelName"), 2, "identities twice:\n{trace}");
+    assert_eq!(
+        asked("(gpusweep_gpu_clean{})"),
+        1,
+        "its summary once:\n{trace}"
+    );
+    assert_eq!(
+        asked("DCGM_FI_DEV_FB_RESERVED"),
+        1,
+        "the sizes once:\n{trace}"
+    );
+    // Read throughout, its GPU 1 in use at the end: timed out, not unreadable.
+    assert_eq!(out.status.code(), Some(1), "{trace}");
+    assert!(trace.contains("steady: GPU 1"), "{trace}");
+}
+
+/// A scrape target shaped as a serve of host `steady` (two GPUs, GPU 1 in use, nothing found) whose reading
+/// never changes: the same revision at every scrape, its reading's time the scrape's.
+fn steady_serve_target() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut s = stream;
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            let mut body = String::new();
+            for (g, used) in [(0, 0), (1, 7000)] {
+                let l = format!(
+                    r#"gpu="{g}",UUID="GPU-s{g}",modelName="NVIDIA H100 80GB HBM3",Hostname="steady""#
+                );
+                body.push_str(&format!(
+                    "DCGM_FI_DEV_FB_USED{{{l}}} {used}\nDCGM_FI_DEV_FB_FREE{{{l}}} {}\n\
+                     DCGM_FI_DEV_FB_RESERVED{{{l}}} 500\ngpusweep_gpu_clean{{{l}}} {}\n\
+                     gpusweep_gpu_readable{{{l}}} 1\n",
+                    81000 - used,
+                    u8::from(used == 0)
+                ));
+            }
+            body.push_str(&format!(
+                "gpusweep_gpus_readable{{Hostname=\"steady\"}} 1\n\
+                 gpusweep_host_findings{{Hostname=\"steady\"}} 0\n\
+                 gpusweep_reading_revision{{Hostname=\"steady\"}} 7\n\
+                 gpusweep_reading_timestamp_seconds{{Hostname=\"steady\"}} {now:.3}\n"
+            ));
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    addr
+}
+
 /// A Prometheus slower than `--connect-timeout` (a large fleet's first read on a busy server): every host is
 /// unreadable, never clean, and the error says how to wait longer.
 #[test]

@@ -34,7 +34,8 @@ mod tests;
 
 use answer::{Target, Up, conflict};
 use poll::{
-    GlanceQueries, Names, Queries, Seen, details, glance, identities, only_hosts, poll, summary,
+    GlanceQueries, Names, Queries, Seen, details, glance, identities, identities_again, only_hosts,
+    poll, summary,
 };
 pub use query::discover;
 pub use reading::PromHost;
@@ -96,15 +97,23 @@ impl Poller {
 
     /// One poll: a glance at every host's revision, then the series of the hosts whose revision moved (or
     /// every host's summary and the details it leaves, when most moved or no glance can narrow the read).
-    /// When identities are old they are read again, and every host's summary with them: the three are asked
-    /// together, so a first view waits for one round of queries (two where some host has findings), not
-    /// three. False once no host listens.
+    /// The first identities are read with every host's summary: the three are asked together, so a first
+    /// view waits for one round of queries (two where some host has findings), not three. Identities read
+    /// again (once a minute) have the hosts whose identities changed read again, and only those. False once
+    /// no host listens.
     async fn poll(&mut self) -> bool {
         if self
             .ids
             .read_at
-            .is_none_or(|t| t.elapsed() >= IDENTITY_EVERY)
+            .is_some_and(|t| t.elapsed() >= IDENTITY_EVERY)
         {
+            let spent = AtomicUsize::new(0);
+            match identities_again(&self.server, &self.http, &self.ids, &spent).await {
+                Ok(ids) => self.forget_changed(ids),
+                Err(e) => return say_down(&self.hosts, &mut self.down, &e),
+            }
+        }
+        if self.ids.read_at.is_none() {
             // One share of `MAX_ROUND` for the three: asked together, they may not hold three rounds' worth.
             let spent = AtomicUsize::new(0);
             let (ids, g, sums) = tokio::join!(
@@ -162,6 +171,21 @@ impl Poller {
             None => listening,
             Some(q) => self.read((&q, &moved), &seen, now).await || listening,
         }
+    }
+
+    /// Take identities read again: what each host said is forgotten where its identities changed (its
+    /// reading is built from both), or everywhere when the down targets that could not be asked changed
+    /// (every host's word depends on them).
+    fn forget_changed(&mut self, ids: Identities) {
+        let every = ids.unasked_down != self.ids.unasked_down;
+        let changed = self.ids.changed_hosts(&ids);
+        for (h, said) in self.hosts.iter().zip(&mut self.said) {
+            if every || changed.contains(h.name.as_str()) {
+                *said = None;
+            }
+        }
+        drop(changed);
+        self.ids = ids;
     }
 
     /// The `Hostname` matcher naming these hosts (by their place in `hosts`), if every one can be named.

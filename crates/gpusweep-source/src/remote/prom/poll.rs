@@ -1,7 +1,7 @@
 //! One poll: the glance (revision and time per host), the queries of the hosts that moved, identities once a
 //! minute, the voices of down targets, all joined into per-host data.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::AtomicUsize;
 use std::time::Instant;
 
@@ -251,9 +251,11 @@ pub(super) fn only_hosts<'a>(names: impl Iterator<Item = Option<&'a str>>) -> Op
     Some(out)
 }
 
-/// The four queries of an identity read: GPU identities, serves, usable and reserved memory.
-pub(super) fn identity_queries(p: &PromServer) -> [String; 4] {
+/// The four queries of an identity read: GPU identities, serves, usable and reserved memory (the sizes, of
+/// the hosts `only` names, or every host's).
+pub(super) fn identity_queries(p: &PromServer, only: Option<&str>) -> [String; 4] {
     let lb = lookback();
+    let sel = |name: &str| p.sel_only(name, only);
     [
         format!(
             "max by (Hostname, hostname, job, instance, gpu, UUID, modelName, pci_bus_id, device) (last_over_time({}[{lb}]))",
@@ -265,23 +267,23 @@ pub(super) fn identity_queries(p: &PromServer) -> [String; 4] {
         ),
         format!(
             "max by (Hostname, hostname, gpu) (last_over_time({}[{lb}]) + last_over_time({}[{lb}]))",
-            p.sel(m::FB_FREE),
-            p.sel(m::FB_USED)
+            sel(m::FB_FREE),
+            sel(m::FB_USED)
         ),
         format!(
             "max by (Hostname, hostname, gpu) (last_over_time({}[{lb}]))",
-            p.sel(m::FB_RESERVED)
+            sel(m::FB_RESERVED)
         ),
     ]
 }
 
-/// Read identities: GPU UUIDs, models, buses; each host's scrape target and serve.
+/// Read identities: GPU UUIDs, models, buses, sizes; each host's scrape target and serve.
 pub(super) async fn identities(
     p: &PromServer,
     http: &HttpClient,
     spent: &AtomicUsize,
 ) -> Result<Identities, String> {
-    let [gpus_q, serve_q, usable_q, reserved_q] = identity_queries(p);
+    let [gpus_q, serve_q, usable_q, reserved_q] = identity_queries(p, None);
     let [gpu_body, serve_body, usable_body, reserved_body] =
         fetch_all(p, http, [&gpus_q, &serve_q, &usable_q, &reserved_q], spent).await?;
     let mut ids = Identities {
@@ -291,8 +293,52 @@ pub(super) async fn identities(
     ids.gpus_from(&p.samples(&gpu_body)?);
     ids.sizes_from(&p.samples(&usable_body)?, true);
     ids.sizes_from(&p.samples(&reserved_body)?, false);
+    ids.sized(None);
     ids.serves_from(&p.samples(&serve_body)?);
     drop((gpu_body, serve_body, usable_body, reserved_body));
+    down_voices(p, http, &mut ids, spent).await?;
+    Ok(ids)
+}
+
+/// Read identities again: every host's GPUs and serve, as the first time (a GPU swapped, a serve moved, a
+/// second voice are found within a minute); the sizes, fixed for a GPU's life, kept from `known` for a GPU of
+/// the same UUID and asked only of the hosts with a GPU not sized before (by `Hostname`, or every host's
+/// where one cannot be named so).
+pub(super) async fn identities_again(
+    p: &PromServer,
+    http: &HttpClient,
+    known: &Identities,
+    spent: &AtomicUsize,
+) -> Result<Identities, String> {
+    let [gpus_q, serve_q, _, _] = identity_queries(p, None);
+    let [gpu_body, serve_body] = fetch_all(p, http, [&gpus_q, &serve_q], spent).await?;
+    let mut ids = Identities {
+        read_at: Some(Instant::now()),
+        ..Default::default()
+    };
+    let gpu_samples = p.samples(&gpu_body)?;
+    ids.gpus_from(&gpu_samples);
+    let to_size = ids.keep_sizes(known);
+    if !to_size.is_empty() {
+        let by_hostname: BTreeSet<&str> = gpu_samples
+            .iter()
+            .filter_map(|x| x.label(m::L_HOSTNAME).filter(|h| x.host() == Some(*h)))
+            .collect();
+        let only = only_hosts(
+            to_size
+                .iter()
+                .map(|h| by_hostname.contains(h.as_str()).then_some(h.as_str())),
+        );
+        let [_, _, usable_q, reserved_q] = identity_queries(p, only.as_deref());
+        let [usable_body, reserved_body] =
+            fetch_all(p, http, [&usable_q, &reserved_q], spent).await?;
+        ids.sizes_from(&p.samples(&usable_body)?, true);
+        ids.sizes_from(&p.samples(&reserved_body)?, false);
+        ids.sized(only.is_some().then_some(&to_size));
+    }
+    drop(gpu_samples);
+    ids.serves_from(&p.samples(&serve_body)?);
+    drop((gpu_body, serve_body));
     down_voices(p, http, &mut ids, spent).await?;
     Ok(ids)
 }
@@ -386,6 +432,62 @@ impl Identities {
                 id.reserved_mib = x.value();
             }
         }
+    }
+
+    /// Sizes kept from `known` for every GPU of the same UUID that was sized there; the hosts with a GPU
+    /// still to size (new, swapped, or never asked).
+    pub(super) fn keep_sizes(&mut self, known: &Identities) -> BTreeSet<String> {
+        let mut to_size = BTreeSet::new();
+        for (key, id) in &mut self.gpus {
+            match known.gpus.get(key) {
+                Some(k) if k.sized && k.uuid == id.uuid => {
+                    id.usable_mib = k.usable_mib;
+                    id.reserved_mib = k.reserved_mib;
+                    id.sized = true;
+                }
+                _ => {
+                    to_size.insert(key.0.clone());
+                }
+            }
+        }
+        to_size
+    }
+
+    /// Mark the GPUs of these hosts (every GPU: None) as sized: asked for their sizes, whatever came (a
+    /// size Prometheus does not have stays unknown, and is not asked for again while the GPU stays).
+    pub(super) fn sized(&mut self, hosts: Option<&BTreeSet<String>>) {
+        for ((host, _), id) in &mut self.gpus {
+            if hosts.is_none_or(|h| h.contains(host)) {
+                id.sized = true;
+            }
+        }
+    }
+
+    /// The hosts whose identities differ between `self` and `new`: a GPU's, a serve's, whether it says it is
+    /// simulated, the targets that spoke for it.
+    pub(super) fn changed_hosts<'a>(&'a self, new: &'a Identities) -> HashSet<&'a str> {
+        let mut changed = HashSet::new();
+        for (a, b) in [(self, new), (new, self)] {
+            for (key, id) in &a.gpus {
+                if b.gpus.get(key) != Some(id) {
+                    changed.insert(key.0.as_str());
+                }
+            }
+            for (key, serve) in &a.serve {
+                if b.serve.get(key) != Some(serve) {
+                    changed.insert(key.0.as_str());
+                }
+            }
+            for key in a.simulated.difference(&b.simulated) {
+                changed.insert(key.0.as_str());
+            }
+            for (host, voices) in &a.voices {
+                if b.voices.get(host) != Some(voices) {
+                    changed.insert(host.as_str());
+                }
+            }
+        }
+        changed
     }
 
     /// Where each host's serve answers: its scrape target, the scheme it says, and a path of the shape a

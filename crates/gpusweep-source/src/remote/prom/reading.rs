@@ -21,7 +21,7 @@ pub struct PromHost {
 }
 
 /// One GPU's identity: read once a minute, not at every poll.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct Ident {
     pub(super) uuid: Option<String>,
     pub(super) model: Option<String>,
@@ -30,6 +30,8 @@ pub(super) struct Ident {
     /// MiB: free + used (the total but for the reservation), and the reservation. Fixed for a GPU's life.
     pub(super) usable_mib: Option<f64>,
     pub(super) reserved_mib: Option<f64>,
+    /// Its sizes were asked for (whatever came): they are not asked again while its UUID stays.
+    pub(super) sized: bool,
 }
 
 #[derive(Debug, Default)]

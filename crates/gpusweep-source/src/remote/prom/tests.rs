@@ -487,3 +487,90 @@ fn queries_carry_the_selector() {
             .contains("gpusweep_gpu_clean{}")
     );
 }
+
+#[test]
+fn identities_read_again_keep_known_sizes_and_name_the_hosts_that_changed() {
+    let ident = |uuid: &str, usable: Option<f64>| Ident {
+        uuid: Some(uuid.to_string()),
+        usable_mib: usable,
+        reserved_mib: usable.map(|_| 500.0),
+        sized: usable.is_some(),
+        ..Default::default()
+    };
+    let mut known = Identities::default();
+    known
+        .gpus
+        .insert(("n1".into(), 0), ident("GPU-a", Some(1000.0)));
+    known
+        .gpus
+        .insert(("n1".into(), 1), ident("GPU-b", Some(1000.0)));
+    known
+        .gpus
+        .insert(("n2".into(), 0), ident("GPU-c", Some(2000.0)));
+    known.serve.insert(
+        ("n4".into(), "n4:9401".into()),
+        ("http".into(), String::new()),
+    );
+    // Read again: n1's GPU 1 swapped, n2 as it was, n3 new, n4's serve now says https; no sizes read yet.
+    let mut again = Identities::default();
+    for (host, gpu, uuid) in [
+        ("n1", 0, "GPU-a"),
+        ("n1", 1, "GPU-b2"),
+        ("n2", 0, "GPU-c"),
+        ("n3", 0, "GPU-d"),
+    ] {
+        again.gpus.insert((host.into(), gpu), ident(uuid, None));
+    }
+    again.serve.insert(
+        ("n4".into(), "n4:9401".into()),
+        ("https".into(), String::new()),
+    );
+    let to_size = again.keep_sizes(&known);
+    assert_eq!(
+        to_size,
+        ["n1", "n3"].map(String::from).into(),
+        "a new or swapped GPU is sized"
+    );
+    let a0 = &again.gpus[&("n1".to_string(), 0)];
+    assert_eq!(
+        (a0.usable_mib, a0.reserved_mib, a0.sized),
+        (Some(1000.0), Some(500.0), true)
+    );
+    assert_eq!(again.gpus[&("n1".to_string(), 1)].usable_mib, None);
+    // Asked for n1's and n3's sizes; n3's reservation is not in Prometheus: unknown, and not asked again.
+    again
+        .gpus
+        .get_mut(&("n1".to_string(), 1))
+        .expect("n1 1")
+        .usable_mib = Some(1000.0);
+    again.sized(Some(&to_size));
+    assert!(again.gpus.values().all(|g| g.sized));
+    let mut changed: Vec<&str> = known.changed_hosts(&again).into_iter().collect();
+    changed.sort_unstable();
+    assert_eq!(changed, ["n1", "n3", "n4"], "n2 is read again for nothing");
+    // A third read finds everything as it was: nothing to size, nothing changed.
+    let mut third = Identities::default();
+    for (key, id) in &again.gpus {
+        third.gpus.insert(
+            key.clone(),
+            Ident {
+                usable_mib: None,
+                reserved_mib: None,
+                sized: false,
+                ..id.clone()
+            },
+        );
+    }
+    third.serve = again.serve.clone();
+    assert!(third.keep_sizes(&again).is_empty());
+    assert!(again.changed_hosts(&third).is_empty());
+    // A second voice for a host is a change.
+    third.voices.entry("n2".into()).or_default().insert(Target {
+        job: "other".into(),
+        instance: "10.0.0.9:9401".into(),
+    });
+    assert_eq!(
+        again.changed_hosts(&third).into_iter().collect::<Vec<_>>(),
+        ["n2"]
+    );
+}
