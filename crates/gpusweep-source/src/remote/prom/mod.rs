@@ -53,7 +53,7 @@ struct Poller {
     hosts: Vec<PromHost>,
     names: Names,
     ids: Identities,
-    /// What each host's last snapshot was built from (cleared when identities are read again).
+    /// What each host's last snapshot was built from (cleared where identities read again changed).
     said: Vec<Option<HostData>>,
     /// The revision each host's `said` was read at: a glance that finds it unmoved reads nothing more.
     revision: Vec<Option<f64>>,

@@ -207,8 +207,8 @@ pub(super) const MAX_ANSWER: usize = 128 * 1024 * 1024;
 pub(super) const MAX_HOSTS: usize = 20_000;
 
 /// The most that the queries asked together (a poll's seven; identities' four, the glance's two and the
-/// summary's six at start and once a minute) may answer in all: at 10,000 hosts of 8 GPUs the largest
-/// round answers about 140 MiB.
+/// summary's six at start; identities read again, and the sizes they lack) may answer in all: at 10,000
+/// hosts of 8 GPUs the largest round answers about 140 MiB.
 pub(super) const MAX_ROUND: usize = 256 * 1024 * 1024;
 
 pub(super) fn short(e: &reqwest::Error) -> String {
