@@ -1040,10 +1040,11 @@ fn fake_prometheus(listener: TcpListener, discovery: Arc<str>, rest: Arc<str>) {
 }
 
 /// An answer of Prometheus's API without a series.
-const NO_SERIES: &str = r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+pub(crate) const NO_SERIES: &str =
+    r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
 
 /// Whether `req` (a request's head) asks the fleet's discovery query: the hosts seen lately.
-fn hosts_query(req: &str) -> bool {
+pub(crate) fn hosts_query(req: &str) -> bool {
     req.contains("max+by+%28Hostname%2C+hostname%2C+instance%29")
 }
 
@@ -1054,7 +1055,10 @@ fn down_query(req: &str) -> bool {
 
 /// A "Prometheus" on `listener`: every query answered with what `answer` makes of its request's head, on a
 /// thread of its own (an answer may wait for others).
-fn answer_queries(listener: TcpListener, answer: impl Fn(&str) -> String + Send + Sync + 'static) {
+pub(crate) fn answer_queries(
+    listener: TcpListener,
+    answer: impl Fn(&str) -> String + Send + Sync + 'static,
+) {
     let answer = Arc::new(answer);
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {

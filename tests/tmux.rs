@@ -382,3 +382,35 @@ fn a_tui_attached_after_the_crash_shows_the_lost_rank() {
     t.keys(&["q"]);
     t.await_text("EXITED 0");
 }
+
+/// A busy Prometheus takes longer than a connection may to say which hosts it knows (6-36 s at 10,000 hosts,
+/// against the default `--connect-timeout` of 10 s): the TUI, whose fleet cannot grow once started, waits for
+/// the answer (saying so before it takes the screen) instead of standing as one unreadable host that asks to
+/// be started again. This "Prometheus" names its one host 3 s after it is asked; the TUI's connect timeout is 1 s.
+#[test]
+fn the_tui_waits_for_a_busy_prometheus_to_name_its_hosts() {
+    use crate::prometheus::{NO_SERIES, answer_queries, hosts_query};
+    let dir = tempfile::tempdir().expect("tmp");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    answer_queries(listener, |req| {
+        if hosts_query(req) {
+            std::thread::sleep(Duration::from_secs(3));
+            return r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"Hostname":"slow-node-1","instance":"slow-node-1"},"value":[1,"1"]}]}}"#.to_string();
+        }
+        NO_SERIES.to_string()
+    });
+    let cmd = format!(
+        "GPUSWEEP_CONFIG={0}/none.toml {BIN} --hosts prom:{url} --connect-timeout 1; echo EXITED $?; sleep 30",
+        dir.path().display()
+    );
+    let t = Tmux::start("slowprom", 120, 30, &cmd);
+    let s = t.await_text("slow-node-1");
+    assert!(!s.contains("could not be asked"), "{s}");
+    t.keys(&["q"]);
+    let s = t.await_text("EXITED");
+    assert!(
+        s.contains("which hosts it knows (up to 120 s)"),
+        "it said what it waited for: {s}"
+    );
+}

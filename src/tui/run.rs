@@ -172,7 +172,19 @@ pub fn run(s: &Settings) -> anyhow::Result<i32> {
             memory_alone: true,
             ..s.fleet.clone()
         };
-        let mut fleet = Fleet::start(&s.specs, &opts).await?;
+        // A `prom:` fleet is what its server names now, asked before the screen is taken: say so, and give a
+        // busy server time (a large fleet's first answer takes longer than a connection may).
+        let discovery = DISCOVERY.max(opts.ssh.connect_timeout);
+        for spec in &s.specs {
+            if let HostSpec::Prom(p) = spec {
+                eprintln!(
+                    "gpusweep: asking Prometheus {} which hosts it knows (up to {} s)...",
+                    p.url,
+                    discovery.as_secs()
+                );
+            }
+        }
+        let mut fleet = Fleet::start_discovering_within(&s.specs, &opts, discovery).await?;
         let specs: Vec<HostSpec> = fleet.ids().filter_map(|i| fleet.spec(i).cloned()).collect();
         let mut app = new_app(s, fleet.labels().to_vec(), &specs)?;
         if let Some(n) = note {
@@ -193,6 +205,10 @@ pub fn run(s: &Settings) -> anyhow::Result<i32> {
     rt.shutdown_background();
     res
 }
+
+/// How long the TUI waits for a `prom:` server to say which hosts it knows, at least: 10,000 hosts on a busy
+/// server took 6-36 s (docs/validation.md).
+const DISCOVERY: Duration = Duration::from_secs(120);
 
 /// An instant `d` ago (or now, on a clock too young for it).
 fn ago(d: Duration) -> Instant {

@@ -465,6 +465,17 @@ impl Fleet {
         specs: &[HostSpec],
         opts: &FleetOptions,
     ) -> Result<Fleet, gpusweep_source::SourceError> {
+        Fleet::start_discovering_within(specs, opts, opts.ssh.connect_timeout).await
+    }
+
+    /// `start`, where a `prom:` server may take up to `discovery` (not the connect timeout) to say which
+    /// hosts it knows: for a front end that stays (the TUI), whose fleet cannot grow once started, and for
+    /// which a busy server's slow first answer is no reason to stand as one unreadable host.
+    pub async fn start_discovering_within(
+        specs: &[HostSpec],
+        opts: &FleetOptions,
+        discovery: Duration,
+    ) -> Result<Fleet, gpusweep_source::SourceError> {
         let needs_http = specs
             .iter()
             .any(|s| matches!(s, HostSpec::Http { .. } | HostSpec::Prom(_)));
@@ -473,7 +484,7 @@ impl Fleet {
         } else {
             None
         };
-        let specs = expand(specs, http.as_ref(), opts.ssh.connect_timeout).await;
+        let specs = expand(specs, http.as_ref(), discovery).await;
         let log = match &opts.events_file {
             Some(path) => {
                 Some(Arc::new(Recorder::open(path).map_err(|e| {
