@@ -178,6 +178,15 @@ fn traced_snapshot(dir: &Path, url: &str) -> (serde_json::Value, String) {
     (v, text(&out))
 }
 
+/// How many queries a trace shows answered that contain `q` (the trace names each query, cut at 200
+/// characters).
+fn times_asked(trace: &str, q: &str) -> usize {
+    trace
+        .lines()
+        .filter(|l| l.contains("bytes in") && l.contains(q))
+        .count()
+}
+
 fn snapshot_json(dir: &Path, spec: &str) -> serde_json::Value {
     let out = gpusweep(dir)
         .args(["snapshot", "--json", "--hosts", spec])
@@ -1175,20 +1184,14 @@ fn a_poll_reads_again_only_the_hosts_whose_revision_moved() {
                     && l.contains(r#""gpu":7"#)
             })
     });
-    // (The trace names each query, cut at 200 characters.)
-    let reads_of = |t: &str, q: &str| {
-        t.lines()
-            .filter(|l| l.contains("bytes in") && l.contains(q))
-            .count()
-    };
     let t = read();
     assert_eq!(
-        reads_of(&t, "(gpusweep_gpu_clean{})"),
+        times_asked(&t, "(gpusweep_gpu_clean{})"),
         1,
         "every host's series read once, at the first poll:\n{t}"
     );
     assert!(
-        reads_of(&t, r#"gpusweep_gpu_clean{Hostname=~"gpu-b1"}"#) >= 1,
+        times_asked(&t, r#"gpusweep_gpu_clean{Hostname=~"gpu-b1"}"#) >= 1,
         "gpu-b1 read again alone after its sweep:\n{t}"
     );
     // A host gone for good (its serve killed) costs one whole read, when it vanishes, not one every poll.
@@ -1199,7 +1202,7 @@ fn a_poll_reads_again_only_the_hosts_whose_revision_moved() {
     let _ = wait.0.kill();
     let t = read();
     assert!(
-        reads_of(&t, "(gpusweep_gpu_clean{})") <= 2,
+        times_asked(&t, "(gpusweep_gpu_clean{})") <= 2,
         "a down host read at every poll:\n{t}"
     );
 }
@@ -1330,12 +1333,7 @@ fn a_quiet_hosts_summary_is_its_reading_and_only_a_loud_hosts_details_are_read()
         |r| r.first().is_some_and(|(_, v)| is(*v, 2.0)),
     );
     let (v, trace) = traced_snapshot(tmp, &prom);
-    let asked = |q: &str| {
-        trace
-            .lines()
-            .filter(|l| l.contains("bytes in") && l.contains(q))
-            .count()
-    };
+    let asked = |q: &str| times_asked(&trace, q);
     assert_eq!(asked("(gpusweep_host_findings{})"), 1, "{trace}");
     assert_eq!(
         asked("(gpusweep_findings{})"),
@@ -1408,12 +1406,7 @@ fn identities_read_again_reread_no_host_whose_identities_held_nor_known_sizes() 
         .output()
         .expect("wait");
     let trace = text(&out);
-    let asked = |q: &str| {
-        trace
-            .lines()
-            .filter(|l| l.contains("bytes in") && l.contains(q))
-            .count()
-    };
+    let asked = |q: &str| times_asked(&trace, q);
     assert_eq!(asked("UUID, modelName"), 2, "identities twice:\n{trace}");
     assert_eq!(
         asked("(gpusweep_gpu_clean{})"),
