@@ -12,43 +12,25 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:?cmd, http or prom}; N=${2:?hosts}; SECS=${3:-30}
 source scripts/lib/host.sh
+source scripts/lib/fleet.sh
 D=$(mktemp -d)
 PIDS=()
 S=gpusweep-scale-$$
 cleanup() { tmux -L "$S" kill-server 2>/dev/null || true; for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$D"; }
 trap cleanup EXIT
 export GPUSWEEP_CONFIG=$D/none.toml GPUSWEEP_SOCKET=$D/none.sock
-# Mostly quiet hosts after a pkill, some warming up, some Blackwell: gpu-b0001.., gpu-a001.., gpu-c001..
-names() {
-  local n=$1 a=$(( $1 / 20 )) c=$(( $1 / 20 ))
-  local b=$(( n - a - c ))
-  for i in $(seq 1 "$b"); do printf 'gpu-b%04d\n' "$i"; done
-  for i in $(seq 1 "$a"); do printf 'gpu-a%03d\n' "$i"; done
-  for i in $(seq 1 "$c"); do printf 'gpu-c%03d\n' "$i"; done
-}
-names "$N" >"$D/names"
+fleet_names "$N" >"$D/names"
 case "$MODE" in
   cmd)
     sed "s|^|cmd:$BIN agent --demo --demo-host |" "$D/names" >"$D/hosts"
     SPEC=(--hostfile "$D/hosts") ;;
   http|prom)
-    PORT=$(free_port)
-    "$BIN" serve --demo --hosts "$(paste -sd, "$D/names")" --listen "127.0.0.1:$PORT" --interval 1s 2>"$D/serve.err" &
-    PIDS+=($!)
-    SERVE_PID=$!
-    for _ in $(seq 1 200); do curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+    serve_fleet
     if [ "$MODE" = http ]; then
       sed "s|^|http://127.0.0.1:$PORT/hosts/|" "$D/names" >"$D/hosts"
       SPEC=(--hostfile "$D/hosts")
     else
-      PP=$(free_port)
-      { echo "global: {scrape_interval: ${SCRAPE:-5s}, scrape_timeout: 4s}"; echo "scrape_configs:"; echo "  - job_name: gpusweep"; echo "    static_configs:"
-        while read -r n; do echo "      - {targets: ['127.0.0.1:$PORT'], labels: {__metrics_path__: /hosts/$n/metrics, node: $n}}"; done <"$D/names"
-        echo "    relabel_configs:"; echo "      - {source_labels: [node], target_label: instance}"; } >"$D/prometheus.yml"
-      prometheus --config.file="$D/prometheus.yml" --storage.tsdb.path="$D/data" --web.listen-address="127.0.0.1:$PP" --log.level=warn >/dev/null 2>&1 &
-      PIDS+=($!)
-      PROM_PID=$!
-      until [ "$(curl -sf "http://127.0.0.1:$PP/api/v1/query" --data-urlencode 'query=count(gpusweep_reading_timestamp_seconds)' | python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else 0)' 2>/dev/null)" = "$N" ]; do sleep 0.5; done
+      scrape_fleet "$N" "${SCRAPE:-5s}"
       SPEC=(--hosts "prom:http://127.0.0.1:$PP")
     fi ;;
   *) echo "mode: cmd, http or prom" >&2; exit 2 ;;

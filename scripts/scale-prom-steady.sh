@@ -9,38 +9,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:?hosts}; SECS=${2:-125}; ROUNDS=${3:-2}
 read -r -a BINS <<<"${BINS:?builds to compare, space-separated}"
+BIN=${BINS[0]}
 source scripts/lib/host.sh
+source scripts/lib/fleet.sh
 D=$(mktemp -d)
 PIDS=()
 S=gpusweep-steady-$$
 cleanup() { tmux -L "$S" kill-server 2>/dev/null || true; for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$D"; }
 trap cleanup EXIT
 export GPUSWEEP_CONFIG=$D/none.toml GPUSWEEP_SOCKET=$D/none.sock
-names() {
-  local n=$1 a=$(( $1 / 20 )) c=$(( $1 / 20 ))
-  local b=$(( n - a - c ))
-  for i in $(seq 1 "$b"); do printf 'gpu-b%04d\n' "$i"; done
-  for i in $(seq 1 "$a"); do printf 'gpu-a%03d\n' "$i"; done
-  for i in $(seq 1 "$c"); do printf 'gpu-c%03d\n' "$i"; done
-}
-names "$N" >"$D/names"
-PORT=$(free_port)
-"${BINS[0]}" serve --demo --hosts "$(paste -sd, "$D/names")" --listen "127.0.0.1:$PORT" --interval 1s 2>"$D/serve.err" &
-PIDS+=($!)
-for _ in $(seq 1 200); do curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
-PP=$(free_port)
-{ echo "global: {scrape_interval: ${SCRAPE:-15s}, scrape_timeout: 4s}"; echo "scrape_configs:"; echo "  - job_name: gpusweep"; echo "    static_configs:"
-  while read -r n; do echo "      - {targets: ['127.0.0.1:$PORT'], labels: {__metrics_path__: /hosts/$n/metrics, node: $n}}"; done <"$D/names"
-  echo "    relabel_configs:"; echo "      - {source_labels: [node], target_label: instance}"; } >"$D/prometheus.yml"
-prometheus --config.file="$D/prometheus.yml" --storage.tsdb.path="$D/data" --web.listen-address="127.0.0.1:$PP" --log.level=warn >/dev/null 2>&1 &
-PIDS+=($!)
-PROM=$!
-until [ "$(curl -sf "http://127.0.0.1:$PP/api/v1/query" --data-urlencode 'query=count(gpusweep_reading_timestamp_seconds)' | python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else 0)' 2>/dev/null)" = "$N" ]; do sleep 0.5; done
+fleet_names "$N" >"$D/names"
+serve_fleet
+scrape_fleet "$N" "${SCRAPE:-15s}"
 TCK=$(getconf CLK_TCK)
 cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
 now() { date +%s.%N; }
 alone() {
-  local a b; a=$(cpu "$PROM"); sleep 60; b=$(cpu "$PROM")
+  local a b; a=$(cpu "$PROM_PID"); sleep 60; b=$(cpu "$PROM_PID")
   awk -v a="$a" -v b="$b" -v t="$TCK" 'BEGIN { printf "Prometheus alone (60 s): %.1f%% of one core\n", 100*(b-a)/t/60 }'
 }
 alone
@@ -58,7 +43,7 @@ for _ in $(seq 1 "$ROUNDS"); do
     sleep 5
     # The window in the trace's own clock (milliseconds since the TUI started).
     W0=$(awk -v a="$T0" -v b="$(now)" 'BEGIN { print (b - a) * 1000 }')
-    P0=$(cpu "$PROM"); sleep "$SECS"; P1=$(cpu "$PROM")
+    P0=$(cpu "$PROM_PID"); sleep "$SECS"; P1=$(cpu "$PROM_PID")
     W1=$(awk -v a="$T0" -v b="$(now)" 'BEGIN { print (b - a) * 1000 }')
     tmux -L "$S" kill-server
     Q=$(awk -v w0="$W0" -v w1="$W1" '/bytes in [0-9]+ ms/ {
