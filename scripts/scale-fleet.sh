@@ -13,12 +13,7 @@ cd "$(dirname "$0")/.."
 MODE=${1:?cmd, http or prom}; N=${2:?hosts}; SECS=${3:-30}
 source scripts/lib/host.sh
 source scripts/lib/fleet.sh
-D=$(mktemp -d)
-PIDS=()
-S=gpusweep-scale-$$
-cleanup() { tmux -L "$S" kill-server 2>/dev/null || true; for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$D"; }
-trap cleanup EXIT
-export GPUSWEEP_CONFIG=$D/none.toml GPUSWEEP_SOCKET=$D/none.sock
+fleet_scratch scale
 fleet_names "$N" >"$D/names"
 case "$MODE" in
   cmd)

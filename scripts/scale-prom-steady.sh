@@ -12,12 +12,7 @@ read -r -a BINS <<<"${BINS:?builds to compare, space-separated}"
 BIN=${BINS[0]}
 source scripts/lib/host.sh
 source scripts/lib/fleet.sh
-D=$(mktemp -d)
-PIDS=()
-S=gpusweep-steady-$$
-cleanup() { tmux -L "$S" kill-server 2>/dev/null || true; for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$D"; }
-trap cleanup EXIT
-export GPUSWEEP_CONFIG=$D/none.toml GPUSWEEP_SOCKET=$D/none.sock
+fleet_scratch steady
 fleet_names "$N" >"$D/names"
 serve_fleet
 scrape_fleet "$N" "${SCRAPE:-15s}"

@@ -1,6 +1,15 @@
 # Sourced by scripts/scale-fleet.sh and scripts/scale-prom-steady.sh after scripts/lib/host.sh: the demo fleet
 # they read, served by one `gpusweep serve --demo` and, for `prom:`, scraped by a real Prometheus. The
-# caller owns the scratch folder D and the PIDS to end on exit.
+# scratch folder D, the PIDS and the tmux server S are ended on exit.
+
+# A scratch folder D without a config, the PIDS started and a tmux server S named after $1, all ended on exit.
+fleet_scratch() {
+  D=$(mktemp -d)
+  PIDS=()
+  S=gpusweep-$1-$$
+  trap 'tmux -L "$S" kill-server 2>/dev/null || true; for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$D"' EXIT
+  export GPUSWEEP_CONFIG=$D/none.toml GPUSWEEP_SOCKET=$D/none.sock
+}
 
 # The fleet's names: mostly quiet hosts after a pkill, some warming up, some Blackwell (gpu-b0001..,
 # gpu-a001.., gpu-c001..), one a line.
