@@ -1423,6 +1423,55 @@ fn identities_read_again_reread_no_host_whose_identities_held_nor_known_sizes() 
     assert!(trace.contains("steady: GPU 1"), "{trace}");
 }
 
+/// A Prometheus that answers slowly (each answer held 0.4 s on its way, as a loaded server's) is asked less
+/// often than the 1 s poll asks: a glance whose answers took 0.8 s is followed by 15 s of quiet (its queries
+/// a twentieth of the time at most), and the host is still read. Every second before.
+#[test]
+fn a_slow_prometheus_is_asked_less_often_so_the_client_takes_a_twentieth_of_its_time() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let steady = steady_serve_target();
+    let (_prometheus, prom) = prometheus(tmp, &[("gpusweep", vec![steady])]);
+    await_query(
+        &Http::new(),
+        &prom,
+        "count(gpusweep_gpu_clean) == 2",
+        "the target's GPUs",
+        |r| !r.is_empty(),
+    );
+    let slow = slow_way_to(&prom, Duration::from_millis(400));
+    let out = gpusweep(tmp)
+        .env("GPUSWEEP_TRACE", "1")
+        .args(["wait", "--hosts", &format!("prom:{slow}")])
+        .args(["--timeout", "20s", "--poll", "1s"])
+        .output()
+        .expect("wait");
+    let trace = text(&out);
+    let glances = times_asked(&trace, "(gpusweep_reading_revision{})");
+    assert!(
+        (1..=3).contains(&glances),
+        "{glances} glances in 20 s:\n{trace}"
+    );
+    // Read throughout, its GPU 1 in use at the end: timed out, not unreadable.
+    assert_eq!(out.status.code(), Some(1), "{trace}");
+    assert!(trace.contains("steady: GPU 1"), "{trace}");
+}
+
+/// A way to the Prometheus at `to` on which every answer is held `delay` first: its URL.
+fn slow_way_to(to: &str, delay: Duration) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let to = to.to_string();
+    answer_queries(listener, move |req| {
+        let path = req.split_whitespace().nth(1).unwrap_or("/");
+        let answer = Http::new().get(&format!("{to}{path}"), &[]);
+        // The load being shown, not a wait for anything.
+        std::thread::sleep(delay);
+        answer.map_or_else(|| NO_SERIES.to_string(), |(_, body)| body)
+    });
+    url
+}
+
 /// A scrape target shaped as a serve of host `steady` (two GPUs, GPU 1 in use, nothing found) whose reading
 /// never changes: the same revision at every scrape, its reading's time the scrape's.
 fn steady_serve_target() -> String {

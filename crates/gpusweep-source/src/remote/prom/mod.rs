@@ -5,7 +5,7 @@
 //! reading did not change is only marked fresh. Read-only: kills and removals are refused, saying how to act.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -17,8 +17,6 @@ use gpusweep_core::model::SaidGauges;
 
 /// Prometheus data moves at its scrape interval; polling it faster than this buys nothing.
 pub(crate) const MIN_PROM_INTERVAL: Duration = Duration::from_secs(1);
-/// Identities (UUID, model, bus, where a serve answers) are read again this often.
-const IDENTITY_EVERY: Duration = Duration::from_secs(60);
 
 /// A Prometheus server and the selector that narrows it to the fleet: the spec as parsed.
 pub type PromServer = gpusweep_core::host::PromSpec;
@@ -37,6 +35,7 @@ use poll::{
     GlanceQueries, Names, Queries, Seen, details, glance, identities, identities_again, only_hosts,
     poll, summary,
 };
+use query::Spent;
 pub use query::discover;
 pub use reading::PromHost;
 use reading::{HostData, Identities, own_target, snapshot};
@@ -71,6 +70,10 @@ struct Poller {
     /// Each host's reading time at the last glance, and what their steps say of the scrape.
     taken: Vec<Option<f64>>,
     pace: pace::Pace,
+    /// Microseconds Prometheus took to answer this poller's queries, in all: what paces it (`pace`).
+    busy: AtomicU64,
+    /// What the last identity read took of it.
+    identity_busy: Duration,
 }
 
 impl Poller {
@@ -105,17 +108,20 @@ impl Poller {
         if self
             .ids
             .read_at
-            .is_some_and(|t| t.elapsed() >= IDENTITY_EVERY)
+            .is_some_and(|t| t.elapsed() >= pace::identities_every(self.identity_busy))
         {
-            let spent = AtomicUsize::new(0);
-            match identities_again(&self.server, &self.http, &self.ids, &spent).await {
+            let before = self.busy.load(Ordering::Relaxed);
+            let spent = Spent::new(&self.busy);
+            let ids = identities_again(&self.server, &self.http, &self.ids, &spent).await;
+            self.identity_busy = busy_since(&self.busy, before);
+            match ids {
                 Ok(ids) => self.forget_changed(ids),
                 Err(e) => return say_down(&self.hosts, &mut self.down, &e),
             }
         }
         if self.ids.read_at.is_none() {
             // One share of `MAX_ROUND` for the three: asked together, they may not hold three rounds' worth.
-            let spent = AtomicUsize::new(0);
+            let spent = Spent::new(&self.busy);
             let (ids, g, sums) = tokio::join!(
                 identities(&self.server, &self.http, &spent),
                 glance(&self.server, &self.http, &self.glance, &self.names, &spent),
@@ -134,7 +140,7 @@ impl Poller {
             let now = gpusweep_core::model::now_ms();
             return self.summed(sums, &seen, now).await || listening;
         }
-        let spent = AtomicUsize::new(0);
+        let spent = Spent::new(&self.busy);
         let g = match glance(&self.server, &self.http, &self.glance, &self.names, &spent).await {
             Ok(g) => g,
             Err(e) => return say_down(&self.hosts, &mut self.down, &e),
@@ -151,7 +157,7 @@ impl Poller {
             (_, Some(Some(m))) => Some(Queries::new(&self.server, Some(m))),
             _ => {
                 // Most hosts moved, or one cannot be named in a query: read them all.
-                let spent = AtomicUsize::new(0);
+                let spent = Spent::new(&self.busy);
                 let sums =
                     summary(&self.server, &self.http, &self.queries, &self.names, &spent).await;
                 return self.summed(sums, &seen, now).await || listening;
@@ -250,7 +256,14 @@ impl Poller {
     /// Read the series of the hosts that moved with the queries naming them (`moved`), and hand each on.
     /// False once no host listens.
     async fn read(&mut self, narrowed: (&Queries, &[bool]), seen: &[Seen], now: u64) -> bool {
-        let polled = poll(&self.server, &self.http, narrowed.0, &self.names).await;
+        let polled = poll(
+            &self.server,
+            &self.http,
+            narrowed.0,
+            &self.names,
+            &self.busy,
+        )
+        .await;
         self.apply(polled, Some(narrowed.1), true, seen, now)
     }
 
@@ -282,7 +295,15 @@ impl Poller {
             .only(&wanted)
             .map(|m| Queries::new(&self.server, Some(&m)));
         let queries = narrowed.as_ref().unwrap_or(&self.queries);
-        let polled = details(&self.server, &self.http, queries, &self.names, polled).await;
+        let polled = details(
+            &self.server,
+            &self.http,
+            queries,
+            &self.names,
+            polled,
+            &self.busy,
+        )
+        .await;
         listening |= self.apply(polled, Some(&wanted), true, seen, now);
         listening
     }
@@ -449,6 +470,8 @@ pub async fn run(
         next: tokio::time::Instant::now(),
         taken: vec![None; n],
         pace: pace::Pace::default(),
+        busy: AtomicU64::new(0),
+        identity_busy: Duration::ZERO,
     };
     loop {
         tokio::select! {
@@ -460,10 +483,19 @@ pub async fn run(
             }
         }
         p.next = tokio::time::Instant::now() + p.pace.every(p.interval.max(MIN_PROM_INTERVAL));
+        let before = p.busy.load(Ordering::Relaxed);
         if !p.poll().await {
             return;
         }
+        // The server's time this poll took holds the next one back (a command still asks at once).
+        let quiet = pace::quiet_after(busy_since(&p.busy, before));
+        p.next = p.next.max(tokio::time::Instant::now() + quiet);
     }
+}
+
+/// The answering time counted in `busy` since it read `before`.
+fn busy_since(busy: &AtomicU64, before: u64) -> Duration {
+    Duration::from_micros(busy.load(Ordering::Relaxed).saturating_sub(before))
 }
 
 /// Tell every host still read from this server that it could not be read. False once nobody listens.

@@ -3,6 +3,11 @@
 //! fifteen, and at ten thousand hosts each of those polls cost Prometheus most of what the client costs it.
 //! The scrape interval is not asked for (a managed Prometheus may not say its configuration): it is seen, as
 //! the steps of each host's reading time from one glance to the next.
+//!
+//! Prometheus is shared (its rules, its dashboards, its own scrapes), so the client also keeps its queries to
+//! a share of the server's time: the time its answers took is counted, and the next poll (and identity read)
+//! waits long enough that they stay at most `SHARE` of it. A quick server sees no change; a loaded one, or a
+//! fleet so large that each glance takes a while, is asked less often (at least every `SLOWEST`).
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -15,6 +20,25 @@ const TRUSTED_AFTER: usize = 3;
 const POLLS_PER_SCRAPE: u32 = 4;
 /// However slow the scrape, a poll at least this often (a target's `up`, a host gone, are news too).
 const SLOWEST: Duration = Duration::from_secs(15);
+
+/// At most one part in this many of the time goes to the client's queries (5%).
+const SHARE: u32 = 20;
+/// Identities (GPUs, serves, voices) are read again this often, or less often when a read takes long.
+const IDENTITY_EVERY: Duration = Duration::from_secs(60);
+/// However long an identity read takes, one at least this often (a swapped GPU, a moved serve).
+const IDENTITY_SLOWEST: Duration = Duration::from_secs(300);
+
+/// How long to wait after a poll whose answers took Prometheus `busy` (summed over its queries): their
+/// time is at most `SHARE` of the whole, but no poll waits longer than `SLOWEST`.
+pub(super) fn quiet_after(busy: Duration) -> Duration {
+    busy.saturating_mul(SHARE - 1).min(SLOWEST)
+}
+
+/// How long after an identity read whose answers took `busy` the next is due.
+pub(super) fn identities_every(busy: Duration) -> Duration {
+    busy.saturating_mul(SHARE - 1)
+        .clamp(IDENTITY_EVERY, IDENTITY_SLOWEST)
+}
 
 #[derive(Debug, Default)]
 pub(super) struct Pace {
@@ -88,5 +112,27 @@ mod tests {
             slow.saw(Some(f64::from(t)), Some(f64::from(t + 600)));
         }
         assert_eq!(slow.every(asked), SLOWEST);
+    }
+
+    #[test]
+    fn a_slow_answer_has_the_next_poll_wait_so_the_client_takes_a_twentieth_of_the_servers_time() {
+        // A quick server: the pace alone decides.
+        assert_eq!(
+            quiet_after(Duration::from_millis(10)),
+            Duration::from_millis(190)
+        );
+        // A glance of 0.4 s: the next in 7.6 s, so 0.4 of every 8 s.
+        assert_eq!(
+            quiet_after(Duration::from_millis(400)),
+            Duration::from_millis(7600)
+        );
+        // However slow, a poll every 15 s.
+        assert_eq!(quiet_after(Duration::from_secs(30)), SLOWEST);
+        assert_eq!(identities_every(Duration::from_secs(1)), IDENTITY_EVERY);
+        assert_eq!(
+            identities_every(Duration::from_secs(6)),
+            Duration::from_secs(114)
+        );
+        assert_eq!(identities_every(Duration::from_secs(60)), IDENTITY_SLOWEST);
     }
 }

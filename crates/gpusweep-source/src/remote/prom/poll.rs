@@ -2,13 +2,13 @@
 //! minute, the voices of down targets, all joined into per-host data.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use super::super::http::HttpClient;
 use super::PromServer;
 use super::answer::{Sample, Target, Up};
-use super::query::{MAX_HOSTS, Query, lookback};
+use super::query::{MAX_HOSTS, Query, Spent, lookback};
 use super::reading::{HostData, Ident, Identities, PromHost, whole};
 use super::table::{fold_details, summary_table, table};
 use gpusweep_core::metrics as m;
@@ -178,7 +178,7 @@ pub(super) async fn glance(
     http: &HttpClient,
     q: &GlanceQueries,
     names: &Names,
-    spent: &AtomicUsize,
+    spent: &Spent<'_>,
 ) -> Result<Glance, String> {
     let [revision, taken] = fetch_all(server, http, [&q.revision, &q.taken], spent).await?;
     let revision = server.samples(&revision)?;
@@ -281,7 +281,7 @@ pub(super) fn identity_queries(p: &PromServer, only: Option<&str>) -> [String; 4
 pub(super) async fn identities(
     p: &PromServer,
     http: &HttpClient,
-    spent: &AtomicUsize,
+    spent: &Spent<'_>,
 ) -> Result<Identities, String> {
     let [gpus_q, serve_q, usable_q, reserved_q] = identity_queries(p, None);
     let [gpu_body, serve_body, usable_body, reserved_body] =
@@ -308,7 +308,7 @@ pub(super) async fn identities_again(
     p: &PromServer,
     http: &HttpClient,
     known: &Identities,
-    spent: &AtomicUsize,
+    spent: &Spent<'_>,
 ) -> Result<Identities, String> {
     let [gpus_q, serve_q, _, _] = identity_queries(p, None);
     let [gpu_body, serve_body] = fetch_all(p, http, [&gpus_q, &serve_q], spent).await?;
@@ -358,7 +358,7 @@ pub(super) async fn down_voices(
     p: &PromServer,
     http: &HttpClient,
     ids: &mut Identities,
-    spent: &AtomicUsize,
+    spent: &Spent<'_>,
 ) -> Result<(), String> {
     let body = p
         .fetch(http, "max by (job, instance) (up == 0)", spent)
@@ -576,8 +576,9 @@ pub(super) async fn poll(
     http: &HttpClient,
     queries: &Queries,
     names: &Names,
+    busy: &AtomicU64,
 ) -> Result<Polled, String> {
-    let spent = AtomicUsize::new(0);
+    let spent = Spent::new(busy);
     let answers = fetch_all(server, http, queries.whole(), &spent).await?;
     let (hosts, up) = table(server, names, &answers)?;
     let up = all_up(server, http, &hosts, up, &spent).await?;
@@ -591,7 +592,7 @@ pub(super) async fn summary(
     http: &HttpClient,
     queries: &Queries,
     names: &Names,
-    spent: &AtomicUsize,
+    spent: &Spent<'_>,
 ) -> Result<(Polled, Vec<bool>), String> {
     let answers = fetch_all(server, http, queries.summary(), spent).await?;
     let ((hosts, up), details) = summary_table(server, names, &answers)?;
@@ -607,8 +608,9 @@ pub(super) async fn details(
     queries: &Queries,
     names: &Names,
     polled: Polled,
+    busy: &AtomicU64,
 ) -> Result<Polled, String> {
-    let spent = AtomicUsize::new(0);
+    let spent = Spent::new(busy);
     let answers = fetch_all(server, http, queries.details(), &spent).await?;
     let (mut hosts, up) = polled;
     fold_details(server, names, &mut hosts, &answers)?;
@@ -622,7 +624,7 @@ pub(super) async fn fetch_all<const N: usize>(
     server: &PromServer,
     http: &HttpClient,
     queries: [&str; N],
-    spent: &AtomicUsize,
+    spent: &Spent<'_>,
 ) -> Result<[bytes::Bytes; N], String> {
     let answers = futures::future::join_all(queries.map(|q| server.fetch(http, q, spent))).await;
     let answers: Vec<bytes::Bytes> = answers.into_iter().collect::<Result<_, _>>()?;
@@ -639,7 +641,7 @@ async fn all_up(
     http: &HttpClient,
     hosts: &[Option<HostData>],
     mut up: Up,
-    spent: &AtomicUsize,
+    spent: &Spent<'_>,
 ) -> Result<Up, String> {
     let missing: BTreeSet<&str> = hosts
         .iter()

@@ -1,7 +1,7 @@
 //! What this source asks of a Prometheus server: one bounded query, the fleet's hosts (discovery), the
 //! lookback, the limits on what an answer may hold.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use super::super::http::HttpClient;
@@ -19,7 +19,7 @@ pub(super) trait Query {
         &self,
         http: &HttpClient,
         q: &str,
-        spent: &AtomicUsize,
+        spent: &Spent<'_>,
     ) -> Result<bytes::Bytes, String>;
     fn samples<'a>(&self, body: &'a [u8]) -> Result<Vec<Sample<'a>>, String>;
     async fn discover(&self, http: &HttpClient) -> Result<Vec<String>, String>;
@@ -28,6 +28,44 @@ pub(super) trait Query {
 /// The hosts a Prometheus server knows (see `Query::discover`).
 pub async fn discover(server: &PromServer, http: &HttpClient) -> Result<Vec<String>, String> {
     server.discover(http).await
+}
+
+/// What the queries asked together cost: their answers' bytes (held within `MAX_ROUND`), and the time
+/// Prometheus took to answer them, added to the poller's count of it (`busy`, in microseconds), which
+/// paces the poller so that its queries stay a small share of the server's time.
+pub(super) struct Spent<'a> {
+    bytes: AtomicUsize,
+    busy: &'a AtomicU64,
+}
+
+impl<'a> Spent<'a> {
+    pub(super) fn new(busy: &'a AtomicU64) -> Spent<'a> {
+        Spent {
+            bytes: AtomicUsize::new(0),
+            busy,
+        }
+    }
+
+    /// Counts the time until it is dropped, however the answer ends (in full, failed, too large).
+    fn answering(&self) -> Answering<'a> {
+        Answering {
+            busy: self.busy,
+            since: Instant::now(),
+        }
+    }
+}
+
+/// One query's answer under way (see `Spent::answering`).
+struct Answering<'a> {
+    busy: &'a AtomicU64,
+    since: Instant,
+}
+
+impl Drop for Answering<'_> {
+    fn drop(&mut self) {
+        let us = u64::try_from(self.since.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.busy.fetch_add(us, Ordering::Relaxed);
+    }
 }
 
 impl Query for PromServer {
@@ -53,8 +91,9 @@ impl Query for PromServer {
         &self,
         http: &HttpClient,
         q: &str,
-        spent: &AtomicUsize,
+        spent: &Spent<'_>,
     ) -> Result<bytes::Bytes, String> {
+        let _answering = spent.answering();
         let failed = |e: reqwest::Error| format!("Prometheus {}: {}", self.url, short(&e));
         let asked = Instant::now();
         let mut resp = http
@@ -78,7 +117,7 @@ impl Query for PromServer {
         let said = resp.content_length().and_then(|n| usize::try_from(n).ok());
         let mut body = bytes::BytesMut::with_capacity(said.unwrap_or(0));
         while let Some(chunk) = resp.chunk().await.map_err(failed)? {
-            let before = spent.fetch_add(chunk.len(), Ordering::Relaxed);
+            let before = spent.bytes.fetch_add(chunk.len(), Ordering::Relaxed);
             if body.len() + chunk.len() > MAX_ANSWER {
                 return Err(too_big());
             }
@@ -147,7 +186,8 @@ impl Query for PromServer {
                 .unwrap_or_default()
         );
         let down = format!("{} == 0", self.sel("up"));
-        let spent = AtomicUsize::new(0);
+        let busy = AtomicU64::new(0);
+        let spent = Spent::new(&busy);
         let (seen, down) = tokio::join!(
             self.fetch(http, &seen, &spent),
             self.fetch(http, &down, &spent)
