@@ -32,13 +32,14 @@ mod tests;
 
 use answer::{Target, Up, conflict};
 use poll::{
-    GlanceQueries, Names, Queries, Seen, details, glance, identities, identities_again, only_hosts,
-    poll, summary,
+    GlanceQueries, Queries, Seen, details, glance, identities, identities_again, only_hosts, poll,
+    summary,
 };
 use query::Spent;
 pub use query::discover;
 pub use reading::PromHost;
 use reading::{HostData, Identities, own_target, snapshot};
+use table::{Names, Polled};
 
 /// The fleet's commands, by the host's place in `hosts`.
 pub type PromCmd = (usize, HostCmd);
@@ -273,7 +274,7 @@ impl Poller {
     /// host listens.
     async fn summed(
         &mut self,
-        sums: Result<(poll::Polled, Vec<bool>), String>,
+        sums: Result<(Polled, Vec<bool>), String>,
         seen: &[Seen],
         now: u64,
     ) -> bool {
@@ -313,7 +314,7 @@ impl Poller {
     /// host already down does not ask again). False once no host listens.
     fn apply(
         &mut self,
-        polled: Result<poll::Polled, String>,
+        polled: Result<Polled, String>,
         only: Option<&[bool]>,
         named: bool,
         seen: &[Seen],
@@ -328,7 +329,7 @@ impl Poller {
     /// Hand on what a read found (see `apply`).
     fn hand_on(
         &mut self,
-        (data, up): &poll::Polled,
+        (data, up): &Polled,
         only: Option<&[bool]>,
         named: bool,
         seen: &[Seen],

@@ -1,7 +1,7 @@
 //! One poll: the glance (revision and time per host), the queries of the hosts that moved, identities once a
 //! minute, the voices of down targets, all joined into per-host data.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
@@ -9,8 +9,8 @@ use super::super::http::HttpClient;
 use super::PromServer;
 use super::answer::{Sample, Target, Up};
 use super::query::{MAX_HOSTS, Query, Spent, lookback};
-use super::reading::{HostData, Ident, Identities, PromHost, whole};
-use super::table::{fold_details, summary_table, table};
+use super::reading::{HostData, Ident, Identities, whole};
+use super::table::{Names, Polled, fold_details, summary_table, table};
 use gpusweep_core::metrics as m;
 
 /// The queries of one poll, each aggregated by host (and GPU) so the answer stays small at a thousand hosts.
@@ -541,33 +541,6 @@ impl HostData {
             .unwrap_or(polled_ms)
     }
 }
-
-/// The fleet's names, each to its place in a poll's table: looked up once per sample, so a thousand hosts'
-/// answers cost no tree walk (the names are copied once, when the poller starts).
-pub(super) struct Names {
-    pub(super) place: HashMap<String, usize>,
-}
-
-impl Names {
-    pub(super) fn new(hosts: &[PromHost]) -> Names {
-        let mut place = HashMap::with_capacity(hosts.len());
-        for h in hosts {
-            let next = place.len();
-            place.entry(h.name.clone()).or_insert(next);
-        }
-        Names { place }
-    }
-    pub(super) fn of(&self, name: &str) -> Option<usize> {
-        self.place.get(name).copied()
-    }
-    pub(super) fn len(&self) -> usize {
-        self.place.len()
-    }
-}
-
-/// What one poll read: each host's data by its place in `Names` (None: no series for it), and `up` by
-/// scrape target.
-pub(super) type Polled = (Vec<Option<HostData>>, Up);
 
 /// One poll: every query, joined into per-host data, by each name's place in `names` (hosts Prometheus
 /// knows but the fleet does not are left out).

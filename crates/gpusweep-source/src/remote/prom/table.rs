@@ -1,11 +1,39 @@
 //! Answers joined into per-host data: a whole read's, a summary's, and the details a summary leaves.
 
+use std::collections::HashMap;
+
 use super::PromServer;
 use super::answer::{Sample, Up};
-use super::poll::{Names, Polled};
 use super::query::Query;
-use super::reading::HostData;
+use super::reading::{HostData, PromHost};
 use Part::{Clean, Findings, Taken, Unexplained, Unreadable, Used};
+
+/// The fleet's names, each to its place in a poll's table: looked up once per sample, so a thousand hosts'
+/// answers cost no tree walk (the names are copied once, when the poller starts).
+pub(super) struct Names {
+    pub(super) place: HashMap<String, usize>,
+}
+
+impl Names {
+    pub(super) fn new(hosts: &[PromHost]) -> Names {
+        let mut place = HashMap::with_capacity(hosts.len());
+        for h in hosts {
+            let next = place.len();
+            place.entry(h.name.clone()).or_insert(next);
+        }
+        Names { place }
+    }
+    pub(super) fn of(&self, name: &str) -> Option<usize> {
+        self.place.get(name).copied()
+    }
+    pub(super) fn len(&self) -> usize {
+        self.place.len()
+    }
+}
+
+/// What one poll read: each host's data by its place in `Names` (None: no series for it), and `up` by
+/// scrape target.
+pub(super) type Polled = (Vec<Option<HostData>>, Up);
 
 /// What an answer says of each host it names.
 #[derive(Clone, Copy)]

@@ -3,9 +3,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::answer::Target;
-use super::poll::{Names, instance_matchers};
+use super::poll::instance_matchers;
 use super::query::Query;
 use super::reading::{GpuData, HostData, Ident, Identities, snapshot};
+use super::table::Names;
 use super::table::{fold_details, summary_table, table};
 use super::*;
 use crate::Deaf;
