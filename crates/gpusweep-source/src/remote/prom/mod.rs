@@ -71,8 +71,10 @@ struct Poller {
     /// Each host's reading time at the last glance, and what their steps say of the scrape.
     taken: Vec<Option<f64>>,
     pace: pace::Pace,
-    /// Microseconds Prometheus took to answer this poller's queries, in all: what paces it (`pace`).
+    /// Microseconds Prometheus took to answer this poller's queries, in all, and the share of its time they
+    /// may take (`pace::Budget`).
     busy: AtomicU64,
+    budget: pace::Budget,
     /// What the last identity read took of it.
     identity_busy: Duration,
 }
@@ -472,6 +474,7 @@ pub async fn run(
         taken: vec![None; n],
         pace: pace::Pace::default(),
         busy: AtomicU64::new(0),
+        budget: pace::Budget::default(),
         identity_busy: Duration::ZERO,
     };
     loop {
@@ -488,9 +491,10 @@ pub async fn run(
         if !p.poll().await {
             return;
         }
-        // The server's time this poll took holds the next one back (a command still asks at once).
-        let quiet = pace::quiet_after(busy_since(&p.busy, before));
-        p.next = p.next.max(tokio::time::Instant::now() + quiet);
+        // The server's time this poll took may hold the next one back (a command still asks at once).
+        let now = tokio::time::Instant::now();
+        let quiet = p.budget.spent(busy_since(&p.busy, before), now.into_std());
+        p.next = p.next.max(now + quiet);
     }
 }
 

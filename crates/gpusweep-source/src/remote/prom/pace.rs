@@ -5,12 +5,13 @@
 //! the steps of each host's reading time from one glance to the next.
 //!
 //! Prometheus is shared (its rules, its dashboards, its own scrapes), so the client also keeps its queries to
-//! a share of the server's time: the time its answers took is counted, and the next poll (and identity read)
-//! waits long enough that they stay at most `SHARE` of it. A quick server sees no change; a loaded one, or a
-//! fleet so large that each glance takes a while, is asked less often (at least every `SLOWEST`).
+//! a share of the server's time (`Budget`): the time its answers took is counted, and once more than a
+//! burst's worth went, the next poll waits long enough that they stay at most a twentieth of the time (an
+//! identity read, likewise, `identities_every`). A quick server sees no change; a loaded one, or a fleet so
+//! large that each glance takes a while, is asked less often (at least every `SLOWEST`).
 
 use std::collections::VecDeque;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Steps kept: enough to outvote a few odd ones (a host whose serve reads slower than it is scraped).
 const KEPT: usize = 256;
@@ -28,10 +29,47 @@ const IDENTITY_EVERY: Duration = Duration::from_secs(60);
 /// However long an identity read takes, one at least this often (a swapped GPU, a moved serve).
 const IDENTITY_SLOWEST: Duration = Duration::from_secs(300);
 
-/// How long to wait after a poll whose answers took Prometheus `busy` (summed over its queries): their
-/// time is at most `SHARE` of the whole, but no poll waits longer than `SLOWEST`.
-pub(super) fn quiet_after(busy: Duration) -> Duration {
-    busy.saturating_mul(SHARE - 1).min(SLOWEST)
+/// Answering time the client may spend at once (a first read, a read after most hosts moved) before it is
+/// held to its share.
+const BURST: Duration = Duration::from_secs(2);
+
+/// The client's share of the server's time, kept as a bucket: it holds up to `BURST` of answering, each
+/// poll takes what its answers took, and it fills again by a twentieth of the time that passes.
+#[derive(Debug)]
+pub(super) struct Budget {
+    /// Seconds of answering left; below zero, owed (never more than `BURST`).
+    left: f64,
+    at: Option<Instant>,
+}
+
+impl Default for Budget {
+    fn default() -> Budget {
+        Budget {
+            left: BURST.as_secs_f64(),
+            at: None,
+        }
+    }
+}
+
+impl Budget {
+    /// A poll that ended at `now` took Prometheus `busy` to answer (summed over its queries): how long to
+    /// wait before the next, so that what is owed is paid back first (at most `SLOWEST`).
+    pub(super) fn spent(&mut self, busy: Duration, now: Instant) -> Duration {
+        let burst = BURST.as_secs_f64();
+        let share = f64::from(SHARE);
+        if let Some(at) = self.at {
+            let passed = now.saturating_duration_since(at).as_secs_f64();
+            self.left = (self.left + passed / share).min(burst);
+        }
+        self.at = Some(now);
+        self.left = (self.left - busy.as_secs_f64()).max(-burst);
+        if self.left >= 0.0 {
+            return Duration::ZERO;
+        }
+        Duration::try_from_secs_f64(-self.left * share)
+            .unwrap_or(SLOWEST)
+            .min(SLOWEST)
+    }
 }
 
 /// How long after an identity read whose answers took `busy` the next is due.
@@ -116,18 +154,36 @@ mod tests {
 
     #[test]
     fn a_slow_answer_has_the_next_poll_wait_so_the_client_takes_a_twentieth_of_the_servers_time() {
-        // A quick server: the pace alone decides.
-        assert_eq!(
-            quiet_after(Duration::from_millis(10)),
-            Duration::from_millis(190)
-        );
-        // A glance of 0.4 s: the next in 7.6 s, so 0.4 of every 8 s.
-        assert_eq!(
-            quiet_after(Duration::from_millis(400)),
-            Duration::from_millis(7600)
-        );
-        // However slow, a poll every 15 s.
-        assert_eq!(quiet_after(Duration::from_secs(30)), SLOWEST);
+        let ms = Duration::from_millis;
+        let near = |a: Duration, b: Duration| a.abs_diff(b) < ms(20);
+        let t0 = Instant::now();
+        // Quick answers, a poll a second: never held back (each second gives back 50 ms).
+        let mut b = Budget::default();
+        for i in 0..100 {
+            assert_eq!(b.spent(ms(40), t0 + ms(1000 * i)), Duration::ZERO);
+        }
+        // A first read of 1.5 s, then glances of 0.4 s from a loaded server: the burst (2 s) goes first,
+        // then each glance waits what pays it back, twenty times what it took less the time already passed.
+        let mut b = Budget::default();
+        assert_eq!(b.spent(ms(1500), t0), Duration::ZERO);
+        assert_eq!(b.spent(ms(400), t0 + ms(1000)), Duration::ZERO);
+        let wait = b.spent(ms(400), t0 + ms(2000));
+        assert!(near(wait, ms(4000)), "{wait:?}");
+        let t = t0 + ms(2000) + wait;
+        let wait = b.spent(ms(400), t);
+        assert!(near(wait, ms(8000)), "{wait:?}");
+        // However slow, a poll every 15 s; what is owed stays within a burst, so a server quick again is
+        // asked as before two polls later.
+        let t = t + wait;
+        assert_eq!(b.spent(Duration::from_secs(30), t), SLOWEST);
+        let t = t + SLOWEST;
+        let wait = b.spent(ms(10), t);
+        assert!(near(wait, ms(25_200).min(SLOWEST)), "{wait:?}");
+        let t = t + wait;
+        let wait = b.spent(ms(10), t);
+        assert!(near(wait, ms(10_400)), "{wait:?}");
+        let t = t + wait;
+        assert!(b.spent(ms(10), t) < ms(300));
         assert_eq!(identities_every(Duration::from_secs(1)), IDENTITY_EVERY);
         assert_eq!(
             identities_every(Duration::from_secs(6)),
