@@ -1389,23 +1389,11 @@ fn a_quiet_hosts_summary_is_its_reading_and_only_a_loud_hosts_details_are_read()
 #[test]
 fn identities_read_again_reread_no_host_whose_identities_held_nor_known_sizes() {
     let dir = tempfile::tempdir().expect("tmp");
-    let tmp = dir.path();
-    let steady = steady_serve_target();
-    let (_prometheus, prom) = prometheus(tmp, &[("gpusweep", vec![steady])]);
-    await_query(
-        &Http::new(),
-        &prom,
+    let (_prometheus, prom) = steady_prometheus(
+        dir.path(),
         "count(gpusweep_gpu_clean) == 2 and count(DCGM_FI_DEV_FB_RESERVED) == 2",
-        "the target's GPUs",
-        |r| !r.is_empty(),
     );
-    let out = gpusweep(tmp)
-        .env("GPUSWEEP_TRACE", "1")
-        .args(["wait", "--hosts", &format!("prom:{prom}")])
-        .args(["--timeout", "70s", "--poll", "1s"])
-        .output()
-        .expect("wait");
-    let trace = text(&out);
+    let (out, trace) = traced_wait(dir.path(), &prom, "70s");
     let asked = |q: &str| times_asked(&trace, q);
     assert_eq!(asked("UUID, modelName"), 2, "identities twice:\n{trace}");
     assert_eq!(
@@ -1418,41 +1406,52 @@ fn identities_read_again_reread_no_host_whose_identities_held_nor_known_sizes() 
         1,
         "the sizes once:\n{trace}"
     );
-    // Read throughout, its GPU 1 in use at the end: timed out, not unreadable.
-    assert_eq!(out.status.code(), Some(1), "{trace}");
-    assert!(trace.contains("steady: GPU 1"), "{trace}");
+    read_throughout(&out, &trace);
 }
 
 /// A Prometheus that answers slowly (each answer held 0.4 s on its way, as a loaded server's) is asked less
-/// often than the 1 s poll asks: a glance whose answers took 0.8 s is followed by 15 s of quiet (its queries
-/// a twentieth of the time at most), and the host is still read. Every second before.
+/// often than the 1 s poll asks: its first read (a dozen such answers, more than the 2 s of answering the
+/// client may spend at once) is followed by 15 s of quiet, and each glance after it likewise (its queries a
+/// twentieth of the time at most); the host is still read. Every second before.
 #[test]
 fn a_slow_prometheus_is_asked_less_often_so_the_client_takes_a_twentieth_of_its_time() {
     let dir = tempfile::tempdir().expect("tmp");
-    let tmp = dir.path();
-    let steady = steady_serve_target();
-    let (_prometheus, prom) = prometheus(tmp, &[("gpusweep", vec![steady])]);
-    await_query(
-        &Http::new(),
-        &prom,
-        "count(gpusweep_gpu_clean) == 2",
-        "the target's GPUs",
-        |r| !r.is_empty(),
-    );
+    let (_prometheus, prom) = steady_prometheus(dir.path(), "count(gpusweep_gpu_clean) == 2");
     let slow = slow_way_to(&prom, Duration::from_millis(400));
-    let out = gpusweep(tmp)
-        .env("GPUSWEEP_TRACE", "1")
-        .args(["wait", "--hosts", &format!("prom:{slow}")])
-        .args(["--timeout", "20s", "--poll", "1s"])
-        .output()
-        .expect("wait");
-    let trace = text(&out);
+    let (out, trace) = traced_wait(dir.path(), &slow, "20s");
     let glances = times_asked(&trace, "(gpusweep_reading_revision{})");
     assert!(
         (1..=3).contains(&glances),
         "{glances} glances in 20 s:\n{trace}"
     );
-    // Read throughout, its GPU 1 in use at the end: timed out, not unreadable.
+    read_throughout(&out, &trace);
+}
+
+/// A real Prometheus scraping one `steady_serve_target`, once `ready` (a query) has an answer: the process
+/// and its URL.
+fn steady_prometheus(tmp: &Path, ready: &str) -> (Proc, String) {
+    let steady = steady_serve_target();
+    let (prometheus, prom) = prometheus(tmp, &[("gpusweep", vec![steady])]);
+    await_query(&Http::new(), &prom, ready, "the target's GPUs", |r| {
+        !r.is_empty()
+    });
+    (prometheus, prom)
+}
+
+/// `wait` on the `prom:` fleet at `url` at a 1 s poll until `timeout`, traced: its output and its trace.
+fn traced_wait(tmp: &Path, url: &str, timeout: &str) -> (std::process::Output, String) {
+    let out = gpusweep(tmp)
+        .env("GPUSWEEP_TRACE", "1")
+        .args(["wait", "--hosts", &format!("prom:{url}")])
+        .args(["--timeout", timeout, "--poll", "1s"])
+        .output()
+        .expect("wait");
+    let trace = text(&out);
+    (out, trace)
+}
+
+/// The steady host was read throughout, its GPU 1 in use at the end: the wait timed out, not unreadable.
+fn read_throughout(out: &std::process::Output, trace: &str) {
     assert_eq!(out.status.code(), Some(1), "{trace}");
     assert!(trace.contains("steady: GPU 1"), "{trace}");
 }
