@@ -4,7 +4,8 @@
 # scripts/scale-fleet.sh sets them up), then for each round and build the TUI at a 1 s poll with
 # GPUSWEEP_TRACE=1: its first complete view, then over SECS Prometheus's CPU, how many queries the client
 # asked and their answer times summed, and how many hosts it called down; Prometheus alone before and after.
-#   BINS="/tmp/before /tmp/after" scripts/scale-prom-steady.sh N [SECS] [ROUNDS]   (SCRAPE=15s its interval)
+#   BINS="/tmp/before /tmp/after" scripts/scale-prom-steady.sh N [SECS] [ROUNDS]   (SCRAPE=15s its interval;
+#                                                    TRACES=DIR keeps each run's trace there)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:?hosts}; SECS=${2:-125}; ROUNDS=${3:-2}
@@ -41,6 +42,7 @@ for _ in $(seq 1 "$ROUNDS"); do
     P0=$(cpu "$PROM_PID"); sleep "$SECS"; P1=$(cpu "$PROM_PID")
     W1=$(awk -v a="$T0" -v b="$(now)" 'BEGIN { print (b - a) * 1000 }')
     tmux -L "$S" kill-server
+    [ -n "${TRACES:-}" ] && mkdir -p "$TRACES" && cp "$T" "$TRACES/$(basename "$BIN").$(date +%s).trace"
     Q=$(awk -v w0="$W0" -v w1="$W1" '/bytes in [0-9]+ ms/ {
           match($0, /\[ *[0-9.]+ ms\]/); at = substr($0, RSTART + 1, RLENGTH - 5) + 0
           match($0, /bytes in [0-9]+ ms/); ms = substr($0, RSTART + 9, RLENGTH - 12) + 0
