@@ -105,8 +105,8 @@ impl Poller {
     /// every host's summary and the details it leaves, when most moved or no glance can narrow the read).
     /// The first identities are read with every host's summary: the three are asked together, so a first
     /// view waits for one round of queries (two where some host has findings), not three. Identities read
-    /// again (once a minute, less often where reads take long: `pace`) have the hosts whose identities changed read again, and only those. False once
-    /// no host listens.
+    /// again (once a minute, less often where reads take long: `pace`) have the hosts whose identities
+    /// changed read again, and only those. False once no host listens.
     async fn poll(&mut self) -> bool {
         if self
             .ids

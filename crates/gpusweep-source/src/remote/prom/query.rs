@@ -93,9 +93,8 @@ impl Query for PromServer {
         q: &str,
         spent: &Spent<'_>,
     ) -> Result<bytes::Bytes, String> {
-        let _answering = spent.answering();
+        let answering = spent.answering();
         let failed = |e: reqwest::Error| format!("Prometheus {}: {}", self.url, short(&e));
-        let asked = Instant::now();
         let mut resp = http
             .client
             .get(format!("{}/api/v1/query", self.url))
@@ -137,7 +136,7 @@ impl Query for PromServer {
                 &format!(
                     "{} bytes in {} ms: {}",
                     body.len(),
-                    asked.elapsed().as_millis(),
+                    answering.since.elapsed().as_millis(),
                     truncate(q, 200)
                 ),
             );

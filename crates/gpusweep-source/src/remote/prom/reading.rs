@@ -20,7 +20,8 @@ pub struct PromHost {
     pub detached: Arc<AtomicBool>,
 }
 
-/// One GPU's identity: read once a minute (less often on a slow server), not at every poll (its sizes once for its life).
+/// One GPU's identity: read once a minute (less often on a slow server), not at every poll (its sizes once
+/// for its life).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct Ident {
     pub(super) uuid: Option<String>,
