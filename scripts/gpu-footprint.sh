@@ -2,7 +2,8 @@
 # The node's footprint on a real GPU host: `gpusweep serve` at a 1 s poll reading dcgm-exporter's counters
 # (what a DaemonSet runs), scraped every 15 s as Prometheus would, beside `nvidia-smi --query-gpu=... -l 1` (the
 # loop operators compare it with) and, where installed, dcgm-exporter. Each minute: resident memory and CPU of
-# each over that minute. Then the uncached `snapshot` path against nvidia-smi, side by side.
+# each over that minute. First the uncached `snapshot` path against nvidia-smi, side by side (so a run cut
+# short still has it).
 #   BIN=.gpu/gpusweep OUT=DIR MINUTES=8 scripts/gpu-footprint.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,43 +13,7 @@ say() { echo "$*" | tee -a "$L"; }
 D=$(mktemp -d)
 export GPUSWEEP_CONFIG=$D/none.toml GPUSWEEP_SOCKET=$D/none.sock GPUSWEEP_AUDIT_LOG=$D/audit.jsonl
 say "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), $(nproc) cores"
-"$BIN" serve --no-socket --listen 127.0.0.1:19401 --interval 1s 2>"$D/serve.err" &
-S=$!
-nvidia-smi --query-gpu=index,memory.used,utilization.gpu,temperature.gpu,power.draw --format=csv,noheader -l 1 >/dev/null &
-N=$!
-X=""
-if command -v dcgm-exporter >/dev/null 2>&1; then dcgm-exporter -a 127.0.0.1:19400 >/dev/null 2>&1 & X=$!; fi
-trap 'kill $S $N $X 2>/dev/null; rm -rf "$D"' EXIT
-until curl -sf http://127.0.0.1:19401/healthz >/dev/null 2>&1; do sleep 0.2; done
-[ -z "$X" ] && say "dcgm-exporter: not installed on this host (no network to fetch it): not compared"
-( while sleep 15; do curl -s http://127.0.0.1:19401/metrics >/dev/null; [ -n "$X" ] && curl -s http://127.0.0.1:19400/metrics >/dev/null; done ) &
-W=$!
-trap 'kill $S $N $X $W 2>/dev/null; rm -rf "$D"' EXIT
-tck=$(getconf CLK_TCK)
-cpu() { awk '{print $14+$15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
-rss() { awk '/VmRSS/{printf "%.1f", $2/1024}' "/proc/$1/status" 2>/dev/null; }
-declare -A prev
-for p in $S $N $X; do prev[$p]=$(cpu "$p"); done
-for m in $(seq 1 "$MIN"); do
-  sleep 60
-  line="minute $m:"
-  for p in $S $N $X; do
-    c=$(cpu "$p"); name=$(cat /proc/$p/comm 2>/dev/null)
-    line="$line $name $(rss "$p") MB $(awk -v a="${prev[$p]}" -v b="$c" -v t="$tck" 'BEGIN{printf "%.2f%%", 100*(b-a)/t/60}');"
-    prev[$p]=$c
-  done
-  say "$line"
-done
-kill $W 2>/dev/null
-# Where each one's resident memory is: by mapping (the binary, libnvidia-ml, anonymous), the largest first.
-for p in $S $N; do
-  say "resident by mapping, $(cat /proc/$p/comm 2>/dev/null) (kB): $(grep -E '^(Anonymous|Rss):' /proc/$p/smaps_rollup 2>/dev/null | tr -s ' ' | tr '\n' ' ')"
-  awk '$0 ~ /^[0-9a-f]+-[0-9a-f]+ / {name = ($6 == "" ? "[anonymous]" : $6)} /^Rss:/ {r[name] += $2}
-       END {for (n in r) if (r[n] >= 256) print "  " r[n], n}' "/proc/$p/smaps" 2>/dev/null | sort -rn | head -8 | tee -a "$L"
-done
-say "serve's metrics: $(curl -s http://127.0.0.1:19401/metrics | grep -vc '^#') samples"
-kill $S $N $X 2>/dev/null; wait 2>/dev/null
-say "== the uncached snapshot path (no serve running), 30 runs each, alternating"
+say "== the uncached snapshot path (before the serve starts), 30 runs each, alternating"
 python3 - "$BIN" <<'PY' | tee -a "$L"
 import statistics, subprocess, sys, time
 bin = sys.argv[1]
@@ -75,3 +40,44 @@ for k, v in t.items():
     same = f"  {m/statistics.median(t[alike[k]]):.2f}x nvidia-smi reading the same" if k in alike else ""
     print(f"{k:55s} median {m*1000:6.2f} ms  {m/base:.2f}x nvidia-smi memory.used{same}")
 PY
+"$BIN" serve --no-socket --listen 127.0.0.1:19401 --interval 1s 2>"$D/serve.err" &
+S=$!
+nvidia-smi --query-gpu=index,memory.used,utilization.gpu,temperature.gpu,power.draw --format=csv,noheader -l 1 >/dev/null &
+N=$!
+X=""
+if command -v dcgm-exporter >/dev/null 2>&1; then dcgm-exporter -a 127.0.0.1:19400 >/dev/null 2>&1 & X=$!; fi
+trap 'kill $S $N $X 2>/dev/null; rm -rf "$D"' EXIT
+until curl -sf http://127.0.0.1:19401/healthz >/dev/null 2>&1; do sleep 0.2; done
+[ -z "$X" ] && say "dcgm-exporter: not installed on this host (no network to fetch it): not compared"
+( while sleep 15; do curl -s http://127.0.0.1:19401/metrics >/dev/null; [ -n "$X" ] && curl -s http://127.0.0.1:19400/metrics >/dev/null; done ) &
+W=$!
+trap 'kill $S $N $X $W 2>/dev/null; rm -rf "$D"' EXIT
+# Where each one's resident memory is: by mapping (the binary, libnvidia-ml, anonymous), the largest first;
+# after the first minute and at the end (a run cut short keeps the first).
+mapping() {
+  for p in $S $N; do
+    say "resident by mapping, $(cat /proc/$p/comm 2>/dev/null) (kB): $(grep -E '^(Anonymous|Rss):' /proc/$p/smaps_rollup 2>/dev/null | tr -s ' ' | tr '\n' ' ')"
+    awk '$0 ~ /^[0-9a-f]+-[0-9a-f]+ / {name = ($6 == "" ? "[anonymous]" : $6)} /^Rss:/ {r[name] += $2}
+         END {for (n in r) if (r[n] >= 256) print "  " r[n], n}' "/proc/$p/smaps" 2>/dev/null | sort -rn | head -8 | tee -a "$L"
+  done
+}
+tck=$(getconf CLK_TCK)
+cpu() { awk '{print $14+$15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+rss() { awk '/VmRSS/{printf "%.1f", $2/1024}' "/proc/$1/status" 2>/dev/null; }
+declare -A prev
+for p in $S $N $X; do prev[$p]=$(cpu "$p"); done
+for m in $(seq 1 "$MIN"); do
+  sleep 60
+  line="minute $m:"
+  for p in $S $N $X; do
+    c=$(cpu "$p"); name=$(cat /proc/$p/comm 2>/dev/null)
+    line="$line $name $(rss "$p") MB $(awk -v a="${prev[$p]}" -v b="$c" -v t="$tck" 'BEGIN{printf "%.2f%%", 100*(b-a)/t/60}');"
+    prev[$p]=$c
+  done
+  say "$line"
+  [ "$m" = 1 ] && mapping
+done
+kill $W 2>/dev/null
+mapping
+say "serve's metrics: $(curl -s http://127.0.0.1:19401/metrics | grep -vc '^#') samples"
+kill $S $N $X 2>/dev/null; wait 2>/dev/null
