@@ -1054,7 +1054,8 @@ pub(crate) const NO_SERIES: &str =
 
 /// Whether `req` (a request's head) asks the fleet's discovery query: the hosts seen lately.
 pub(crate) fn hosts_query(req: &str) -> bool {
-    req.contains("max+by+%28Hostname%2C+hostname%2C+instance%29")
+    req.contains("group+by+%28Hostname%2C+hostname%2C+job%2C+instance%29")
+        && req.contains("%7Cgpusweep_reading_timestamp_seconds%22")
 }
 
 /// Whether `req` asks which targets are down (`up == 0`, alone or within a query).
@@ -1378,6 +1379,201 @@ fn a_quiet_hosts_summary_is_its_reading_and_only_a_loud_hosts_details_are_read()
     ] {
         assert!(kinds.contains(&k), "gpu-b1 lost {k}: {kinds:?}");
     }
+}
+
+/// The TUI's first view of a `prom:` fleet comes from each host's compact summary (`gpusweep_host_gpu_states`
+/// and the rest: a few series a host where its per-GPU ones are hundreds): every GPU as its serve judged it,
+/// the findings by kind, a clean GPU's bytes where the summary says they are 0 and no other bytes, no UUIDs;
+/// the whole reading follows at the next poll. A summary's "clean" is still held to its bytes: a target whose
+/// summary says a GPU is clean with 70000 MiB used on its clean GPUs is not clean in the first view either.
+#[test]
+#[allow(clippy::too_many_lines)] // one scenario: three hosts, each one's first view and whole reading
+fn a_first_view_comes_from_each_hosts_summary_and_the_whole_reading_follows() {
+    use gpusweep::runtime::{Judgement, fleet::HostEvent};
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let (_a, a) = serve(tmp, "gpu-a1", &[]);
+    let (_b, b) = serve(tmp, "gpu-b1", &[]);
+    let liar = static_target(
+        "# TYPE DCGM_FI_DEV_FB_USED gauge\n\
+         DCGM_FI_DEV_FB_USED{gpu=\"0\",UUID=\"GPU-l0\",Hostname=\"liar\"} 70000\n\
+         # TYPE gpusweep_gpu_clean gauge\n\
+         gpusweep_gpu_clean{gpu=\"0\",UUID=\"GPU-l0\",Hostname=\"liar\"} 1\n\
+         # TYPE gpusweep_host_gpu_states gauge\n\
+         gpusweep_host_gpu_states{Hostname=\"liar\",state=\"clean\"} 1\n\
+         # TYPE gpusweep_host_clean_memory_used_bytes gauge\n\
+         gpusweep_host_clean_memory_used_bytes{Hostname=\"liar\"} 73400320000\n"
+            .to_string(),
+    );
+    // "twin": a whole summary saying clean, and another target that names it only by a GPU's memory (not
+    // GPU 0's): a second voice, so twin is never read, in the first view either.
+    let twin = static_target(
+        "# TYPE DCGM_FI_DEV_FB_USED gauge\n\
+         DCGM_FI_DEV_FB_USED{gpu=\"0\",Hostname=\"twin\"} 0\n\
+         # TYPE gpusweep_host_gpu_states gauge\n\
+         gpusweep_host_gpu_states{Hostname=\"twin\",state=\"clean\"} 1\n\
+         # TYPE gpusweep_host_clean_memory_used_bytes gauge\n\
+         gpusweep_host_clean_memory_used_bytes{Hostname=\"twin\"} 0\n"
+            .to_string(),
+    );
+    let twin_too = static_target(
+        "# TYPE DCGM_FI_DEV_FB_USED gauge\n\
+         DCGM_FI_DEV_FB_USED{gpu=\"1\",Hostname=\"twin\"} 9000\n"
+            .to_string(),
+    );
+    let (_prometheus, prom) = prometheus(
+        tmp,
+        &[
+            ("gpusweep", vec![a, b, liar, twin]),
+            ("other", vec![twin_too]),
+        ],
+    );
+    await_query(
+        &Http::new(),
+        &prom,
+        "count(gpusweep_host_clean_memory_used_bytes) == 4 and count(gpusweep_gpu_clean) == 17 \
+         and count(gpusweep_host_finding_kinds{Hostname=\"gpu-b1\"}) > 0 \
+         and count(DCGM_FI_DEV_FB_USED{Hostname=\"twin\"}) == 2",
+        "every host's summary and GPUs",
+        |r| !r.is_empty(),
+    );
+    let specs = gpusweep::core::host::parse_specs(
+        &[format!("prom:{prom}")],
+        &std::collections::BTreeMap::new(),
+    )
+    .expect("specs");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    // Each host's readings in order, until every host has been read whole (its GPUs' UUIDs known).
+    let readings = rt.block_on(async {
+        let opts = gpusweep::runtime::FleetOptions {
+            quick_first_view: true,
+            ..crate::remote::options(Duration::from_millis(500), &tmp.join("audit.jsonl"))
+        };
+        let mut fleet = gpusweep::runtime::Fleet::start(&specs, &opts)
+            .await
+            .expect("fleet");
+        let mut readings: std::collections::BTreeMap<String, Vec<serde_json::Value>> =
+            std::collections::BTreeMap::new();
+        let mut events: Vec<serde_json::Value> = Vec::new();
+        let mut twin_down = Vec::new();
+        let whole =
+            |r: &[serde_json::Value]| r.last().is_some_and(|s| s["gpus"][0]["uuid"].is_string());
+        let t = Instant::now();
+        while !["gpu-a1", "gpu-b1", "liar"]
+            .iter()
+            .all(|h| readings.get(*h).is_some_and(|r| whole(r)))
+        {
+            assert!(t.elapsed() < Duration::from_secs(60), "{readings:#?}");
+            let Ok(Some(ev)) = tokio::time::timeout(Duration::from_secs(5), fleet.recv()).await
+            else {
+                continue;
+            };
+            match ev {
+                HostEvent::Update {
+                    host,
+                    update: Judgement::New(judged),
+                } => {
+                    let snap = serde_json::to_value(&*judged.snap).expect("json");
+                    readings
+                        .entry(fleet.label(host).to_string())
+                        .or_default()
+                        .push(snap);
+                }
+                HostEvent::Events { events: e, .. } => {
+                    events.extend(e.iter().map(|e| serde_json::to_value(e).expect("json")));
+                }
+                HostEvent::Status {
+                    host,
+                    status: gpusweep::source::ConnStatus::Down(why),
+                } if fleet.label(host) == "twin" => twin_down.push(why),
+                _ => {}
+            }
+        }
+        (readings, events, twin_down)
+    });
+    let (readings, events, twin_down) = readings;
+    assert!(!readings.contains_key("twin"), "{readings:#?}");
+    assert!(
+        twin_down
+            .first()
+            .is_some_and(|w| w.contains("2 scrape targets report host")),
+        "{twin_down:?}"
+    );
+    // The first view says no finding's place, so the whole reading after it clears none and tells each
+    // finding once, where it is: gpu-b1's ghost on its GPU.
+    assert!(
+        !events.iter().any(|e| e["event"] == "finding_cleared"),
+        "{events:#?}"
+    );
+    let ghosts: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| {
+            e["event"] == "finding_appeared" && e["kind"] == "ghost" && e["host"] == "gpu-b1"
+        })
+        .collect();
+    assert!(
+        ghosts.len() == 1 && ghosts[0]["gpu"].is_u64(),
+        "{events:#?}"
+    );
+    let first = |h: &str| readings[h].first().cloned().expect("a first reading");
+    let last = |h: &str| readings[h].last().cloned().expect("a whole reading");
+    let states = |s: &serde_json::Value| -> Vec<String> {
+        s["gpus"]
+            .as_array()
+            .expect("gpus")
+            .iter()
+            .map(|g| g["state"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    for h in ["gpu-a1", "gpu-b1"] {
+        let (quick, whole) = (first(h), last(h));
+        assert!(quick["error"].is_null(), "{quick}");
+        // The first view says what the whole reading says, GPU by GPU, without its UUIDs or other bytes.
+        assert_eq!(states(&quick), states(&whole), "{h}: {quick}\n{whole}");
+        assert_eq!(states(&quick).len(), 8, "{quick}");
+        let blind = |s: &serde_json::Value| {
+            s["missing_features"]
+                .as_array()
+                .is_some_and(|m| m.iter().any(|f| f == "gpu_detail"))
+        };
+        assert!(blind(&quick) && !blind(&whole), "{quick}\n{whole}");
+        for g in quick["gpus"].as_array().expect("gpus") {
+            assert!(g["uuid"].is_null(), "{h}: {g}");
+            let clean = g["state"] == "clean";
+            assert_eq!(g["memory"]["used"].is_null(), !clean, "{h}: {g}");
+        }
+        for g in whole["gpus"].as_array().expect("gpus") {
+            assert!(g["memory"]["used"].is_u64(), "{h}: {g}");
+        }
+    }
+    assert!(
+        states(&first("gpu-a1")).iter().all(|s| s == "in_use"),
+        "{}",
+        first("gpu-a1")
+    );
+    let b_quick = first("gpu-b1");
+    assert!(states(&b_quick).contains(&"leak".to_string()), "{b_quick}");
+    let kinds = crate::support::finding_kinds(&b_quick);
+    for k in ["ghost", "zombie", "shm_leftover", "orphaned_job"] {
+        assert!(
+            kinds.contains(&k),
+            "gpu-b1's first view lost {k}: {kinds:?}"
+        );
+    }
+    // The liar's summary says clean with 70000 MiB on its clean GPUs: what it said, not what is judged.
+    let l = first("liar");
+    assert_eq!(l["gpus"][0]["judged"], "clean", "{l}");
+    assert_eq!(l["gpus"][0]["state"], "unknown", "{l}");
+    assert_eq!(
+        last("liar")["gpus"][0]["state"],
+        "in_use",
+        "{}",
+        last("liar")
+    );
 }
 
 /// Identities are read again once a minute (a GPU swapped, a serve moved, a second voice for a host), but a

@@ -79,6 +79,7 @@ pub(crate) fn options(interval: Duration, audit: &Path) -> FleetOptions {
         serve_socket: None,
         acts: false,
         events_file: None,
+        quick_first_view: false,
     }
 }
 

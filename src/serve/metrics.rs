@@ -102,6 +102,9 @@ struct Families {
     xids: Gauges,
     findings: Gauges,
     host_findings: Gauges,
+    host_states: Gauges,
+    host_clean_used: Gauges,
+    host_finding_kinds: Gauges,
     process: Gauges,
     shm: Gauges,
     taken: Gauges,
@@ -176,6 +179,7 @@ impl Families {
             }
         }
         set(&self.host_findings, &hl, snap.findings.len() as f64);
+        self.add_summary(snap, &hl);
         let shm: u64 = snap
             .findings
             .iter()
@@ -187,6 +191,49 @@ impl Families {
         let shows_jobs = shared.http_view == super::redact::View::Whole;
         self.add_processes(host, snap, shows_jobs);
         self.add_jobs(host, snap, shows_jobs);
+    }
+
+    /// The host's compact summary (`HOST_GPU_STATES`, `HOST_CLEAN_USED`, `HOST_FINDING_KINDS`): what a
+    /// `prom:` client shows of the host before it reads its per-GPU series. Only states and kinds the host
+    /// has; no state masks where a GPU is unjudged or its index does not fit one.
+    fn add_summary(&self, snap: &HostSnapshot, hl: &Labels) {
+        let mut masks: BTreeMap<GpuState, u64> = BTreeMap::new();
+        let mut clean_used = Some(0u64);
+        let mut whole = true;
+        for g in &snap.gpus {
+            match g.state {
+                Some(st) if g.index < m::STATE_MASK_GPUS => {
+                    *masks.entry(st).or_default() |= 1u64 << g.index;
+                    if st == GpuState::Clean {
+                        clean_used = clean_used.zip(g.memory.used).map(|(a, b)| a + b);
+                    }
+                }
+                _ => whole = false,
+            }
+        }
+        if whole {
+            for (st, mask) in masks {
+                set(
+                    &self.host_states,
+                    &with(hl.clone(), "state", st.as_str()),
+                    mask as f64,
+                );
+            }
+            if let Some(used) = clean_used {
+                set(&self.host_clean_used, hl, used as f64);
+            }
+        }
+        let mut kinds: BTreeMap<(&'static str, &'static str), u32> = BTreeMap::new();
+        for f in &snap.findings {
+            let sev = SEVERITIES.iter().find(|(s, _)| *s == f.severity);
+            if let Some((_, word)) = sev {
+                *kinds.entry((f.kind.as_str(), word)).or_default() += 1;
+            }
+        }
+        for ((kind, sev), n) in kinds {
+            let l = with(with(hl.clone(), "kind", kind), "severity", sev);
+            set(&self.host_finding_kinds, &l, f64::from(n));
+        }
     }
 
     /// Each job's phase (1 for the one it is in) and memory, the largest `JOB_SERIES` jobs of the host.
@@ -426,13 +473,7 @@ impl Families {
         for ((name, help, _), family) in m::DCGM_FIELDS.iter().zip(self.dcgm) {
             r.register(*name, help.trim_end_matches('.'), family);
         }
-        r.register(m::FB_USED, "Framebuffer memory used (in MiB)", self.fb_used);
-        r.register(m::FB_FREE, "Framebuffer memory free (in MiB)", self.fb_free);
-        r.register(
-            m::FB_RESERVED,
-            "Framebuffer memory reserved (in MiB)",
-            self.fb_reserved,
-        );
+        register_memory(&mut r, [self.fb_used, self.fb_free, self.fb_reserved]);
         r.register(
             m::GPU_CLEAN,
             "1 when the GPU is clean: used memory at or under the tolerance, no process listed, not busy; absent when it could not be read",
@@ -457,7 +498,16 @@ impl Families {
             &mut r,
             [self.leftover, self.blockers, self.recovery, self.xids],
         );
-        register_findings(&mut r, self.findings, self.host_findings);
+        register_findings(
+            &mut r,
+            [
+                self.findings,
+                self.host_findings,
+                self.host_states,
+                self.host_clean_used,
+                self.host_finding_kinds,
+            ],
+        );
         r.register(
             m::PROCESS_BYTES,
             "GPU memory NVML charges each process (the largest per host; the rest under pid=\"other\")",
@@ -500,13 +550,42 @@ impl Families {
     }
 }
 
-/// Findings by kind and severity, and their count (with readability, a `prom:` reader's summary of a host).
-fn register_findings(r: &mut Registry, by_kind: Gauges, count: Gauges) {
+/// dcgm-exporter's framebuffer gauges, in MiB.
+fn register_memory(r: &mut Registry, families: [Gauges; 3]) {
+    let [used, free, reserved] = families;
+    r.register(m::FB_USED, "Framebuffer memory used (in MiB)", used);
+    r.register(m::FB_FREE, "Framebuffer memory free (in MiB)", free);
+    r.register(
+        m::FB_RESERVED,
+        "Framebuffer memory reserved (in MiB)",
+        reserved,
+    );
+}
+
+/// Findings by kind and severity, and their count (with readability, a `prom:` reader's summary of a host);
+/// the host's compact summary, what a `prom:` client's first view reads of every host.
+fn register_findings(r: &mut Registry, families: [Gauges; 5]) {
+    let [by_kind, count, states, clean_used, kinds] = families;
     r.register(m::FINDINGS, "Findings now, by kind and severity", by_kind);
     r.register(
         m::HOST_FINDINGS,
         "How many findings the host has now, of every kind and severity",
         count,
+    );
+    r.register(
+        m::HOST_GPU_STATES,
+        "The host's GPUs in each state the serve judged them (state), as a bit mask of GPU indices (bit i: GPU i); only states some GPU is in",
+        states,
+    );
+    r.register(
+        m::HOST_CLEAN_USED,
+        "Bytes used on the host's clean GPUs, summed (0: each of them reads 0)",
+        clean_used,
+    );
+    r.register(
+        m::HOST_FINDING_KINDS,
+        "Findings now by kind and severity, only those the host has",
+        kinds,
     );
 }
 
@@ -748,6 +827,114 @@ mod text_format_tests {
             super::as_prometheus_text(open),
             "# HELP a_seconds A.\n# TYPE a_seconds histogram\na_seconds_count 1\n\
              # HELP b_total Ranks lost.\n# TYPE b_total counter\nb_total{h=\"x\"} 2\n"
+        );
+    }
+}
+
+#[cfg(test)]
+mod summary_tests {
+    use super::*;
+    use crate::core::model::{Finding, Memory};
+
+    fn gpu(index: u32, state: Option<GpuState>, used: u64) -> Gpu {
+        Gpu {
+            index,
+            state,
+            memory: Memory {
+                used: Some(used),
+                ..Memory::default()
+            },
+            ..Gpu::default()
+        }
+    }
+
+    fn finding(kind: FindingKind, severity: Severity) -> Finding {
+        Finding {
+            kind,
+            severity,
+            host: "h".into(),
+            gpu: None,
+            pid: None,
+            bytes: None,
+            detail: String::new(),
+            action: String::new(),
+            target_pid: None,
+            gpu_instance: None,
+            file: None,
+            confirms_as: None,
+        }
+    }
+
+    fn summary(snap: &HostSnapshot) -> Vec<String> {
+        let f = Families::default();
+        f.add_summary(snap, &vec![(m::L_HOSTNAME, snap.host.clone())]);
+        let mut out = String::new();
+        let _ = encode(&mut out, &f.register());
+        let mut lines: Vec<String> = out
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(str::to_string)
+            .collect();
+        lines.sort();
+        lines
+    }
+
+    #[test]
+    fn the_summary_carries_each_gpus_state_as_a_mask_and_only_the_findings_there_are() {
+        let snap = HostSnapshot {
+            host: "h".into(),
+            gpus: vec![
+                gpu(0, Some(GpuState::Clean), 0),
+                gpu(1, Some(GpuState::Leak), 10 << 30),
+                gpu(2, Some(GpuState::Clean), 0),
+                gpu(3, Some(GpuState::InUse), 1 << 30),
+            ],
+            findings: vec![
+                finding(FindingKind::Ghost, Severity::Leak),
+                finding(FindingKind::Ghost, Severity::Leak),
+                finding(FindingKind::Zombie, Severity::Warning),
+            ],
+            ..HostSnapshot::default()
+        };
+        assert_eq!(
+            summary(&snap),
+            [
+                "gpusweep_host_clean_memory_used_bytes{Hostname=\"h\"} 0.0",
+                "gpusweep_host_finding_kinds{Hostname=\"h\",kind=\"ghost\",severity=\"leak\"} 2.0",
+                "gpusweep_host_finding_kinds{Hostname=\"h\",kind=\"zombie\",severity=\"warning\"} 1.0",
+                "gpusweep_host_gpu_states{Hostname=\"h\",state=\"clean\"} 5.0",
+                "gpusweep_host_gpu_states{Hostname=\"h\",state=\"in_use\"} 8.0",
+                "gpusweep_host_gpu_states{Hostname=\"h\",state=\"leak\"} 2.0",
+            ]
+        );
+    }
+
+    #[test]
+    fn no_masks_where_a_gpu_is_unjudged_or_past_what_a_mask_holds_and_clean_bytes_are_summed() {
+        let unjudged = HostSnapshot {
+            host: "h".into(),
+            gpus: vec![gpu(0, Some(GpuState::Clean), 0), gpu(1, None, 0)],
+            ..HostSnapshot::default()
+        };
+        assert!(summary(&unjudged).is_empty(), "{:?}", summary(&unjudged));
+        let wide = HostSnapshot {
+            host: "h".into(),
+            gpus: vec![gpu(m::STATE_MASK_GPUS, Some(GpuState::Clean), 0)],
+            ..HostSnapshot::default()
+        };
+        assert!(summary(&wide).is_empty(), "{:?}", summary(&wide));
+        let small = HostSnapshot {
+            host: "h".into(),
+            gpus: vec![
+                gpu(0, Some(GpuState::Clean), 2 << 20),
+                gpu(1, Some(GpuState::Clean), 0),
+            ],
+            ..HostSnapshot::default()
+        };
+        assert!(
+            summary(&small).contains(
+                &"gpusweep_host_clean_memory_used_bytes{Hostname=\"h\"} 2097152.0".into()
+            )
         );
     }
 }

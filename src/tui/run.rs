@@ -170,6 +170,7 @@ pub fn run(s: &Settings) -> anyhow::Result<i32> {
         let opts = crate::runtime::FleetOptions {
             events_file: None,
             memory_alone: true,
+            quick_first_view: true,
             ..s.fleet.clone()
         };
         // A `prom:` fleet is what its server names now, asked before the screen is taken: say so, and give a

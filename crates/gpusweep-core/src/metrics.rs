@@ -156,6 +156,20 @@ pub const FINDINGS: &str = "gpusweep_findings";
 /// `GPUS_READABLE`, a `prom:` reader's summary. Where it is 0 and every GPU was read, a host's memory and
 /// clean per GPU are all there is to read of it.
 pub const HOST_FINDINGS: &str = "gpusweep_host_findings";
+/// The host's compact summary, which a `prom:` client reads first for every host (a handful of series a host
+/// where the per-GPU ones are hundreds): its GPUs by the state the ledger judged (`state`), as a bit mask of
+/// GPU indices (bit i: GPU i), one series for each state some GPU is in. Absent where a GPU's index is
+/// `STATE_MASK_GPUS` or more (a mask past that is no longer exact in a sample's float) or the host could
+/// not be read.
+pub const HOST_GPU_STATES: &str = "gpusweep_host_gpu_states";
+/// GPU indices below this fit a state mask exactly (a float's 53 bits of mantissa).
+pub const STATE_MASK_GPUS: u32 = 53;
+/// Bytes used on the host's clean GPUs, summed (with `HOST_GPU_STATES`): 0 says each of them reads 0,
+/// which a reader can hold a "clean" to without their per-GPU series.
+pub const HOST_CLEAN_USED: &str = "gpusweep_host_clean_memory_used_bytes";
+/// Findings now by kind and severity, only those the host has (with `HOST_GPU_STATES`; `FINDINGS` has
+/// every kind and severity, zeros too, for alerts and dashboards).
+pub const HOST_FINDING_KINDS: &str = "gpusweep_host_finding_kinds";
 /// Bytes NVML charges each process, by GPU, PID and job; at most `PROCESS_SERIES` a host (the largest), the
 /// rest summed under pid="other".
 pub const PROCESS_BYTES: &str = "gpusweep_process_gpu_memory_bytes";
@@ -224,5 +238,8 @@ pub const READ_BY_PROM: &[&str] = &[
     READING_TIMESTAMP,
     READING_REVISION,
     SERVE_INFO,
+    HOST_GPU_STATES,
+    HOST_CLEAN_USED,
+    HOST_FINDING_KINDS,
     "gpusweep_leftover_bytes",
 ];

@@ -50,6 +50,9 @@ pub enum Feature {
     Gauges,
     /// Other users' processes: the `/proc` read hides them (`hidepid`) from this reader.
     OthersProcesses,
+    /// The per-GPU bytes, the GPUs' identities and where each finding is: a first view of a host read from
+    /// its Prometheus summary (each GPU's state as its serve judged it), read whole at the next poll.
+    GpuDetail,
 }
 
 impl Feature {
@@ -76,6 +79,10 @@ impl Feature {
             Feature::OthersProcesses => {
                 "other users' processes (this /proc hides them: hidepid, and this reader is not root nor \
                  in its exempt group): a GPU another user holds cannot be seen"
+            }
+            Feature::GpuDetail => {
+                "the per-GPU bytes, the GPUs' identities and where each finding is (a first view from the \
+                 host's summary in Prometheus: read whole at the next poll)"
             }
         }
     }
@@ -129,6 +136,33 @@ pub enum GpuState {
     /// Not ready for a launch whatever its memory says: an XID that needs a reset was seen, or the driver
     /// asks for a reset or a reboot.
     NeedsReset,
+}
+
+impl GpuState {
+    pub const ALL: [GpuState; 6] = [
+        GpuState::Clean,
+        GpuState::InUse,
+        GpuState::Leak,
+        GpuState::Unknown,
+        GpuState::Error,
+        GpuState::NeedsReset,
+    ];
+
+    /// Its name in JSON and in metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GpuState::Clean => "clean",
+            GpuState::InUse => "in_use",
+            GpuState::Leak => "leak",
+            GpuState::Unknown => "unknown",
+            GpuState::Error => "error",
+            GpuState::NeedsReset => "needs_reset",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<GpuState> {
+        GpuState::ALL.into_iter().find(|g| g.as_str() == s)
+    }
 }
 
 /// Where a host's readings came from.

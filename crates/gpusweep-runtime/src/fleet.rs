@@ -27,7 +27,7 @@ use gpusweep_source::local::LocalSource;
 use gpusweep_source::local::procfs::ProcfsConfig;
 use gpusweep_source::remote::http::{HttpClient, HttpOptions};
 use gpusweep_source::remote::http_group::{self, GroupCmd, GroupHost};
-use gpusweep_source::remote::prom::{PromCmd, PromHost, PromServer};
+use gpusweep_source::remote::prom::{PromCmd, PromHost, PromServer, Voices};
 use gpusweep_source::remote::{RemoteOptions, RemoteTask, ssh::SshOptions};
 use gpusweep_source::{ConnStatus, HostCmd, Sink, Source};
 
@@ -99,6 +99,10 @@ pub struct FleetOptions {
     pub acts: bool,
     /// `--events FILE`: every host's events appended as its ledger produces them (the TUI writes its own).
     pub events_file: Option<std::path::PathBuf>,
+    /// `prom:` hosts are first shown from their compact summaries (each GPU's state, findings by kind),
+    /// their bytes and identities a poll later: for a front end that shows readings as they come (the
+    /// TUI). A one-shot reader takes a host's first reading as its answer, so it waits for the whole one.
+    pub quick_first_view: bool,
 }
 
 impl FleetOptions {
@@ -374,10 +378,16 @@ fn shared_serves(specs: &[HostSpec]) -> BTreeMap<StreamKey, usize> {
     count
 }
 
-/// Every `prom:` spec replaced by the hosts its server knows now (discovered within the connect timeout).
-/// A server that cannot be asked stays as one host, which then says why it cannot be read.
-async fn expand(specs: &[HostSpec], http: Option<&HttpClient>, timeout: Duration) -> Vec<HostSpec> {
+/// Every `prom:` spec replaced by the hosts its server knows now (discovered within the connect timeout),
+/// and what each server's discovery found of their voices. A server that cannot be asked stays as one
+/// host, which then says why it cannot be read.
+async fn expand(
+    specs: &[HostSpec],
+    http: Option<&HttpClient>,
+    timeout: Duration,
+) -> (Vec<HostSpec>, BTreeMap<PromServer, Voices>) {
     let mut out = Vec::new();
+    let mut voices = BTreeMap::new();
     for spec in specs {
         let HostSpec::Prom(server) = spec else {
             out.push(spec.clone());
@@ -392,16 +402,17 @@ async fn expand(specs: &[HostSpec], http: Option<&HttpClient>, timeout: Duration
             None => None,
         };
         match found {
-            Some(Ok(names)) if !names.is_empty() => {
-                out.extend(names.into_iter().map(|name| HostSpec::PromHost {
+            Some(Ok(found)) if !found.names.is_empty() => {
+                out.extend(found.names.into_iter().map(|name| HostSpec::PromHost {
                     server: server.clone(),
                     name,
                 }));
+                voices.insert(server.clone(), found.voices);
             }
             _ => out.push(spec.clone()),
         }
     }
-    out
+    (out, voices)
 }
 
 /// A `gpusweep serve` of this host that answers on `path`, if one does: then this host is read through it.
@@ -484,7 +495,7 @@ impl Fleet {
         } else {
             None
         };
-        let specs = expand(specs, http.as_ref(), discovery).await;
+        let (specs, mut voices) = expand(specs, http.as_ref(), discovery).await;
         let log = match &opts.events_file {
             Some(path) => {
                 Some(Arc::new(Recorder::open(path).map_err(|e| {
@@ -520,9 +531,16 @@ impl Fleet {
             fleet.add(spec, opts, &mut gathered)?;
         }
         for (server, (_, rx, hosts)) in gathered.proms {
+            let found = voices.remove(&server);
             if let Some(http) = http.clone() {
-                let poll =
-                    gpusweep_source::remote::prom::run(server, http, hosts, opts.interval, rx);
+                let poll = gpusweep_source::remote::prom::run(
+                    server,
+                    http,
+                    hosts,
+                    opts.interval,
+                    (opts.quick_first_view, found),
+                    rx,
+                );
                 tokio::spawn(poll);
             }
         }

@@ -20,7 +20,7 @@ use gpusweep_core::conn::ConnStatus;
 use gpusweep_core::event::{Event, EventKind};
 use gpusweep_core::job::JobReport;
 use gpusweep_core::model::{
-    Finding, Gauges, GpuState, HostSnapshot, SaidGauges, Severity, SourceKind,
+    Feature, Finding, Gauges, GpuState, HostSnapshot, SaidGauges, Severity, SourceKind,
 };
 
 /// Where a reading came from and what may be done through it.
@@ -742,8 +742,14 @@ impl Ledger {
             });
             self.down = false;
         }
+        // A first view from a summary says no finding's place: its findings are told once, with the whole
+        // reading that follows, as a first reading's are.
+        let summary = |s: &HostSnapshot| s.missing_features.contains(&Feature::GpuDetail);
+        let prev = prev.filter(|p| !summary(p));
         // Only memory moved since `before`: no process came or went.
-        let kinds = if let Some(b) = before {
+        let kinds = if summary(next) {
+            Vec::new()
+        } else if let Some(b) = before.filter(|b| !summary(b)) {
             verdict_events(b, next, false)
         } else {
             if let Some(p) = prev {

@@ -561,6 +561,8 @@ pub fn resolve(o: &Overrides) -> Result<Settings, SettingsError> {
         serve_socket: None,
         acts: false,
         events_file: o.events.clone(),
+        // The TUI says so: it shows readings as they come.
+        quick_first_view: false,
     };
     Ok(Settings {
         specs,

@@ -100,7 +100,9 @@ impl RemoteTask {
                 match tokio::time::timeout(self.opts.ssh.connect_timeout, prom::discover(p, http))
                     .await
                 {
-                    Ok(Ok(names)) if names.is_empty() => "it knows no host with GPU series".into(),
+                    Ok(Ok(found)) if found.names.is_empty() => {
+                        "it knows no host with GPU series".into()
+                    }
                     Ok(Ok(_)) => "it answers now: start gpusweep again to read its hosts".into(),
                     Ok(Err(e)) => e,
                     Err(_) => "it did not answer in time".into(),

@@ -104,6 +104,8 @@ pub(super) struct Labels<'a> {
     pub(super) api_path: Option<Text<'a>>,
     #[serde(borrow)]
     pub(super) simulated: Option<Text<'a>>,
+    #[serde(borrow)]
+    pub(super) state: Option<Text<'a>>,
 }
 
 impl Sample<'_> {
@@ -124,6 +126,7 @@ impl Sample<'_> {
             "scheme" => &l.scheme,
             "api_path" => &l.api_path,
             "simulated" => &l.simulated,
+            "state" => &l.state,
             _ => return None,
         };
         text.as_ref().map(|t| &*t.0)

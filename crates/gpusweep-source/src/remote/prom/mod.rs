@@ -32,11 +32,11 @@ mod tests;
 
 use answer::{Target, Up, conflict};
 use poll::{
-    GlanceQueries, Queries, Seen, details, glance, identities, identities_again, only_hosts, poll,
-    summary,
+    GlanceQueries, Queries, QuickQueries, Seen, details, glance, host_identities, identities,
+    identities_again, only_hosts, poll, quick, summary, voices_up,
 };
 use query::Spent;
-pub use query::discover;
+pub use query::{Discovered, Voices, discover};
 pub use reading::PromHost;
 use reading::{HostData, Identities, own_target, snapshot};
 use table::{Names, Polled};
@@ -50,6 +50,13 @@ struct Poller {
     http: HttpClient,
     queries: Queries,
     glance: GlanceQueries,
+    quick: QuickQueries,
+    /// The first view is still to come from every host's compact summary (`quick_round`).
+    quick_first: bool,
+    /// Every target that named each host, as the discovery before this poller found them.
+    discovered: Option<Voices>,
+    /// Poll again as soon as the pacing lets it (after a first view, for what it left to read).
+    again: bool,
     hosts: Vec<PromHost>,
     names: Names,
     ids: Identities,
@@ -122,6 +129,9 @@ impl Poller {
                 Err(e) => return say_down(&self.hosts, &mut self.down, &e),
             }
         }
+        if self.ids.read_at.is_none() && std::mem::take(&mut self.quick_first) {
+            return self.quick_round().await;
+        }
         if self.ids.read_at.is_none() {
             // One share of `MAX_ROUND` for the three: asked together, they may not hold three rounds' worth.
             let spent = Spent::new(&self.busy);
@@ -180,6 +190,62 @@ impl Poller {
             None => listening,
             Some(q) => self.read((&q, &moved), &seen, now).await || listening,
         }
+    }
+
+    /// The first view, from every host's compact summary: the hosts' identities (their serves, the targets
+    /// that speak for them), the glance and the summaries, asked together, each a few series a host. A host
+    /// whose summary is whole is handed on with each GPU's state as its serve judged it (bytes other than
+    /// a clean GPU's 0 unknown, no UUIDs or sizes yet); the next poll, at once as the pacing allows, reads
+    /// every host whole, as a first poll without a quick view does. False once no host listens.
+    async fn quick_round(&mut self) -> bool {
+        let spent = Spent::new(&self.busy);
+        let (ids, g, polled) = tokio::join!(
+            host_identities(
+                &self.server,
+                &self.http,
+                &self.quick,
+                self.discovered.take(),
+                &spent
+            ),
+            glance(&self.server, &self.http, &self.glance, &self.names, &spent),
+            quick(
+                &self.server,
+                &self.http,
+                &self.quick,
+                &self.queries,
+                &self.names,
+                &spent
+            ),
+        );
+        self.again = true;
+        // Nothing is said of any host on a failed first view: the whole read comes next.
+        let (Ok(ids), Ok(g), Ok((mut data, up))) = (ids, g, polled) else {
+            return true;
+        };
+        let Ok(up) = voices_up(&self.server, &self.http, &ids, up, &spent).await else {
+            return true;
+        };
+        self.ids = ids;
+        let seen = self.seen(&g);
+        let _ = self.moved(&seen);
+        let whole: Vec<bool> = self
+            .hosts
+            .iter()
+            .zip(&seen)
+            .map(|(h, s)| {
+                let d = self
+                    .names
+                    .of(&h.name)
+                    .and_then(|at| data.get_mut(at)?.as_mut());
+                d.filter(|d| d.quick).is_some_and(|d| {
+                    d.taken_s = s.taken;
+                    true
+                })
+            })
+            .collect();
+        let now = gpusweep_core::model::now_ms();
+        let listening = self.hosts.iter().any(|h| h.detached.load(Ordering::SeqCst));
+        self.hand_on(&(data, up), Some(&whole), false, &seen, now) || listening
     }
 
     /// Take identities read again: what each host said is forgotten where its identities changed (its
@@ -443,11 +509,16 @@ fn judge_voices(
 }
 
 /// Poll the server for these hosts until every host's sink stops listening or the fleet goes away.
+/// `quick_first`: the first reading of each host from its compact summary (GPU states, findings by kind),
+/// its bytes and identities at the next poll: for a front end that shows readings as they come (the TUI). A
+/// one-shot reader takes each host's first reading as its answer, so it reads every host whole at once.
+/// `discovered`: the voices the discovery of these hosts found, taken for the first view's.
 pub async fn run(
     server: PromServer,
     http: HttpClient,
     hosts: Vec<PromHost>,
     interval: Duration,
+    (quick_first, discovered): (bool, Option<Voices>),
     mut cmds: mpsc::Receiver<PromCmd>,
 ) {
     for h in &hosts {
@@ -457,6 +528,10 @@ pub async fn run(
     let mut p = Poller {
         queries: Queries::new(&server, None),
         glance: GlanceQueries::new(&server),
+        quick: QuickQueries::new(&server),
+        quick_first,
+        discovered,
+        again: false,
         names: Names::new(&hosts),
         server,
         http,
@@ -494,6 +569,9 @@ pub async fn run(
         // The server's time this poll took may hold the next one back (a command still asks at once).
         let now = tokio::time::Instant::now();
         let quiet = p.budget.spent(busy_since(&p.busy, before), now.into_std());
+        if std::mem::take(&mut p.again) {
+            p.next = now;
+        }
         p.next = p.next.max(now + quiet);
     }
 }

@@ -8,9 +8,9 @@ use std::time::Instant;
 use super::super::http::HttpClient;
 use super::PromServer;
 use super::answer::{Sample, Target, Up};
-use super::query::{MAX_HOSTS, Query, Spent, lookback};
+use super::query::{MAX_HOSTS, Query, Spent, Voices, lookback};
 use super::reading::{HostData, Ident, Identities, whole};
-use super::table::{Names, Polled, fold_details, summary_table, table};
+use super::table::{Names, Polled, fold_details, quick_table, summary_table, table};
 use gpusweep_core::metrics as m;
 
 /// The queries of one poll, each aggregated by host (and GPU) so the answer stays small at a thousand hosts.
@@ -123,6 +123,52 @@ impl Queries {
                     Some(&only.map_or(GPU_0.to_string(), |o| format!("{o},{GPU_0}")))
                 ),
                 sel(m::SERVE_INFO)
+            ),
+        }
+    }
+}
+
+/// The first view's queries: every host's compact summary, a few series a host where its per-GPU series are
+/// hundreds (`gpusweep_host_gpu_states` and the rest), and the targets that speak for each host.
+pub(super) struct QuickQueries {
+    clean_used: String,
+    states: String,
+    kinds: String,
+    unreadable: String,
+    /// Every scrape target that named each host within the lookback, by any GPU's memory or a serve's
+    /// info: a target that speaks for a host only through its GPU series is its voice too.
+    pub(super) voices: String,
+}
+
+impl QuickQueries {
+    pub(super) fn new(p: &PromServer) -> QuickQueries {
+        let by_host = |name: &str| {
+            format!(
+                "max by (Hostname, hostname, job, instance) ({})",
+                p.sel(name)
+            )
+        };
+        let sel = p
+            .selector
+            .as_ref()
+            .map(|s| format!(",{s}"))
+            .unwrap_or_default();
+        QuickQueries {
+            clean_used: by_host(m::HOST_CLEAN_USED),
+            states: format!(
+                "max by (Hostname, hostname, job, instance, state) ({})",
+                p.sel(m::HOST_GPU_STATES)
+            ),
+            kinds: format!(
+                "max by (Hostname, hostname, job, instance, kind, severity) ({})",
+                p.sel(m::HOST_FINDING_KINDS)
+            ),
+            unreadable: format!("{} == 0", by_host(m::GPUS_READABLE)),
+            voices: format!(
+                "group by (Hostname, hostname, job, instance) (last_over_time({{__name__=~\"{}|{}\"{sel}}}[{}]))",
+                m::FB_USED,
+                m::SERVE_INFO,
+                lookback()
             ),
         }
     }
@@ -296,6 +342,41 @@ pub(super) async fn identities(
     ids.sized(None);
     ids.serves_from(&p.samples(&serve_body)?);
     drop((gpu_body, serve_body, usable_body, reserved_body));
+    down_voices(p, http, &mut ids, spent).await?;
+    Ok(ids)
+}
+
+/// The identities a first view needs: each host's serve (where its API answers, whether it is simulated)
+/// and every target that spoke for it, the down ones' too. The GPUs' (UUIDs, models, sizes) are left to the
+/// next poll, which reads every host whole (`read_at` stays None).
+/// The voices a discovery just found are taken as they are (`discovered`): the same query a moment later
+/// would cost the server as much again.
+pub(super) async fn host_identities(
+    p: &PromServer,
+    http: &HttpClient,
+    q: &QuickQueries,
+    discovered: Option<Voices>,
+    spent: &Spent<'_>,
+) -> Result<Identities, String> {
+    let [_, serve_q, _, _] = identity_queries(p, None);
+    let mut ids = Identities::default();
+    let serve_body = if let Some(Voices(voices)) = discovered {
+        ids.voices = voices;
+        p.fetch(http, &serve_q, spent).await?
+    } else {
+        let [serve_body, voices_body] = fetch_all(p, http, [&serve_q, &q.voices], spent).await?;
+        for x in p.samples(&voices_body)? {
+            if let Some(host) = x.host() {
+                ids.voices
+                    .entry(host.to_string())
+                    .or_default()
+                    .insert(x.target());
+            }
+        }
+        serve_body
+    };
+    ids.serves_from(&p.samples(&serve_body)?);
+    drop(serve_body);
     down_voices(p, http, &mut ids, spent).await?;
     Ok(ids)
 }
@@ -573,6 +654,34 @@ pub(super) async fn summary(
     Ok(((hosts, up), details))
 }
 
+/// Every host's compact summary (`QuickQueries`), joined into per-host data (see `quick_table`), with `up`
+/// of every target that sent a series (`queries.up` is the whole read's).
+pub(super) async fn quick(
+    server: &PromServer,
+    http: &HttpClient,
+    q: &QuickQueries,
+    queries: &Queries,
+    names: &Names,
+    spent: &Spent<'_>,
+) -> Result<Polled, String> {
+    let answers = fetch_all(
+        server,
+        http,
+        [
+            &q.clean_used,
+            &q.states,
+            &q.kinds,
+            &q.unreadable,
+            &queries.up,
+        ],
+        spent,
+    )
+    .await?;
+    let (hosts, up) = quick_table(server, names, &answers)?;
+    let up = all_up(server, http, &hosts, up, spent).await?;
+    Ok((hosts, up))
+}
+
 /// The details a summary left, read with `queries` (narrowed to the hosts that want them, or not) and
 /// folded into the summary's data (`polled`): together what a whole read says.
 pub(super) async fn details(
@@ -613,13 +722,35 @@ async fn all_up(
     server: &PromServer,
     http: &HttpClient,
     hosts: &[Option<HostData>],
+    up: Up,
+    spent: &Spent<'_>,
+) -> Result<Up, String> {
+    let targets = hosts.iter().flatten().flat_map(|d| d.targets.iter());
+    up_of(server, http, targets, up, spent).await
+}
+
+/// `up` of every voice of every host too (see `all_up`): a target that named a host only by GPU series a
+/// first view does not read is still a voice, and one without `up` would be taken for one Prometheus no
+/// longer scrapes.
+pub(super) async fn voices_up(
+    server: &PromServer,
+    http: &HttpClient,
+    ids: &Identities,
+    up: Up,
+    spent: &Spent<'_>,
+) -> Result<Up, String> {
+    up_of(server, http, ids.voices.values().flatten(), up, spent).await
+}
+
+/// `up` with every one of `targets` it lacks asked for by instance.
+async fn up_of<'t>(
+    server: &PromServer,
+    http: &HttpClient,
+    targets: impl Iterator<Item = &'t Target>,
     mut up: Up,
     spent: &Spent<'_>,
 ) -> Result<Up, String> {
-    let missing: BTreeSet<&str> = hosts
-        .iter()
-        .flatten()
-        .flat_map(|d| d.targets.iter())
+    let missing: BTreeSet<&str> = targets
         .filter(|t| !up.contains_key(*t))
         .map(|t| t.instance.as_str())
         .collect();

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::super::http::HttpClient;
 use super::PromServer;
-use super::answer::{Answer, MAX_SERIES, Sample};
+use super::answer::{Answer, MAX_SERIES, Sample, Target};
 use gpusweep_core::format::{escape, truncate};
 use gpusweep_core::metrics as m;
 
@@ -22,13 +22,25 @@ pub(super) trait Query {
         spent: &Spent<'_>,
     ) -> Result<bytes::Bytes, String>;
     fn samples<'a>(&self, body: &'a [u8]) -> Result<Vec<Sample<'a>>, String>;
-    async fn discover(&self, http: &HttpClient) -> Result<Vec<String>, String>;
+    async fn discover(&self, http: &HttpClient) -> Result<Discovered, String>;
 }
 
 /// The hosts a Prometheus server knows (see `Query::discover`).
-pub async fn discover(server: &PromServer, http: &HttpClient) -> Result<Vec<String>, String> {
+pub async fn discover(server: &PromServer, http: &HttpClient) -> Result<Discovered, String> {
     server.discover(http).await
 }
+
+/// What a server's discovery found: the hosts, and every scrape target that named each within the lookback
+/// (a TUI's first view takes them as the hosts' voices, not asking again a moment later).
+#[derive(Debug, Default, Clone)]
+pub struct Discovered {
+    pub names: Vec<String>,
+    pub voices: Voices,
+}
+
+/// Every scrape target that named each host, as a discovery found them.
+#[derive(Debug, Default, Clone)]
+pub struct Voices(pub(super) std::collections::HashMap<String, std::collections::BTreeSet<Target>>);
 
 /// What the queries asked together cost: their answers' bytes (held within `MAX_ROUND`), and the time
 /// Prometheus took to answer them, added to the poller's count of it (`busy`, in microseconds), which
@@ -172,12 +184,14 @@ impl Query for PromServer {
     /// The hosts it knows: every `Hostname` (or `instance`) with GPU memory or a serve's readings in the last
     /// ten minutes, so a node whose exporter just died is still there (and reported as unreadable, not left
     /// out of a verdict); and every target Prometheus cannot scrape, named by its instance, that no series
-    /// ever named.
-    async fn discover(&self, http: &HttpClient) -> Result<Vec<String>, String> {
+    /// ever named. With each host, every target that named it (by any GPU's memory, a serve's info or
+    /// readings): its voices.
+    async fn discover(&self, http: &HttpClient) -> Result<Discovered, String> {
         let lb = lookback();
         let seen = format!(
-            "max by (Hostname, hostname, instance) (last_over_time({{__name__=~\"{}|{}\"{}}}[{lb}]))",
+            "group by (Hostname, hostname, job, instance) (last_over_time({{__name__=~\"{}|{}|{}\"{}}}[{lb}]))",
             m::FB_USED,
+            m::SERVE_INFO,
             m::READING_TIMESTAMP,
             self.selector
                 .as_ref()
@@ -194,10 +208,17 @@ impl Query for PromServer {
         let (seen, down) = (seen?, down.unwrap_or_default());
         let seen = self.samples(&seen)?;
         let down = self.samples(&down).unwrap_or_default();
-        let mut names: Vec<String> = seen
-            .iter()
-            .filter_map(|s| s.host().map(str::to_string))
-            .collect();
+        let mut voices = Voices::default();
+        for x in &seen {
+            if let Some(host) = x.host() {
+                voices
+                    .0
+                    .entry(host.to_string())
+                    .or_default()
+                    .insert(x.target());
+            }
+        }
+        let mut names: Vec<String> = voices.0.keys().cloned().collect();
         let known: std::collections::HashSet<&str> =
             seen.iter().filter_map(|s| s.label("instance")).collect();
         names.extend(
@@ -215,7 +236,7 @@ impl Query for PromServer {
                 names.len()
             ));
         }
-        Ok(names)
+        Ok(Discovered { names, voices })
     }
 }
 

@@ -64,6 +64,11 @@ pub(super) struct HostData {
     pub(super) counts: Vec<(String, String, f64)>,
     /// Every scrape target that sent a series naming this host: more than one is a conflict.
     pub(super) targets: BTreeSet<Target>,
+    /// Read from the host's compact summary alone (`quick_table`): each GPU's state as its serve judged it,
+    /// the bytes of its clean GPUs where they are 0; other bytes, and identities, are read at the next poll.
+    pub(super) quick: bool,
+    /// The summary's bytes used on the host's clean GPUs, summed.
+    pub(super) clean_used: Option<f64>,
 }
 
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -73,6 +78,8 @@ pub(super) struct GpuData {
     pub(super) unreadable: bool,
     /// (kind, bytes; NaN when unknown).
     pub(super) unexplained: Vec<(String, f64)>,
+    /// The state its serve judged, from a compact summary (see `HostData::quick`).
+    pub(super) state: Option<GpuState>,
 }
 
 /// A sample as a whole number; a NaN, an infinity or a negative number is no reading.
@@ -138,14 +145,21 @@ pub(super) fn gpu(name: &str, index: u32, g: &GpuData, d: &HostData, ids: &Ident
     let reserved = mib(id.reserved_mib);
     // What the host's serve says; the runtime believes a "clean" only where these bytes agree. A serve that
     // says it cannot read its GPUs judges none of them clean, whatever else it sends.
-    let judged = d.gpusweep.then_some(match g.clean {
-        _ if d.gpus_unreadable && (g.unreadable || g.used.is_none()) => GpuState::Error,
-        Some(c) if c >= 1.0 && !d.gpus_unreadable => GpuState::Clean,
-        Some(c) if c >= 1.0 => GpuState::Unknown,
-        Some(_) if !g.unexplained.is_empty() => GpuState::Leak,
-        Some(_) => GpuState::InUse,
-        None if g.unreadable => GpuState::Error,
-        None => GpuState::Unknown,
+    // A summary's state stands, but a "clean" where its serve says it could not read every GPU.
+    let said = g.state.map(|s| match s {
+        GpuState::Clean if d.gpus_unreadable => GpuState::Unknown,
+        s => s,
+    });
+    let judged = d.gpusweep.then(|| {
+        said.unwrap_or(match g.clean {
+            _ if d.gpus_unreadable && (g.unreadable || g.used.is_none()) => GpuState::Error,
+            Some(c) if c >= 1.0 && !d.gpus_unreadable => GpuState::Clean,
+            Some(c) if c >= 1.0 => GpuState::Unknown,
+            Some(_) if !g.unexplained.is_empty() => GpuState::Leak,
+            Some(_) => GpuState::InUse,
+            None if g.unreadable => GpuState::Error,
+            None => GpuState::Unknown,
+        })
     });
     Gpu {
         index,
@@ -240,6 +254,9 @@ pub(super) fn snapshot(
     let mut missing = vec![Feature::Actions, Feature::Holders, Feature::Shm];
     if !d.gpusweep {
         missing.push(Feature::ProcessList);
+    }
+    if d.quick {
+        missing.push(Feature::GpuDetail);
     }
     let live_url = live_url(name, d, ids, up);
     let gpu_error = d.gpus_unreadable.then(|| {

@@ -5,8 +5,10 @@ use std::collections::HashMap;
 use super::PromServer;
 use super::answer::{Sample, Up};
 use super::query::Query;
-use super::reading::{HostData, PromHost};
-use Part::{Clean, Findings, Taken, Unexplained, Unreadable, Used};
+use super::reading::{HostData, PromHost, whole};
+use Part::{Clean, CleanUsed, Findings, States, Taken, Unexplained, Unreadable, Used};
+use gpusweep_core::metrics as m;
+use gpusweep_core::model::GpuState;
 
 /// The fleet's names, each to its place in a poll's table: looked up once per sample, so a thousand hosts'
 /// answers cost no tree walk (the names are copied once, when the poller starts).
@@ -51,6 +53,10 @@ pub(super) enum Part {
     Findings,
     /// The reading's time.
     Taken,
+    /// A compact summary's GPU states, each a mask of GPU indices.
+    States,
+    /// A compact summary's bytes used on the clean GPUs: its presence says the states are whole.
+    CleanUsed,
 }
 
 /// The host's data in this poll's table, begun at its first sample; the sample's scrape target is noted.
@@ -109,6 +115,10 @@ fn fold_sample(names: &Names, hosts: &mut [Option<HostData>], part: Part, x: &Sa
         }
         return;
     }
+    if let Part::States | Part::CleanUsed = part {
+        fold_summary(names, hosts, part, x);
+        return;
+    }
     let Some(gpu) = x.gpu() else {
         if let Part::Unreadable = part
             && let Some(data) = of(hosts, names, x)
@@ -133,7 +143,40 @@ fn fold_sample(names: &Names, hosts: &mut [Option<HostData>], part: Part, x: &Sa
                 g.unexplained.push((k.to_string(), v));
             }
         }
-        Part::Findings | Part::Taken => {}
+        Part::Findings | Part::Taken | Part::States | Part::CleanUsed => {}
+    }
+}
+
+/// One sample of a compact summary into its host's data. A state or a mask this client cannot read (a
+/// newer serve's state, a mask past `STATE_MASK_GPUS`) leaves a GPU unaccounted for: the host's summary is
+/// then not whole, and it waits for its per-GPU series.
+fn fold_summary(names: &Names, hosts: &mut [Option<HostData>], part: Part, x: &Sample) {
+    let Some(data) = of(hosts, names, x) else {
+        return;
+    };
+    data.gpusweep = true;
+    if let Part::CleanUsed = part {
+        data.quick = true;
+        data.clean_used = x.value();
+        return;
+    }
+    let state = x.label("state").and_then(GpuState::parse);
+    let mask = x
+        .value()
+        .and_then(whole)
+        .filter(|m| *m < 1u64 << m::STATE_MASK_GPUS);
+    let (Some(state), Some(mask)) = (state, mask) else {
+        data.quick = false;
+        data.clean_used = None;
+        return;
+    };
+    for i in (0..m::STATE_MASK_GPUS).filter(|i| mask & (1u64 << i) != 0) {
+        let g = data.gpus.entry(i).or_default();
+        // A GPU said to be in two states is in neither that can be told.
+        g.state = Some(match g.state {
+            Some(s) if s != state => GpuState::Unknown,
+            _ => state,
+        });
     }
 }
 
@@ -187,6 +230,40 @@ pub(super) fn summary_table(
     )?;
     let details = details_wanted(server, names, &mut hosts, findings)?;
     Ok(((hosts, ups(server, up)?), details))
+}
+
+/// The answers of the first view's compact summaries (bytes on clean GPUs, GPU states, findings by kind, a
+/// serve that says it cannot read a GPU, `up`), joined into per-host data: each GPU as its serve judged it,
+/// used 0 where it is clean and the summary says every clean GPU reads 0, other bytes unknown. A host
+/// whose summary is not whole (`HostData::quick` false) is left for the next poll's whole read.
+pub(super) fn quick_table(
+    server: &PromServer,
+    names: &Names,
+    answers: &[bytes::Bytes; 5],
+) -> Result<Polled, String> {
+    let [clean_used, states, kinds, unreadable, up] = answers;
+    let parts = [CleanUsed, States, Findings, Unreadable];
+    let mut hosts = folded(
+        server,
+        names,
+        parts
+            .into_iter()
+            .zip([clean_used, states, kinds, unreadable]),
+    )?;
+    for d in hosts.iter_mut().flatten().filter(|d| d.quick) {
+        let zero = d.clean_used == Some(0.0);
+        for g in d.gpus.values_mut() {
+            let state = g.state.unwrap_or(GpuState::Unknown);
+            g.clean = match state {
+                GpuState::Clean => Some(1.0),
+                GpuState::InUse | GpuState::Leak | GpuState::NeedsReset => Some(0.0),
+                GpuState::Unknown | GpuState::Error => None,
+            };
+            g.used = (state == GpuState::Clean && zero).then_some(0.0);
+            g.unreadable = state == GpuState::Error;
+        }
+    }
+    Ok((hosts, ups(server, up)?))
 }
 
 /// Which hosts' summaries leave details to read, from the answer of each host's count of findings (the

@@ -6,7 +6,7 @@ use super::answer::Target;
 use super::poll::instance_matchers;
 use super::query::Query;
 use super::reading::{GpuData, HostData, Ident, Identities, snapshot};
-use super::table::{Names, fold_details, summary_table, table};
+use super::table::{Names, fold_details, quick_table, summary_table, table};
 use super::*;
 use crate::Deaf;
 use gpusweep_core::model::{Feature, FindingKind, GpuState, MIB};
@@ -573,4 +573,87 @@ fn identities_read_again_keep_known_sizes_and_name_the_hosts_that_changed() {
         again.changed_hosts(&third).into_iter().collect::<Vec<_>>(),
         ["n2"]
     );
+}
+
+/// A compact summary is a host's first view only where it is whole: its clean bytes came, and every state
+/// and mask is one this client reads. A clean GPU reads 0 only where the summary says the clean GPUs' bytes
+/// are 0; otherwise it is unknown (a "clean" held to its bytes), as are every other GPU's bytes.
+#[test]
+fn a_summary_is_a_first_view_only_where_it_is_whole_and_a_clean_is_held_to_its_bytes() {
+    let p = server("http://p:9090", "");
+    let hosts = fleet(&["calm", "busy", "newer", "wide", "old", "heavy"]);
+    let names = Names::new(&hosts);
+    let st = |s: &str| format!(r#","state":"{s}""#);
+    let clean_used = answer(
+        &[
+            ("calm", "0"),
+            ("busy", "0"),
+            ("newer", "0"),
+            ("wide", "0"),
+            ("heavy", "1048576"),
+        ]
+        .map(|(h, v)| sample(h, "", v))
+        .join(","),
+    );
+    let states = answer(
+        &[
+            sample("calm", &st("clean"), "3"),
+            sample("busy", &st("clean"), "1"),
+            sample("busy", &st("leak"), "2"),
+            sample("busy", &st("in_use"), "4"),
+            // A state this client does not know, and a mask past what a float holds exactly.
+            sample("newer", &st("clean"), "1"),
+            sample("newer", &st("sleeping"), "2"),
+            sample("wide", &st("clean"), "9007199254740992"),
+            // No clean bytes: a serve whose summary is not whole.
+            sample("old", &st("clean"), "1"),
+            sample("heavy", &st("clean"), "1"),
+        ]
+        .join(","),
+    );
+    let kinds = answer(&sample("busy", r#","kind":"ghost","severity":"leak""#, "1"));
+    let none = answer("");
+    let up = answer(
+        &["calm", "busy", "newer", "wide", "old", "heavy"]
+            .map(|h| {
+                format!(
+                    r#"{{"metric":{{"job":"gpusweep","instance":"{h}:9401"}},"value":[1,"1"]}}"#
+                )
+            })
+            .join(","),
+    );
+    let (data, _) = quick_table(&p, &names, &[clean_used, states, kinds, none, up]).expect("table");
+    let at = |h: &str| data[names.of(h).expect("name")].as_ref().expect("data");
+    let calm = at("calm");
+    assert!(calm.quick, "{calm:?}");
+    assert_eq!(calm.gpus.len(), 2, "{calm:?}");
+    assert!(
+        calm.gpus
+            .values()
+            .all(|g| g.used == Some(0.0) && g.clean == Some(1.0))
+    );
+    let busy = at("busy");
+    assert!(busy.quick, "{busy:?}");
+    let state = |d: &HostData, i: u32| d.gpus[&i].state;
+    assert_eq!(
+        (state(busy, 0), state(busy, 1), state(busy, 2)),
+        (
+            Some(GpuState::Clean),
+            Some(GpuState::Leak),
+            Some(GpuState::InUse)
+        )
+    );
+    assert_eq!((busy.gpus[&1].used, busy.gpus[&2].used), (None, None));
+    assert_eq!(busy.counts, vec![("ghost".into(), "leak".into(), 1.0)]);
+    for h in ["newer", "wide", "old"] {
+        assert!(!at(h).quick, "{h}: {:?}", at(h));
+    }
+    let heavy = at("heavy");
+    assert!(heavy.quick && heavy.gpus[&0].used.is_none(), "{heavy:?}");
+    // In the snapshot: the serve's word (judged clean) without bytes to hold it to (the runtime then says
+    // unknown: `a_first_view_comes_from_each_hosts_summary_and_the_whole_reading_follows`).
+    let snap = snapshot("heavy", heavy, &Identities::default(), &HashMap::new(), 0);
+    assert_eq!(snap.gpus[0].judged, Some(GpuState::Clean));
+    assert_eq!(snap.gpus[0].memory.used, None);
+    assert!(snap.missing_features.contains(&Feature::GpuDetail));
 }
