@@ -233,14 +233,15 @@ impl Poller {
             .iter()
             .zip(&seen)
             .map(|(h, s)| {
-                let d = self
-                    .names
-                    .of(&h.name)
-                    .and_then(|at| data.get_mut(at)?.as_mut());
-                d.filter(|d| d.quick).is_some_and(|d| {
-                    d.taken_s = s.taken;
-                    true
-                })
+                let at = self.names.of(&h.name);
+                match at.and_then(|at| data.get_mut(at)?.as_mut()) {
+                    // Its reading's time is the glance's (the summary carries none).
+                    Some(d) if d.quick => {
+                        d.taken_s = s.taken;
+                        true
+                    }
+                    _ => false,
+                }
             })
             .collect();
         let now = gpusweep_core::model::now_ms();
