@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 start=$(date +%s)
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
-if dpkg-query -W -f='${Status}' gpusweep 2>/dev/null | grep -q installed; then
+if [[ "$(dpkg-query -W -f='${Status}' gpusweep 2>/dev/null || true)" == *installed* ]]; then
   echo "test-packages: a gpusweep package is installed on this machine; not replacing it" >&2
   exit 1
 fi
@@ -62,7 +62,9 @@ check_binary "$tmp/gpusweep-$version-x86_64-linux-gnu/gpusweep" tarball
 # purged with nothing left behind.
 deb="dist/gpusweep_${version}-1_amd64.deb"
 # Debian's synopsis (the Description's first line) is at most 80 characters.
-synopsis=$(dpkg-deb -f "$deb" Description | head -1)
+# `sed -n 1p` reads to the end: `head -1` leaves dpkg-deb writing the long description into a closed pipe, and
+# under pipefail its SIGPIPE (141) ended the run once.
+synopsis=$(dpkg-deb -f "$deb" Description | sed -n 1p)
 [ "${#synopsis}" -le 80 ] || fail "deb: the synopsis is ${#synopsis} characters (at most 80): $synopsis"
 dpkg-deb -c "$deb" | awk '{print $6}' | sed 's#^\./#/#' | grep -v '/$' >"$tmp/files"
 for f in /usr/bin/gpusweep /usr/lib/systemd/system/gpusweep.service /usr/share/man/man1/gpusweep-serve.1.gz \
