@@ -1579,9 +1579,10 @@ fn a_first_view_comes_from_each_hosts_summary_and_the_whole_reading_follows() {
 /// Identities are read again once a minute (a GPU swapped, a serve moved, a second voice for a host), but a
 /// host whose identities did not change is not read again for it, and the GPUs' sizes, fixed for a GPU's life,
 /// are asked only of GPUs not seen before. At ten thousand hosts the whole read that followed each identity
-/// read cost Prometheus most of what the client cost it. A serve-shaped target whose reading never changes
-/// (its revision stays, its reading's time moves): a watch of 70 s reads identities twice, its summary and
-/// the sizes once.
+/// read cost Prometheus most of what the client cost it; and then the identity read itself (every GPU's
+/// series): a read again asks each host's identity digest first, and the GPUs only of hosts whose digest
+/// moved. A serve-shaped target whose reading never changes (its revision and digest stay, its reading's
+/// time moves): a watch of 70 s asks the digest twice, its GPUs' identities, summary and sizes once.
 #[test]
 fn identities_read_again_reread_no_host_whose_identities_held_nor_known_sizes() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -1591,7 +1592,16 @@ fn identities_read_again_reread_no_host_whose_identities_held_nor_known_sizes() 
     );
     let (out, trace) = traced_wait(dir.path(), &prom, "70s");
     let asked = |q: &str| times_asked(&trace, q);
-    assert_eq!(asked("UUID, modelName"), 2, "identities twice:\n{trace}");
+    assert_eq!(
+        asked("(gpusweep_host_identity_digest{})"),
+        2,
+        "the digest twice:\n{trace}"
+    );
+    assert_eq!(
+        asked("UUID, modelName"),
+        1,
+        "the GPUs' identities once:\n{trace}"
+    );
     assert_eq!(
         asked("(gpusweep_gpu_clean{})"),
         1,
@@ -1697,6 +1707,7 @@ fn steady_serve_target() -> String {
                 "gpusweep_gpus_readable{{Hostname=\"steady\"}} 1\n\
                  gpusweep_host_findings{{Hostname=\"steady\"}} 0\n\
                  gpusweep_reading_revision{{Hostname=\"steady\"}} 7\n\
+                 gpusweep_host_identity_digest{{Hostname=\"steady\"}} 4242\n\
                  gpusweep_reading_timestamp_seconds{{Hostname=\"steady\"}} {now:.3}\n"
             ));
             let _ = write!(

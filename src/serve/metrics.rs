@@ -46,6 +46,43 @@ const SEVERITIES: [(Severity, &str); 3] = [
     (Severity::Info, "info"),
 ];
 
+/// `HOST_IDENTITY_DIGEST`: what a `prom:` client's identity read takes from the host's series (each GPU's
+/// labels on its memory, the serve's info), hashed, so that it moves exactly when one of them does. The
+/// GPUs' part only where their series are exported (not while the reading failed).
+fn identity_digest(snap: &HostSnapshot, scheme: &str, api_path: &str) -> f64 {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    let mut field = |v: &str| {
+        h.update(v.as_bytes());
+        h.update([0xff]);
+    };
+    field(scheme);
+    field(api_path);
+    field(if snap.simulated { "simulated" } else { "" });
+    if snap.error.is_none() {
+        for g in &snap.gpus {
+            let l = gpu_labels(&snap.host, None, g);
+            for (k, v) in &l {
+                if [
+                    m::L_GPU,
+                    m::L_UUID,
+                    m::L_PCI_BUS_ID,
+                    m::L_DEVICE,
+                    m::L_MODEL,
+                ]
+                .contains(k)
+                {
+                    field(v);
+                }
+            }
+        }
+    }
+    let d = h.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&d[..8]);
+    (u64::from_be_bytes(first) >> (64 - m::DIGEST_BITS)) as f64
+}
+
 /// dcgm-exporter's labels for one GPU, in its order: gpu, UUID, pci_bus_id, device, modelName, Hostname.
 fn gpu_labels(host: &str, driver: Option<&str>, g: &Gpu) -> Labels {
     vec![
@@ -105,6 +142,7 @@ struct Families {
     host_states: Gauges,
     host_clean_used: Gauges,
     host_finding_kinds: Gauges,
+    identity: Gauges,
     process: Gauges,
     shm: Gauges,
     taken: Gauges,
@@ -156,6 +194,11 @@ impl Families {
                 ("simulated", snap.simulated.to_string()),
             ],
             1.0,
+        );
+        set(
+            &self.identity,
+            &hl,
+            identity_digest(snap, shared.scheme, api_path),
         );
         if snap.error.is_some() {
             return;
@@ -528,11 +571,7 @@ impl Families {
             "Moves when what the host says changes (processes, their memory, findings), not with its time or gauges",
             self.revision,
         );
-        r.register(
-            m::SERVE_INFO,
-            "1; the serve's version and where its API answers",
-            self.info,
-        );
+        register_serve(&mut r, self.info, self.identity);
         register_jobs(
             &mut r,
             self.job_phase,
@@ -548,6 +587,21 @@ impl Families {
         );
         r
     }
+}
+
+/// The serve's info, and the digest of what identifies the host (both read by a `prom:` client's identity
+/// read).
+fn register_serve(r: &mut Registry, info: Gauges, identity: Gauges) {
+    r.register(
+        m::SERVE_INFO,
+        "1; the serve's version and where its API answers",
+        info,
+    );
+    r.register(
+        m::HOST_IDENTITY_DIGEST,
+        "Moves when the host's GPUs (index, UUID, bus, device, model) or its serve's API change: a digest, below 2^53",
+        identity,
+    );
 }
 
 /// dcgm-exporter's framebuffer gauges, in MiB.
@@ -936,5 +990,56 @@ mod summary_tests {
                 &"gpusweep_host_clean_memory_used_bytes{Hostname=\"h\"} 2097152.0".into()
             )
         );
+    }
+
+    /// The identity digest moves exactly when what a client's identity read takes moves (a GPU's UUID,
+    /// model, bus, device number; the serve's API), not with memory, state or findings; an integer a
+    /// sample's float holds exactly.
+    #[test]
+    fn the_identity_digest_moves_with_what_identifies_the_host_and_nothing_else() {
+        let with_uuid = |uuid: &str| {
+            let mut g = gpu(0, Some(GpuState::Clean), 0);
+            g.uuid = Some(uuid.into());
+            g.name = Some("NVIDIA H100 80GB HBM3".into());
+            HostSnapshot {
+                host: "h".into(),
+                gpus: vec![g, gpu(1, Some(GpuState::InUse), 1 << 30)],
+                ..HostSnapshot::default()
+            }
+        };
+        // Bit patterns: the same float exactly, or not.
+        let d = |s: &HostSnapshot, path: &str| identity_digest(s, "http", path).to_bits();
+        let a = with_uuid("GPU-a");
+        let value = identity_digest(&a, "http", "");
+        assert!(
+            value.fract() == 0.0 && value >= 0.0 && value < 2f64.powi(53),
+            "{value}"
+        );
+        let base = d(&a, "");
+        // What moves it.
+        assert_ne!(base, d(&with_uuid("GPU-b"), ""), "a swapped GPU");
+        assert_ne!(base, d(&a, "/hosts/h"), "a serve answering elsewhere");
+        assert_ne!(
+            base,
+            identity_digest(&a, "https", "").to_bits(),
+            "another scheme"
+        );
+        let mut renamed = a.clone();
+        renamed.gpus[0].name = Some("NVIDIA H200".into());
+        assert_ne!(base, d(&renamed, ""), "another model");
+        let mut fewer = a.clone();
+        fewer.gpus.pop();
+        assert_ne!(base, d(&fewer, ""), "a GPU gone");
+        let mut demo = a.clone();
+        demo.simulated = true;
+        assert_ne!(base, d(&demo, ""), "a demo");
+        // What does not.
+        let mut busy = a.clone();
+        busy.gpus[0].memory.used = Some(70 << 30);
+        busy.gpus[0].state = Some(GpuState::Leak);
+        busy.findings = vec![finding(FindingKind::Ghost, Severity::Leak)];
+        busy.taken_at_ms += 60_000;
+        assert_eq!(base, d(&busy, ""), "memory, verdicts, findings, time");
+        assert_eq!(base, d(&with_uuid("GPU-a"), ""), "the same again");
     }
 }

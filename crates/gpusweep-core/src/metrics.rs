@@ -198,6 +198,13 @@ pub const READING_REVISION: &str = "gpusweep_reading_revision";
 /// 1, with the serve's version and where its API answers (`scheme`, `api_path`): how a client reading
 /// Prometheus opens the host live.
 pub const SERVE_INFO: &str = "gpusweep_serve_info";
+/// A digest of what identifies the host to a `prom:` client: each GPU's index, UUID, bus, device and model
+/// as its memory series name them, and the serve's `scheme`, `api_path` and `simulated` (an integer below
+/// 2^53, exact in a sample's float). It moves when one of them changes: a client reads those series again
+/// only for hosts whose digest moved, and every host's now and then.
+pub const HOST_IDENTITY_DIGEST: &str = "gpusweep_host_identity_digest";
+/// A digest's bits: a float's mantissa.
+pub const DIGEST_BITS: u32 = 53;
 
 /// The most process series one host exports: a node with thousands of GPU processes must not flood
 /// Prometheus.
@@ -241,5 +248,6 @@ pub const READ_BY_PROM: &[&str] = &[
     HOST_GPU_STATES,
     HOST_CLEAN_USED,
     HOST_FINDING_KINDS,
+    HOST_IDENTITY_DIGEST,
     "gpusweep_leftover_bytes",
 ];

@@ -28,6 +28,9 @@ const SHARE: u32 = 20;
 const IDENTITY_EVERY: Duration = Duration::from_secs(60);
 /// However long an identity read takes, one at least this often (a swapped GPU, a moved serve).
 const IDENTITY_SLOWEST: Duration = Duration::from_secs(300);
+/// Every host's identities are asked at least this often; between, only those of hosts whose identity
+/// digest moved (or that have none).
+pub(super) const EVERY_HOST_IDENTITIES: Duration = Duration::from_secs(300);
 
 /// Answering time the client may spend at once (a first read, a read after most hosts moved) before it is
 /// held to its share.

@@ -1,7 +1,7 @@
 //! One poll: the glance (revision and time per host), the queries of the hosts that moved, identities once a
 //! minute, the voices of down targets, all joined into per-host data.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
@@ -297,19 +297,20 @@ pub(super) fn only_hosts<'a>(names: impl Iterator<Item = Option<&'a str>>) -> Op
     Some(out)
 }
 
-/// The four queries of an identity read: GPU identities, serves, usable and reserved memory (the sizes, of
-/// the hosts `only` names, or every host's).
-pub(super) fn identity_queries(p: &PromServer, only: Option<&str>) -> [String; 4] {
+/// The queries of an identity read: GPU identities, serves, usable and reserved memory (the sizes), of the
+/// hosts `only` names or every host's; and every host's identity digest (`HOST_IDENTITY_DIGEST`), which
+/// tells an identity read again which hosts to ask the others of.
+pub(super) fn identity_queries(p: &PromServer, only: Option<&str>) -> [String; 5] {
     let lb = lookback();
     let sel = |name: &str| p.sel_only(name, only);
     [
         format!(
             "max by (Hostname, hostname, job, instance, gpu, UUID, modelName, pci_bus_id, device) (last_over_time({}[{lb}]))",
-            p.sel(m::FB_USED)
+            sel(m::FB_USED)
         ),
         format!(
             "max by (Hostname, hostname, job, instance, scheme, api_path, simulated) (last_over_time({}[{lb}]))",
-            p.sel(m::SERVE_INFO)
+            sel(m::SERVE_INFO)
         ),
         format!(
             "max by (Hostname, hostname, gpu) (last_over_time({}[{lb}]) + last_over_time({}[{lb}]))",
@@ -320,20 +321,28 @@ pub(super) fn identity_queries(p: &PromServer, only: Option<&str>) -> [String; 4
             "max by (Hostname, hostname, gpu) (last_over_time({}[{lb}]))",
             sel(m::FB_RESERVED)
         ),
+        format!(
+            "max by (Hostname, hostname, job, instance) ({})",
+            p.sel(m::HOST_IDENTITY_DIGEST)
+        ),
     ]
 }
 
-/// Read identities: GPU UUIDs, models, buses, sizes; each host's scrape target and serve.
+/// Read identities: GPU UUIDs, models, buses, sizes; each host's scrape target, serve and identity digest
+/// (asked once the others' answers are let go: what the first read's queries asked together hold at once
+/// stays as it was).
 pub(super) async fn identities(
     p: &PromServer,
     http: &HttpClient,
     spent: &Spent<'_>,
 ) -> Result<Identities, String> {
-    let [gpus_q, serve_q, usable_q, reserved_q] = identity_queries(p, None);
+    let [gpus_q, serve_q, usable_q, reserved_q, digest_q] = identity_queries(p, None);
     let [gpu_body, serve_body, usable_body, reserved_body] =
         fetch_all(p, http, [&gpus_q, &serve_q, &usable_q, &reserved_q], spent).await?;
+    let now = Instant::now();
     let mut ids = Identities {
-        read_at: Some(Instant::now()),
+        read_at: Some(now),
+        every_host_at: Some(now),
         ..Default::default()
     };
     ids.gpus_from(&p.samples(&gpu_body)?);
@@ -342,6 +351,9 @@ pub(super) async fn identities(
     ids.sized(None);
     ids.serves_from(&p.samples(&serve_body)?);
     drop((gpu_body, serve_body, usable_body, reserved_body));
+    let digest_body = p.fetch(http, &digest_q, spent).await?;
+    ids.digests_from(&p.samples(&digest_body)?);
+    drop(digest_body);
     down_voices(p, http, &mut ids, spent).await?;
     Ok(ids)
 }
@@ -358,7 +370,7 @@ pub(super) async fn host_identities(
     discovered: Option<Voices>,
     spent: &Spent<'_>,
 ) -> Result<Identities, String> {
-    let [_, serve_q, _, _] = identity_queries(p, None);
+    let [_, serve_q, ..] = identity_queries(p, None);
     let mut ids = Identities::default();
     let serve_body = if let Some(Voices(voices)) = discovered {
         ids.voices = voices;
@@ -367,10 +379,7 @@ pub(super) async fn host_identities(
         let [serve_body, voices_body] = fetch_all(p, http, [&serve_q, &q.voices], spent).await?;
         for x in p.samples(&voices_body)? {
             if let Some(host) = x.host() {
-                ids.voices
-                    .entry(host.to_string())
-                    .or_default()
-                    .insert(x.target());
+                ids.heard(host, &x);
             }
         }
         serve_body
@@ -381,23 +390,61 @@ pub(super) async fn host_identities(
     Ok(ids)
 }
 
-/// Read identities again: every host's GPUs and serve, as the first time (a GPU swapped, a serve moved, a
-/// second voice are found within a minute); the sizes, fixed for a GPU's life, kept from `known` for a GPU of
-/// the same UUID and asked only of the hosts with a GPU not sized before (by `Hostname`, or every host's
-/// where one cannot be named so).
+/// Read identities again. Each host's identity digest first: a host whose one digest is as before, from the
+/// same target, keeps what it had (its GPUs, serve, voices); the others (a digest moved, gone, new, or said
+/// by more than one target; a host without one, as dcgm-exporter's) have their GPUs and serve asked again
+/// by `Hostname`. Every host's are asked at least every `pace::EVERY_HOST_IDENTITIES` (a target naming a
+/// host through its GPU series alone is heard then, or at once when the host's reading moves), and whenever
+/// the hosts to ask cannot be named. The sizes, fixed for a GPU's life, are kept from `known` for a GPU of
+/// the same UUID and asked only of the hosts with a GPU not sized before.
 pub(super) async fn identities_again(
     p: &PromServer,
     http: &HttpClient,
     known: &Identities,
     spent: &Spent<'_>,
 ) -> Result<Identities, String> {
-    let [gpus_q, serve_q, _, _] = identity_queries(p, None);
-    let [gpu_body, serve_body] = fetch_all(p, http, [&gpus_q, &serve_q], spent).await?;
+    let now = Instant::now();
+    let [gpus_q, serve_q, _, _, digest_q] = identity_queries(p, None);
     let mut ids = Identities {
-        read_at: Some(Instant::now()),
+        read_at: Some(now),
         ..Default::default()
     };
-    let gpu_samples = p.samples(&gpu_body)?;
+    let every_host_due = known
+        .every_host_at
+        .is_none_or(|t| now.saturating_duration_since(t) >= super::pace::EVERY_HOST_IDENTITIES);
+    let digest_body = p.fetch(http, &digest_q, spent).await?;
+    ids.digests_from(&p.samples(&digest_body)?);
+    drop(digest_body);
+    let again = known.to_ask_again(&ids.digests);
+    // None: every host's are asked.
+    let only = if every_host_due {
+        None
+    } else {
+        only_hosts(again.iter().map(|h| {
+            (known.by_hostname.contains(h) || ids.by_hostname.contains(h)).then_some(h.as_str())
+        }))
+    };
+    let gpu_body = if let Some(only) = &only {
+        ids.every_host_at = known.every_host_at;
+        ids.keep_unasked(known, &again);
+        if again.is_empty() {
+            None
+        } else {
+            let [gpus_q, serve_q, ..] = identity_queries(p, Some(only));
+            let [gpu_body, serve_body] = fetch_all(p, http, [&gpus_q, &serve_q], spent).await?;
+            ids.serves_from(&p.samples(&serve_body)?);
+            Some(gpu_body)
+        }
+    } else {
+        let [gpu_body, serve_body] = fetch_all(p, http, [&gpus_q, &serve_q], spent).await?;
+        ids.every_host_at = Some(now);
+        ids.serves_from(&p.samples(&serve_body)?);
+        Some(gpu_body)
+    };
+    let gpu_samples = match &gpu_body {
+        Some(b) => p.samples(b)?,
+        None => Vec::new(),
+    };
     ids.gpus_from(&gpu_samples);
     let to_size = ids.keep_sizes(known);
     if !to_size.is_empty() {
@@ -410,7 +457,7 @@ pub(super) async fn identities_again(
                 .iter()
                 .map(|h| by_hostname.contains(h.as_str()).then_some(h.as_str())),
         );
-        let [_, _, usable_q, reserved_q] = identity_queries(p, only.as_deref());
+        let [_, _, usable_q, reserved_q, _] = identity_queries(p, only.as_deref());
         let [usable_body, reserved_body] =
             fetch_all(p, http, [&usable_q, &reserved_q], spent).await?;
         ids.sizes_from(&p.samples(&usable_body)?, true);
@@ -418,8 +465,7 @@ pub(super) async fn identities_again(
         ids.sized(only.is_some().then_some(&to_size));
     }
     drop(gpu_samples);
-    ids.serves_from(&p.samples(&serve_body)?);
-    drop((gpu_body, serve_body));
+    drop(gpu_body);
     down_voices(p, http, &mut ids, spent).await?;
     Ok(ids)
 }
@@ -462,10 +508,7 @@ pub(super) async fn down_voices(
         let body = p.fetch(http, &q, spent).await?;
         for x in p.samples(&body)? {
             if let Some(host) = x.host() {
-                ids.voices
-                    .entry(host.to_string())
-                    .or_default()
-                    .insert(x.target());
+                ids.heard(host, &x);
             }
         }
     }
@@ -479,10 +522,10 @@ impl Identities {
             let (Some(host), Some(gpu)) = (x.host(), x.gpu()) else {
                 continue;
             };
-            self.voices
-                .entry(host.to_string())
-                .or_default()
-                .insert(x.target());
+            self.heard(host, x);
+            if x.label(m::L_HOSTNAME) == Some(host) {
+                self.by_hostname.insert(host.to_string());
+            }
             let nonempty = |k: &str| x.label(k).filter(|v| !v.is_empty()).map(str::to_string);
             self.gpus.insert(
                 (host.to_string(), gpu),
@@ -498,6 +541,86 @@ impl Identities {
                 },
             );
         }
+    }
+
+    /// The target that sent `x` spoke for `host`: one of its voices.
+    pub(super) fn heard(&mut self, host: &str, x: &Sample) {
+        self.voices
+            .entry(host.to_string())
+            .or_default()
+            .insert(x.target());
+    }
+
+    /// Each host's identity digests, by the target that said each (an integer below 2^53; anything else is
+    /// no digest, and the host is asked again). A target that sends one for a host is its voice, as one that
+    /// sends any other series naming it.
+    pub(super) fn digests_from(&mut self, samples: &[Sample]) {
+        for x in samples {
+            let Some(host) = x.host() else { continue };
+            self.heard(host, x);
+            let Some(d) = x.value().and_then(whole) else {
+                continue;
+            };
+            if x.label(m::L_HOSTNAME) == Some(host) {
+                self.by_hostname.insert(host.to_string());
+            }
+            self.digests
+                .entry(host.to_string())
+                .or_default()
+                .insert((x.target(), d));
+        }
+    }
+
+    /// The hosts whose identities an identity read again asks for: every host known or with a digest now,
+    /// but those whose one digest (`now`) is the one it had, from the same target.
+    pub(super) fn to_ask_again(
+        &self,
+        now: &HashMap<String, BTreeSet<(Target, u64)>>,
+    ) -> BTreeSet<String> {
+        let known = self
+            .gpus
+            .keys()
+            .map(|(h, _)| h)
+            .chain(self.voices.keys())
+            .chain(self.serve.keys().map(|(h, _)| h))
+            .chain(self.digests.keys())
+            .chain(now.keys());
+        known
+            .filter(|h| {
+                let d = now.get(*h);
+                d.is_none_or(|d| d.len() != 1) || self.digests.get(*h) != d
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Keep what `known` had of every host not asked again (`asked`): its GPUs, serve and voices.
+    pub(super) fn keep_unasked(&mut self, known: &Identities, asked: &BTreeSet<String>) {
+        let kept = |h: &String| !asked.contains(h);
+        self.gpus.extend(
+            known
+                .gpus
+                .iter()
+                .filter(|((h, _), _)| kept(h))
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+        self.serve.extend(
+            known
+                .serve
+                .iter()
+                .filter(|((h, _), _)| kept(h))
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+        self.simulated
+            .extend(known.simulated.iter().filter(|(h, _)| kept(h)).cloned());
+        for (h, v) in known.voices.iter().filter(|(h, _)| kept(h)) {
+            self.voices
+                .entry(h.clone())
+                .or_default()
+                .extend(v.iter().cloned());
+        }
+        self.by_hostname
+            .extend(known.by_hostname.iter().filter(|h| kept(h)).cloned());
     }
 
     /// Each GPU's usable memory (free + used) or its reservation, in MiB.
@@ -576,10 +699,7 @@ impl Identities {
     pub(super) fn serves_from(&mut self, samples: &[Sample]) {
         for x in samples {
             let Some(host) = x.host() else { continue };
-            self.voices
-                .entry(host.to_string())
-                .or_default()
-                .insert(x.target());
+            self.heard(host, x);
             let scheme = match x.label("scheme") {
                 Some("https") => "https",
                 _ => "http",

@@ -49,6 +49,12 @@ pub(super) struct Identities {
     /// can carry).
     pub(super) unasked_down: usize,
     pub(super) read_at: Option<Instant>,
+    /// When every host's GPUs and serve were last asked for (not only those whose digest moved).
+    pub(super) every_host_at: Option<Instant>,
+    /// Each host's identity digests (`HOST_IDENTITY_DIGEST`), by the target that said each.
+    pub(super) digests: HashMap<String, BTreeSet<(Target, u64)>>,
+    /// Hosts whose series name them by `Hostname`: a narrowed read can ask for them.
+    pub(super) by_hostname: std::collections::HashSet<String>,
 }
 
 /// What one poll says of one host.

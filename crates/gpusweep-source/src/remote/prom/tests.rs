@@ -575,6 +575,130 @@ fn identities_read_again_keep_known_sizes_and_name_the_hosts_that_changed() {
     );
 }
 
+/// The identities a read of these digests learns: (host, its target's instance, the digest's value).
+fn digests_said(rows: &[(&str, &str, &str)]) -> Identities {
+    let p = server("http://prom:9090", "");
+    let body = answer(
+        &rows
+            .iter()
+            .map(|(host, instance, d)| {
+                format!(
+                    r#"{{"metric":{{"Hostname":"{host}","job":"gpusweep","instance":"{instance}"}},"value":[1,"{d}"]}}"#
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+    );
+    let mut ids = Identities::default();
+    ids.digests_from(&p.samples(&body).expect("samples"));
+    ids
+}
+
+/// Each host with one sized GPU, its own target its voice and serve, a demo.
+fn known_as_their_own(known: &mut Identities, hosts: &[&str]) {
+    for host in hosts {
+        known.gpus.insert(
+            ((*host).into(), 0),
+            Ident {
+                uuid: Some(format!("GPU-{host}")),
+                usable_mib: Some(1000.0),
+                sized: true,
+                ..Default::default()
+            },
+        );
+        known
+            .voices
+            .entry((*host).into())
+            .or_default()
+            .insert(Target {
+                job: "gpusweep".into(),
+                instance: format!("{host}:9401"),
+            });
+        known.serve.insert(
+            ((*host).into(), format!("{host}:9401")),
+            ("http".into(), String::new()),
+        );
+        known
+            .simulated
+            .insert(((*host).into(), format!("{host}:9401")));
+    }
+}
+
+/// Identities read again are asked only of hosts whose identity digest moved: a host keeps what it had where
+/// its one digest is the one it had, from the same target; it is asked again where the digest moved, is gone,
+/// is new, comes from another target or from two, or where it never had one (dcgm-exporter's). What is kept
+/// is its GPUs (with their sizes), serve, demo mark and voices, and nothing of a host asked again.
+#[test]
+fn identities_are_asked_again_only_of_hosts_whose_digest_moved() {
+    let mut known = digests_said(&[
+        ("same", "same:9401", "7"),
+        ("moved", "moved:9401", "7"),
+        ("gone", "gone:9401", "7"),
+        ("rehomed", "rehomed:9401", "7"),
+        ("twice", "twice:9401", "7"),
+    ]);
+    known_as_their_own(
+        &mut known,
+        &["same", "moved", "gone", "rehomed", "twice", "dcgm"],
+    );
+    let now = digests_said(&[
+        ("same", "same:9401", "7"),
+        ("moved", "moved:9401", "8"),
+        ("rehomed", "elsewhere:9401", "7"),
+        ("twice", "twice:9401", "7"),
+        ("twice", "impostor:9401", "7"),
+        ("new", "new:9401", "1"),
+        ("odd", "odd:9401", "NaN"),
+    ]);
+    let again = known.to_ask_again(&now.digests);
+    assert_eq!(
+        again,
+        ["dcgm", "gone", "moved", "new", "rehomed", "twice"]
+            .map(String::from)
+            .into(),
+        "only the host whose one digest held is not asked again"
+    );
+    assert!(now.by_hostname.contains("same") && !now.by_hostname.contains("odd"));
+    assert_eq!(
+        now.voices["twice"].len(),
+        2,
+        "a target that sends a host's digest is its voice"
+    );
+    let mut next = now;
+    next.keep_unasked(&known, &again);
+    let hosts_of = |ids: &Identities| {
+        let mut h: Vec<String> = ids.gpus.keys().map(|(h, _)| h.clone()).collect();
+        h.extend(ids.serve.keys().map(|(h, _)| h.clone()));
+        h.extend(ids.simulated.iter().map(|(h, _)| h.clone()));
+        h.sort();
+        h.dedup();
+        h
+    };
+    assert_eq!(
+        hosts_of(&next),
+        ["same"],
+        "nothing of a host asked again is kept"
+    );
+    assert_eq!(
+        next.voices["rehomed"]
+            .iter()
+            .map(|t| t.instance.as_str())
+            .collect::<Vec<_>>(),
+        ["elsewhere:9401"],
+        "its voices are what is heard now"
+    );
+    assert_eq!(
+        next.gpus[&("same".to_string(), 0)],
+        known.gpus[&("same".to_string(), 0)],
+        "its GPU kept with its size"
+    );
+    assert!(next.keep_sizes(&known).is_empty(), "nothing to size");
+    assert!(
+        known.changed_hosts(&next).iter().all(|h| *h != "same"),
+        "the kept host is not read again"
+    );
+}
+
 /// A compact summary is a host's first view only where it is whole: its clean bytes came, and every state
 /// and mask is one this client reads. A clean GPU reads 0 only where the summary says the clean GPUs' bytes
 /// are 0; otherwise it is unknown (a "clean" held to its bytes), as are every other GPU's bytes.
