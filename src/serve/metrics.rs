@@ -3,6 +3,7 @@
 //! memory gauges and labels beside gpusweep's own verdicts. Built fresh at each scrape from the latest
 //! readings, so a GPU or a process that is gone leaves no stale series behind; only the histogram persists.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 
@@ -61,19 +62,8 @@ fn identity_digest(snap: &HostSnapshot, scheme: &str, api_path: &str) -> f64 {
     field(if snap.simulated { "simulated" } else { "" });
     if snap.error.is_none() {
         for g in &snap.gpus {
-            let l = gpu_labels(&snap.host, None, g);
-            for (k, v) in &l {
-                if [
-                    m::L_GPU,
-                    m::L_UUID,
-                    m::L_PCI_BUS_ID,
-                    m::L_DEVICE,
-                    m::L_MODEL,
-                ]
-                .contains(k)
-                {
-                    field(v);
-                }
+            for (_, v) in gpu_identity(g) {
+                field(&v);
             }
         }
     }
@@ -83,18 +73,34 @@ fn identity_digest(snap: &HostSnapshot, scheme: &str, api_path: &str) -> f64 {
     (u64::from_be_bytes(first) >> (64 - m::DIGEST_BITS)) as f64
 }
 
+/// The labels that identify a GPU, in dcgm-exporter's order: gpu, UUID, pci_bus_id, device, modelName (what a
+/// `prom:` client's identity read takes, and so what `identity_digest` hashes).
+fn gpu_identity<'a>(g: &'a Gpu) -> [(&'static str, Cow<'a, str>); 5] {
+    let text = |v: Option<&'a str>| Cow::Borrowed(v.unwrap_or_default());
+    [
+        (m::L_GPU, Cow::Owned(g.index.to_string())),
+        (m::L_UUID, text(g.uuid.as_deref())),
+        (m::L_PCI_BUS_ID, text(g.pci_bus_id.as_deref())),
+        (
+            m::L_DEVICE,
+            Cow::Owned(format!("nvidia{}", g.minor.unwrap_or(g.index))),
+        ),
+        (m::L_MODEL, text(g.name.as_deref())),
+    ]
+}
+
 /// dcgm-exporter's labels for one GPU, in its order: gpu, UUID, pci_bus_id, device, modelName, Hostname.
 fn gpu_labels(host: &str, driver: Option<&str>, g: &Gpu) -> Labels {
-    vec![
-        (m::L_GPU, g.index.to_string()),
-        (m::L_UUID, g.uuid.clone().unwrap_or_default()),
-        (m::L_PCI_BUS_ID, g.pci_bus_id.clone().unwrap_or_default()),
-        (m::L_DEVICE, format!("nvidia{}", g.minor.unwrap_or(g.index))),
-        (m::L_MODEL, g.name.clone().unwrap_or_default()),
+    let mut l: Labels = gpu_identity(g)
+        .into_iter()
+        .map(|(k, v)| (k, v.into_owned()))
+        .collect();
+    l.extend([
         (m::L_HOSTNAME, host.to_string()),
         (m::L_HOSTNAME_NEW, host.to_string()),
         (m::L_DRIVER, driver.unwrap_or_default().to_string()),
-    ]
+    ]);
+    l
 }
 
 fn with(mut l: Labels, k: &'static str, v: impl Into<String>) -> Labels {

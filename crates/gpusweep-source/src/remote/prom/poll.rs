@@ -404,7 +404,7 @@ pub(super) async fn identities_again(
     spent: &Spent<'_>,
 ) -> Result<Identities, String> {
     let now = Instant::now();
-    let [gpus_q, serve_q, _, _, digest_q] = identity_queries(p, None);
+    let [.., digest_q] = identity_queries(p, None);
     let mut ids = Identities {
         read_at: Some(now),
         ..Default::default()
@@ -424,20 +424,17 @@ pub(super) async fn identities_again(
             (known.by_hostname.contains(h) || ids.by_hostname.contains(h)).then_some(h.as_str())
         }))
     };
-    let gpu_body = if let Some(only) = &only {
+    if only.is_some() {
         ids.every_host_at = known.every_host_at;
         ids.keep_unasked(known, &again);
-        if again.is_empty() {
-            None
-        } else {
-            let [gpus_q, serve_q, ..] = identity_queries(p, Some(only));
-            let [gpu_body, serve_body] = fetch_all(p, http, [&gpus_q, &serve_q], spent).await?;
-            ids.serves_from(&p.samples(&serve_body)?);
-            Some(gpu_body)
-        }
     } else {
-        let [gpu_body, serve_body] = fetch_all(p, http, [&gpus_q, &serve_q], spent).await?;
         ids.every_host_at = Some(now);
+    }
+    let gpu_body = if only.is_some() && again.is_empty() {
+        None
+    } else {
+        let [gpus_q, serve_q, ..] = identity_queries(p, only.as_deref());
+        let [gpu_body, serve_body] = fetch_all(p, http, [&gpus_q, &serve_q], spent).await?;
         ids.serves_from(&p.samples(&serve_body)?);
         Some(gpu_body)
     };
@@ -544,7 +541,7 @@ impl Identities {
     }
 
     /// The target that sent `x` spoke for `host`: one of its voices.
-    pub(super) fn heard(&mut self, host: &str, x: &Sample) {
+    fn heard(&mut self, host: &str, x: &Sample) {
         self.voices
             .entry(host.to_string())
             .or_default()
