@@ -3,20 +3,20 @@
 # (what a DaemonSet runs), scraped every 15 s as Prometheus would, beside `nvidia-smi --query-gpu=... -l 1` (the
 # loop operators compare it with) and, where installed, dcgm-exporter. Each minute: resident memory and CPU of
 # each over that minute. First the uncached `snapshot` path against nvidia-smi, side by side (so a run cut
-# short still has it).
-#   BIN=.gpu/gpusweep OUT=DIR MINUTES=8 scripts/gpu-footprint.sh
+# short still has it); with BEFORE=another build, that build's one-shot readings in the same alternation.
+#   BIN=.gpu/gpusweep [BEFORE=.gpu/gpusweep-before] OUT=DIR MINUTES=8 [RUNS=30] scripts/gpu-footprint.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BIN=${BIN:-.gpu/gpusweep}; OUT=${OUT:-/tmp/footprint}; MIN=${MINUTES:-8}
+BIN=${BIN:-.gpu/gpusweep}; OUT=${OUT:-/tmp/footprint}; MIN=${MINUTES:-8}; BEFORE=${BEFORE:-}; RUNS=${RUNS:-30}
 mkdir -p "$OUT"; L=$OUT/footprint.log
 say() { echo "$*" | tee -a "$L"; }
 D=$(mktemp -d)
 export GPUSWEEP_CONFIG=$D/none.toml GPUSWEEP_SOCKET=$D/none.sock GPUSWEEP_AUDIT_LOG=$D/audit.jsonl
 say "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), $(nproc) cores"
-say "== the uncached snapshot path (before the serve starts), 30 runs each, alternating"
-python3 - "$BIN" <<'PY' | tee -a "$L"
+say "== the uncached snapshot path (before the serve starts), $RUNS runs each, alternating"
+python3 - "$BIN" "$RUNS" "$BEFORE" <<'PY' | tee -a "$L"
 import statistics, subprocess, sys, time
-bin = sys.argv[1]
+bin, runs, before = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 cmds = {
     "gpusweep snapshot --json --no-serve": [bin, "snapshot", "--json", "--no-serve"],
     "gpusweep snapshot --json --no-serve --no-gauges": [bin, "snapshot", "--json", "--no-serve", "--no-gauges"],
@@ -30,8 +30,13 @@ alike = {
     "gpusweep snapshot --json --no-serve --no-gauges": "nvidia-smi --query-gpu=memory.used,utilization.gpu",
     "gpusweep snapshot --json --no-serve": "nvidia-smi --query-gpu=memory.used,utilization.gpu,temperature.gpu,power.draw",
 }
+if before:
+    cmds["before: snapshot --json --no-serve"] = [before, "snapshot", "--json", "--no-serve"]
+    cmds["before: snapshot --json --no-serve --no-gauges"] = [before, "snapshot", "--json", "--no-serve", "--no-gauges"]
+    alike["before: snapshot --json --no-serve --no-gauges"] = alike["gpusweep snapshot --json --no-serve --no-gauges"]
+    alike["before: snapshot --json --no-serve"] = alike["gpusweep snapshot --json --no-serve"]
 t = {k: [] for k in cmds}
-for _ in range(30):
+for _ in range(runs):
     for k, c in cmds.items():
         s = time.perf_counter(); subprocess.run(c, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); t[k].append(time.perf_counter() - s)
 base = statistics.median(t["nvidia-smi --query-gpu=memory.used"])
@@ -39,7 +44,12 @@ for k, v in t.items():
     m = statistics.median(v)
     same = f"  {m/statistics.median(t[alike[k]]):.2f}x nvidia-smi reading the same" if k in alike else ""
     print(f"{k:55s} median {m*1000:6.2f} ms  {m/base:.2f}x nvidia-smi memory.used{same}")
+if before:
+    for k in ("snapshot --json --no-serve", "snapshot --json --no-serve --no-gauges"):
+        print(f"this build / before, {k}: {statistics.median(t['gpusweep ' + k]) / statistics.median(t['before: ' + k]):.3f}")
 PY
+# A one-shot reading watches no XIDs (no `xids` on any GPU); a serve does (below).
+say "one-shot snapshot, GPUs with xids: $("$BIN" snapshot --json --no-serve | python3 -c 'import json,sys; print(sum(1 for h in json.load(sys.stdin)["hosts"] for g in h["gpus"] if g.get("xids") is not None))')"
 "$BIN" serve --no-socket --listen 127.0.0.1:19401 --interval 1s 2>"$D/serve.err" &
 S=$!
 nvidia-smi --query-gpu=index,memory.used,utilization.gpu,temperature.gpu,power.draw --format=csv,noheader -l 1 >/dev/null &
@@ -48,6 +58,7 @@ X=""
 if command -v dcgm-exporter >/dev/null 2>&1; then dcgm-exporter -a 127.0.0.1:19400 >/dev/null 2>&1 & X=$!; fi
 trap 'kill $S $N $X 2>/dev/null; rm -rf "$D"' EXIT
 until curl -sf http://127.0.0.1:19401/healthz >/dev/null 2>&1; do sleep 0.2; done
+say "serve, GPUs with xids (watched): $(curl -s http://127.0.0.1:19401/api/v1/snapshot | python3 -c 'import json,sys; print(sum(1 for h in json.load(sys.stdin)["hosts"] for g in h["gpus"] if g.get("xids") is not None))')"
 [ -z "$X" ] && say "dcgm-exporter: not installed on this host (no network to fetch it): not compared"
 ( while sleep 15; do curl -s http://127.0.0.1:19401/metrics >/dev/null; [ -n "$X" ] && curl -s http://127.0.0.1:19400/metrics >/dev/null; done ) &
 W=$!

@@ -3104,6 +3104,20 @@ async fn an_xid_that_needs_a_reset_makes_the_gpu_not_ready() {
         line.contains("GPU 0 needs a reset") && line.contains("XID 79"),
         "{line}"
     );
+    // A one-shot reading does not watch XIDs (it would only say "none seen" of its few milliseconds): no
+    // `xids` on any GPU, and what it says of readiness is the driver's recovery action alone.
+    let o = crate::support::gpusweep(tmp)
+        .args(["snapshot", "--json", "--no-serve", "--device-glob", &glob])
+        .env("GPUSWEEP_NVML_LIBRARY", &lib)
+        .env("STANDIN_NVML_STATE", tmp.join("nvml"))
+        .output()
+        .expect("snapshot");
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+    for g in v["hosts"][0]["gpus"].as_array().expect("gpus") {
+        assert!(g["xids"].is_null(), "a one-shot reading watched: {g}");
+        assert_eq!(g["state"], "clean", "{g}");
+    }
     // Without a serve: the driver's own recovery action.
     set_nvml(tmp, "0 recovery=1\n");
     let o = crate::support::gpusweep(tmp)

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, sync_channel};
 use std::time::Duration;
 
-use super::nvml::{NvmlReader, Readout};
+use super::nvml::{Life, NvmlReader, Readout};
 
 pub type Loading = Receiver<Result<NvmlReader, String>>;
 
@@ -16,22 +16,23 @@ static EARLY: Mutex<Option<(bool, Loading)>> = Mutex::new(None);
 
 /// Start loading NVML on its own thread. A thread that cannot start drops the sender: the first poll then
 /// says the loader failed.
-pub fn spawn(readout: Readout) -> Loading {
+pub fn spawn(readout: Readout, life: Life) -> Loading {
     let (tx, rx) = sync_channel(1);
     let _ = std::thread::Builder::new()
         .name("nvml-load".into())
         .spawn(move || {
-            let _ = tx.send(NvmlReader::open(readout));
+            let _ = tx.send(NvmlReader::open(readout, life));
         });
     rx
 }
 
-/// Start loading now, for the first `LocalSource` to take.
+/// Start loading now, for the first `LocalSource` to take: only one-shot readers start early, so the reader
+/// opened here does not watch XIDs.
 pub fn start(gauges: bool) {
     if let Ok(mut e) = EARLY.lock()
         && e.is_none()
     {
-        *e = Some((gauges, spawn(Readout::of(gauges, false))));
+        *e = Some((gauges, spawn(Readout::of(gauges, false), Life::OneShot)));
         gpusweep_core::trace("nvml", "loading started early");
     }
 }

@@ -78,7 +78,8 @@ impl LocalSource {
             } else {
                 "NVML disabled (--no-nvml)".into()
             }),
-            loader: load_nvml.then(|| early.unwrap_or_else(|| early::spawn(readout))),
+            loader: load_nvml
+                .then(|| early.unwrap_or_else(|| early::spawn(readout, nvml::Life::LivesOn))),
             deadline: watchdog::DEFAULT_DEADLINE,
             scanner: ProcScanner::new(procfs)?,
             table: ProcTable::default(),

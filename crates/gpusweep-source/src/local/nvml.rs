@@ -55,6 +55,21 @@ impl Readout {
     }
 }
 
+/// How long a reader lives: a one-shot reading (`snapshot`, `check`, `wait`: NVML loaded early) or a reader
+/// that reads again and again (the TUI, a serve, an agent).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Life {
+    OneShot,
+    LivesOn,
+}
+
+/// XIDs come as events from the moment a reader registers for them: a one-shot reading would only say "none
+/// seen" of the few milliseconds it lives (registering costs it each GPU's event calls and a thread), and the
+/// verdict alone reads no XIDs.
+pub fn watches_xids(readout: Readout, life: Life) -> bool {
+    readout != Readout::Verdict && life == Life::LivesOn
+}
+
 pub struct NvmlReader {
     nvml: &'static Nvml,
     /// Per GPU index: its identity and when it was read.
@@ -87,8 +102,9 @@ pub(crate) fn describe_init_error(e: &NvmlError) -> String {
 
 impl NvmlReader {
     /// Load `libnvidia-ml.so.1` (the name the driver installs; the unversioned name needs the -dev package),
-    /// or the library `GPUSWEEP_NVML_LIBRARY` names (a driver installed off the loader's path).
-    pub(super) fn open(readout: Readout) -> Result<Self, String> {
+    /// or the library `GPUSWEEP_NVML_LIBRARY` names (a driver installed off the loader's path). `life` says
+    /// whether the reader lives on (and so watches XIDs when it reads more than the verdict).
+    pub(super) fn open(readout: Readout, life: Life) -> Result<Self, String> {
         let mut last = None;
         let chosen = std::env::var_os("GPUSWEEP_NVML_LIBRARY");
         let libs: Vec<&OsStr> = match &chosen {
@@ -114,7 +130,7 @@ impl NvmlReader {
                     }
                     trace("nvml", "device handles taken");
                     let driver_version = nvml.sys_driver_version().ok();
-                    let xids = (readout != Readout::Verdict)
+                    let xids = watches_xids(readout, life)
                         .then(|| super::xid::watch(nvml, count))
                         .flatten();
                     return Ok(NvmlReader {
