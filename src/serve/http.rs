@@ -562,7 +562,7 @@ fn reading_events(shared: &Shared, f: &mut Follow, out: &mut Vec<Frame>) {
 /// An event's `gauges` (every GPU's) and `moved` (by position).
 type SentGauges = (
     Option<Vec<crate::core::model::Gauges>>,
-    Option<Vec<(u32, crate::core::model::Gauges)>>,
+    Option<crate::core::model::SaidList>,
 );
 
 /// The gauges a reading that is not sent whole carries: none when none moved since the stream last sent

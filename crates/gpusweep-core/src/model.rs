@@ -779,8 +779,14 @@ impl Gauges {
 /// each holder keeps: copying every GPU's gauges on for each of ten thousand readings a second, where one GPU
 /// of eight moved, was a tenth of a fleet client's time. A position the reading does not have is the
 /// sender's mistake: left out.
+///
+/// Up to two GPUs' are held inline: a quiet host's reading says one GPU's at most, ten thousand a second in a
+/// fleet client, each of which was a heap block made on the stream's thread and freed on the front end's.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SaidGauges(Vec<(u32, Gauges)>);
+pub struct SaidGauges(SaidList);
+
+/// Gauges by position, as said; a few inline.
+pub type SaidList = smallvec::SmallVec<[(u32, Gauges); 2]>;
 
 impl SaidGauges {
     /// Every GPU's, in order.
@@ -790,11 +796,11 @@ impl SaidGauges {
 
     /// Only these GPUs', by position.
     pub fn moved(moved: Vec<(u32, Gauges)>) -> SaidGauges {
-        SaidGauges(moved)
+        SaidGauges(moved.into_iter().collect())
     }
 
     /// As an event carries them: every GPU's (`gauges`), else those that moved (`moved`), else none.
-    pub fn from_wire(all: Option<Vec<Gauges>>, moved: Option<Vec<(u32, Gauges)>>) -> SaidGauges {
+    pub fn from_wire(all: Option<Vec<Gauges>>, moved: Option<SaidList>) -> SaidGauges {
         match (all, moved) {
             (Some(all), _) => SaidGauges::every(all),
             (None, Some(moved)) => SaidGauges(moved),
@@ -1377,9 +1383,27 @@ mod tests {
         );
         assert_eq!(SaidGauges::default().then(one.clone()), one);
         assert_eq!(
-            SaidGauges::from_wire(Some(vec![g(5)]), Some(vec![(0, g(6))])),
+            SaidGauges::from_wire(Some(vec![g(5)]), Some(vec![(0, g(6))].into())),
             SaidGauges::every(vec![g(5)]),
             "every GPU's, where both came"
+        );
+        // A quiet host's one or two GPUs said, as the wire carries them, hold no heap block.
+        let wire: SaidList = serde_json::from_str(
+            r#"[[3,{"utilization":91,"temperature_c":61,"power_mw":538500}],[5,{"utilization":0}]]"#,
+        )
+        .expect("moved as sent");
+        let said = SaidGauges::from_wire(None, Some(wire));
+        assert!(!said.0.spilled(), "{said:?}");
+        assert_eq!(
+            said.iter()
+                .map(|(i, g)| (i, g.utilization))
+                .collect::<Vec<_>>(),
+            [(3, Some(91)), (5, Some(0))]
+        );
+        assert_eq!(
+            serde_json::to_string(&said.0).expect("json"),
+            r#"[[3,{"utilization":91,"temperature_c":61,"power_mw":538500}],[5,{"utilization":0,"temperature_c":null,"power_mw":null}]]"#,
+            "the wire's form, as before"
         );
         // A reading takes them with its time; counters only where read.
         let mut snap = HostSnapshot {

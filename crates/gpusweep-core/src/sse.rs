@@ -77,7 +77,7 @@ pub struct Unchanged {
     /// On a stream asked with `gauges=moved`: only the GPUs whose gauges moved, as (position in the
     /// reading's `gpus`, gauges); the others as before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub moved: Option<Vec<(u32, Gauges)>>,
+    pub moved: Option<crate::model::SaidList>,
 }
 
 /// A reading that reads as the last one this stream was sent but for its memory (and its time and gauges,
@@ -93,7 +93,7 @@ pub struct MemoryMoved {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gauges: Option<Vec<Gauges>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub moved: Option<Vec<(u32, Gauges)>>,
+    pub moved: Option<crate::model::SaidList>,
     /// The host's findings, where their figures moved with the memory (the same findings, as
     /// `model::same_findings_but_figures` says; sent only to a stream that asked `findings=moved`). None:
     /// the findings are the reading's before it.

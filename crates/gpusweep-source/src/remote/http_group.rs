@@ -528,7 +528,7 @@ struct UnchangedRef<'a> {
     #[serde(default)]
     gauges: Option<Vec<Gauges>>,
     #[serde(default)]
-    moved: Option<Vec<(u32, Gauges)>>,
+    moved: Option<gpusweep_core::model::SaidList>,
 }
 
 /// `sse::MemoryMoved` read with its host's name borrowed.
@@ -542,7 +542,7 @@ struct MemoryRef<'a> {
     #[serde(default)]
     gauges: Option<Vec<Gauges>>,
     #[serde(default)]
-    moved: Option<Vec<(u32, Gauges)>>,
+    moved: Option<gpusweep_core::model::SaidList>,
     #[serde(default)]
     findings: Option<Vec<gpusweep_core::model::Finding>>,
 }
@@ -566,10 +566,11 @@ struct Stream {
 }
 
 impl Stream {
-    /// A reading of host `at` came: it is up (said once) and fresh. False once nobody listens.
+    /// A reading of host `at` came: it is up (said once) and fresh. False once nobody listens. Heard when the
+    /// piece of the stream it came in was: one clock read a piece, not one an event (ten thousand a second).
     fn heard(&mut self, at: usize, host: &GroupHost) -> bool {
         let m = &mut self.members[at];
-        m.last = Instant::now();
+        m.last = self.heard_at;
         let was = m.stale || !m.up;
         (m.stale, m.up) = (false, true);
         !was || host.sink.status(ConnStatus::Up)
