@@ -50,6 +50,6 @@ for r in $(seq 1 "$ROUNDS"); do
           bin, w, o, w - o, y[1] - x[1], y[2] - x[2], 100*(y[2]-x[2])/s }'
     done
     echo "$BIN: $(grep -c '"event":"host_down"' "$E" || true) hosts called down"
-    tmux -L "$S" kill-server
+    tui_end
   done
 done

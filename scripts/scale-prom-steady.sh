@@ -41,7 +41,7 @@ for _ in $(seq 1 "$ROUNDS"); do
     W0=$(awk -v a="$T0" -v b="$(now)" 'BEGIN { print (b - a) * 1000 }')
     P0=$(cpu "$PROM_PID"); sleep "$SECS"; P1=$(cpu "$PROM_PID")
     W1=$(awk -v a="$T0" -v b="$(now)" 'BEGIN { print (b - a) * 1000 }')
-    tmux -L "$S" kill-server
+    tui_end
     [ -n "${TRACES:-}" ] && mkdir -p "$TRACES" && cp "$T" "$TRACES/$(basename "$BIN").$(date +%s).trace"
     Q=$(awk -v w0="$W0" -v w1="$W1" '/bytes in [0-9]+ ms/ {
           match($0, /\[ *[0-9.]+ ms\]/); at = substr($0, RSTART + 1, RLENGTH - 5) + 0

@@ -11,6 +11,16 @@ fleet_scratch() {
   export GPUSWEEP_CONFIG=$D/none.toml GPUSWEEP_SOCKET=$D/none.sock
 }
 
+# End the TUI's tmux server S and wait until it is gone: a new session started while the old server still
+# exits is answered "server exited unexpectedly" (a round after another, seen at 1,000 hosts).
+tui_end() {
+  local pid
+  pid=$(tmux -L "$S" display-message -p '#{pid}' 2>/dev/null || true)
+  tmux -L "$S" kill-server 2>/dev/null || true
+  [ -n "$pid" ] || return 0
+  for _ in $(seq 1 200); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.05; done
+}
+
 # The fleet's names: mostly quiet hosts after a pkill, some warming up, some Blackwell (gpu-b0001..,
 # gpu-a001.., gpu-c001..), one a line.
 fleet_names() {
