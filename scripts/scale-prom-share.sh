@@ -15,12 +15,8 @@ read -r -a BINS <<<"${BINS:?builds to compare, space-separated}"
 BIN=${BINS[0]}
 source scripts/lib/host.sh
 source scripts/lib/fleet.sh
-fleet_scratch share
-fleet_names "$N" >"$D/names"
-serve_fleet
-scrape_fleet "$N" "${SCRAPE:-15s}"
+held_prom_fleet share "$N"
 TCK=$(getconf CLK_TCK)
-cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
 # Queries answered in a trace so far, and their answering time summed (s).
 answered() {
   awk '/bytes in [0-9]+ ms/ { match($0, /bytes in [0-9]+ ms/); s += substr($0, RSTART + 9, RLENGTH - 12); n++ }
@@ -40,9 +36,9 @@ for r in $(seq 1 "$ROUNDS"); do
     sleep 20
     C=$(tmux -L "$S" list-panes -F '#{pane_pid}' | head -1)
     for _ in $(seq 1 "$PAIRS"); do
-      q0=$(answered "$T"); a=$(cpu "$PROM_PID"); sleep "$SECS"; b=$(cpu "$PROM_PID"); q1=$(answered "$T")
+      q0=$(answered "$T"); a=$(cpu_ticks "$PROM_PID"); sleep "$SECS"; b=$(cpu_ticks "$PROM_PID"); q1=$(answered "$T")
       kill -STOP "$C"
-      c=$(cpu "$PROM_PID"); sleep "$SECS"; d=$(cpu "$PROM_PID")
+      c=$(cpu_ticks "$PROM_PID"); sleep "$SECS"; d=$(cpu_ticks "$PROM_PID")
       kill -CONT "$C"
       awk -v a="$a" -v b="$b" -v c="$c" -v d="$d" -v t="$TCK" -v s="$SECS" -v bin="$BIN" -v q0="$q0" -v q1="$q1" 'BEGIN {
         split(q0, x, " "); split(q1, y, " "); w = 100*(b-a)/t/s; o = 100*(d-c)/t/s

@@ -13,15 +13,11 @@ read -r -a BINS <<<"${BINS:?builds to compare, space-separated}"
 BIN=${BINS[0]}
 source scripts/lib/host.sh
 source scripts/lib/fleet.sh
-fleet_scratch steady
-fleet_names "$N" >"$D/names"
-serve_fleet
-scrape_fleet "$N" "${SCRAPE:-15s}"
+held_prom_fleet steady "$N"
 TCK=$(getconf CLK_TCK)
-cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
 now() { date +%s.%N; }
 alone() {
-  local a b; a=$(cpu "$PROM_PID"); sleep 60; b=$(cpu "$PROM_PID")
+  local a b; a=$(cpu_ticks "$PROM_PID"); sleep 60; b=$(cpu_ticks "$PROM_PID")
   awk -v a="$a" -v b="$b" -v t="$TCK" 'BEGIN { printf "Prometheus alone (60 s): %.1f%% of one core\n", 100*(b-a)/t/60 }'
 }
 alone
@@ -39,7 +35,7 @@ for _ in $(seq 1 "$ROUNDS"); do
     sleep 5
     # The window in the trace's own clock (milliseconds since the TUI started).
     W0=$(awk -v a="$T0" -v b="$(now)" 'BEGIN { print (b - a) * 1000 }')
-    P0=$(cpu "$PROM_PID"); sleep "$SECS"; P1=$(cpu "$PROM_PID")
+    P0=$(cpu_ticks "$PROM_PID"); sleep "$SECS"; P1=$(cpu_ticks "$PROM_PID")
     W1=$(awk -v a="$T0" -v b="$(now)" 'BEGIN { print (b - a) * 1000 }')
     tui_end
     [ -n "${TRACES:-}" ] && mkdir -p "$TRACES" && cp "$T" "$TRACES/$(basename "$BIN").$(date +%s).trace"

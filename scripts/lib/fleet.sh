@@ -54,3 +54,15 @@ scrape_fleet() {
   PIDS+=("$PROM_PID")
   until [ "$(curl -sf "http://127.0.0.1:$PP/api/v1/query" --data-urlencode 'query=count(gpusweep_reading_timestamp_seconds)' | python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else 0)' 2>/dev/null)" = "$n" ]; do sleep 0.5; done
 }
+
+# The fleet the steady `prom:` scripts hold for every round: scratch $1, N=$2 demo hosts in one serve, scraped
+# every ${SCRAPE:-15s} by a real Prometheus.
+held_prom_fleet() {
+  fleet_scratch "$1"
+  fleet_names "$2" >"$D/names"
+  serve_fleet
+  scrape_fleet "$2" "${SCRAPE:-15s}"
+}
+
+# A process's CPU so far, in clock ticks (user + system).
+cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }

@@ -66,7 +66,7 @@ pub enum Life {
 /// XIDs come as events from the moment a reader registers for them: a one-shot reading would only say "none
 /// seen" of the few milliseconds it lives (registering costs it each GPU's event calls and a thread), and the
 /// verdict alone reads no XIDs.
-pub fn watches_xids(readout: Readout, life: Life) -> bool {
+fn watches_xids(readout: Readout, life: Life) -> bool {
     readout != Readout::Verdict && life == Life::LivesOn
 }
 

@@ -512,6 +512,16 @@ pub(super) async fn down_voices(
     Ok(())
 }
 
+/// The entries of a map keyed by (host, …) whose host `kept` says, copied.
+fn of_hosts<'a, K: Clone, V: Clone>(
+    map: &'a HashMap<(String, K), V>,
+    kept: impl Fn(&String) -> bool + 'a,
+) -> impl Iterator<Item = ((String, K), V)> + 'a {
+    map.iter()
+        .filter(move |((h, _), _)| kept(h))
+        .map(|(k, v)| (k.clone(), v.clone()))
+}
+
 impl Identities {
     /// Each GPU's UUID, model, bus and minor; each host's scrape target.
     pub(super) fn gpus_from(&mut self, samples: &[Sample]) {
@@ -594,20 +604,8 @@ impl Identities {
     /// Keep what `known` had of every host not asked again (`asked`): its GPUs, serve and voices.
     pub(super) fn keep_unasked(&mut self, known: &Identities, asked: &BTreeSet<String>) {
         let kept = |h: &String| !asked.contains(h);
-        self.gpus.extend(
-            known
-                .gpus
-                .iter()
-                .filter(|((h, _), _)| kept(h))
-                .map(|(k, v)| (k.clone(), v.clone())),
-        );
-        self.serve.extend(
-            known
-                .serve
-                .iter()
-                .filter(|((h, _), _)| kept(h))
-                .map(|(k, v)| (k.clone(), v.clone())),
-        );
+        self.gpus.extend(of_hosts(&known.gpus, kept));
+        self.serve.extend(of_hosts(&known.serve, kept));
         self.simulated
             .extend(known.simulated.iter().filter(|(h, _)| kept(h)).cloned());
         for (h, v) in known.voices.iter().filter(|(h, _)| kept(h)) {
