@@ -48,8 +48,9 @@ if before:
     for k in ("snapshot --json --no-serve", "snapshot --json --no-serve --no-gauges"):
         print(f"this build / before, {k}: {statistics.median(t['gpusweep ' + k]) / statistics.median(t['before: ' + k]):.3f}")
 PY
-# A one-shot reading watches no XIDs (no `xids` on any GPU); a serve does (below).
-say "one-shot snapshot, GPUs with xids: $("$BIN" snapshot --json --no-serve | python3 -c 'import json,sys; print(sum(1 for h in json.load(sys.stdin)["hosts"] for g in h["gpus"] if g.get("xids") is not None))')"
+# How many GPUs of a snapshot's JSON (standard input) say `xids`: a one-shot reading watches none, a serve does.
+with_xids() { python3 -c 'import json,sys; print(sum(1 for h in json.load(sys.stdin)["hosts"] for g in h["gpus"] if g.get("xids") is not None))'; }
+say "one-shot snapshot, GPUs with xids: $("$BIN" snapshot --json --no-serve | with_xids)"
 "$BIN" serve --no-socket --listen 127.0.0.1:19401 --interval 1s 2>"$D/serve.err" &
 S=$!
 nvidia-smi --query-gpu=index,memory.used,utilization.gpu,temperature.gpu,power.draw --format=csv,noheader -l 1 >/dev/null &
@@ -58,7 +59,7 @@ X=""
 if command -v dcgm-exporter >/dev/null 2>&1; then dcgm-exporter -a 127.0.0.1:19400 >/dev/null 2>&1 & X=$!; fi
 trap 'kill $S $N $X 2>/dev/null; rm -rf "$D"' EXIT
 until curl -sf http://127.0.0.1:19401/healthz >/dev/null 2>&1; do sleep 0.2; done
-say "serve, GPUs with xids (watched): $(curl -s http://127.0.0.1:19401/api/v1/snapshot | python3 -c 'import json,sys; print(sum(1 for h in json.load(sys.stdin)["hosts"] for g in h["gpus"] if g.get("xids") is not None))')"
+say "serve, GPUs with xids (watched): $(curl -s http://127.0.0.1:19401/api/v1/snapshot | with_xids)"
 [ -z "$X" ] && say "dcgm-exporter: not installed on this host (no network to fetch it): not compared"
 ( while sleep 15; do curl -s http://127.0.0.1:19401/metrics >/dev/null; [ -n "$X" ] && curl -s http://127.0.0.1:19400/metrics >/dev/null; done ) &
 W=$!
