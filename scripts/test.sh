@@ -21,6 +21,8 @@ command -v sbatch >/dev/null 2>&1 || need+=(slurm-client)
 # A real Prometheus on loopback scraping `gpusweep serve` (tests/prometheus.rs); openssl makes the TLS test's
 # certificates.
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+# A Pushgateway: anyone who reaches one writes series under any labels (tests/prometheus.rs's impostor).
+command -v prometheus-pushgateway >/dev/null 2>&1 || need+=(prometheus-pushgateway)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 # Debian's python3 (not a per-user one): tests run it as an unprivileged user to play a local attacker.
 [ -x /usr/bin/python3 ] || need+=(python3)

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{await_cond, free_port, gpusweep, gpusweep_via, text};
+use crate::support::{await_cond, await_cond_every, free_port, gpusweep, gpusweep_via, text};
 use std::sync::Arc;
 
 /// A child killed when dropped.
@@ -29,6 +29,10 @@ fn serve(dir: &Path, host: &str, extra: &[&str]) -> (Proc, String) {
 /// `gpusweep serve --demo --hosts HOST` on a port of its own at loopback address `ip`; returns it and its
 /// `IP:PORT`.
 fn serve_on(dir: &Path, host: &str, ip: &str, extra: &[&str]) -> (Proc, String) {
+    // The fleet's key: the serve seals its summary, and every reader started in `dir` checks it.
+    if !dir.join(crate::support::SEAL_KEY).exists() {
+        crate::support::seal_key(dir);
+    }
     let listen = format!("{ip}:0");
     let mut c = gpusweep(dir);
     c.args([
@@ -556,15 +560,23 @@ fn a_scrape_target_speaks_only_for_itself_and_a_clean_that_contradicts_its_bytes
         .output()
         .expect("wait");
     crate::support::exited(&out, 1);
-    // The liar: 70000 MiB used is not clean, whatever it says.
+    // The liar: gpusweep series without its serve's seal are no one's word (and 70000 MiB used is not
+    // clean, whatever it says).
     let only_liar = format!("prom:{prom}?{{Hostname=\"liar\"}}");
     let doc = snapshot_json(tmp, &only_liar);
     let l = &doc["hosts"][0];
     assert_eq!(l["host"], "liar", "{doc}");
-    assert_eq!(l["gpus"][0]["judged"], "clean", "what it said: {doc}");
-    assert_eq!(
-        l["gpus"][0]["state"], "in_use",
-        "what gpusweep judged: {doc}"
+    assert!(
+        l["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no sealed summary")),
+        "{doc}"
+    );
+    assert!(
+        l["gpus"]
+            .as_array()
+            .is_none_or(|g| g.iter().all(|g| g["state"] != "clean")),
+        "{doc}"
     );
     let out = gpusweep(tmp)
         .args(["wait", "--hosts", &only_liar, "--timeout", "2s"])
@@ -1449,10 +1461,11 @@ fn a_first_view_comes_from_each_hosts_summary_and_the_whole_reading_follows() {
         .expect("runtime");
     // Each host's readings in order, until every host has been read whole (its GPUs' UUIDs known).
     let readings = rt.block_on(async {
-        let opts = gpusweep::runtime::FleetOptions {
+        let mut opts = gpusweep::runtime::FleetOptions {
             quick_first_view: true,
             ..crate::remote::options(Duration::from_millis(500), &tmp.join("audit.jsonl"))
         };
+        opts.http.seal_key_file = Some(tmp.join(crate::support::SEAL_KEY));
         let mut fleet = gpusweep::runtime::Fleet::start(&specs, &opts)
             .await
             .expect("fleet");
@@ -1460,12 +1473,14 @@ fn a_first_view_comes_from_each_hosts_summary_and_the_whole_reading_follows() {
             std::collections::BTreeMap::new();
         let mut events: Vec<serde_json::Value> = Vec::new();
         let mut twin_down = Vec::new();
+        let mut liar_down = Vec::new();
         let whole =
             |r: &[serde_json::Value]| r.last().is_some_and(|s| s["gpus"][0]["uuid"].is_string());
         let t = Instant::now();
-        while !["gpu-a1", "gpu-b1", "liar"]
-            .iter()
-            .all(|h| readings.get(*h).is_some_and(|r| whole(r)))
+        while liar_down.is_empty()
+            || !["gpu-a1", "gpu-b1"]
+                .iter()
+                .all(|h| readings.get(*h).is_some_and(|r| whole(r)))
         {
             assert!(t.elapsed() < Duration::from_secs(60), "{readings:#?}");
             let Ok(Some(ev)) = tokio::time::timeout(Duration::from_secs(5), fleet.recv()).await
@@ -1490,13 +1505,23 @@ fn a_first_view_comes_from_each_hosts_summary_and_the_whole_reading_follows() {
                     host,
                     status: gpusweep::source::ConnStatus::Down(why),
                 } if fleet.label(host) == "twin" => twin_down.push(why),
+                HostEvent::Status {
+                    host,
+                    status: gpusweep::source::ConnStatus::Down(why),
+                } if fleet.label(host) == "liar" => liar_down.push(why),
                 _ => {}
             }
         }
-        (readings, events, twin_down)
+        (readings, events, (twin_down, liar_down))
     });
-    let (readings, events, twin_down) = readings;
+    let (readings, events, (twin_down, liar_down)) = readings;
     assert!(!readings.contains_key("twin"), "{readings:#?}");
+    // The liar's summary says clean with 70000 MiB on its clean GPUs, unsealed: no one's word, never shown.
+    assert!(!readings.contains_key("liar"), "{readings:#?}");
+    assert!(
+        liar_down.first().is_some_and(|w| w.contains("no seal")),
+        "{liar_down:?}"
+    );
     assert!(
         twin_down
             .first()
@@ -1564,16 +1589,6 @@ fn a_first_view_comes_from_each_hosts_summary_and_the_whole_reading_follows() {
             "gpu-b1's first view lost {k}: {kinds:?}"
         );
     }
-    // The liar's summary says clean with 70000 MiB on its clean GPUs: what it said, not what is judged.
-    let l = first("liar");
-    assert_eq!(l["gpus"][0]["judged"], "clean", "{l}");
-    assert_eq!(l["gpus"][0]["state"], "unknown", "{l}");
-    assert_eq!(
-        last("liar")["gpus"][0]["state"],
-        "in_use",
-        "{}",
-        last("liar")
-    );
 }
 
 /// Identities are read again once a minute (a GPU swapped, a serve moved, a second voice for a host), but a
@@ -1880,4 +1895,229 @@ fn a_prom_fleet_is_asked_four_times_a_scrape_not_faster() {
     assert!(slow[..4].iter().all(|g| *g < 4.0), "{slow:?}");
     assert!(slow[4..].iter().all(|g| *g >= 4.5), "{slow:?}");
     assert!(fast.iter().all(|g| *g < 4.0), "{fast:?}");
+}
+
+/// Debian's Pushgateway on loopback, its groups kept in `tmp` (Debian's default file is shared by every
+/// Pushgateway of the machine); its `IP:PORT`.
+fn pushgateway(tmp: &Path) -> (Proc, String) {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let child = Command::new("prometheus-pushgateway")
+        .arg(format!("--web.listen-address={addr}"))
+        .arg(format!(
+            "--persistence.file={}",
+            tmp.join("pushgateway.data").display()
+        ))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("prometheus-pushgateway (Debian's package)");
+    let p = Proc(child);
+    let c = Http::new();
+    await_cond_every(
+        "the Pushgateway answering",
+        30,
+        Duration::from_millis(100),
+        || {
+            c.get(&format!("http://{addr}/-/ready"), &[])
+                .is_some_and(|(s, _)| s == 200)
+        },
+    );
+    (p, addr)
+}
+
+/// Push `body` to the Pushgateway as the group of `job` and `instance`: what anyone who reaches it can do.
+fn push(c: &Http, pgw: &str, job: &str, instance: &str, body: &str) {
+    let answer = c.rt.block_on(async {
+        let r = c
+            .client
+            .put(format!(
+                "http://{pgw}/metrics/job/{job}/instance/{instance}"
+            ))
+            .body(body.to_string())
+            .send()
+            .await
+            .ok()?;
+        Some((r.status().as_u16(), r.text().await.ok()?))
+    });
+    assert!(
+        answer.as_ref().is_some_and(|(s, _)| *s == 200),
+        "push to the Pushgateway: {answer:?}\n{body}"
+    );
+}
+
+/// What an impostor pushes for `host`: its summary says every GPU clean and nothing found, its memory 0, and a
+/// seal copied from what Prometheus holds of the host's own (anyone who can query Prometheus reads it).
+fn impostor_summary(c: &Http, prom: &str, host: &str) -> String {
+    let mut body = String::from("# TYPE gpusweep_host_gpu_states gauge\n");
+    body.push_str(&format!(
+        "gpusweep_host_gpu_states{{Hostname=\"{host}\",state=\"clean\"}} 255\n\
+         # TYPE gpusweep_host_clean_memory_used_bytes gauge\n\
+         gpusweep_host_clean_memory_used_bytes{{Hostname=\"{host}\"}} 0\n\
+         # TYPE gpusweep_host_findings gauge\n\
+         gpusweep_host_findings{{Hostname=\"{host}\"}} 0\n\
+         # TYPE gpusweep_gpus_readable gauge\n\
+         gpusweep_gpus_readable{{Hostname=\"{host}\"}} 1\n"
+    ));
+    body.push_str("# TYPE gpusweep_gpu_clean gauge\n");
+    for g in 0..8 {
+        body.push_str(&format!(
+            "gpusweep_gpu_clean{{gpu=\"{g}\",Hostname=\"{host}\"}} 1\n"
+        ));
+    }
+    body.push_str("# TYPE DCGM_FI_DEV_FB_USED gauge\n");
+    for g in 0..8 {
+        body.push_str(&format!(
+            "DCGM_FI_DEV_FB_USED{{gpu=\"{g}\",Hostname=\"{host}\"}} 0\n"
+        ));
+    }
+    body.push_str("# TYPE gpusweep_host_seal gauge\n");
+    let seal = await_query(
+        c,
+        prom,
+        &format!(r#"gpusweep_host_seal{{Hostname="{host}"}}"#),
+        "the host's seal",
+        |r| r.len() == 3,
+    );
+    for (labels, v) in seal {
+        body.push_str(&format!(
+            "gpusweep_host_seal{{Hostname=\"{host}\",part=\"{}\"}} {v}\n",
+            labels["part"].as_str().unwrap_or_default()
+        ));
+    }
+    body
+}
+
+/// Neither `wait` nor `check` over `spec` says clean of GPU `gpu`, nor does `snapshot` read it clean.
+fn never_clean(tmp: &Path, spec: &str, gpu: &str, why: &str) {
+    for cmd in ["wait", "check"] {
+        let out = gpusweep(tmp)
+            .args([cmd, "--hosts", spec, "--gpus", gpu, "--timeout", "3s"])
+            .output()
+            .expect(cmd);
+        assert_ne!(
+            out.status.code(),
+            Some(0),
+            "{why}: {cmd} said clean: {}",
+            text(&out)
+        );
+    }
+    let doc = snapshot_json(tmp, spec);
+    let clean = doc["hosts"].as_array().into_iter().flatten().any(|h| {
+        h["gpus"].as_array().into_iter().flatten().any(|g| {
+            g["index"].as_u64().map(|i| i.to_string()).as_deref() == Some(gpu)
+                && g["state"] == "clean"
+        })
+    });
+    assert!(!clean, "{why}: snapshot reads GPU {gpu} clean: {doc}");
+}
+
+/// The attacks on a `prom:` verdict through labels, each with the real Prometheus and a real Pushgateway:
+/// an impostor's page pushed under the serve's own `job` and `instance` (the Pushgateway scraped with
+/// `honor_labels`, as its documentation asks), with a seal copied from Prometheus; the serve's target then
+/// taken out of discovery while the pushed page stays; and a relabelling that names both targets by the
+/// node. Each leaves gpu-b's held GPU 6 held or unreadable, never clean; the serve alone reads right (GPU 0
+/// clean, GPU 6 held).
+#[test]
+#[allow(clippy::too_many_lines)] // one Prometheus and one Pushgateway through three attacks
+fn a_reading_counts_only_where_its_node_sealed_it() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let (_b, b) = serve(tmp, "gpu-b", &[]);
+    let (_pgw, pgw) = pushgateway(tmp);
+    let (prometheus, prom) = prometheus(
+        tmp,
+        &[
+            ("gpusweep", vec![b.clone()]),
+            ("honor_pushgateway", vec![pgw.clone()]),
+        ],
+    );
+    let http = Http::new();
+    let spec = format!("prom:{prom}?{{job=\"gpusweep\",Hostname=\"gpu-b\"}}");
+    // The serve alone: GPU 0 clean, GPU 6 held (its 71 GiB), both proven.
+    await_query(
+        &http,
+        &prom,
+        r#"gpusweep_host_seal{Hostname="gpu-b"}"#,
+        "gpu-b's seal",
+        |r| r.len() == 3,
+    );
+    let wait = |gpu: &str| {
+        gpusweep(tmp)
+            .args(["wait", "--hosts", &spec, "--gpus", gpu, "--timeout", "10s"])
+            .output()
+            .expect("wait")
+    };
+    crate::support::exited(&wait("0"), 0);
+    crate::support::exited(&wait("6"), 1);
+    // An impostor pushes a clean page as gpu-b's own target.
+    let page = impostor_summary(&http, &prom, "gpu-b");
+    push(&http, &pgw, "gpusweep", &b, &page);
+    await_query(
+        &http,
+        &prom,
+        r#"gpusweep_host_gpu_states{Hostname="gpu-b",state="clean"} == 255"#,
+        "the pushed page scraped",
+        |r| !r.is_empty(),
+    );
+    for _ in 0..3 {
+        never_clean(tmp, &spec, "6", "a page pushed under the serve's labels");
+    }
+    // The one series the summary-first read trusted.
+    push(
+        &http,
+        &pgw,
+        "gpusweep",
+        &b,
+        "# TYPE gpusweep_host_findings gauge\ngpusweep_host_findings{Hostname=\"gpu-b\"} 0\n",
+    );
+    never_clean(tmp, &spec, "6", "a findings count of 0 pushed");
+    push(&http, &pgw, "gpusweep", &b, &page);
+    // The serve's target leaves discovery (its job stays, with another target: a removed job's series are
+    // not marked stale at once); the pushed page stays.
+    let elsewhere = format!("127.0.0.1:{}", free_port());
+    write_config(
+        tmp,
+        &[
+            ("gpusweep", vec![elsewhere]),
+            ("honor_pushgateway", vec![pgw.clone()]),
+        ],
+    );
+    reload(&prometheus);
+    await_query(
+        &http,
+        &prom,
+        &format!(r#"up{{instance="{b}",job="gpusweep"}}"#),
+        "the serve's target gone",
+        <[_]>::is_empty,
+    );
+    never_clean(tmp, &spec, "6", "the serve's target gone from discovery");
+    let doc = snapshot_json(tmp, &spec);
+    assert!(
+        !doc["hosts"][0]["live_url"]
+            .as_str()
+            .is_some_and(|u| u.starts_with("http")),
+        "no serve address where nothing proves the host: {doc}"
+    );
+    // Both targets relabelled to the node's name (one voice to Prometheus).
+    let fake = static_target_on("127.0.0.2", page);
+    let cfg = format!(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\nscrape_configs:\n  - job_name: gpusweep\n    \
+         static_configs:\n      - targets: ['{b}', '{fake}']\n    relabel_configs:\n      - target_label: instance\n        \
+         replacement: gpu-b\n"
+    );
+    std::fs::write(tmp.join("prometheus.yml"), cfg).expect("config");
+    reload(&prometheus);
+    await_query(
+        &http,
+        &prom,
+        r#"up{instance="gpu-b"}"#,
+        "the relabelled targets",
+        |r| !r.is_empty(),
+    );
+    never_clean(
+        tmp,
+        &format!("prom:{prom}?{{Hostname=\"gpu-b\"}}"),
+        "6",
+        "two targets relabelled as one",
+    );
 }

@@ -630,6 +630,18 @@ async fn a_token_guards_every_route_but_healthz_and_tls_is_served_with_the_given
         .expect("GET")
         .status();
     assert_eq!(s.as_u16(), 200, "/healthz needs no token");
+    // Nor does a host's: asked for one it does not have, it names none it has.
+    let r = tls
+        .get(format!("{base}/hosts/nope/healthz"))
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(r.status().as_u16(), 404);
+    let body = r.text().await.expect("body");
+    assert!(
+        !body.contains("gpu-b"),
+        "the host list without a token: {body}"
+    );
     // gpusweep as a client: the token and the CA from its settings.
     let out = gpusweep(tmp)
         .args(["snapshot", "--json", "--hosts", &base])

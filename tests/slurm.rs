@@ -495,3 +495,64 @@ fn orphan_job(dev: &Path, pidfile: &Path) -> String {
         pidfile.display()
     )
 }
+
+/// A job without GPUs (no SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES or --gpus) is judged on none: its prolog
+/// passes while another user's process holds a GPU of the node, and neither drains the node nor names that
+/// process; `--gpus all` still judges every GPU.
+#[test]
+fn a_job_without_gpus_is_judged_on_none() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let dev = dir.path().join("nvidia0");
+    std::fs::write(&dev, b"").expect("device");
+    let mut holder = Decoy(
+        Command::new("sleep")
+            .arg("300")
+            .stdin(std::fs::File::open(&dev).expect("open"))
+            .spawn()
+            .expect("holder"),
+    );
+    let gate = |which: &str, gpus: &[&str]| {
+        let out = Command::new(BIN)
+            .args([
+                which,
+                "--no-nvml",
+                "--no-drain",
+                "--grace",
+                "1s",
+                "--timeout",
+                "2s",
+            ])
+            .args(gpus)
+            .arg("--device-glob")
+            .arg(format!("{}/nvidia*", dir.path().display()))
+            .env("SLURM_JOB_ID", "4242")
+            .env("SLURM_JOB_UID", "65534")
+            .env_remove("SLURM_JOB_GPUS")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .env("GPUSWEEP_CONFIG", dir.path().join("none.toml"))
+            .env("GPUSWEEP_AUDIT_LOG", dir.path().join("actions.jsonl"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("gate");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), said)
+    };
+    let pid = holder.0.id().to_string();
+    for which in ["prolog", "epilog"] {
+        let (code, said) = gate(which, &[]);
+        assert_eq!(code, Some(0), "{which}: {said}");
+        assert!(said.contains("no GPUs of its own"), "{which}: {said}");
+        assert!(
+            !said.contains(&pid),
+            "{which} names another's process: {said}"
+        );
+    }
+    let (code, said) = gate("prolog", &["--gpus", "all"]);
+    assert_eq!(code, Some(1), "--gpus all judges the held GPU: {said}");
+    assert!(said.contains(&pid), "{said}");
+    let _ = holder.0.kill();
+}

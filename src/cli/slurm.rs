@@ -26,7 +26,8 @@ use crate::source::local::procfs::slurm_job_pids;
 /// The job's GPUs and how long to give them; SLURM_JOB_ID names the job.
 #[derive(Debug, clap::Args)]
 pub struct GateArgs {
-    /// The job's GPUs. Default: SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES, else every GPU of the node.
+    /// The job's GPUs. Default: SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES; a job with neither has no GPUs
+    /// and is judged on none. `all`: every GPU of the node (a site whose Slurm does not manage its GPUs).
     #[arg(long, value_name = "LIST", value_parser = super::values::gpu_list_arg)]
     pub gpus: Option<super::values::GpuList>,
     /// Epilog: time between TERM and KILL for the job's leftovers.
@@ -53,21 +54,41 @@ fn job_uid() -> Option<u32> {
     std::env::var("SLURM_JOB_UID").ok()?.trim().parse().ok()
 }
 
-/// The job's GPUs: --gpus, else SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES; `None`: every GPU of the node.
-fn job_gpus(a: &GateArgs) -> anyhow::Result<Option<Vec<GpuRef>>> {
+/// Which of the node's GPUs are a job's.
+enum JobGpus {
+    /// These (--gpus, SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES).
+    Named(Vec<GpuRef>),
+    /// Every GPU of the node (`--gpus all`).
+    All,
+    /// None: nothing of the node's GPUs is its to judge (another user's GPU never drains the node for a
+    /// CPU-only job).
+    None,
+}
+
+/// The job's GPUs: --gpus, else SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES; a job with none of them has
+/// none.
+fn job_gpus(a: &GateArgs) -> anyhow::Result<JobGpus> {
     if a.gpus.is_some() {
-        return Ok(super::values::chosen(a.gpus.as_ref()));
+        return Ok(super::values::chosen(a.gpus.as_ref()).map_or(JobGpus::All, JobGpus::Named));
     }
     for var in ["SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"] {
         if let Ok(v) = std::env::var(var)
             && !v.trim().is_empty()
         {
             return crate::core::parse::gpu_refs_arg(&v)
-                .map(Some)
+                .map(JobGpus::Named)
                 .map_err(|e| anyhow!("{var}={v:?}: {e}"));
         }
     }
-    Ok(None)
+    Ok(JobGpus::None)
+}
+
+/// What the gate says of a job without GPUs.
+fn no_gpus(job: u64) -> String {
+    format!(
+        "gpusweep: job {job}: no GPUs of its own (no SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES or --gpus): none \
+         judged (--gpus all judges every GPU of the node)"
+    )
 }
 
 /// One line for `scontrol ... Reason=`: the first GPU still held, and in what state its holder is.
@@ -146,11 +167,19 @@ fn start(s: &Settings) -> anyhow::Result<(tokio::runtime::Runtime, Fleet, Vec<Ho
 /// Exit 0: the job's GPUs are clean; 1: they are not (the reason printed, the node drained); 2: error.
 pub fn prolog(s: &Settings, a: &GateArgs) -> anyhow::Result<i32> {
     let job = job_id()?;
+    let gpus = match job_gpus(a)? {
+        JobGpus::None => {
+            println!("{}", no_gpus(job));
+            return Ok(0);
+        }
+        JobGpus::All => None,
+        JobGpus::Named(g) => Some(g),
+    };
     let (rt, fleet, snaps) = start(s)?;
     let watch = watch_for(
         &fleet,
         &snaps,
-        job_gpus(a)?.as_deref(),
+        gpus.as_deref(),
         None,
         s.fleet.analyze.tolerance,
     )?;
@@ -201,6 +230,19 @@ pub fn epilog(s: &Settings, a: &GateArgs) -> anyhow::Result<i32> {
             eprintln!("gpusweep: job {job}: {}", o.describe());
         }
     }
+    // Its leftovers are ended whatever GPUs it had; a job without GPUs has none to wait for.
+    let gpus = match gpus {
+        JobGpus::All => None,
+        JobGpus::Named(g) => Some(g),
+        JobGpus::None => {
+            println!(
+                "{} ({} leftover process(es) ended)",
+                no_gpus(job),
+                left.len()
+            );
+            return Ok(0);
+        }
+    };
     let (rt, mut fleet, snaps) = start(s)?;
     let watch = watch_for(
         &fleet,

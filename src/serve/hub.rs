@@ -248,13 +248,15 @@ fn without_counters(mut s: Cow<'_, HostSnapshot>) -> Cow<'_, HostSnapshot> {
     s
 }
 
-/// How a serve was started: read-only, and whether it reads NVML.
-#[derive(Debug, Clone, Copy)]
+/// How a serve was started: read-only, whether it reads NVML, and the fleet key it seals with.
+#[derive(Debug, Clone)]
 pub struct Modes {
     pub readonly: bool,
     pub expect_gpus: bool,
     /// What HTTP readers may see of other users' processes.
     pub http_view: View,
+    /// The fleet's key (`--seal-key`): each host's summary on /metrics carries its seal.
+    pub seal: Option<Arc<crate::core::seal::SealKey>>,
 }
 
 /// What a reader of one host follows.
@@ -393,6 +395,8 @@ pub struct Shared {
     pub http_view: View,
     /// The Kubernetes node writer's state, when `--kube-node` runs one.
     pub kube: OnceLock<Arc<super::kube::KubeStatus>>,
+    /// The fleet's key: each host's summary on /metrics is sealed with it (`core::seal`).
+    pub seal: Option<Arc<crate::core::seal::SealKey>>,
     next_client: AtomicU64,
     /// Host indices by label: a client naming thousands of hosts is answered without a scan per name.
     by_label: HashMap<String, usize>,
@@ -459,6 +463,7 @@ impl Hub {
             readonly,
             expect_gpus,
             http_view,
+            seal,
         } = modes;
         let (act, acts) = mpsc::channel(1024);
         let mut hosts = Vec::new();
@@ -502,6 +507,7 @@ impl Hub {
             expect_gpus,
             http_view,
             kube: OnceLock::new(),
+            seal,
             next_client: AtomicU64::new(1),
             // The first of a label wins, as a scan would find it.
             by_label: labels

@@ -18,6 +18,7 @@ use prometheus_client::registry::{Registry, Unit};
 use super::hub::{Reading, Shared};
 use crate::core::metrics as m;
 use crate::core::model::{FindingKind, Gpu, GpuState, HostSnapshot, MIB, Severity};
+use crate::core::seal::{HostSummary, SealKey};
 
 /// Labels of one series: (name, value) pairs in the order they are written.
 pub type Labels = Vec<(&'static str, String)>;
@@ -147,6 +148,7 @@ struct Families {
     host_findings: Gauges,
     host_states: Gauges,
     host_clean_used: Gauges,
+    host_seal: Gauges,
     host_finding_kinds: Gauges,
     identity: Gauges,
     process: Gauges,
@@ -206,6 +208,11 @@ impl Families {
             &hl,
             identity_digest(snap, shared.scheme, api_path),
         );
+        let readable = shared.expect_gpus.then(|| gpus_readable(snap));
+        let summary = HostSummary::of(snap, readable);
+        if let Some(key) = &shared.seal {
+            self.add_seal(&hl, &summary, key);
+        }
         if snap.error.is_some() {
             return;
         }
@@ -228,7 +235,7 @@ impl Families {
             }
         }
         set(&self.host_findings, &hl, snap.findings.len() as f64);
-        self.add_summary(snap, &hl);
+        self.add_summary(&summary, &hl);
         let shm: u64 = snap
             .findings
             .iter()
@@ -243,45 +250,42 @@ impl Families {
     }
 
     /// The host's compact summary (`HOST_GPU_STATES`, `HOST_CLEAN_USED`, `HOST_FINDING_KINDS`): what a
-    /// `prom:` client shows of the host before it reads its per-GPU series. Only states and kinds the host
-    /// has; no state masks where a GPU is unjudged or its index does not fit one.
-    fn add_summary(&self, snap: &HostSnapshot, hl: &Labels) {
-        let mut masks: BTreeMap<GpuState, u64> = BTreeMap::new();
-        let mut clean_used = Some(0u64);
-        let mut whole = true;
-        for g in &snap.gpus {
-            match g.state {
-                Some(st) if g.index < m::STATE_MASK_GPUS => {
-                    *masks.entry(st).or_default() |= 1u64 << g.index;
-                    if st == GpuState::Clean {
-                        clean_used = clean_used.zip(g.memory.used).map(|(a, b)| a + b);
-                    }
-                }
-                _ => whole = false,
-            }
+    /// `prom:` client shows of the host before it reads its per-GPU series, encoded by `HostSummary` alone
+    /// (the same the seal is made over).
+    fn add_summary(&self, summary: &HostSummary, hl: &Labels) {
+        for (st, mask) in &summary.states {
+            set(
+                &self.host_states,
+                &with(hl.clone(), "state", st.as_str()),
+                *mask as f64,
+            );
         }
-        if whole {
-            for (st, mask) in masks {
-                set(
-                    &self.host_states,
-                    &with(hl.clone(), "state", st.as_str()),
-                    mask as f64,
-                );
-            }
-            if let Some(used) = clean_used {
-                set(&self.host_clean_used, hl, used as f64);
-            }
+        if let Some(used) = summary.clean_used {
+            set(&self.host_clean_used, hl, used as f64);
         }
-        let mut kinds: BTreeMap<(&'static str, &'static str), u32> = BTreeMap::new();
-        for f in &snap.findings {
-            let sev = SEVERITIES.iter().find(|(s, _)| *s == f.severity);
-            if let Some((_, word)) = sev {
-                *kinds.entry((f.kind.as_str(), word)).or_default() += 1;
-            }
+        for ((kind, sev), n) in &summary.kinds {
+            let l = with(
+                with(hl.clone(), "kind", kind.as_str()),
+                "severity",
+                sev.as_str(),
+            );
+            set(&self.host_finding_kinds, &l, *n as f64);
         }
-        for ((kind, sev), n) in kinds {
-            let l = with(with(hl.clone(), "kind", kind), "severity", sev);
-            set(&self.host_finding_kinds, &l, f64::from(n));
+    }
+
+    /// The seal over the summary (`HOST_SEAL`): its time and its two parts.
+    fn add_seal(&self, hl: &Labels, summary: &HostSummary, key: &SealKey) {
+        let [mac_0, mac_1] = summary.seal(key);
+        for (part, v) in [
+            ("taken_ms", summary.taken_ms),
+            ("mac_0", mac_0),
+            ("mac_1", mac_1),
+        ] {
+            set(
+                &self.host_seal,
+                &with(hl.clone(), m::L_PART, part),
+                v as f64,
+            );
         }
     }
 
@@ -578,6 +582,11 @@ impl Families {
             self.revision,
         );
         register_serve(&mut r, self.info, self.identity);
+        r.register(
+            m::HOST_SEAL,
+            "The seal over the host's summary (part: taken_ms, the reading's time; mac_0 and mac_1, the seal's two 48-bit parts), made with the fleet's key",
+            self.host_seal,
+        );
         register_jobs(
             &mut r,
             self.job_phase,
@@ -927,7 +936,10 @@ mod summary_tests {
 
     fn summary(snap: &HostSnapshot) -> Vec<String> {
         let f = Families::default();
-        f.add_summary(snap, &vec![(m::L_HOSTNAME, snap.host.clone())]);
+        f.add_summary(
+            &HostSummary::of(snap, None),
+            &vec![(m::L_HOSTNAME, snap.host.clone())],
+        );
         let mut out = String::new();
         let _ = encode(&mut out, &f.register());
         let mut lines: Vec<String> = out

@@ -143,6 +143,8 @@ fn tls_acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
 /// What a serve will serve, checked before anything starts.
 struct Plan {
     token: Option<Arc<str>>,
+    /// The fleet's key (`--seal-key`), which seals each host's summary on /metrics.
+    seal: Option<crate::core::seal::SealKey>,
     tls: Option<TlsAcceptor>,
     /// The socket's path; `None`: no socket.
     socket: Option<PathBuf>,
@@ -163,6 +165,14 @@ fn plan(s: &Settings, a: &ServeArgs) -> anyhow::Result<Plan> {
         );
     }
     let token = a.token_file.as_deref().map(read_token).transpose()?;
+    let seal = s
+        .fleet
+        .http
+        .seal_key_file
+        .as_deref()
+        .map(crate::core::seal::SealKey::from_file)
+        .transpose()
+        .context("--seal-key")?;
     let tls = match (&a.tls_cert, &a.tls_key) {
         (Some(c), Some(k)) => Some(tls_acceptor(c, k)?),
         (None, None) => None,
@@ -207,6 +217,7 @@ fn plan(s: &Settings, a: &ServeArgs) -> anyhow::Result<Plan> {
     };
     Ok(Plan {
         token,
+        seal,
         tls,
         socket,
         listen,
@@ -278,6 +289,7 @@ fn banner(labels: &[String], served: &[String], token: bool, demo: bool) -> Stri
 async fn serve(s: &Settings, a: &ServeArgs, plan: Plan) -> anyhow::Result<i32> {
     let Plan {
         token,
+        seal,
         tls,
         socket,
         listen,
@@ -294,6 +306,7 @@ async fn serve(s: &Settings, a: &ServeArgs, plan: Plan) -> anyhow::Result<i32> {
         readonly: s.readonly,
         expect_gpus: s.fleet.load_nvml,
         http_view: redact::http_view(token.is_some()),
+        seal: seal.map(Arc::new),
     };
     let hub = hub::Hub::new(&labels, s.fleet.interval, scheme, modes, a.replay);
     let shared = hub.shared();

@@ -89,8 +89,31 @@ pub fn gpusweep_via(dir: &Path, wrapper: &[&str]) -> Command {
         .env_remove("GPUSWEEP_HOSTS")
         .env_remove("GPUSWEEP_HTTP_TOKEN_FILE")
         .env_remove("GPUSWEEP_HTTP_CA_FILE")
+        .env_remove("GPUSWEEP_SEAL_KEY_FILE")
         .stdin(Stdio::null());
+    // A test's fleet key (`seal_key`), for every serve and reader it starts in that directory.
+    let key = dir.join(SEAL_KEY);
+    if key.exists() {
+        c.env("GPUSWEEP_SEAL_KEY_FILE", key);
+    }
     c
+}
+
+/// The file name of a test directory's fleet key.
+pub const SEAL_KEY: &str = "seal.key";
+
+/// A fleet key (mode 600) in `dir`: from then on every gpusweep a test starts there seals (serve) and checks
+/// seals (`prom:` readers) with it.
+pub fn seal_key(dir: &Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(SEAL_KEY);
+    std::fs::write(
+        &p,
+        "6f1c0e0a8d3b4e2f9a7c5b3d1e0f2a4c6e8d0b2a4c6e8f0a1b3c5d7e9f1a3b5c\n",
+    )
+    .expect("key");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    p
 }
 
 /// Build a stand-in driver library from `tests/fixtures/SOURCE` into `dir` as `libnvidia-ml.so.1`.

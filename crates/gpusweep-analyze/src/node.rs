@@ -51,6 +51,14 @@ pub fn node_verdict(snap: &HostSnapshot, load_nvml: bool) -> NodeVerdict {
         };
     }
     let (gate, line) = gate_and_line(snap);
+    // A clean no node proved is no clean to stake a launch on.
+    if let (Gate::Ok, Some(e)) = (gate, blind_proof(snap)) {
+        return NodeVerdict {
+            gate: Gate::Unknown,
+            line: format!("unknown: {e}"),
+            unfit: snap.gpus.iter().map(|g| g.index).collect(),
+        };
+    }
     let mut unfit: Vec<u32> = match gate {
         Gate::Ok => Vec::new(),
         _ => snap
@@ -93,6 +101,19 @@ pub fn unusable(snap: &HostSnapshot, load_nvml: bool) -> Option<String> {
         ));
     }
     None
+}
+
+/// Why a gate cannot call a host clean: its reading came through Prometheus without its serve's seal
+/// (`Feature::Proof`), so every "clean" in it rests on labels anyone who can get a series scraped writes.
+pub fn blind_proof(snap: &HostSnapshot) -> Option<String> {
+    snap.lacks(gpusweep_core::model::Feature::Proof).then(|| {
+        format!(
+            "{}: read from Prometheus without a seal its own serve made (no fleet key here, no seal there, \
+             or dcgm-exporter alone): a clean that rests on labels is never taken; give the fleet key \
+             (--seal-key) to reader and serve, or read the host's serve (--hosts http://NODE:9401)",
+            escape(&snap.host)
+        )
+    })
 }
 
 /// Why a gate cannot judge a host it does not see whole: a GPU holds memory while the reading sees only its

@@ -42,10 +42,10 @@ fn dirty_gpu_line(snap: &HostSnapshot, g: &gpusweep_core::model::Gpu) -> String 
     let listed: Vec<String> = g.processes.iter().map(|p| p.pid.to_string()).collect();
     let mut line = format!("GPU {}: {} used", g.index, fmt_bytes(g.memory.used));
     if !listed.is_empty() {
-        line.push_str(&format!(", listed {}", listed.join(",")));
+        line.push_str(&format!(", listed {}", at_most(&listed)));
     }
     if !holders.is_empty() {
-        line.push_str(&format!(", held by {}", holders.join(",")));
+        line.push_str(&format!(", held by {}", at_most(&holders)));
     }
     if let (true, Some(u)) = (g.processes.is_empty(), g.utilization.filter(|u| *u > 0)) {
         line.push_str(&format!(", {u}% busy"));
@@ -58,10 +58,23 @@ fn dirty_gpu_line(snap: &HostSnapshot, g: &gpusweep_core::model::Gpu) -> String 
             fmt_bytes(i.memory.used)
         ));
         if !pids.is_empty() {
-            line.push_str(&format!(", listed {}", pids.join(",")));
+            line.push_str(&format!(", listed {}", at_most(&pids)));
         }
     }
     line
+}
+
+/// The most PIDs a line names: a host (or a hostile serve) listing thousands would make one line of
+/// hundreds of kilobytes.
+pub const PIDS_A_LINE: usize = 8;
+
+/// PIDs joined by commas, at most `PIDS_A_LINE` of them, then how many more.
+fn at_most(pids: &[String]) -> String {
+    let shown = pids[..pids.len().min(PIDS_A_LINE)].join(",");
+    match pids.len().saturating_sub(PIDS_A_LINE) {
+        0 => shown,
+        more => format!("{shown} and {more} more"),
+    }
 }
 
 /// Whether the process `pid` of this reading is one of `exempt` (pid, start time): the same process, not a
@@ -158,10 +171,13 @@ pub fn verdict(
         unread.extend(why);
         return Verdict::Unknown(unread.join("; "));
     }
-    if why.is_empty() {
-        Verdict::Clean
-    } else {
-        Verdict::Dirty(why)
+    if !why.is_empty() {
+        return Verdict::Dirty(why);
+    }
+    // A clean no node proved (read from Prometheus without its serve's seal) is not one.
+    match super::node::blind_proof(snap) {
+        Some(e) => Verdict::Unknown(e),
+        None => Verdict::Clean,
     }
 }
 

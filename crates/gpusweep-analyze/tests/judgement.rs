@@ -631,3 +631,44 @@ fn a_gpu_held_only_by_what_was_there_before_counts_as_clean_for_the_job_and_a_re
         Verdict::Dirty(_)
     ));
 }
+
+#[test]
+fn a_clean_no_node_proved_is_no_clean_for_a_gate() {
+    let opts = AnalyzeOptions::default();
+    // dcgm-exporter's zeros, or a serve's unsealed series: labels anyone may write.
+    let mut snap = host(vec![gpu(0, 0, &[]), gpu(1, 0, &[])], vec![], vec![]);
+    snap.source = gpusweep_core::model::SourceKind::Prometheus;
+    snap.missing_features.push(Feature::Proof);
+    let snap = analyzed(snap, &opts);
+    let all = Scope::default();
+    match verdict(&snap, &all, 0, &[]) {
+        Verdict::Unknown(why) => assert!(why.contains("--seal-key"), "{why}"),
+        v => panic!("a clean on labels alone: {v:?}"),
+    }
+    let n = gpusweep_analyze::node::node_verdict(&snap, true);
+    assert_eq!(n.gate, gpusweep_analyze::node::Gate::Unknown, "{n:?}");
+    // Held stays held: what was read still says not to launch.
+    let mut held = host(vec![gpu(0, 700, &[])], vec![], vec![]);
+    held.source = gpusweep_core::model::SourceKind::Prometheus;
+    held.missing_features.push(Feature::Proof);
+    let held = analyzed(held, &opts);
+    assert!(matches!(verdict(&held, &all, 0, &[]), Verdict::Dirty(_)));
+    // The same reading proven is clean.
+    let mut proven = snap.clone();
+    proven.missing_features.retain(|f| *f != Feature::Proof);
+    assert_eq!(verdict(&proven, &all, 0, &[]), Verdict::Clean);
+}
+
+#[test]
+fn a_held_line_names_at_most_eight_pids_and_counts_the_rest() {
+    let listed: Vec<(u32, u64)> = (1000..41_000).map(|p| (p, 1)).collect();
+    let snap = analyzed(
+        host(vec![gpu(0, 40_000, &listed)], vec![], vec![]),
+        &AnalyzeOptions::default(),
+    );
+    let Verdict::Dirty(lines) = verdict(&snap, &Scope::default(), 0, &[]) else {
+        panic!("held");
+    };
+    assert!(lines[0].ends_with("and 39992 more"), "{}", lines[0]);
+    assert!(lines[0].len() < 200, "{}", lines[0]);
+}

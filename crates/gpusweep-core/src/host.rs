@@ -392,14 +392,61 @@ fn split_top(s: &str) -> Vec<String> {
 /// Most hosts one spec may expand to: a typo like `node[1-999999]` is an error, not a hang.
 pub const MAX_EXPANSION: usize = 10_000;
 
+/// Most hosts all `--hosts` values and hostfile lines together may name.
+pub const MAX_NAMED_HOSTS: usize = 100_000;
+
 /// The most bytes one spec's hosts may take once expanded: counted before a name is made, so a long spec
 /// with a range cannot make gigabytes of names before the count refuses it.
 pub(crate) const MAX_EXPANSION_BYTES: usize = 16 * 1024 * 1024;
 
-/// A spec cut at its brackets: each piece is a literal (one item) or a bracket's items.
-fn pieces(s: &str) -> Result<Vec<Vec<String>>, SpecError> {
+/// One item of a bracket, or a literal: kept as it was written, so a spec is counted before a name is made.
+enum Part {
+    Text(String),
+    /// `from-to`, zero-padded to `width` (0: not padded).
+    Nums {
+        from: u64,
+        to: u64,
+        width: usize,
+    },
+    /// `a-c`.
+    Chars {
+        from: u8,
+        to: u8,
+    },
+}
+
+impl Part {
+    /// How many names it stands for.
+    fn count(&self) -> usize {
+        match self {
+            Part::Text(_) => 1,
+            Part::Nums { from, to, .. } => usize::try_from(to - from).map_or(usize::MAX, |n| n + 1),
+            Part::Chars { from, to } => usize::from(to - from) + 1,
+        }
+    }
+    /// The longest of its names, in bytes.
+    fn longest(&self) -> usize {
+        match self {
+            Part::Text(t) => t.len(),
+            Part::Nums { to, width, .. } => to.to_string().len().max(*width),
+            Part::Chars { .. } => 1,
+        }
+    }
+    fn names(&self, out: &mut Vec<String>) {
+        match self {
+            Part::Text(t) => out.push(t.clone()),
+            Part::Nums { from, to, width } => {
+                out.extend((*from..=*to).map(|n| format!("{n:0width$}")));
+            }
+            Part::Chars { from, to } => out.extend((*from..=*to).map(|c| (c as char).to_string())),
+        }
+    }
+}
+
+/// A spec cut at its brackets: each piece is a literal (one part) or a bracket's parts, nothing expanded.
+fn pieces(s: &str) -> Result<Vec<Vec<Part>>, SpecError> {
     let range = |why: String| SpecError::Range {
-        spec: s.to_string(),
+        spec: crate::format::truncate(s, 120),
         why,
     };
     let mut out = Vec::new();
@@ -408,9 +455,9 @@ fn pieces(s: &str) -> Result<Vec<Vec<String>>, SpecError> {
         let close = rest[open..]
             .find(']')
             .map(|i| open + i)
-            .ok_or_else(|| SpecError::Bracket(s.to_string()))?;
-        out.push(vec![rest[..open].to_string()]);
-        let mut items: Vec<String> = Vec::new();
+            .ok_or_else(|| SpecError::Bracket(crate::format::truncate(s, 120)))?;
+        out.push(vec![Part::Text(rest[..open].to_string())]);
+        let mut parts: Vec<Part> = Vec::new();
         for part in rest[open + 1..close].split(',') {
             let part = part.trim();
             if let Some((a, b)) = part.split_once('-') {
@@ -424,61 +471,80 @@ fn pieces(s: &str) -> Result<Vec<Vec<String>>, SpecError> {
                         )));
                     }
                     let width = if a.starts_with('0') { a.len() } else { 0 };
-                    items.extend((x..=y).map(|n| format!("{n:0width$}")));
+                    parts.push(Part::Nums {
+                        from: x,
+                        to: y,
+                        width,
+                    });
                 } else if a.len() == 1 && b.len() == 1 && a.is_ascii() && b.is_ascii() {
                     let (x, y) = (a.as_bytes()[0], b.as_bytes()[0]);
                     if !(x.is_ascii_alphanumeric() && y.is_ascii_alphanumeric()) || y < x {
                         return Err(range(format!("bad range {part}")));
                     }
-                    items.extend((x..=y).map(|c| (c as char).to_string()));
+                    parts.push(Part::Chars { from: x, to: y });
                 } else {
                     return Err(range(format!("bad range {part} (use 01-16 or a-c)")));
                 }
             } else if !part.is_empty() {
-                items.push(part.to_string());
+                parts.push(Part::Text(part.to_string()));
             } else {
                 return Err(range("empty item in brackets".into()));
             }
-            if items.len() > MAX_EXPANSION {
-                return Err(range(format!("expands to more than {MAX_EXPANSION} hosts")));
-            }
         }
-        out.push(items);
+        out.push(parts);
         rest = &rest[close + 1..];
     }
-    out.push(vec![rest.to_string()]);
+    out.push(vec![Part::Text(rest.to_string())]);
     Ok(out)
 }
 
-/// How many hosts, and at most how many bytes of names, `pieces` make: None past the limits.
-fn size_of(pieces: &[Vec<String>]) -> Option<(usize, usize)> {
+/// How many names the pieces make and how many bytes at most; None past `MAX_EXPANSION` or
+/// `MAX_EXPANSION_BYTES`.
+fn size_of(pieces: &[Vec<Part>]) -> Option<(usize, usize)> {
     let mut n = 1usize;
     let mut longest = 0usize;
     for p in pieces {
-        n = n.checked_mul(p.len()).filter(|n| *n <= MAX_EXPANSION)?;
-        longest += p.iter().map(String::len).max().unwrap_or(0);
+        let k = p
+            .iter()
+            .try_fold(0usize, |acc, part| acc.checked_add(part.count()))?;
+        n = n.checked_mul(k).filter(|n| *n <= MAX_EXPANSION)?;
+        longest += p.iter().map(Part::longest).max().unwrap_or(0);
     }
     n.checked_mul(longest)
         .filter(|b| *b <= MAX_EXPANSION_BYTES)
         .map(|b| (n, b))
 }
 
-/// Expand every bracket range: `node[01-03]` -> node01 node02 node03 (width kept), `r[1-2]n[1-2]` -> r1n1
-/// r1n2 r2n1 r2n2. Counted before any name is made.
-pub fn expand(s: &str) -> Result<Vec<String>, SpecError> {
-    let pieces = pieces(s)?;
-    let (n, _) = size_of(&pieces).ok_or_else(|| SpecError::Range {
-        spec: crate::format::truncate(s, 120),
+/// Why a spec (or a list of them) cannot be expanded: too many names.
+fn too_large(spec: &str) -> SpecError {
+    SpecError::Range {
+        spec: crate::format::truncate(spec, 120),
         why: format!(
             "expands to more than {MAX_EXPANSION} hosts or {} MiB of names",
             MAX_EXPANSION_BYTES >> 20
         ),
-    })?;
+    }
+}
+
+/// How many names a spec makes, counted without making one.
+fn count(s: &str) -> Result<(usize, usize), SpecError> {
+    size_of(&pieces(s)?).ok_or_else(|| too_large(s))
+}
+
+/// Expand every bracket range: `node[01-03]` -> node01 node02 node03 (width kept), `r[1-2]n[1-2]` -> r1n1
+/// r1n2 r2n1 r2n2. Counted before any name is made.
+pub fn expand(s: &str) -> Result<Vec<String>, SpecError> {
+    let pieces = pieces(s)?;
+    let (n, _) = size_of(&pieces).ok_or_else(|| too_large(s))?;
     let mut out = vec![String::new()];
     for p in &pieces {
-        let mut next = Vec::with_capacity(out.len() * p.len());
+        let mut items = Vec::new();
+        for part in p {
+            part.names(&mut items);
+        }
+        let mut next = Vec::with_capacity(out.len() * items.len());
         for head in &out {
-            for item in p {
+            for item in &items {
                 next.push(format!("{head}{item}"));
             }
         }
@@ -565,6 +631,29 @@ pub fn parse_specs(
             out.push(h);
         }
     };
+    // Every range of every value counted before one is expanded: thousands of values of a range each
+    // would otherwise make millions of names before a limit is met.
+    let mut named = 0usize;
+    for v in values {
+        for item in split_top(v.trim()) {
+            if ["prom:", "unix:", "cmd:"]
+                .iter()
+                .any(|p| v.trim().starts_with(p))
+            {
+                break;
+            }
+            let v6 = item
+                .split_once("://")
+                .is_some_and(|(_, r)| r.starts_with('['));
+            named += if v6 { 1 } else { count(&item)?.0 };
+            if named > MAX_NAMED_HOSTS {
+                return Err(SpecError::Range {
+                    spec: crate::format::truncate(v, 120),
+                    why: format!("the hosts named come to more than {MAX_NAMED_HOSTS}"),
+                });
+            }
+        }
+    }
     for v in values {
         let v = v.trim();
         // A Prometheus address and its selector are taken whole: the selector's commas are its own.
@@ -693,25 +782,14 @@ fn hostfile_line(line: &str) -> String {
 /// Slurm's hostlist syntax (`gpu[01-04,07]`, `rack[1-2]-n[01-02]`, `a,b[1-3]`): every host it names, in
 /// order, duplicates dropped. Zero padding is kept from the range's first number, as Slurm does.
 pub fn expand_hostlist(list: &str) -> Result<Vec<String>, SpecError> {
-    let too_many = || SpecError::Range {
-        spec: crate::format::truncate(list, 120),
-        why: format!(
-            "more than {MAX_EXPANSION} hosts or {} MiB of names",
-            MAX_EXPANSION_BYTES >> 20
-        ),
-    };
-    // Counted whole before a name is made.
-    let items: Vec<Vec<Vec<String>>> = split_top(list)
-        .iter()
-        .map(|i| pieces(i))
-        .collect::<Result<_, _>>()?;
+    // Counted whole before a name is made: each item's brackets counted, not expanded.
     let (mut n, mut bytes) = (0usize, 0usize);
-    for p in &items {
-        let (k, b) = size_of(p).ok_or_else(too_many)?;
+    for item in split_top(list) {
+        let (k, b) = count(&item)?;
         n += k;
         bytes += b;
         if n > MAX_EXPANSION || bytes > MAX_EXPANSION_BYTES {
-            return Err(too_many());
+            return Err(too_large(list));
         }
     }
     let mut seen = std::collections::HashSet::with_capacity(n);
@@ -732,6 +810,23 @@ mod tests {
 
     fn names(v: &[HostSpec]) -> Vec<String> {
         v.iter().map(super::HostSpec::label).collect()
+    }
+
+    #[test]
+    fn thousands_of_ranges_are_refused_before_one_is_expanded() {
+        // 2,600 items of 10,000 names each: 26 million names, had they been made.
+        let list: Vec<String> = (0..2_600).map(|i| format!("n{i}x[0000-9999]")).collect();
+        let joined = list.join(",");
+        assert!(matches!(
+            expand_hostlist(&joined),
+            Err(SpecError::Range { .. })
+        ));
+        let err = parse_specs(&list, &BTreeMap::new()).expect_err("too many");
+        assert!(err.to_string().contains("100000"), "{err}");
+        // A bracket of a bracket of ranges: counted, not made.
+        let deep = "a[0-99]b[0-99]c[0-99]d[0-99]";
+        assert!(matches!(expand(deep), Err(SpecError::Range { .. })));
+        assert_eq!(count("n[01-16]").expect("ok").0, 16);
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod proc_state;
 pub mod procstat;
 pub mod protocol;
 pub mod removal;
+pub mod seal;
 pub mod signal;
 pub mod smem;
 pub mod sse;

@@ -167,6 +167,12 @@ pub const STATE_MASK_GPUS: u32 = 53;
 /// Bytes used on the host's clean GPUs, summed (with `HOST_GPU_STATES`): 0 says each of them reads 0,
 /// which a reader can hold a "clean" to without their per-GPU series.
 pub const HOST_CLEAN_USED: &str = "gpusweep_host_clean_memory_used_bytes";
+/// The seal over the host's compact summary (`seal::HostSummary`): `part="taken_ms"` the reading's time in
+/// Unix milliseconds, `part="mac_0"` and `part="mac_1"` the seal's two 48-bit parts. Exported by a serve
+/// given the fleet's key (`--seal-key`); a `prom:` reader believes a host's summary only where it checks.
+pub const HOST_SEAL: &str = "gpusweep_host_seal";
+/// The label naming a seal's part.
+pub const L_PART: &str = "part";
 /// Findings now by kind and severity, only those the host has (with `HOST_GPU_STATES`; `FINDINGS` has
 /// every kind and severity, zeros too, for alerts and dashboards).
 pub const HOST_FINDING_KINDS: &str = "gpusweep_host_finding_kinds";
@@ -249,5 +255,6 @@ pub const READ_BY_PROM: &[&str] = &[
     HOST_CLEAN_USED,
     HOST_FINDING_KINDS,
     HOST_IDENTITY_DIGEST,
+    HOST_SEAL,
     "gpusweep_leftover_bytes",
 ];

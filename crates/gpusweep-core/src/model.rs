@@ -53,6 +53,10 @@ pub enum Feature {
     /// The per-GPU bytes, the GPUs' identities and where each finding is: a first view of a host read from
     /// its Prometheus summary (each GPU's state as its serve judged it), read whole at the next poll.
     GpuDetail,
+    /// A proof that the host's own node made its reading: a `prom:` host whose serve's seal did not check
+    /// (no fleet key here, no seal there, or dcgm-exporter alone) rests on labels anyone could write, and
+    /// a gate never stakes a launch on it.
+    Proof,
 }
 
 impl Feature {
@@ -83,6 +87,11 @@ impl Feature {
             Feature::GpuDetail => {
                 "the per-GPU bytes, the GPUs' identities and where each finding is (a first view from the \
                  host's summary in Prometheus: read whole at the next poll)"
+            }
+            Feature::Proof => {
+                "a proof that the host itself said this (read from Prometheus without its serve's seal: \
+                 labels anyone can write; give the fleet key with --seal-key, or read the host's serve): \
+                 it is never judged clean"
             }
         }
     }

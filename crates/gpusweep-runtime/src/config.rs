@@ -51,6 +51,9 @@ pub struct Config {
     pub http_token_file: Option<PathBuf>,
     /// `https://` hosts: a PEM certificate to trust besides the system's (a serve's own CA).
     pub http_ca_file: Option<PathBuf>,
+    /// The fleet's key (at least 32 bytes, mode 600): a serve seals each host's summary on /metrics with
+    /// it, and a `prom:` reader believes a host only where the seal checks.
+    pub seal_key_file: Option<PathBuf>,
     /// The windows a job's phases are told by.
     #[serde(default)]
     pub jobs: JobsConfig,

@@ -159,6 +159,17 @@ pub struct Overrides {
         env = "GPUSWEEP_NODE_SERVE"
     )]
     pub node_serve: Option<String>,
+    /// The fleet's key (a file of 32+ bytes, mode 600; e.g. `openssl rand -hex 32`): `serve` seals each
+    /// host's summary on /metrics with it, and a prom: reader believes a host's verdict only where the seal
+    /// checks (else it is never clean). Config: seal_key_file.
+    #[arg(
+        help_heading = "Global options",
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "GPUSWEEP_SEAL_KEY_FILE"
+    )]
+    pub seal_key: Option<PathBuf>,
     /// Seconds to wait for a host's first reading (1 to 86400). Default 10.
     #[arg(help_heading = "Global options", long, global = true, value_name = "SECS", allow_hyphen_values = true,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
@@ -556,6 +567,7 @@ pub fn resolve(o: &Overrides) -> Result<Settings, SettingsError> {
             token_file: env_path("GPUSWEEP_HTTP_TOKEN_FILE")
                 .or_else(|| config.http_token_file.clone()),
             ca_file: env_path("GPUSWEEP_HTTP_CA_FILE").or_else(|| config.http_ca_file.clone()),
+            seal_key_file: o.seal_key.clone().or_else(|| config.seal_key_file.clone()),
         },
         // The front ends that may read through a running serve say so (`snapshot`, `wait`).
         serve_socket: None,

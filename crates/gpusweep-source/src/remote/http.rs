@@ -19,6 +19,8 @@ use gpusweep_core::sse;
 pub struct HttpClient {
     pub client: reqwest::Client,
     pub token: Option<Arc<str>>,
+    /// The fleet's key, which checks a `prom:` host's seal.
+    pub seal: Option<Arc<gpusweep_core::seal::SealKey>>,
 }
 
 impl std::fmt::Debug for HttpClient {
@@ -35,6 +37,8 @@ impl std::fmt::Debug for HttpClient {
 pub struct HttpOptions {
     pub token_file: Option<std::path::PathBuf>,
     pub ca_file: Option<std::path::PathBuf>,
+    /// The fleet's key (`--seal-key`): a `prom:` host's summary is believed only where its seal checks.
+    pub seal_key_file: Option<std::path::PathBuf>,
 }
 
 /// Why the HTTP client of a fleet could not be made.
@@ -55,6 +59,8 @@ pub enum HttpClientError {
         path: String,
         source: std::io::Error,
     },
+    #[error("--seal-key {0}")]
+    SealKey(#[from] gpusweep_core::seal::SealKeyError),
     #[error("HTTP client: {0}")]
     Build(reqwest::Error),
 }
@@ -91,8 +97,18 @@ impl HttpOptions {
             }
             None => None,
         };
+        let seal = match &self.seal_key_file {
+            Some(p) => Some(Arc::new(gpusweep_core::seal::SealKey::from_file(
+                &super::ssh::expand_tilde(p),
+            )?)),
+            None => None,
+        };
         let client = b.build().map_err(HttpClientError::Build)?;
-        Ok(HttpClient { client, token })
+        Ok(HttpClient {
+            client,
+            token,
+            seal,
+        })
     }
 }
 

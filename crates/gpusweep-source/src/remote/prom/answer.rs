@@ -64,13 +64,14 @@ pub(super) fn at_most_max_series<'de: 'a, 'a, D: serde::Deserializer<'de>>(
 pub(super) struct Text<'a>(#[serde(borrow)] pub(super) Cow<'a, str>);
 
 /// One sample of an instant query, borrowing from the answer: a thousand hosts' answer costs next to no
-/// allocation. Only the labels gpusweep reads are kept; the rest are skipped, and so is the sample's time.
+/// allocation. Only the labels gpusweep reads are kept; the rest are skipped.
 #[derive(Deserialize)]
 pub(super) struct Sample<'a> {
     #[serde(borrow)]
     pub(super) metric: Labels<'a>,
+    /// (when Prometheus has it: the scrape's time in Unix seconds, the value).
     #[serde(borrow)]
-    pub(super) value: (serde::de::IgnoredAny, Text<'a>),
+    pub(super) value: (f64, Text<'a>),
 }
 
 #[derive(Deserialize, Default)]
@@ -106,6 +107,11 @@ pub(super) struct Labels<'a> {
     pub(super) simulated: Option<Text<'a>>,
     #[serde(borrow)]
     pub(super) state: Option<Text<'a>>,
+    /// A seal's part (`gpusweep_host_seal`).
+    #[serde(borrow)]
+    pub(super) part: Option<Text<'a>>,
+    #[serde(borrow, rename = "__name__")]
+    pub(super) name: Option<Text<'a>>,
 }
 
 impl Sample<'_> {
@@ -127,12 +133,18 @@ impl Sample<'_> {
             "api_path" => &l.api_path,
             "simulated" => &l.simulated,
             "state" => &l.state,
+            "part" => &l.part,
+            "__name__" => &l.name,
             _ => return None,
         };
         text.as_ref().map(|t| &*t.0)
     }
     pub(super) fn value(&self) -> Option<f64> {
         self.value.1.0.parse::<f64>().ok()
+    }
+    /// When Prometheus scraped it (Unix milliseconds).
+    pub(super) fn scraped_ms(&self) -> Option<u64> {
+        super::reading::whole(self.value.0 * 1000.0)
     }
     /// The host it belongs to: its `Hostname` (dcgm-exporter's and gpusweep's label), else `hostname`
     /// (newer dcgm-exporters'), else `instance`.

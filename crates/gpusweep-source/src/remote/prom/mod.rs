@@ -14,6 +14,7 @@ use super::http::HttpClient;
 use crate::{ConnStatus, HostCmd, Refuse};
 use gpusweep_core::format::escape;
 use gpusweep_core::model::SaidGauges;
+use gpusweep_core::seal::HostSummary;
 
 /// Prometheus data moves at its scrape interval; polling it faster than this buys nothing.
 pub(crate) const MIN_PROM_INTERVAL: Duration = Duration::from_secs(1);
@@ -24,6 +25,7 @@ pub type PromServer = gpusweep_core::host::PromSpec;
 mod answer;
 mod pace;
 mod poll;
+mod proof;
 mod query;
 mod reading;
 mod table;
@@ -35,6 +37,7 @@ use poll::{
     GlanceQueries, Queries, QuickQueries, Seen, details, glance, host_identities, identities,
     identities_again, only_hosts, poll, quick, summary, voices_up,
 };
+use proof::Proof;
 use query::Spent;
 pub use query::{Discovered, Voices, discover};
 pub use reading::PromHost;
@@ -62,6 +65,8 @@ struct Poller {
     ids: Identities,
     /// What each host's last snapshot was built from (cleared where identities read again changed).
     said: Vec<Option<HostData>>,
+    /// The proven summary each host's last snapshot was built with.
+    proven: Vec<Option<HostSummary>>,
     /// The revision each host's `said` was read at: a glance that finds it unmoved reads nothing more.
     revision: Vec<Option<f64>>,
     /// Read every host's series at the next poll (after a narrowed read missed a host it asked for).
@@ -285,9 +290,18 @@ impl Poller {
             .map(|h| {
                 let at = self.names.of(&h.name);
                 let get = |v: &[Option<f64>]| at.and_then(|at| v.get(at).copied().flatten());
+                let proof: Proof = at
+                    .and_then(|at| g.proof.get(at).cloned())
+                    .unwrap_or_default();
+                // A proven reading's time is its seal's, which no one else can move.
+                let taken = match proof.proven() {
+                    Some(p) => Some(p.taken_ms as f64 / 1000.0),
+                    None => get(&g.taken),
+                };
                 Seen {
                     revision: get(&g.revision),
-                    taken: get(&g.taken),
+                    taken,
+                    proof,
                     by_hostname: at.and_then(|at| g.by_hostname.get(at).copied()) == Some(true),
                     target: at.and_then(|at| g.target.get(at).cloned().flatten()),
                 }
@@ -317,7 +331,12 @@ impl Poller {
                     || s.taken.is_none()
                     || self.said[i]
                         .as_ref()
-                        .is_some_and(|d| own_target(d) != s.target.as_ref()),
+                        .is_some_and(|d| own_target(d) != s.target.as_ref())
+                    || match (&self.proven[i], s.proof.proven()) {
+                        (Some(before), Some(now)) => now.moved_from(before),
+                        (None, None) => false,
+                        _ => true,
+                    },
             );
         }
         moved
@@ -416,14 +435,21 @@ impl Poller {
             let d = at.and_then(|at| data.get(at)).and_then(Option::as_ref);
             self.whole_next |= named && d.is_none() && self.down[i].is_none();
             self.revision[i] = seen[i].revision;
-            listening |= self.host(i, d, up, now);
+            listening |= self.host(i, (d, &seen[i].proof), up, now);
         }
         listening
     }
 
-    /// One host's part of a poll: unreadable (its target down, no series, two targets), only fresh, or a
-    /// reading. False once its sink stops listening.
-    fn host(&mut self, i: usize, d: Option<&HostData>, up: &Up, now: u64) -> bool {
+    /// One host's part of a poll: unreadable (its target down, no series, two targets, a summary whose seal
+    /// does not hold), only fresh, or a reading (believed as its serve's word where `proof` proves it,
+    /// else as labels). False once its sink stops listening.
+    fn host(
+        &mut self,
+        i: usize,
+        (d, proof): (Option<&HostData>, &Proof),
+        up: &Up,
+        now: u64,
+    ) -> bool {
         let h = &self.hosts[i];
         // Every target that has spoken for it: in this poll, within the lookback, or ever while this client
         // ran. Two are a conflict whether or not both still answer; the one alone is the host's own, and its
@@ -441,6 +467,7 @@ impl Poller {
             ))
         } else {
             judge_voices(&h.name, voices, d, up)
+                .or_else(|| unproven(&h.name, proof, d, self.http.seal.is_some()))
         };
         if let Some(why) = why {
             if self.down[i].as_deref() == Some(why.as_str()) {
@@ -453,12 +480,20 @@ impl Poller {
         let was_down = self.down[i].take().is_some();
         // Most polls of most hosts say what the last one said: then only its time is news, and no
         // snapshot is built to find that out.
-        if !was_down && self.said[i].as_ref().is_some_and(|p| p.same_but_time(d)) {
-            return h.sink.fresh(d.taken_at_ms(now), SaidGauges::default());
+        let proven = proof.proven();
+        let proof_held = match (&self.proven[i], proven) {
+            (Some(before), Some(now)) => !now.moved_from(before),
+            (None, None) => true,
+            _ => false,
+        };
+        if !was_down && proof_held && self.said[i].as_ref().is_some_and(|p| p.same_but_time(d)) {
+            let at = proven.map_or_else(|| d.taken_at_ms(now), |p| p.taken_ms);
+            return h.sink.fresh(at, SaidGauges::default());
         }
         self.said[i] = Some(d.clone());
+        self.proven[i] = proven.cloned();
         // Whether the snapshot says anything new is the runtime's to decide, once.
-        let snap = snapshot(&h.name, d, &self.ids, up, now);
+        let snap = snapshot(&h.name, d, (&self.ids, proven), up, now);
         (!was_down || h.sink.status(ConnStatus::Up)) && h.sink.reading(snap)
     }
 }
@@ -509,6 +544,21 @@ fn judge_voices(
     }
 }
 
+/// Why a host's reading is no one's word, from its summary's proof: a seal that does not hold, or (where this
+/// reader has the fleet's key) a serve's series without one. None where it is proven, or rests on labels
+/// alone (no key here, or dcgm-exporter's series alone): then it is read, but never judged clean.
+fn unproven(name: &str, proof: &Proof, d: Option<&HostData>, keyed: bool) -> Option<String> {
+    match proof {
+        Proof::Broken(why) => Some(why.clone()),
+        Proof::None if keyed && d.is_some_and(|d| d.gpusweep) => Some(format!(
+            "host {:?} has gpusweep series in Prometheus but no sealed summary (its serve runs without the \
+             fleet's --seal-key, or another wrote them): no one's word",
+            escape(name)
+        )),
+        Proof::None | Proof::Proven(_) => None,
+    }
+}
+
 /// Poll the server for these hosts until every host's sink stops listening or the fleet goes away.
 /// `quick_first`: the first reading of each host from its compact summary (GPU states, findings by kind),
 /// its bytes and identities at the next poll: for a front end that shows readings as they come (the TUI). A
@@ -539,6 +589,7 @@ pub async fn run(
         hosts,
         ids: Identities::default(),
         said: vec![None; n],
+        proven: vec![None; n],
         revision: vec![None; n],
         whole_next: true,
         by_hostname: vec![false; n],

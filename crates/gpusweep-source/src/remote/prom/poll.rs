@@ -8,6 +8,7 @@ use std::time::Instant;
 use super::super::http::HttpClient;
 use super::PromServer;
 use super::answer::{Sample, Target, Up};
+use super::proof::Proof;
 use super::query::{MAX_HOSTS, Query, Spent, Voices, lookback};
 use super::reading::{HostData, Ident, Identities, whole};
 use super::table::{Names, Polled, fold_details, quick_table, summary_table, table};
@@ -183,6 +184,8 @@ const GPU_0: &str = r#"gpu="0""#;
 pub(super) struct GlanceQueries {
     pub(super) revision: String,
     pub(super) taken: String,
+    /// Every host's summary and its seal (`proof::query`).
+    pub(super) proof: String,
 }
 
 impl GlanceQueries {
@@ -196,6 +199,7 @@ impl GlanceQueries {
         GlanceQueries {
             revision: by_host(m::READING_REVISION),
             taken: by_host(m::READING_TIMESTAMP),
+            proof: super::proof::query(p),
         }
     }
 }
@@ -209,6 +213,8 @@ pub(super) struct Glance {
     pub(super) by_hostname: Vec<bool>,
     /// The scrape target that sent its revision: another than the one its reading was believed from is news.
     pub(super) target: Vec<Option<Target>>,
+    /// What its summary proves.
+    pub(super) proof: Vec<Proof>,
 }
 
 /// One host's part of a glance.
@@ -217,6 +223,7 @@ pub(super) struct Seen {
     pub(super) taken: Option<f64>,
     pub(super) by_hostname: bool,
     pub(super) target: Option<Target>,
+    pub(super) proof: Proof,
 }
 
 pub(super) async fn glance(
@@ -226,7 +233,9 @@ pub(super) async fn glance(
     names: &Names,
     spent: &Spent<'_>,
 ) -> Result<Glance, String> {
-    let [revision, taken] = fetch_all(server, http, [&q.revision, &q.taken], spent).await?;
+    let [revision, taken, proof] =
+        fetch_all(server, http, [&q.revision, &q.taken, &q.proof], spent).await?;
+    let proof = super::proof::proofs(server, names, &proof, http.seal.as_deref())?;
     let revision = server.samples(&revision)?;
     let taken = server.samples(&taken)?;
     let revision = sole_per_host(&revision, names);
@@ -241,6 +250,7 @@ pub(super) async fn glance(
             .iter()
             .map(|s| s.and_then(Sample::value))
             .collect(),
+        proof,
     })
 }
 

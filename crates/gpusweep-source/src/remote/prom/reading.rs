@@ -11,6 +11,7 @@ use crate::Sink;
 use gpusweep_core::model::{
     Feature, Finding, FindingKind, Gpu, GpuState, HostSnapshot, MIB, Memory, Severity, SourceKind,
 };
+use gpusweep_core::seal::HostSummary;
 
 /// A host of the fleet as the poller feeds it.
 pub struct PromHost {
@@ -106,9 +107,27 @@ pub(super) fn severity_of(s: &str) -> Option<Severity> {
     serde_json::from_value(serde_json::Value::String(s.to_string())).ok()
 }
 
-/// The findings a host's serve counts, by kind (the per-GPU unexplained ones are there already).
-pub(super) fn count_findings(name: &str, d: &HostData, findings: &mut Vec<Finding>) {
-    for (kind, sev, n) in &d.counts {
+/// The findings a host's serve counts, by kind (the per-GPU unexplained ones are there already): its sealed
+/// summary's where it is proven, else what its series say.
+pub(super) fn count_findings(
+    name: &str,
+    d: &HostData,
+    proven: Option<&HostSummary>,
+    findings: &mut Vec<Finding>,
+) {
+    let counts: Vec<(&str, &str, f64)> = match proven {
+        Some(p) => p
+            .kinds
+            .iter()
+            .map(|((k, s), n)| (k.as_str(), s.as_str(), *n as f64))
+            .collect(),
+        None => d
+            .counts
+            .iter()
+            .map(|(k, s, n)| (k.as_str(), s.as_str(), *n))
+            .collect(),
+    };
+    for (kind, sev, n) in counts {
         let (Some(k), Some(s)) = (kind_of(kind), severity_of(sev)) else {
             continue;
         };
@@ -128,7 +147,7 @@ pub(super) fn count_findings(name: &str, d: &HostData, findings: &mut Vec<Findin
             bytes: None,
             detail: format!(
                 "{} {} finding(s), as the host's gpusweep serve reports them to Prometheus",
-                whole(*n).unwrap_or(0),
+                whole(n).unwrap_or(0),
                 k.as_str()
             ),
             action: "open the host live (Enter in the TUI, or --hosts its serve) for the details"
@@ -141,31 +160,27 @@ pub(super) fn count_findings(name: &str, d: &HostData, findings: &mut Vec<Findin
     }
 }
 
-/// One GPU of a host from what Prometheus holds of it: memory, and what the host's serve says of it.
-pub(super) fn gpu(name: &str, index: u32, g: &GpuData, d: &HostData, ids: &Identities) -> Gpu {
+/// One GPU of a host from what Prometheus holds of it: memory, and the state its serve judged where its
+/// sealed summary proves it (`judged`; the runtime believes a "clean" only where these bytes agree). A
+/// reading that rests on labels has no `judged`: the runtime judges its bytes, never clean (`Feature::Proof`).
+pub(super) fn gpu(
+    name: &str,
+    index: u32,
+    g: &GpuData,
+    ids: &Identities,
+    proven: Option<&HostSummary>,
+) -> Gpu {
     let id = ids
         .gpus
         .get(&(name.to_string(), index))
         .cloned()
         .unwrap_or_default();
     let reserved = mib(id.reserved_mib);
-    // What the host's serve says; the runtime believes a "clean" only where these bytes agree. A serve that
-    // says it cannot read its GPUs judges none of them clean, whatever else it sends.
-    // A summary's state stands, but a "clean" where its serve says it could not read every GPU.
-    let said = g.state.map(|s| match s {
-        GpuState::Clean if d.gpus_unreadable => GpuState::Unknown,
-        s => s,
-    });
-    let judged = d.gpusweep.then(|| {
-        said.unwrap_or(match g.clean {
-            _ if d.gpus_unreadable && (g.unreadable || g.used.is_none()) => GpuState::Error,
-            Some(c) if c >= 1.0 && !d.gpus_unreadable => GpuState::Clean,
-            Some(c) if c >= 1.0 => GpuState::Unknown,
-            Some(_) if !g.unexplained.is_empty() => GpuState::Leak,
-            Some(_) => GpuState::InUse,
-            None if g.unreadable => GpuState::Error,
-            None => GpuState::Unknown,
-        })
+    // A "clean" where its serve says it could not read every GPU is not one.
+    let judged = proven.map(|p| match p.states().get(&index) {
+        Some(GpuState::Clean) if p.readable == Some(false) => GpuState::Unknown,
+        Some(s) => *s,
+        None => GpuState::Unknown,
     });
     Gpu {
         index,
@@ -214,10 +229,16 @@ pub(super) fn unexplained(name: &str, index: u32, g: &GpuData, findings: &mut Ve
 }
 
 /// Where the host can be read live: its serve, at its own scrape target (an address Prometheus scrapes, as `up`
-/// says; never one a label names), else SSH to its name where that is a host name alone (a user or a port is
-/// never taken from a label). None otherwise.
-pub(super) fn live_url(name: &str, d: &HostData, ids: &Identities, up: &Up) -> Option<String> {
-    let serve = own_target(d).and_then(|target| {
+/// says; never one a label names) where its sealed summary proves it is the host's (the token goes nowhere
+/// else), else SSH to its name where that is a host name alone (a user or a port is never taken from a
+/// label). None otherwise.
+pub(super) fn live_url(
+    name: &str,
+    d: &HostData,
+    (ids, proven): (&Identities, bool),
+    up: &Up,
+) -> Option<String> {
+    let serve = own_target(d).filter(|_| proven).and_then(|target| {
         let (scheme, path) = ids
             .serve
             .get(&(name.to_string(), target.instance.clone()))?;
@@ -241,21 +262,29 @@ pub(super) fn own_target(d: &HostData) -> Option<&Target> {
     }
 }
 
-/// The snapshot of one host from what Prometheus holds of it.
+/// The snapshot of one host from what Prometheus holds of it: its serve's word where its sealed summary
+/// (`proven`) proves it, labels otherwise (then `Feature::Proof` is missing).
 pub(super) fn snapshot(
     name: &str,
     d: &HostData,
-    ids: &Identities,
+    (ids, proven): (&Identities, Option<&HostSummary>),
     up: &Up,
     polled_ms: u64,
 ) -> HostSnapshot {
     let mut gpus = Vec::new();
     let mut findings = Vec::new();
-    for (&index, g) in &d.gpus {
-        unexplained(name, index, g, &mut findings);
-        gpus.push(gpu(name, index, g, d, ids));
+    // Every GPU its series name, and every GPU its proven summary names (a first view has no other).
+    let mut indices: BTreeSet<u32> = d.gpus.keys().copied().collect();
+    if let Some(p) = proven {
+        indices.extend(p.states().keys());
     }
-    count_findings(name, d, &mut findings);
+    let none = GpuData::default();
+    for index in indices {
+        let g = d.gpus.get(&index).unwrap_or(&none);
+        unexplained(name, index, g, &mut findings);
+        gpus.push(gpu(name, index, g, ids, proven));
+    }
+    count_findings(name, d, proven, &mut findings);
     findings.sort_by(|a, b| b.severity.cmp(&a.severity).then(a.gpu.cmp(&b.gpu)));
     let mut missing = vec![Feature::Actions, Feature::Holders, Feature::Shm];
     if !d.gpusweep {
@@ -264,15 +293,22 @@ pub(super) fn snapshot(
     if d.quick {
         missing.push(Feature::GpuDetail);
     }
-    let live_url = live_url(name, d, ids, up);
-    let gpu_error = d.gpus_unreadable.then(|| {
+    if proven.is_none() {
+        missing.push(Feature::Proof);
+    }
+    let live_url = live_url(name, d, (ids, proven.is_some()), up);
+    let unreadable = match proven {
+        Some(p) => p.readable == Some(false),
+        None => d.gpus_unreadable,
+    };
+    let gpu_error = unreadable.then(|| {
         "its gpusweep serve says the driver or one of its GPUs does not answer (gpusweep_gpus_readable 0)"
             .to_string()
     });
     HostSnapshot {
         host: name.to_string(),
         gpu_error,
-        taken_at_ms: d.taken_at_ms(polled_ms),
+        taken_at_ms: proven.map_or_else(|| d.taken_at_ms(polled_ms), |p| p.taken_ms),
         source: SourceKind::Prometheus,
         simulated: own_target(d).is_some_and(|t| {
             ids.simulated

@@ -14,16 +14,26 @@ use gpusweep_core::model::GpuState;
 /// answers cost no tree walk (the names are copied once, when the poller starts).
 pub(super) struct Names {
     pub(super) place: HashMap<String, usize>,
+    /// Each place's name.
+    order: Vec<String>,
 }
 
 impl Names {
     pub(super) fn new(hosts: &[PromHost]) -> Names {
         let mut place = HashMap::with_capacity(hosts.len());
+        let mut order = Vec::with_capacity(hosts.len());
         for h in hosts {
             let next = place.len();
-            place.entry(h.name.clone()).or_insert(next);
+            place.entry(h.name.clone()).or_insert_with(|| {
+                order.push(h.name.clone());
+                next
+            });
         }
-        Names { place }
+        Names { place, order }
+    }
+    /// The names, each at its place.
+    pub(super) fn in_order(&self) -> impl Iterator<Item = &str> {
+        self.order.iter().map(String::as_str)
     }
     pub(super) fn of(&self, name: &str) -> Option<usize> {
         self.place.get(name).copied()

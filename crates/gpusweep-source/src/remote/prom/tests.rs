@@ -65,7 +65,24 @@ fn a_serve_host_keeps_its_verdicts_and_a_dcgm_host_names_its_blind_spot() {
             ..Default::default()
         },
     );
-    let s = snapshot("node1", &d, &ids, &HashMap::new(), 5);
+    // Without its seal, the serve's series are labels: nothing judged, the proof a named blind spot.
+    let s = snapshot("node1", &d, (&ids, None), &HashMap::new(), 5);
+    assert!(s.gpus.iter().all(|g| g.judged.is_none()), "{s:?}");
+    assert!(s.missing_features.contains(&Feature::Proof));
+    assert_eq!(s.live_url.as_deref(), Some("ssh://node1"));
+    let proven = summary_of_states(
+        "node1",
+        1_700_000_000_500,
+        &[
+            (GpuState::Clean, 0b0001),
+            (GpuState::InUse, 0b0010),
+            (GpuState::Leak, 0b0100),
+            (GpuState::Error, 0b1000),
+        ],
+        &[("ghost", "leak", 1), ("zombie", "warning", 2)],
+    );
+    let s = snapshot("node1", &d, (&ids, Some(&proven)), &HashMap::new(), 5);
+    assert!(!s.missing_features.contains(&Feature::Proof));
     let states: Vec<Option<GpuState>> = s.gpus.iter().map(|g| g.judged).collect();
     assert_eq!(
         states,
@@ -96,12 +113,17 @@ fn a_serve_host_keeps_its_verdicts_and_a_dcgm_host_names_its_blind_spot() {
     assert!(s.missing_features.contains(&Feature::Actions));
     assert!(!s.missing_features.contains(&Feature::ProcessList));
     assert_eq!(s.live_url.as_deref(), Some("ssh://node1"));
+}
 
+#[test]
+fn a_dcgm_host_names_its_blind_spots() {
+    let ids = Identities::default();
     let mut dcgm = HostData::default();
     dcgm.gpus.insert(0, gpu(0.0, None, &[]));
     dcgm.gpus.insert(1, gpu(700.0, None, &[]));
-    let s = snapshot("node2", &dcgm, &ids, &HashMap::new(), 7);
+    let s = snapshot("node2", &dcgm, (&ids, None), &HashMap::new(), 7);
     assert!(s.gpus.iter().all(|g| g.judged.is_none()));
+    assert!(s.missing_features.contains(&Feature::Proof));
     assert_eq!(s.taken_at_ms, 7);
     assert!(s.missing_features.contains(&Feature::ProcessList));
     assert!(
@@ -328,8 +350,16 @@ fn a_serve_that_says_it_cannot_read_its_gpus_has_no_clean_gpu() {
     let (table, _) = table(&p, &Names::new(&hosts), &answers).expect("a table");
     let d = table[0].as_ref().expect("node1's data");
     assert!(d.gpus_unreadable);
-    let s = snapshot("node1", d, &Identities::default(), &Up::new(), 5);
-    assert_ne!(s.gpus[0].judged, Some(GpuState::Clean), "{s:?}");
+    let mut proven = summary_of_states("node1", 5, &[(GpuState::Clean, 1)], &[]);
+    proven.readable = Some(false);
+    let s = snapshot(
+        "node1",
+        d,
+        (&Identities::default(), Some(&proven)),
+        &Up::new(),
+        5,
+    );
+    assert_eq!(s.gpus[0].judged, Some(GpuState::Unknown), "{s:?}");
     assert!(
         s.gpu_error
             .as_deref()
@@ -359,7 +389,11 @@ fn another_target_cannot_mark_a_host_demo_nor_move_its_api() {
         instance: "10.0.0.2:9401".into(),
     };
     let up: Up = [(own, 1.0)].into();
-    let s = snapshot("gpu-b", &d, &ids, &up, 5);
+    // Its serve's address only where its summary is proven: the token goes nowhere else.
+    let s = snapshot("gpu-b", &d, (&ids, None), &up, 5);
+    assert_eq!(s.live_url.as_deref(), Some("ssh://gpu-b"));
+    let proven = summary_of_states("gpu-b", 5, &[], &[]);
+    let s = snapshot("gpu-b", &d, (&ids, Some(&proven)), &up, 5);
     assert!(!s.simulated, "marked DEMO by another target");
     assert_eq!(s.live_url.as_deref(), Some("http://10.0.0.2:9401"));
 }
@@ -776,8 +810,162 @@ fn a_summary_is_a_first_view_only_where_it_is_whole_and_a_clean_is_held_to_its_b
     assert!(heavy.quick && heavy.gpus[&0].used.is_none(), "{heavy:?}");
     // In the snapshot: the serve's word (judged clean) without bytes to hold it to (the runtime then says
     // unknown: `a_first_view_comes_from_each_hosts_summary_and_the_whole_reading_follows`).
-    let snap = snapshot("heavy", heavy, &Identities::default(), &HashMap::new(), 0);
+    let proven = summary_of_states("heavy", 0, &[(GpuState::Clean, 1)], &[]);
+    let snap = snapshot(
+        "heavy",
+        heavy,
+        (&Identities::default(), Some(&proven)),
+        &HashMap::new(),
+        0,
+    );
     assert_eq!(snap.gpus[0].judged, Some(GpuState::Clean));
     assert_eq!(snap.gpus[0].memory.used, None);
     assert!(snap.missing_features.contains(&Feature::GpuDetail));
+}
+
+/// A proven summary of these states (masks) and findings (kind, severity, count).
+fn summary_of_states(
+    host: &str,
+    taken_ms: u64,
+    states: &[(GpuState, u64)],
+    kinds: &[(&str, &str, u64)],
+) -> gpusweep_core::seal::HostSummary {
+    gpusweep_core::seal::HostSummary {
+        host: host.into(),
+        taken_ms,
+        readable: Some(true),
+        states: states.iter().copied().collect(),
+        clean_used: Some(0),
+        kinds: kinds
+            .iter()
+            .map(|(k, s, n)| (((*k).to_string(), (*s).to_string()), *n))
+            .collect(),
+    }
+}
+
+/// A host's summary and seal as its serve exports them, each series at its own target; `scraped_s` the
+/// scrape's time. `tamper` changes the page before it is answered.
+fn sealed_answer(
+    key: &gpusweep_core::seal::SealKey,
+    s: &gpusweep_core::seal::HostSummary,
+    scraped_s: f64,
+    tamper: impl Fn(&mut Vec<String>),
+) -> bytes::Bytes {
+    let t = format!(
+        r#""Hostname":"{h}","job":"gpusweep","instance":"{h}:9401""#,
+        h = s.host
+    );
+    let one = |name: &str, extra: &str, v: u64| {
+        format!(r#"{{"metric":{{"__name__":"{name}",{t}{extra}}},"value":[{scraped_s},"{v}"]}}"#)
+    };
+    let [mac_0, mac_1] = s.seal(key);
+    let mut out = vec![
+        one("gpusweep_host_seal", r#","part":"taken_ms""#, s.taken_ms),
+        one("gpusweep_host_seal", r#","part":"mac_0""#, mac_0),
+        one("gpusweep_host_seal", r#","part":"mac_1""#, mac_1),
+        one(
+            "gpusweep_gpus_readable",
+            "",
+            u64::from(s.readable == Some(true)),
+        ),
+    ];
+    for (st, mask) in &s.states {
+        out.push(one(
+            "gpusweep_host_gpu_states",
+            &format!(r#","state":"{}""#, st.as_str()),
+            *mask,
+        ));
+    }
+    if let Some(u) = s.clean_used {
+        out.push(one("gpusweep_host_clean_memory_used_bytes", "", u));
+    }
+    for ((k, sev), n) in &s.kinds {
+        out.push(one(
+            "gpusweep_host_finding_kinds",
+            &format!(r#","kind":"{k}","severity":"{sev}""#),
+            *n,
+        ));
+    }
+    tamper(&mut out);
+    answer(&out.join(","))
+}
+
+#[test]
+fn a_summary_is_believed_only_where_its_seal_checks() {
+    use super::proof::{Proof, proofs};
+    let p = server("http://p:9090", "");
+    let key = gpusweep_core::seal::SealKey::new(&[3; 32]).expect("key");
+    let other = gpusweep_core::seal::SealKey::new(&[4; 32]).expect("key");
+    let hosts = fleet(&["n1"]);
+    let names = Names::new(&hosts);
+    let held = summary_of_states(
+        "n1",
+        1_700_000_000_000,
+        &[(GpuState::Clean, 0b01), (GpuState::Leak, 0b10)],
+        &[("residual", "leak", 1)],
+    );
+    let at = 1_700_000_001.0;
+    let read = |body: &bytes::Bytes, k: Option<&gpusweep_core::seal::SealKey>| {
+        proofs(&p, &names, body, k).expect("an answer").remove(0)
+    };
+    // The serve's own page: proven, and it reads back as it was judged.
+    let honest = sealed_answer(&key, &held, at, |_| {});
+    assert_eq!(read(&honest, Some(&key)), Proof::Proven(held.clone()));
+    // Without the key, or under another, nothing is proven.
+    assert_eq!(read(&honest, None), Proof::None);
+    assert!(matches!(read(&honest, Some(&other)), Proof::Broken(_)));
+    let broken = |body: &bytes::Bytes| match read(body, Some(&key)) {
+        Proof::Broken(why) => why,
+        x => panic!("not broken: {x:?}"),
+    };
+    // An impostor's "clean" for GPU 1 (a Pushgateway's series under the serve's labels): the seal fails.
+    let forged = sealed_answer(&key, &held, at, |page| {
+        for l in page.iter_mut() {
+            *l = l.replace(
+                r#""state":"clean"},"value":[1700000001,"1""#,
+                r#""state":"clean"},"value":[1700000001,"3""#,
+            );
+        }
+        page.retain(|l| !l.contains(r#""state":"leak""#));
+        page.retain(|l| !l.contains("finding_kinds"));
+    });
+    assert!(
+        broken(&forged).contains("does not check"),
+        "{}",
+        broken(&forged)
+    );
+    // Two answers for one part (the impostor at another instance): a conflict.
+    let twice = sealed_answer(&key, &held, at, |page| {
+        let copy = page[4].replace("n1:9401", "pushgateway:9091");
+        page.push(copy);
+    });
+    assert!(broken(&twice).contains("2 answers"), "{}", broken(&twice));
+    // A summary without its seal, or truncated.
+    let unsealed = sealed_answer(&key, &held, at, |page| {
+        page.retain(|l| !l.contains("mac_1"));
+    });
+    assert!(
+        broken(&unsealed).contains("no seal"),
+        "{}",
+        broken(&unsealed)
+    );
+    // A page that once was true, replayed a minute later.
+    let replayed = sealed_answer(&key, &held, at + 60.0, |_| {});
+    assert!(
+        broken(&replayed).contains("replay"),
+        "{}",
+        broken(&replayed)
+    );
+    // Reordered series say the same.
+    let reordered = sealed_answer(&key, &held, at, |page| page.reverse());
+    assert_eq!(read(&reordered, Some(&key)), Proof::Proven(held.clone()));
+    // Another host's sealed page under this host's name.
+    let mut theirs = held.clone();
+    theirs.host = "n2".into();
+    let moved = sealed_answer(&key, &theirs, at, |page| {
+        for l in page.iter_mut() {
+            *l = l.replace(r#""Hostname":"n2""#, r#""Hostname":"n1""#);
+        }
+    });
+    assert!(matches!(read(&moved, Some(&key)), Proof::Broken(_)));
 }
