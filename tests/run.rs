@@ -1219,6 +1219,133 @@ fn an_ep_job_stays_one_unit_through_its_crash_and_is_swept_whole() {
     }
 }
 
+/// A launcher of four ranks, each holding its stand-in GPU and nothing else; their PIDs written to `pids`.
+const PLAIN_LAUNCHER: &str = r#"
+import os, subprocess, time
+ranks = [subprocess.Popen(["sleep", "300"], stdin=open(f"nvidia{i}")) for i in range(4)]
+with open("pids.tmp", "w") as f:
+    f.write(" ".join(str(p.pid) for p in ranks) + "\n")
+os.rename("pids.tmp", "pids")
+time.sleep(600)
+"#;
+
+/// The H100 scene of a crash: a rank SIGKILLed mid-warm-up (NVML still charging it), then the launcher killed,
+/// so the dead rank is reaped by init while its peers, orphans now, hold their memory. `check` through the
+/// node's serve, polled throughout (past the confirm window), never says ok: the lost rank's leak keeps its
+/// memory held when its launcher goes, and the ghost its PID becomes inherits it.
+#[test]
+#[allow(clippy::too_many_lines)] // one scene: a crash, the ritual, a gate polled through it
+fn no_verdict_passes_through_clean_while_a_crashed_jobs_ranks_hold_memory() {
+    let env = Env::new();
+    for i in 1..4 {
+        std::fs::write(env.path(&format!("nvidia{i}")), b"").expect("stand-in device");
+    }
+    set_nvml(env.dir.path(), "0\n0\n0\n0\n");
+    let lib = standin_nvml(env.dir.path());
+    // Four ranks, each its GPU's one holder (no sidecar: nothing else names the dead rank's memory).
+    std::fs::write(env.path("launcher.py"), PLAIN_LAUNCHER).expect("launcher");
+    let o = Command::new("setsid")
+        .args(["-f", "/usr/bin/python3", "launcher.py"])
+        .current_dir(env.dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .status()
+        .expect("setsid");
+    assert!(o.success());
+    let mut pids: Vec<u32> = Vec::new();
+    await_cond("the launcher's pids", 20, || {
+        pids = std::fs::read_to_string(env.path("pids"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        pids.len() == 4
+    });
+    let ranks = pids.clone();
+    let launcher = crate::support::stat_field(ranks[0], 1)
+        .and_then(|p| p.parse::<u32>().ok())
+        .expect("the launcher");
+    assert!(launcher > 1 && launcher != std::process::id(), "{launcher}");
+    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", ranks[2]))
+        .unwrap_or_default();
+    struct Gone(Vec<u32>);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            for p in self
+                .0
+                .iter()
+                .filter(|p| **p > 1 && **p != std::process::id())
+            {
+                let _ = Command::new("kill").args(["-9", &p.to_string()]).status();
+            }
+        }
+    }
+    let mut all = [&pids[..], &[launcher]].concat();
+    all.extend(
+        children
+            .split_whitespace()
+            .filter_map(|p| p.parse::<u32>().ok()),
+    );
+    let _gone = Gone(all);
+    // Each rank charged 20 GiB on its GPU, as NVML charges a warmed-up rank.
+    let charged = |listed: &[u32]| {
+        let mut s = String::new();
+        for r in &ranks {
+            if listed.contains(r) {
+                s.push_str(&format!("20480 {r}:20480\n"));
+            } else {
+                s.push_str("0\n");
+            }
+        }
+        set_nvml(env.dir.path(), &s);
+    };
+    charged(&ranks);
+    let glob = format!("{}/nvidia*", env.dir.path().display());
+    let (_serve, addr) = standin_serve(&env, &lib, &glob);
+    let leak = |kind: &str| {
+        get_json(&addr, "/api/v1/snapshot")["hosts"][0]["findings"]
+            .as_array()
+            .is_some_and(|f| {
+                f.iter()
+                    .any(|f| f["kind"] == kind && f["severity"] == "leak")
+            })
+    };
+    await_cond("the job's four ranks", 20, || {
+        get_json(&addr, "/api/v1/snapshot")["hosts"][0]["jobs"][0]["ranks"]
+            .as_array()
+            .is_some_and(|r| r.len() == 4)
+    });
+    // Rank 3 dies, its memory freed; its three peers hold theirs and wait on it.
+    let _ = Command::new("kill")
+        .args(["-9", &ranks[3].to_string()])
+        .status();
+    charged(&ranks[..3]);
+    await_cond("rank 3's loss a confirmed leak", 30, || leak("lost_rank"));
+    // The ritual: the launcher killed. Its zombie rank is reaped by init; the three others are orphans.
+    let _ = Command::new("kill")
+        .args(["-9", &launcher.to_string()])
+        .status();
+    let check = || {
+        env.cmd(&["check", "--hosts", &format!("http://{addr}")])
+            .output()
+            .expect("check")
+    };
+    let t = std::time::Instant::now();
+    let mut polled = 0;
+    while t.elapsed() < std::time::Duration::from_secs(5) {
+        let o = check();
+        assert_ne!(
+            o.status.code(),
+            Some(0),
+            "ok while the crashed job's ranks hold 60 GiB ({:?} after the launcher's kill): {}",
+            t.elapsed(),
+            crate::support::text(&o)
+        );
+        polled += 1;
+    }
+    assert!(polled >= 5, "checked {polled} times");
+}
+
 /// Memory on a GPU past what its live listed process is charged, held by a process that opened the GPU after
 /// it was first walked (a sidecar): every process's descriptors are walked again at once, and the holder is
 /// named within a few readings, not at the next slow full walk (30 s), and before its memory is a confirmed

@@ -15,7 +15,20 @@ use gpusweep_core::model::{Finding, FindingKind, Severity, Subject};
 #[derive(Debug, Default)]
 pub struct Confirm {
     since: HashMap<Subject, u64>,
+    /// Each GPU a leak was said of at the last reading, at full severity, and since when: a leak there that
+    /// only changed its name (a ghost become a residual, a lost rank whose launcher was reaped) is the same
+    /// memory held, and no transition of the verdict passes through clean.
+    held: HashMap<u32, u64>,
     read: bool,
+}
+
+/// What a finding is about for the window: its subject but for whom its action names (the launcher to
+/// end, the holder behind a ghost), which moves while the memory stays held.
+fn key(f: &Finding) -> Subject {
+    Subject {
+        target_pid: None,
+        ..f.subject()
+    }
 }
 
 /// What `apply` did to a reading's findings.
@@ -36,19 +49,30 @@ impl Confirm {
         let mut out = Applied::default();
         if findings.is_empty() {
             self.since.clear();
+            self.held.clear();
             return out;
         }
         let mut since = HashMap::with_capacity(findings.len());
+        let mut held: HashMap<u32, u64> = HashMap::new();
         for f in findings.iter_mut() {
             out.changed |= restore(f, window_ms);
-            let subject = f.subject();
+            let subject = key(f);
             // A busy GPU is never judged on one reading: its utilization is a sample of the last second,
             // and a job that just ended reads busy for that second.
             let unseen = first && f.kind == FindingKind::BusyWithoutHolder;
+            let renamed = || {
+                (f.severity == Severity::Leak)
+                    .then(|| f.gpu.and_then(|g| self.held.get(&g).copied()))
+                    .flatten()
+            };
             let t = if first && !unseen {
                 0
             } else {
-                self.since.get(&subject).copied().unwrap_or(at)
+                self.since
+                    .get(&subject)
+                    .copied()
+                    .or_else(renamed)
+                    .unwrap_or(at)
             };
             since.insert(subject, t);
             let due = t.saturating_add(window_ms);
@@ -56,9 +80,14 @@ impl Confirm {
                 lower(f, window_ms, unseen);
                 out.changed = true;
                 out.due_ms = Some(out.due_ms.map_or(due, |d: u64| d.min(due)));
+            } else if f.severity == Severity::Leak
+                && let Some(g) = f.gpu
+            {
+                held.entry(g).and_modify(|s| *s = (*s).min(t)).or_insert(t);
             }
         }
         self.since = since;
+        self.held = held;
         out
     }
 }
@@ -71,7 +100,7 @@ impl Confirm {
         findings.retain(|f| {
             let young = self
                 .since
-                .get(&f.subject())
+                .get(&key(f))
                 .is_some_and(|t| at < t.saturating_add(window_ms));
             !(f.kind == FindingKind::Zombie && f.gpu.is_none() && young)
         });
@@ -164,6 +193,43 @@ mod tests {
         c.apply(&mut f, 4_500, 3_000);
         c.withhold_passing(&mut f, 4_500, 3_000);
         assert_eq!(f.len(), 1, "{f:?}");
+    }
+
+    /// No transition passes through clean: a leak said in one reading is said in the next when only its
+    /// name moved (its launcher reaped, so the action names no one; a ghost become a residual once NVML
+    /// lets go of the dead PID), while a leak new on another GPU still waits out the window.
+    #[test]
+    fn a_leak_that_changes_its_name_stays_a_leak() {
+        let mut c = Confirm::default();
+        c.apply(&mut [], 0, 3_000);
+        let mut lost = finding(FindingKind::LostRank, Severity::Leak);
+        lost.target_pid = Some(40);
+        let mut f = [lost.clone()];
+        c.apply(&mut f, 1_000, 3_000);
+        assert_eq!(f[0].severity, Severity::Warning, "seen to appear");
+        let mut f = [lost.clone()];
+        c.apply(&mut f, 4_000, 3_000);
+        assert_eq!(f[0].severity, Severity::Leak, "lasted");
+        // The launcher is reaped: the action names no one now.
+        lost.target_pid = None;
+        let mut f = [lost];
+        c.apply(&mut f, 4_100, 3_000);
+        assert_eq!(f[0].severity, Severity::Leak, "its launcher reaped: {f:?}");
+        // The dead rank's PID let go by NVML: a residual on the same GPU.
+        let mut residual = finding(FindingKind::Residual, Severity::Leak);
+        residual.pid = None;
+        let mut f = [residual.clone()];
+        c.apply(&mut f, 4_200, 3_000);
+        assert_eq!(f[0].severity, Severity::Leak, "renamed on its GPU: {f:?}");
+        // A leak new on another GPU waits out the window.
+        let mut other = finding(FindingKind::Ghost, Severity::Leak);
+        other.gpu = Some(3);
+        let mut f = [residual, other];
+        c.apply(&mut f, 4_300, 3_000);
+        assert_eq!(
+            (f[0].severity, f[1].severity),
+            (Severity::Leak, Severity::Warning)
+        );
     }
 
     fn finding(kind: FindingKind, severity: Severity) -> Finding {

@@ -620,28 +620,16 @@ pub fn is_bare_host(name: &str) -> bool {
     )
 }
 
-/// Parse every `--hosts` value (and hostfile lines), expanding groups and ranges. Order kept, duplicates dropped.
-pub fn parse_specs(
-    values: &[String],
-    groups: &BTreeMap<String, Vec<String>>,
-) -> Result<Vec<HostSpec>, SpecError> {
-    let mut out: Vec<HostSpec> = Vec::new();
-    let push = |h: HostSpec, out: &mut Vec<HostSpec>| {
-        if !out.contains(&h) {
-            out.push(h);
-        }
-    };
-    // Every range of every value counted before one is expanded: thousands of values of a range each
-    // would otherwise make millions of names before a limit is met.
+/// Every range of every value counted before one is expanded: thousands of values of a range each would
+/// otherwise make millions of names before a limit is met.
+fn count_named(values: &[String]) -> Result<(), SpecError> {
     let mut named = 0usize;
     for v in values {
-        for item in split_top(v.trim()) {
-            if ["prom:", "unix:", "cmd:"]
-                .iter()
-                .any(|p| v.trim().starts_with(p))
-            {
-                break;
-            }
+        let v = v.trim();
+        if ["prom:", "unix:", "cmd:"].iter().any(|p| v.starts_with(p)) {
+            continue;
+        }
+        for item in split_top(v) {
             let v6 = item
                 .split_once("://")
                 .is_some_and(|(_, r)| r.starts_with('['));
@@ -654,6 +642,21 @@ pub fn parse_specs(
             }
         }
     }
+    Ok(())
+}
+
+/// Parse every `--hosts` value (and hostfile lines), expanding groups and ranges. Order kept, duplicates dropped.
+pub fn parse_specs(
+    values: &[String],
+    groups: &BTreeMap<String, Vec<String>>,
+) -> Result<Vec<HostSpec>, SpecError> {
+    let mut out: Vec<HostSpec> = Vec::new();
+    let push = |h: HostSpec, out: &mut Vec<HostSpec>| {
+        if !out.contains(&h) {
+            out.push(h);
+        }
+    };
+    count_named(values)?;
     for v in values {
         let v = v.trim();
         // A Prometheus address and its selector are taken whole: the selector's commas are its own.
