@@ -1651,7 +1651,7 @@ fn a_slow_prometheus_is_asked_less_often_so_the_client_takes_a_twentieth_of_its_
 /// A real Prometheus scraping one `steady_serve_target`, once `ready` (a query) has an answer: the process
 /// and its URL.
 fn steady_prometheus(tmp: &Path, ready: &str) -> (Proc, String) {
-    let steady = steady_serve_target();
+    let steady = steady_serve_target(tmp);
     let (prometheus, prom) = prometheus(tmp, &[("gpusweep", vec![steady])]);
     await_query(&Http::new(), &prom, ready, "the target's GPUs", |r| {
         !r.is_empty()
@@ -1694,17 +1694,22 @@ fn slow_way_to(to: &str, delay: Duration) -> String {
 
 /// A scrape target shaped as a serve of host `steady` (two GPUs, GPU 1 in use, nothing found) whose reading
 /// never changes: the same revision at every scrape, its reading's time the scrape's.
-fn steady_serve_target() -> String {
+fn steady_serve_target(tmp: &Path) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
+    // Sealed with the test's fleet key, as a serve seals: GPU 0 clean, GPU 1 in use.
+    let key =
+        gpusweep::core::seal::SealKey::from_file(&crate::support::seal_key(tmp)).expect("key");
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
             let mut s = stream;
             let mut buf = [0u8; 4096];
             let _ = s.read(&mut buf);
-            let now = std::time::SystemTime::now()
+            let since = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64());
+                .unwrap_or_default();
+            let now = since.as_secs_f64();
+            let now_ms = u64::try_from(since.as_millis()).unwrap_or(u64::MAX);
             let mut body = String::new();
             for (g, used) in [(0, 0), (1, 7000)] {
                 let l = format!(
@@ -1724,6 +1729,28 @@ fn steady_serve_target() -> String {
                  gpusweep_reading_revision{{Hostname=\"steady\"}} 7\n\
                  gpusweep_host_identity_digest{{Hostname=\"steady\"}} 4242\n\
                  gpusweep_reading_timestamp_seconds{{Hostname=\"steady\"}} {now:.3}\n"
+            ));
+            let summary = gpusweep::core::seal::HostSummary {
+                host: "steady".into(),
+                taken_ms: now_ms,
+                readable: Some(true),
+                states: [
+                    (gpusweep::core::model::GpuState::Clean, 1),
+                    (gpusweep::core::model::GpuState::InUse, 2),
+                ]
+                .into(),
+                clean_used: Some(0),
+                kinds: std::collections::BTreeMap::new(),
+            };
+            let [mac_0, mac_1] = summary.seal(&key);
+            body.push_str(&format!(
+                "gpusweep_host_gpu_states{{Hostname=\"steady\",state=\"clean\"}} 1\n\
+                 gpusweep_host_gpu_states{{Hostname=\"steady\",state=\"in_use\"}} 2\n\
+                 gpusweep_host_clean_memory_used_bytes{{Hostname=\"steady\"}} 0\n\
+                 gpusweep_host_seal{{Hostname=\"steady\",part=\"taken_ms\"}} {}\n\
+                 gpusweep_host_seal{{Hostname=\"steady\",part=\"mac_0\"}} {mac_0}\n\
+                 gpusweep_host_seal{{Hostname=\"steady\",part=\"mac_1\"}} {mac_1}\n",
+                summary.taken_ms
             ));
             let _ = write!(
                 s,

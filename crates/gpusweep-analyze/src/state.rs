@@ -54,6 +54,9 @@ pub fn gpu_state(snap: &HostSnapshot, g: &Gpu, opts: &AnalyzeOptions) -> GpuStat
     match clean {
         None if g.judged == Some(GpuState::Error) => GpuState::Error,
         None => GpuState::Unknown,
+        // A zero no node proved (read from Prometheus without its serve's seal) is labels anyone may
+        // write: never a clean, on any screen.
+        Some(true) if snap.lacks(gpusweep_core::model::Feature::Proof) => GpuState::Unknown,
         Some(true) => GpuState::Clean,
         // The host's own word where it was judged there; else its leftovers (a finding the host's config made
         // a note, memory kept on purpose, is no leak).

@@ -148,6 +148,13 @@ pub fn verdict(
                 // What the host declares kept on purpose is no gate's to wait for.
                 Some(false) if held_only_by(snap, g, exempt) || kept(g) => {}
                 Some(false) => why.push(dirty_gpu_line(snap, g)),
+                None if g.error.is_none() && snap.lacks(gpusweep_core::model::Feature::Proof) => {
+                    unread.push(format!(
+                        "GPU {}: reads {}, which no node proved",
+                        g.index,
+                        fmt_bytes(g.memory.used)
+                    ));
+                }
                 None => unread.push(format!(
                     "GPU {}: no reading ({})",
                     g.index,
@@ -169,6 +176,8 @@ pub fn verdict(
     // A chosen GPU that could not be read (a wedged driver, a lost GPU) leaves the host undecided.
     if !unread.is_empty() {
         unread.extend(why);
+        // A zero no node proved reads unknown: say why.
+        unread.extend(super::node::blind_proof(snap));
         return Verdict::Unknown(unread.join("; "));
     }
     if !why.is_empty() {

@@ -653,9 +653,16 @@ fn a_clean_no_node_proved_is_no_clean_for_a_gate() {
     held.missing_features.push(Feature::Proof);
     let held = analyzed(held, &opts);
     assert!(matches!(verdict(&held, &all, 0, &[]), Verdict::Dirty(_)));
+    // Nor on any screen: its zeros read unknown.
+    assert!(
+        snap.gpus.iter().all(|g| g.state == Some(GpuState::Unknown)),
+        "{:?}",
+        snap.gpus
+    );
     // The same reading proven is clean.
-    let mut proven = snap.clone();
-    proven.missing_features.retain(|f| *f != Feature::Proof);
+    let mut proven = host(vec![gpu(0, 0, &[]), gpu(1, 0, &[])], vec![], vec![]);
+    proven.source = gpusweep_core::model::SourceKind::Prometheus;
+    let proven = analyzed(proven, &opts);
     assert_eq!(verdict(&proven, &all, 0, &[]), Verdict::Clean);
 }
 

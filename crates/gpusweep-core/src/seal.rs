@@ -19,14 +19,17 @@ use sha2::Sha256;
 use crate::metrics::STATE_MASK_GPUS;
 use crate::model::{GpuState, HostSnapshot, Severity};
 
-/// The fewest bytes a fleet key may have (after trimming the file's whitespace): 256 bits.
+/// The fewest bytes a fleet key may have (after trimming the file's whitespace): 32 bytes of text, at least
+/// 128 bits of secret when they are hex (`openssl rand -hex 32` writes 64).
 pub const MIN_KEY_BYTES: usize = 32;
 /// Bits of each of the seal's two parts: exact in a sample's float.
 pub const PART_BITS: u32 = 48;
-/// How much older than the scrape that carried it a sealed reading may be: a serve's reading is at most
-/// its poll interval old when scraped; older is a replay of a reading that was once true.
-pub const FRESH_MS: u64 = 30_000;
-/// How far ahead of its scrape a sealed reading may be (clocks of the node and of Prometheus apart).
+/// How much older than the moment Prometheus answered a sealed reading may be: an honest one is at most a
+/// scrape interval (Prometheus's default is 1 minute) and a serve's poll interval old; older is a replay of
+/// a reading that was once true. (The answer's time is Prometheus's own, not a sample's: a sample's
+/// timestamp is the sender's to set where `honor_timestamps` holds.)
+pub const FRESH_MS: u64 = 90_000;
+/// How far ahead of Prometheus's clock a sealed reading may be (the node's and Prometheus's clocks apart).
 pub const AHEAD_MS: u64 = 5_000;
 
 /// A severity as the metrics' `severity` label spells it.

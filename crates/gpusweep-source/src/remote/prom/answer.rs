@@ -69,7 +69,7 @@ pub(super) struct Text<'a>(#[serde(borrow)] pub(super) Cow<'a, str>);
 pub(super) struct Sample<'a> {
     #[serde(borrow)]
     pub(super) metric: Labels<'a>,
-    /// (when Prometheus has it: the scrape's time in Unix seconds, the value).
+    /// (the query's time in Unix seconds, the value).
     #[serde(borrow)]
     pub(super) value: (f64, Text<'a>),
 }
@@ -142,8 +142,9 @@ impl Sample<'_> {
     pub(super) fn value(&self) -> Option<f64> {
         self.value.1.0.parse::<f64>().ok()
     }
-    /// When Prometheus scraped it (Unix milliseconds).
-    pub(super) fn scraped_ms(&self) -> Option<u64> {
+    /// When Prometheus answered for it (the instant query's time, Unix milliseconds): Prometheus's own
+    /// clock, which no target sets.
+    pub(super) fn answered_ms(&self) -> Option<u64> {
         super::reading::whole(self.value.0 * 1000.0)
     }
     /// The host it belongs to: its `Hostname` (dcgm-exporter's and gpusweep's label), else `hostname`

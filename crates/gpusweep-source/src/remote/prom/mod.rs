@@ -67,6 +67,9 @@ struct Poller {
     said: Vec<Option<HostData>>,
     /// The proven summary each host's last snapshot was built with.
     proven: Vec<Option<HostSummary>>,
+    /// The latest reading time each host's serve proved: a serve's readings only move forward, so an
+    /// older sealed one is a replay of a page that was once true.
+    newest: Vec<u64>,
     /// The revision each host's `said` was read at: a glance that finds it unmoved reads nothing more.
     revision: Vec<Option<f64>>,
     /// Read every host's series at the next poll (after a narrowed read missed a host it asked for).
@@ -287,12 +290,14 @@ impl Poller {
         let seen: Vec<Seen> = self
             .hosts
             .iter()
-            .map(|h| {
+            .enumerate()
+            .map(|(i, h)| {
                 let at = self.names.of(&h.name);
                 let get = |v: &[Option<f64>]| at.and_then(|at| v.get(at).copied().flatten());
                 let proof: Proof = at
                     .and_then(|at| g.proof.get(at).cloned())
                     .unwrap_or_default();
+                let proof = proof.not_older_than(&h.name, &mut self.newest[i]);
                 // A proven reading's time is its seal's, which no one else can move.
                 let taken = match proof.proven() {
                     Some(p) => Some(p.taken_ms as f64 / 1000.0),
@@ -590,6 +595,7 @@ pub async fn run(
         ids: Identities::default(),
         said: vec![None; n],
         proven: vec![None; n],
+        newest: vec![0; n],
         revision: vec![None; n],
         whole_next: true,
         by_hostname: vec![false; n],

@@ -5,7 +5,7 @@
 //! Labels are anyone's to write: a Pushgateway's or a federated series may carry a serve's own `job` and
 //! `instance`, and Prometheus then keeps one series of both, the last scraped winning. So two answers for
 //! one part of a host's summary are a conflict, a part without its seal or a seal that does not check is
-//! no one's word, and a sealed reading much older than its scrape is a replay.
+//! no one's word, and a sealed reading much older than Prometheus's answer is a replay.
 
 use std::collections::BTreeMap;
 
@@ -34,6 +34,24 @@ pub(super) enum Proof {
 }
 
 impl Proof {
+    /// Broken where it proves a reading older than one already proven of the host (`newest`, moved on
+    /// where this one is newer): a replay.
+    pub(super) fn not_older_than(self, name: &str, newest: &mut u64) -> Proof {
+        match self {
+            Proof::Proven(s) if s.taken_ms < *newest => Proof::Broken(format!(
+                "host {:?}'s summary in Prometheus is not its serve's word: a sealed reading {} ms older \
+                 than one already seen (a replay)",
+                escape(name),
+                *newest - s.taken_ms
+            )),
+            Proof::Proven(s) => {
+                *newest = s.taken_ms;
+                Proof::Proven(s)
+            }
+            other => other,
+        }
+    }
+
     pub(super) fn proven(&self) -> Option<&HostSummary> {
         match self {
             Proof::Proven(s) => Some(s),
@@ -67,7 +85,7 @@ struct Parts {
     states: BTreeMap<String, Vec<f64>>,
     clean_used: Vec<f64>,
     kinds: BTreeMap<(String, String), Vec<f64>>,
-    /// part -> (value, when scraped)
+    /// part -> (value, when Prometheus answered)
     seal: BTreeMap<String, Vec<(f64, Option<u64>)>>,
 }
 
@@ -120,7 +138,7 @@ fn add(p: &mut Parts, x: &Sample) {
             .seal
             .entry(x.label(m::L_PART).unwrap_or_default().to_string())
             .or_default()
-            .push((v, x.scraped_ms())),
+            .push((v, x.answered_ms())),
         _ => {}
     }
 }
@@ -153,7 +171,7 @@ fn decide(name: &str, p: &Parts, key: &SealKey) -> Proof {
     }
 }
 
-/// The summary the parts say, its seal and when the seal was scraped.
+/// The summary the parts say, its seal and when Prometheus answered for it.
 fn summary_of(name: &str, p: &Parts) -> Result<(HostSummary, [u64; 2], Option<u64>), String> {
     let seal_part = |part: &str| -> Result<(u64, Option<u64>), String> {
         let got = p.seal.get(part).map_or(&[][..], Vec::as_slice);
@@ -200,7 +218,7 @@ fn summary_of(name: &str, p: &Parts) -> Result<(HostSummary, [u64; 2], Option<u6
     Ok((s, [mac_0, mac_1], scraped))
 }
 
-/// The seal checks, and the reading is as fresh as its scrape.
+/// The seal checks, and the reading is as fresh as an honest scrape leaves it.
 fn check(
     s: &HostSummary,
     seal: [u64; 2],
@@ -217,12 +235,12 @@ fn check(
     if let Some(at) = scraped {
         if at.saturating_sub(s.taken_ms) > FRESH_MS {
             return Err(format!(
-                "its sealed reading is {} s older than the scrape that carried it (a replay)",
+                "its sealed reading is {} s old (a replay of one that was once true?)",
                 (at - s.taken_ms) / 1000
             ));
         }
         if s.taken_ms.saturating_sub(at) > AHEAD_MS {
-            return Err("its sealed reading is later than the scrape that carried it".into());
+            return Err("its sealed reading is later than Prometheus's clock".into());
         }
     }
     Ok(())

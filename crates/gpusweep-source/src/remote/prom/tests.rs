@@ -949,13 +949,24 @@ fn a_summary_is_believed_only_where_its_seal_checks() {
         "{}",
         broken(&unsealed)
     );
-    // A page that once was true, replayed a minute later.
-    let replayed = sealed_answer(&key, &held, at + 60.0, |_| {});
+    // A page that once was true, replayed two minutes later.
+    let replayed = sealed_answer(&key, &held, at + 120.0, |_| {});
     assert!(
         broken(&replayed).contains("replay"),
         "{}",
         broken(&replayed)
     );
+    // An older genuine page after a newer one (pushed back under the serve's labels): a replay.
+    let mut newest = 0;
+    let now = Proof::Proven(held.clone()).not_older_than("n1", &mut newest);
+    assert_eq!(newest, held.taken_ms);
+    assert!(matches!(now, Proof::Proven(_)));
+    let mut older = held.clone();
+    older.taken_ms -= 1_000;
+    assert!(matches!(
+        Proof::Proven(older).not_older_than("n1", &mut newest),
+        Proof::Broken(why) if why.contains("replay")
+    ));
     // Reordered series say the same.
     let reordered = sealed_answer(&key, &held, at, |page| page.reverse());
     assert_eq!(read(&reordered, Some(&key)), Proof::Proven(held.clone()));
