@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # No verdict passes through clean, on a real GPU: the crash an operator lives, RUNS times. A serve watches;
-# ep_launcher.py starts four PyTorch ranks on GPU 0 (spawned as sglang spawns them, their command lines not
-# naming the launcher); rank 2 is SIGKILLed mid-warm-up, then `pkill -9 -f ep_launcher.py` (the launcher
-# and, with it, the lost rank's zombie reaped by init). From the rank's kill until the job is swept, `gpusweep
+# ep_launcher.py starts four PyTorch ranks on GPU 0; once they hold their memory rank 2 is SIGKILLed, then
+# the launcher (`kill -9`, the launcher alone, as `pkill -f` on sglang's name ends only its launcher), and
+# with it the lost rank's zombie is reaped by init while the three other ranks, orphans now, hold theirs. From the rank's kill until the job is swept, `gpusweep
 # check` is asked through the serve every 0.1 s, and nvidia-smi's memory.used of GPU 0 beside each answer.
 # Expected: no check says 0 (ok) while nvidia-smi reads memory held. Writes $OUT/flicker.log and
 # $OUT/flicker-RUN.tsv (ms since the rank's kill, check's exit, MiB used).
@@ -29,10 +29,11 @@ for run in $(seq 1 "$RUNS"); do
   : >"$tsv"
   setsid -f python3 scripts/gpu/ep_launcher.py --workers 4 --gpus 1 --gb 4 --steps 8 --step-s 1 \
     --ready-dir "$W/ready$run" >"$W/out$run" 2>&1
-  wait_for "LAUNCHER" "$W/out$run" 120 || { res "run $run: FAIL no launcher"; cat "$W/out$run" >>"$L"; continue; }
+  # Every rank holding its memory, the launcher asleep (it reaps no rank then, as a server's launcher
+  # waiting on its ranks' collective does not): a killed rank stays its zombie until the launcher goes.
+  wait_for "ALL READY" "$W/out$run" 240 || { res "run $run: FAIL ranks not ready"; cat "$W/out$run" >>"$L"; continue; }
   LP=$(sed -n 's/^LAUNCHER \([0-9]*\) WORKERS .*/\1/p' "$W/out$run")
   R2=$(sed -n 's/^LAUNCHER [0-9]* WORKERS //p' "$W/out$run" | cut -d, -f3)
-  sleep 3 # mid-warm-up: the ranks hold part of their memory
   t0=$(date +%s%3N)
   kill -9 "$R2"
   # The gate, asked through the node's serve at 10 Hz until the job is swept.
@@ -46,7 +47,9 @@ for run in $(seq 1 "$RUNS"); do
   ) &
   POLL=$!
   sleep 2
-  pkill -9 -f ep_launcher.py
+  # The ritual, on the launcher alone (its ranks' command lines name the script too: a pkill -f would end
+  # them with it, where sglang's multiprocessing ranks survive it).
+  kill -9 "$LP"
   tk=$(( $(date +%s%3N) - t0 ))
   sleep 8
   "$BIN" sweep --yes --grace 5s >"$W/sweep$run" 2>&1

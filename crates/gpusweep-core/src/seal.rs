@@ -62,29 +62,53 @@ pub enum SealKeyError {
     #[error("{path}: others may read it (mode {mode:o}); the key would be no secret: chmod 600 it")]
     Loose { path: String, mode: u32 },
     #[error(
+        "{path}: owned by user {uid}, neither root nor this user: not taken for the fleet's key"
+    )]
+    Owner { path: String, uid: u32 },
+    #[error(
         "{path}: {len} bytes; a fleet key has at least {MIN_KEY_BYTES} (e.g. openssl rand -hex 32 > FILE)"
     )]
     Short { path: String, len: usize },
 }
 
 impl SealKey {
-    /// The key in `path`: its bytes, whitespace trimmed at both ends. A file group or others may read is
-    /// refused, and so is a key shorter than `MIN_KEY_BYTES`.
+    /// The key in `path`: its bytes, whitespace trimmed at both ends. Opened once, never through a symbolic
+    /// link, and judged by what was opened: a file group or others may read, one owned by another user
+    /// than this one or root (a file put where this reader was told to look), or a key shorter than
+    /// `MIN_KEY_BYTES` is refused.
     pub fn from_file(path: &Path) -> Result<SealKey, SealKeyError> {
-        use std::os::unix::fs::MetadataExt;
+        use std::io::Read;
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         let shown = path.display().to_string();
         let read = |source| SealKeyError::Read {
             path: shown.clone(),
             source,
         };
-        let md = std::fs::metadata(path).map_err(read)?;
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(read)?;
+        let md = f.metadata().map_err(read)?;
         if md.mode() & 0o077 != 0 {
             return Err(SealKeyError::Loose {
                 path: shown,
                 mode: md.mode() & 0o777,
             });
         }
-        let bytes = std::fs::read(path).map_err(read)?;
+        // This process's user, as the kernel shows it: the owner of its own /proc entry.
+        let me = std::fs::metadata("/proc/self").map(|m| m.uid()).ok();
+        if md.uid() != 0 && Some(md.uid()) != me {
+            return Err(SealKeyError::Owner {
+                path: shown,
+                uid: md.uid(),
+            });
+        }
+        let mut bytes = Vec::new();
+        f.by_ref()
+            .take(64 * 1024)
+            .read_to_end(&mut bytes)
+            .map_err(read)?;
         SealKey::new(bytes.trim_ascii()).map_err(|len| SealKeyError::Short { path: shown, len })
     }
 
@@ -380,6 +404,13 @@ mod tests {
         ));
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
         assert!(SealKey::from_file(&p).is_ok());
+        // Never through a symbolic link.
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&p, &link).expect("symlink");
+        assert!(matches!(
+            SealKey::from_file(&link),
+            Err(SealKeyError::Read { .. })
+        ));
         std::fs::write(&p, "short\n").expect("write");
         assert!(matches!(
             SealKey::from_file(&p),
