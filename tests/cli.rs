@@ -92,6 +92,71 @@ fn no_record(env: &Env) -> bool {
     std::fs::read_to_string(env.audit()).map_or(true, |s| s.is_empty())
 }
 
+/// A sweep ends leftovers, not a live job: an orphan holding GPU 0 is ended; a launcher's live rank holding
+/// GPU 1 is named as live and left alone, and the sweep reads clean (what only a live job holds is its
+/// own); `--live` ends it too.
+#[test]
+fn a_sweep_ends_leftovers_and_leaves_a_live_job_alone() {
+    let env = Env::new();
+    let dev0 = env.device();
+    let dev1 = env.dir.path().join("nvidia1");
+    std::fs::write(&dev1, b"").expect("stand-in device");
+    let orphan = orphan_holding(&dev0);
+    // In a session of its own, as a job's launcher is (the test's own session holds other tests' processes).
+    let mut launcher = Command::new("setsid")
+        .args(["sh", "-c", "sleep 301 <\"$1\" & wait", "sh"])
+        .arg(&dev1)
+        .spawn()
+        .expect("launcher");
+    let lp = launcher.id();
+    let mut rank = 0u32;
+    await_cond("the live rank", 10, || {
+        rank = std::fs::read_to_string(format!("/proc/{lp}/task/{lp}/children"))
+            .ok()
+            .and_then(|c| c.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0);
+        rank != 0
+    });
+    let glob = env.glob();
+    let sweep = |extra: &[&str]| {
+        let mut args = vec![
+            "sweep",
+            "--yes",
+            "--no-nvml",
+            "--device-glob",
+            &glob,
+            "--grace",
+            "5s",
+            "--timeout",
+            "10s",
+        ];
+        args.extend_from_slice(extra);
+        env.run(&args)
+    };
+    let t = crate::support::exited(&sweep(&[]), 0);
+    assert!(
+        t.contains(&format!("{orphan} sleep 300: exited after TERM")),
+        "{t}"
+    );
+    assert!(
+        t.lines()
+            .any(|l| l.trim_start().starts_with("live") && l.contains(&format!(" {rank}:"))),
+        "the live rank named as such: {t}"
+    );
+    assert!(!alive(orphan), "{t}");
+    assert!(
+        alive(rank),
+        "a live job's rank ended by a sweep of leftovers: {t}"
+    );
+    let t = crate::support::exited(&sweep(&["--live"]), 0);
+    assert!(
+        t.contains(&format!("{rank} sleep 301: exited after TERM")),
+        "{t}"
+    );
+    let _ = launcher.kill();
+    let _ = launcher.wait();
+}
+
 #[test]
 fn orphan_holder_is_found_and_swept_with_yes() {
     let env = Env::new();
@@ -761,9 +826,11 @@ fn a_fake_name_does_not_make_a_holder_benign() {
     await_cond("the exec", 10, || {
         std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
     });
+    // A live process no finding names: planned where live processes are asked for.
     let o = env.run(&[
         "sweep",
         "--dry-run",
+        "--live",
         "--no-nvml",
         "--device-glob",
         &env.glob(),
@@ -826,6 +893,7 @@ fn hostile_text_never_reaches_the_terminal_raw() {
         vec![
             "sweep",
             "--dry-run",
+            "--live",
             "--no-nvml",
             "--device-glob",
             &env.glob(),

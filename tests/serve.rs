@@ -1142,9 +1142,18 @@ async fn a_sweep_of_this_host_goes_through_its_serve_and_its_stream_tells_it() {
         .expect("events");
     let mut got = String::new();
     read_until(&mut events, &mut got, "event: snapshot").await;
-    // `gpusweep sweep` of this host, as an operator types it: no --hosts.
+    // `gpusweep sweep` of this host, as an operator types it: no --hosts (`--live`: the holder is a live
+    // process no finding names).
     let mut sweep = gpusweep(tmp)
-        .args(["sweep", "--yes", "--grace", "1s", "--timeout", "20s"])
+        .args([
+            "sweep",
+            "--yes",
+            "--live",
+            "--grace",
+            "1s",
+            "--timeout",
+            "20s",
+        ])
         .env("GPUSWEEP_SOCKET", &sock)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -24,9 +24,15 @@ pub struct SweepArgs {
     /// GPUs to sweep: indices, ranges and UUIDs (0,1,4-7,GPU-...). Default: all.
     #[arg(long, value_name = "LIST", value_parser = super::values::gpu_list_arg)]
     pub gpus: Option<super::values::GpuList>,
-    /// Only this job's processes and the GPUs they hold (4711, slurm:4711.0, a container ID, run:PID).
+    /// Only this job's processes and the GPUs they hold (4711, slurm:4711.0, a container ID, run:PID), live
+    /// or not.
     #[arg(long, value_name = "JOB")]
     pub job: Option<String>,
+    /// Also end live, healthy jobs' processes on the chosen GPUs. By default a sweep ends leftovers only:
+    /// orphans, hidden holders, what keeps a ghost or a residual, the processes of a job that lost a rank or
+    /// its launcher.
+    #[arg(long, conflicts_with = "job")]
+    pub live: bool,
     /// Time between TERM and KILL.
     #[arg(long, value_name = "DUR", default_value = "10s", value_parser = crate::core::parse::duration_arg, allow_hyphen_values = true)]
     pub grace: Duration,
@@ -63,6 +69,15 @@ pub fn print_plan(plan: &Plan) {
     }
     for (pid, why) in &plan.skipped {
         println!("  skipped {pid}: {}", escape(why));
+    }
+    for i in &plan.live {
+        println!(
+            "  live {} {}: {}  [{}]",
+            escape(&i.host),
+            i.pid,
+            truncate(&escape(&i.cmdline), 60),
+            escape(&i.why)
+        );
     }
 }
 
@@ -131,9 +146,16 @@ async fn start(
                 .map(|(pid, _)| pid)
                 .collect();
             p.items.retain(|i| of_job.contains(&i.pid));
+        } else if !a.live {
+            p.only_leftovers(snap);
         }
         all.extend(p);
     }
+    // What a sweep of leftovers leaves alone is not waited for: a GPU only live jobs hold is theirs.
+    let mut watch = watch;
+    watch
+        .exempt
+        .extend(all.live.iter().map(|i| (i.pid, i.start_time)));
     Ok(Start {
         plan: all,
         watch,

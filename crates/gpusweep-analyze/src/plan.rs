@@ -32,6 +32,10 @@ pub struct Plan {
     pub items: Vec<PlanItem>,
     /// (pid, reason) left out on purpose.
     pub skipped: Vec<(u32, String)>,
+    /// Processes of the chosen GPUs a sweep of leftovers leaves alone: live, healthy jobs' (each `why` says
+    /// which job and how it stands). Ended only when named (`--job`) or asked for (`--live`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub live: Vec<PlanItem>,
 }
 
 impl Plan {
@@ -85,6 +89,73 @@ impl Plan {
     pub fn extend(&mut self, other: Plan) {
         self.items.extend(other.items);
         self.skipped.extend(other.skipped);
+        self.live.extend(other.live);
+    }
+
+    /// Keep only the leftovers of `snap` (its share of the plan): what a finding names (an orphan, a
+    /// hidden holder, the holder behind a ghost or a residual, an orphaned job's process) and the members of
+    /// a job that lost a rank or its launcher. The rest, live and healthy, moves to `live`, each saying
+    /// which job it is of.
+    pub fn only_leftovers(&mut self, snap: &HostSnapshot) {
+        let items = std::mem::take(&mut self.items);
+        for mut item in items {
+            if item.host != snap.host {
+                self.items.push(item);
+                continue;
+            }
+            if let Some(why) = leftover(snap, item.pid) {
+                item.why = format!("{why}; {}", item.why);
+                self.items.push(item);
+            } else {
+                item.why = live_why(snap, item.pid);
+                self.live.push(item);
+            }
+        }
+    }
+}
+
+/// Why a process is a leftover, if it is one.
+fn leftover(snap: &HostSnapshot, pid: u32) -> Option<String> {
+    // What the findings name: the process itself, or the one their action is on. Not a zombie's parent (a
+    // live server that has not reaped a child is still a live server), a straggler, a stuck process.
+    let named = snap.findings.iter().find(|f| {
+        (f.pid == Some(pid) || f.target_pid == Some(pid))
+            && matches!(
+                f.kind,
+                FindingKind::Orphan
+                    | FindingKind::OrphanedJob
+                    | FindingKind::HiddenHolder
+                    | FindingKind::Ghost
+                    | FindingKind::Residual
+                    | FindingKind::LostRank
+            )
+    });
+    if let Some(f) = named {
+        return Some(format!("leftover ({})", f.kind.as_str()));
+    }
+    let job = snap.jobs.iter().find(|j| {
+        j.ranks.iter().chain(&j.helpers).any(|r| r.pid == pid) || j.launcher == Some(pid)
+    })?;
+    if job.phase == gpusweep_core::job::Phase::LostRank {
+        return Some(format!("leftover (job {} lost a rank)", job.id));
+    }
+    job.launcher_gone_ms
+        .map(|_| format!("leftover (job {}: its launcher is gone)", job.id))
+}
+
+/// Why a live process is left alone, naming its job.
+fn live_why(snap: &HostSnapshot, pid: u32) -> String {
+    let job = snap.jobs.iter().find(|j| {
+        j.ranks.iter().chain(&j.helpers).any(|r| r.pid == pid) || j.launcher == Some(pid)
+    });
+    match job {
+        Some(j) => format!(
+            "live job {} ({}): not a leftover; `--job {}` ends it, `--live` every live job",
+            j.id,
+            j.phase.as_str(),
+            j.id
+        ),
+        None => "live, named by no finding: not a leftover; `--live` ends it".to_string(),
     }
 }
 
