@@ -190,7 +190,13 @@ fn snapshot_of_three_hosts_and_one_that_is_down() {
         &Sshd::demo_agent(),
         &["snapshot", "--json", "--hosts", &hosts],
     );
-    assert!(o.status.success(), "{}", text(&o));
+    // Every host's reading, the down one's error in it; the exit says one could not be read.
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("could not be read"),
+        "{}",
+        text(&o)
+    );
     let v = json(&o);
     let hs = v["hosts"].as_array().expect("hosts");
     assert_eq!(hs.len(), 4);

@@ -45,11 +45,16 @@ pub fn run(s: &Settings, a: &SnapshotArgs) -> anyhow::Result<i32> {
     rt.shutdown_background();
     trace("main", "readings in");
     printed?;
-    let code = if snaps.iter().all(|h| h.error.is_some()) {
-        2
-    } else {
-        0
-    };
+    // A host that could not be read, or whose GPUs could not (no driver, NVML failing: unless --no-nvml
+    // asks for holders alone), is an error, said on stderr: never a reading to take as whole.
+    let unread: Vec<String> = snaps
+        .iter()
+        .filter_map(|h| crate::analyze::node::unusable(h, s.fleet.load_nvml))
+        .collect();
+    for why in &unread {
+        eprintln!("gpusweep: {why}");
+    }
+    let code = if unread.is_empty() { 0 } else { 2 };
     if json {
         write_json(
             &mut std::io::BufWriter::new(std::io::stdout().lock()),
