@@ -184,16 +184,21 @@ pub fn serve(src: Box<dyn Source>, signals: Option<&Deliverer>, interval: Durati
 /// `gpusweep agent`'s own flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct AgentArgs {
-    /// Which simulated host to serve with --demo.
-    #[arg(long, default_value = "gpu-b")]
-    pub demo_host: String,
+    /// Which simulated host to serve with --demo (default gpu-b).
+    #[arg(long, value_name = "NAME")]
+    pub demo_host: Option<String>,
 }
 
 /// `gpusweep agent [--demo-host H]`: serve this host, or a demo host with `--demo`.
 pub fn run(s: &crate::runtime::Settings, a: &AgentArgs) -> anyhow::Result<i32> {
-    let demo_host = a.demo_host.as_str();
     use crate::source::demo::{DEMO_HOSTS, DemoHost};
     use crate::source::local::LocalSource;
+    if !s.demo && a.demo_host.is_some() {
+        anyhow::bail!(
+            "--demo-host picks a simulated host: it needs --demo (this host is read without it)"
+        );
+    }
+    let demo_host = a.demo_host.as_deref().unwrap_or("gpu-b");
     if s.demo {
         if !DemoHost::is_demo_name(demo_host) {
             anyhow::bail!(

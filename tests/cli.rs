@@ -541,6 +541,8 @@ fn bad_arguments_exit_2_with_a_reason() {
         (vec!["snapshot", "--connect-timeout", "0"], "1..=86400"),
         (vec!["smem", "--stages", "100000"], "1..=64"),
         (vec!["wait", "--timeout", "100y"], "longer than a year"),
+        // A simulated host asked for without the demo is not this host read silently.
+        (vec!["agent", "--demo-host", "gpu-a"], "needs --demo"),
     ] {
         let o = env.run(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));

@@ -41,7 +41,16 @@ Findings:
   smem_limit     less shared memory per block than Hopper's 227 KB:
                  check tiles with `gpusweep smem`
   not_visible    a listed PID in another PID namespace: run gpusweep
-                 there";
+                 there
+  lost_rank      a job's rank ended while its other ranks hold GPU
+                 memory (they wait on it): `gpusweep sweep --job JOB`
+  straggler      a rank loading far behind its peers: watch it, or
+                 end the job
+  busy_without_holder
+                 a GPU busy with no process listed or holding it:
+                 reset the GPU (who would block it is named)
+  needs_reset    an XID or the driver says the GPU needs a reset or
+                 a reboot before a launch";
 
 pub const ABOUT: &str = "Who holds this GPU memory, and is it gone yet?";
 pub const LONG_ABOUT: &str = "Watches GPU memory on one or many hosts, explains every MiB (which live process \
@@ -60,7 +69,8 @@ pub enum CliCommand {
     Check(super::check::CheckArgs),
     /// Block until every chosen GPU is clean. Exit 0 clean, 1 timeout (naming what holds memory), 2 error.
     Wait(super::wait::WaitArgs),
-    /// Signal every holder of the chosen GPUs: TERM, a grace period, KILL; then wait until clean.
+    /// End the leftovers of the chosen GPUs (a live job only with --job or --live): TERM, a grace period,
+    /// KILL; then wait until they are gone.
     Sweep(super::sweep::SweepArgs),
     /// Signal chosen processes with the same safety as sweep.
     Kill(super::kill::KillArgs),
@@ -93,4 +103,57 @@ pub enum ShmAction {
     /// Each is re-checked at removal (same inode, a plain file, still unused) and logged in the audit log.
     /// Exit 0 removed (or nothing to remove), 1 a file refused or failed, 2 a host unreadable or not confirmed.
     Clean(super::shm::CleanArgs),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EXIT_CODES;
+    use crate::core::model::FindingKind;
+
+    /// `--help` names every finding kind a reading can carry.
+    #[test]
+    fn help_names_every_finding_kind() {
+        let all = [
+            FindingKind::Ghost,
+            FindingKind::HiddenHolder,
+            FindingKind::Residual,
+            FindingKind::Orphan,
+            FindingKind::Zombie,
+            FindingKind::ShmLeftover,
+            FindingKind::SmemLimit,
+            FindingKind::NotVisible,
+            FindingKind::Unkillable,
+            FindingKind::OrphanedJob,
+            FindingKind::LostRank,
+            FindingKind::Straggler,
+            FindingKind::BusyWithoutHolder,
+            FindingKind::NeedsReset,
+        ];
+        for k in all {
+            // A match with no wildcard: a kind added later fails to compile here until it is named.
+            match k {
+                FindingKind::Ghost
+                | FindingKind::HiddenHolder
+                | FindingKind::Residual
+                | FindingKind::Orphan
+                | FindingKind::Zombie
+                | FindingKind::ShmLeftover
+                | FindingKind::SmemLimit
+                | FindingKind::NotVisible
+                | FindingKind::Unkillable
+                | FindingKind::OrphanedJob
+                | FindingKind::LostRank
+                | FindingKind::Straggler
+                | FindingKind::BusyWithoutHolder
+                | FindingKind::NeedsReset => {}
+            }
+            assert!(
+                EXIT_CODES
+                    .lines()
+                    .any(|l| l.trim_start().starts_with(k.as_str())),
+                "{} is not in --help",
+                k.as_str()
+            );
+        }
+    }
 }
