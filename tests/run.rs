@@ -92,6 +92,8 @@ fn double_forked_workers_end_with_the_command_and_its_status_passes_through() {
         t.contains("in cgroup") && t.contains("cgroup.kill"),
         "a cgroup leaf where one can be made: {t}"
     );
+    // A job that held no GPU says so, not "GPU - read zero".
+    assert!(t.contains("it held no GPU") && !t.contains("GPU - "), "{t}");
     assert!(t.contains("2 process(es) left"), "{t}");
     for w in pids_in(&env.path("workers"), 2) {
         assert!(!alive(w), "worker {w} outlived its job: {t}");

@@ -620,19 +620,19 @@ fn say_end(
         }
     };
     if clean {
-        let gpus = if job.scope.is_empty() {
-            "-".into()
-        } else {
-            fmt_gpus(&job.scope)
-        };
         // Where something held the GPUs before, they may not read zero: only the job's share is gone.
         let what = if job.before.is_empty() {
             "read zero"
         } else {
             "hold nothing of the job's"
         };
+        let gpus = if job.scope.is_empty() {
+            format!("it held no GPU ({took} after it ended)")
+        } else {
+            format!("GPU {} {what} {took} after it ended", fmt_gpus(&job.scope))
+        };
         eprintln!(
-            "gpusweep run: job {me}: COMMAND {}; GPU {gpus} {what} {took} after it ended",
+            "gpusweep run: job {me}: COMMAND {}; {gpus}",
             status_words(status)
         );
         said_lost();
