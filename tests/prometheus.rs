@@ -1741,6 +1741,7 @@ fn steady_serve_target(tmp: &Path) -> String {
                 .into(),
                 clean_used: Some(0),
                 kinds: std::collections::BTreeMap::new(),
+                simulated: false,
             };
             let [mac_0, mac_1] = summary.seal(&key);
             body.push_str(&format!(
@@ -2003,7 +2004,7 @@ fn impostor_summary(c: &Http, prom: &str, host: &str) -> String {
         prom,
         &format!(r#"gpusweep_host_seal{{Hostname="{host}"}}"#),
         "the host's seal",
-        |r| r.len() == 3,
+        |r| r.len() == 4,
     );
     for (labels, v) in seal {
         body.push_str(&format!(
@@ -2066,7 +2067,7 @@ fn a_reading_counts_only_where_its_node_sealed_it() {
         &prom,
         r#"gpusweep_host_seal{Hostname="gpu-b"}"#,
         "gpu-b's seal",
-        |r| r.len() == 3,
+        |r| r.len() == 4,
     );
     let wait = |gpu: &str| {
         gpusweep(tmp)

@@ -280,6 +280,7 @@ impl Families {
             ("taken_ms", summary.taken_ms),
             ("mac_0", mac_0),
             ("mac_1", mac_1),
+            ("simulated", u64::from(summary.simulated)),
         ] {
             set(
                 &self.host_seal,
@@ -584,7 +585,7 @@ impl Families {
         register_serve(&mut r, self.info, self.identity);
         r.register(
             m::HOST_SEAL,
-            "The seal over the host's summary (part: taken_ms, the reading's time; mac_0 and mac_1, the seal's two 48-bit parts), made with the fleet's key",
+            "The seal over the host's summary (part: taken_ms, the reading's time; mac_0 and mac_1, the seal's two 48-bit parts; simulated, 1 for a demo's readings), made with the fleet's key",
             self.host_seal,
         );
         register_jobs(

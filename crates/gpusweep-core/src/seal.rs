@@ -144,6 +144,8 @@ pub struct HostSummary {
     pub clean_used: Option<u64>,
     /// Findings by (kind, severity word), only those the host has.
     pub kinds: BTreeMap<(String, String), u64>,
+    /// The readings are simulated (a demo serve): sealed, so no key holder's demo passes for a real host.
+    pub simulated: bool,
 }
 
 impl HostSummary {
@@ -153,6 +155,7 @@ impl HostSummary {
             host: snap.host.clone(),
             taken_ms: snap.taken_at_ms,
             readable,
+            simulated: snap.simulated,
             ..HostSummary::default()
         };
         if snap.error.is_some() {
@@ -211,12 +214,14 @@ impl HostSummary {
             &self.states,
             self.clean_used,
             &self.kinds,
+            self.simulated,
         ) != (
             &before.host,
             before.readable,
             &before.states,
             before.clean_used,
             &before.kinds,
+            before.simulated,
         )
     }
 
@@ -230,6 +235,11 @@ impl HostSummary {
         };
         field(b"gpusweep-seal-v1");
         field(self.host.as_bytes());
+        field(if self.simulated {
+            b"simulated"
+        } else {
+            b"read"
+        });
         field(self.taken_ms.to_string().as_bytes());
         field(match self.readable {
             None => b"-",
@@ -369,6 +379,12 @@ mod tests {
         let mut forged = s.clone();
         forged.readable = None;
         assert!(!forged.verify(&key(7), seal));
+        let mut forged = s.clone();
+        forged.simulated = true;
+        assert!(
+            !forged.verify(&key(7), seal),
+            "a demo's seal is not a real host's"
+        );
         // A truncated or widened seal.
         assert!(!s.verify(&key(7), [seal[0], 0]));
         assert!(!s.verify(&key(7), [seal[0] | 1 << 50, seal[1]]));

@@ -184,6 +184,15 @@ fn summary_of(name: &str, p: &Parts) -> Result<(HostSummary, [u64; 2], Option<u6
     let (taken_ms, scraped) = seal_part("taken_ms")?;
     let (mac_0, _) = seal_part("mac_0")?;
     let (mac_1, _) = seal_part("mac_1")?;
+    // A serve says whether its readings are simulated; one that says nothing is taken for real, and its
+    // seal then checks only if it is.
+    let simulated = match p.seal.get("simulated").map(Vec::as_slice) {
+        None | Some([]) => false,
+        Some(v) => {
+            let values: Vec<f64> = v.iter().map(|(x, _)| *x).collect();
+            sole("seal's simulated", &values)? == Some(1)
+        }
+    };
     if mac_0 >> PART_BITS != 0 || mac_1 >> PART_BITS != 0 {
         return Err("its seal's parts are out of range".into());
     }
@@ -214,6 +223,7 @@ fn summary_of(name: &str, p: &Parts) -> Result<(HostSummary, [u64; 2], Option<u6
         states,
         clean_used: sole("clean GPUs' bytes", &p.clean_used)?,
         kinds,
+        simulated,
     };
     Ok((s, [mac_0, mac_1], scraped))
 }

@@ -310,10 +310,16 @@ pub(super) fn snapshot(
         gpu_error,
         taken_at_ms: proven.map_or_else(|| d.taken_at_ms(polled_ms), |p| p.taken_ms),
         source: SourceKind::Prometheus,
-        simulated: own_target(d).is_some_and(|t| {
-            ids.simulated
-                .contains(&(name.to_string(), t.instance.clone()))
-        }),
+        // A proven summary says it under the seal; a labels-only host as its own target's info says.
+        simulated: proven.map_or_else(
+            || {
+                own_target(d).is_some_and(|t| {
+                    ids.simulated
+                        .contains(&(name.to_string(), t.instance.clone()))
+                })
+            },
+            |p| p.simulated,
+        ),
         gpus,
         missing_features: missing,
         findings,

@@ -840,6 +840,7 @@ fn summary_of_states(
             .iter()
             .map(|(k, s, n)| (((*k).to_string(), (*s).to_string()), *n))
             .collect(),
+        simulated: false,
     }
 }
 
