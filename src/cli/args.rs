@@ -113,40 +113,7 @@ mod tests {
     /// `--help` names every finding kind a reading can carry.
     #[test]
     fn help_names_every_finding_kind() {
-        let all = [
-            FindingKind::Ghost,
-            FindingKind::HiddenHolder,
-            FindingKind::Residual,
-            FindingKind::Orphan,
-            FindingKind::Zombie,
-            FindingKind::ShmLeftover,
-            FindingKind::SmemLimit,
-            FindingKind::NotVisible,
-            FindingKind::Unkillable,
-            FindingKind::OrphanedJob,
-            FindingKind::LostRank,
-            FindingKind::Straggler,
-            FindingKind::BusyWithoutHolder,
-            FindingKind::NeedsReset,
-        ];
-        for k in all {
-            // A match with no wildcard: a kind added later fails to compile here until it is named.
-            match k {
-                FindingKind::Ghost
-                | FindingKind::HiddenHolder
-                | FindingKind::Residual
-                | FindingKind::Orphan
-                | FindingKind::Zombie
-                | FindingKind::ShmLeftover
-                | FindingKind::SmemLimit
-                | FindingKind::NotVisible
-                | FindingKind::Unkillable
-                | FindingKind::OrphanedJob
-                | FindingKind::LostRank
-                | FindingKind::Straggler
-                | FindingKind::BusyWithoutHolder
-                | FindingKind::NeedsReset => {}
-            }
+        for k in FindingKind::ALL {
             assert!(
                 EXIT_CODES
                     .lines()

@@ -25,22 +25,7 @@ pub type Labels = Vec<(&'static str, String)>;
 
 type Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
 
-const KINDS: [FindingKind; 14] = [
-    FindingKind::Ghost,
-    FindingKind::HiddenHolder,
-    FindingKind::Residual,
-    FindingKind::Orphan,
-    FindingKind::Zombie,
-    FindingKind::ShmLeftover,
-    FindingKind::SmemLimit,
-    FindingKind::NotVisible,
-    FindingKind::Unkillable,
-    FindingKind::OrphanedJob,
-    FindingKind::LostRank,
-    FindingKind::Straggler,
-    FindingKind::BusyWithoutHolder,
-    FindingKind::NeedsReset,
-];
+const KINDS: [FindingKind; 14] = FindingKind::ALL;
 
 const SEVERITIES: [(Severity, &str); 3] = [
     (Severity::Leak, "leak"),

@@ -640,6 +640,24 @@ pub enum FindingKind {
 }
 
 impl FindingKind {
+    /// Every kind, in the order metrics and `--help` list them.
+    pub const ALL: [FindingKind; 14] = [
+        FindingKind::Ghost,
+        FindingKind::HiddenHolder,
+        FindingKind::Residual,
+        FindingKind::Orphan,
+        FindingKind::Zombie,
+        FindingKind::ShmLeftover,
+        FindingKind::SmemLimit,
+        FindingKind::NotVisible,
+        FindingKind::Unkillable,
+        FindingKind::OrphanedJob,
+        FindingKind::LostRank,
+        FindingKind::Straggler,
+        FindingKind::BusyWithoutHolder,
+        FindingKind::NeedsReset,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             FindingKind::Ghost => "ghost",
@@ -1365,6 +1383,31 @@ pub fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `FindingKind::ALL` holds every kind once: each kind's place in it, told by a match with no wildcard
+    /// (a kind added later fails to compile here until it has one).
+    #[test]
+    fn every_finding_kind_is_in_all() {
+        let place = |k: FindingKind| match k {
+            FindingKind::Ghost => 0,
+            FindingKind::HiddenHolder => 1,
+            FindingKind::Residual => 2,
+            FindingKind::Orphan => 3,
+            FindingKind::Zombie => 4,
+            FindingKind::ShmLeftover => 5,
+            FindingKind::SmemLimit => 6,
+            FindingKind::NotVisible => 7,
+            FindingKind::Unkillable => 8,
+            FindingKind::OrphanedJob => 9,
+            FindingKind::LostRank => 10,
+            FindingKind::Straggler => 11,
+            FindingKind::BusyWithoutHolder => 12,
+            FindingKind::NeedsReset => 13,
+        };
+        for (i, k) in FindingKind::ALL.into_iter().enumerate() {
+            assert_eq!(place(k), i, "{}", k.as_str());
+        }
+    }
 
     /// Gauges said by position go onto what is held, GPU by GPU: every GPU's, only those that moved (the
     /// others kept), none (as before); a position the reading does not have is left out, and readings not
