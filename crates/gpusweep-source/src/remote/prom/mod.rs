@@ -337,11 +337,7 @@ impl Poller {
                     || self.said[i]
                         .as_ref()
                         .is_some_and(|d| own_target(d) != s.target.as_ref())
-                    || match (&self.proven[i], s.proof.proven()) {
-                        (Some(before), Some(now)) => now.moved_from(before),
-                        (None, None) => false,
-                        _ => true,
-                    },
+                    || summary_moved(self.proven[i].as_ref(), s.proof.proven()),
             );
         }
         moved
@@ -486,11 +482,7 @@ impl Poller {
         // Most polls of most hosts say what the last one said: then only its time is news, and no
         // snapshot is built to find that out.
         let proven = proof.proven();
-        let proof_held = match (&self.proven[i], proven) {
-            (Some(before), Some(now)) => !now.moved_from(before),
-            (None, None) => true,
-            _ => false,
-        };
+        let proof_held = !summary_moved(self.proven[i].as_ref(), proven);
         if !was_down && proof_held && self.said[i].as_ref().is_some_and(|p| p.same_but_time(d)) {
             let at = proven.map_or_else(|| d.taken_at_ms(now), |p| p.taken_ms);
             return h.sink.fresh(at, SaidGauges::default());
@@ -546,6 +538,16 @@ fn judge_voices(
             ))
         }
         (_, Some(_)) => None,
+    }
+}
+
+/// Whether a host's proven summary says something else than the one its last reading was built with
+/// (proven then and not now, or the other way, included).
+fn summary_moved(before: Option<&HostSummary>, now: Option<&HostSummary>) -> bool {
+    match (before, now) {
+        (Some(before), Some(now)) => now.moved_from(before),
+        (None, None) => false,
+        _ => true,
     }
 }
 
