@@ -3,7 +3,7 @@
 //! live job explains, or one that needs a reset), or unknown (the host or a GPU could not be read, or the
 //! reading cannot see whole: never an ok). Pure: one judged reading in, the verdict out.
 
-use super::watch::judged_by_holders_only;
+use super::watch::{blind_proof, judged_by_holders_only};
 use gpusweep_core::format::{escape, fmt_bytes};
 use gpusweep_core::model::{Finding, GpuState, HostSnapshot, Severity};
 
@@ -101,19 +101,6 @@ pub fn unusable(snap: &HostSnapshot, load_nvml: bool) -> Option<String> {
         ));
     }
     None
-}
-
-/// Why a gate cannot call a host clean: its reading came through Prometheus without its serve's seal
-/// (`Feature::Proof`), so every "clean" in it rests on labels anyone who can get a series scraped writes.
-pub fn blind_proof(snap: &HostSnapshot) -> Option<String> {
-    snap.lacks(gpusweep_core::model::Feature::Proof).then(|| {
-        format!(
-            "{}: read from Prometheus without a seal its own serve made (no fleet key here, no seal there, \
-             or dcgm-exporter alone): a clean that rests on labels is never taken; give the fleet key \
-             (--seal-key) to reader and serve, or read the host's serve (--hosts http://NODE:9401)",
-            escape(&snap.host)
-        )
-    })
 }
 
 /// Why a gate cannot judge a host it does not see whole: a GPU holds memory while the reading sees only its

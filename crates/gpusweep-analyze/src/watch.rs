@@ -177,17 +177,30 @@ pub fn verdict(
     if !unread.is_empty() {
         unread.extend(why);
         // A zero no node proved reads unknown: say why.
-        unread.extend(super::node::blind_proof(snap));
+        unread.extend(blind_proof(snap));
         return Verdict::Unknown(unread.join("; "));
     }
     if !why.is_empty() {
         return Verdict::Dirty(why);
     }
     // A clean no node proved (read from Prometheus without its serve's seal) is not one.
-    match super::node::blind_proof(snap) {
+    match blind_proof(snap) {
         Some(e) => Verdict::Unknown(e),
         None => Verdict::Clean,
     }
+}
+
+/// Why a gate cannot call a host clean: its reading came through Prometheus without its serve's seal
+/// (`Feature::Proof`), so every "clean" in it rests on labels anyone who can get a series scraped writes.
+pub fn blind_proof(snap: &HostSnapshot) -> Option<String> {
+    snap.lacks(gpusweep_core::model::Feature::Proof).then(|| {
+        format!(
+            "{}: read from Prometheus without a seal its own serve made (no fleet key here, no seal there, \
+             or dcgm-exporter alone): a clean that rests on labels is never taken; give the fleet key \
+             (--seal-key) to reader and serve, or read the host's serve (--hosts http://NODE:9401)",
+            gpusweep_core::format::escape(&snap.host)
+        )
+    })
 }
 
 /// Whether this host's GPUs could be read at all (otherwise the verdict was by holders alone).

@@ -145,7 +145,7 @@ impl Sample<'_> {
     /// When Prometheus answered for it (the instant query's time, Unix milliseconds): Prometheus's own
     /// clock, which no target sets.
     pub(super) fn answered_ms(&self) -> Option<u64> {
-        super::reading::whole(self.value.0 * 1000.0)
+        whole(self.value.0 * 1000.0)
     }
     /// The host it belongs to: its `Hostname` (dcgm-exporter's and gpusweep's label), else `hostname`
     /// (newer dcgm-exporters'), else `instance`.
@@ -205,3 +205,9 @@ pub(super) fn conflict(name: &str, targets: &BTreeSet<Target>) -> Option<String>
 /// Prometheus's own `up` of each scrape target it scrapes (a target cannot forge it): those that named a
 /// fleet host in the lookback, and every target that is down.
 pub(super) type Up = HashMap<Target, f64>;
+
+/// A sample as a whole number; a NaN, an infinity or a negative number is no reading.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked finite and >= 0 first
+pub(super) fn whole(x: f64) -> Option<u64> {
+    (x.is_finite() && x >= 0.0).then_some(x as u64)
+}

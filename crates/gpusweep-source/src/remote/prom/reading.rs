@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
+pub(super) use super::answer::whole;
 use super::answer::{Target, Up};
 use crate::Sink;
 use gpusweep_core::model::{
@@ -87,12 +88,6 @@ pub(super) struct GpuData {
     pub(super) unexplained: Vec<(String, f64)>,
     /// The state its serve judged, from a compact summary (see `HostData::quick`).
     pub(super) state: Option<GpuState>,
-}
-
-/// A sample as a whole number; a NaN, an infinity or a negative number is no reading.
-#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked finite and >= 0 first
-pub(super) fn whole(x: f64) -> Option<u64> {
-    (x.is_finite() && x >= 0.0).then_some(x as u64)
 }
 
 pub(super) fn mib(v: Option<f64>) -> Option<u64> {
