@@ -64,7 +64,7 @@ impl StdoutSink {
             return false;
         };
         if self.compact.load(Ordering::Relaxed)
-            && last.as_ref().is_some_and(|l| l.says_the_same(&snap))
+            && last.as_ref().is_some_and(|l| l.diff(&snap).is_nothing())
         {
             return emit(
                 &self.out,

@@ -152,3 +152,102 @@ fn unsafe_code_lives_in_gpusweep_sys_only() {
         );
     }
 }
+
+/// The README's layout block (from `## Layout` to the next section).
+fn readme_layout() -> String {
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    let from = readme
+        .find("## Layout")
+        .expect("README has a Layout section");
+    let rest = &readme[from + 2..];
+    let to = rest.find("\n## ").unwrap_or(rest.len());
+    rest[..to].to_string()
+}
+
+/// Whether `text` names `word` as a word of its own (not inside another name).
+fn names(text: &str, word: &str) -> bool {
+    let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    text.match_indices(word).any(|(i, _)| {
+        !text[..i].chars().next_back().is_some_and(is_name)
+            && !text[i + word.len()..].chars().next().is_some_and(is_name)
+    })
+}
+
+/// Every module a newcomer looks for: each crate's files and folders under `src/`, and the front ends'
+/// (`src/`, `src/serve/`, `src/tui/`), roots and test modules aside.
+fn modules_to_name() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = vec![
+        root().join("src"),
+        root().join("src/serve"),
+        root().join("src/tui"),
+    ];
+    for c in std::fs::read_dir(root().join("crates")).expect("crates/") {
+        dirs.push(c.expect("crate").path().join("src"));
+    }
+    let mut out = Vec::new();
+    for d in dirs {
+        for e in std::fs::read_dir(&d).expect("a source folder") {
+            let p = e.expect("entry").path();
+            let name = p
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("")
+                .to_string();
+            let skip =
+                ["lib.rs", "main.rs", "mod.rs", "tests.rs", "tests"].contains(&name.as_str());
+            if !skip && (p.is_dir() || p.extension().is_some_and(|e| e == "rs")) {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn the_readme_layout_names_every_module_and_the_docs_no_file_that_is_gone() {
+    let layout = readme_layout();
+    let unnamed: Vec<String> = modules_to_name()
+        .iter()
+        .filter_map(|p| {
+            let stem = p.file_stem()?.to_str()?;
+            (!names(&layout, stem))
+                .then(|| p.strip_prefix(root()).unwrap_or(p).display().to_string())
+        })
+        .collect();
+    assert!(
+        unnamed.is_empty(),
+        "README's Layout does not name: {unnamed:?}"
+    );
+    // The other way: every `name.rs` the layout or architecture.md names is a file of the tree.
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    rust_files(&root().join("crates"), &mut files);
+    rust_files(&root().join("tests"), &mut files);
+    let arch =
+        std::fs::read_to_string(root().join("docs/architecture.md")).expect("docs/architecture.md");
+    for (doc, text) in [
+        ("README.md", layout.as_str()),
+        ("docs/architecture.md", arch.as_str()),
+    ] {
+        for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || "_./".contains(c))) {
+            let Some(name) = word.strip_suffix(".rs") else {
+                continue;
+            };
+            let name = format!("{}.rs", name.trim_start_matches('/'));
+            assert!(
+                files
+                    .iter()
+                    .any(|f| f.to_string_lossy().ends_with(&format!("/{name}"))),
+                "{doc} names {name}, which is not in the tree"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_word_is_named_only_on_its_own() {
+    assert!(names("plan.rs (sweep plans)", "plan"));
+    assert!(!names("sweep plans", "plan"));
+    assert!(!names("proc_state", "state"));
+}

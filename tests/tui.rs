@@ -93,7 +93,7 @@ impl Demo {
     fn feed(&mut self, i: usize, snap: gpusweep::core::model::HostSnapshot) -> Vec<Effect> {
         let moved = self.memory_alone.and_then(|_| {
             let last = self.ledgers[i].latest()?;
-            last.snap.same_but_memory(&snap).then(|| {
+            (last.snap.diff(&snap).reading <= gpusweep::core::verdict::Moved::Memory).then(|| {
                 let (used, charged) = snap.memory_numbers();
                 gpusweep::core::sse::MemoryMoved {
                     host: snap.host.clone(),
@@ -739,9 +739,10 @@ fn reducer_memory_alone_shows_what_whole_readings_show() {
         gauges: SaidGauges::default(),
         used: vec![Some(0)],
         charged: vec![Vec::new()],
-        states: vec![Some(GpuState::Clean)],
-        findings: Vec::new(),
-        jobs: Vec::new(),
+        verdict: gpusweep::core::verdict::Verdict {
+            states: vec![(0, Some(GpuState::Clean))],
+            ..Default::default()
+        },
         counts: gpusweep::runtime::StateCounts::default(),
         leaks: 0,
         all_clean: true,

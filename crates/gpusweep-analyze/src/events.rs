@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::GpuState;
 use gpusweep_core::event::EventKind;
 use gpusweep_core::model::{Finding, HostSnapshot, Severity, Subject};
+use gpusweep_core::verdict::Verdict;
 
 /// A GPU process as one reading shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,14 +98,14 @@ pub fn between(prev: Option<&HostSnapshot>, next: &HostSnapshot) -> Vec<EventKin
             out.push(process_event(next, pid, true));
         }
     }
-    out.extend(verdict_events(prev, next, first));
+    out.extend(verdict_events(&Verdict::of(prev), next, first));
     out
 }
 
 /// The findings that cleared, appeared or rose, and the GPUs that turned clean, between `prev` and `next`:
 /// all `between` reads of `prev` but its processes (a reading that moved only its memory is judged against
 /// its findings and GPU states alone).
-pub fn verdict_events(prev: &HostSnapshot, next: &HostSnapshot, first: bool) -> Vec<EventKind> {
+pub fn verdict_events(prev: &Verdict, next: &HostSnapshot, first: bool) -> Vec<EventKind> {
     let mut out = Vec::new();
     // A finding whose severity rose (one seen to appear, now confirmed) is told again.
     let was: BTreeMap<Subject, Severity> = prev
@@ -137,10 +138,9 @@ pub fn verdict_events(prev: &HostSnapshot, next: &HostSnapshot, first: bool) -> 
     if !first {
         for g in &next.gpus {
             let now_clean = g.state == Some(GpuState::Clean);
-            let was_clean = prev
-                .gpu(g.index)
-                .is_some_and(|p| p.state == Some(GpuState::Clean));
-            if now_clean && !was_clean && prev.gpu(g.index).is_some() {
+            let was = prev.state(g.index);
+            let was_clean = was == Some(Some(GpuState::Clean));
+            if now_clean && !was_clean && was.is_some() {
                 out.push(EventKind::GpuClean {
                     gpu: g.index,
                     after_ms: None,

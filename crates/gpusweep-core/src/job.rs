@@ -318,8 +318,13 @@ pub struct JobReport {
 }
 
 impl JobReport {
-    /// Whether `b` says what this report says but for what NVML charges its ranks.
-    pub fn same_but_memory(&self, b: &JobReport) -> bool {
+    /// How far a later report of this job moved from this one: nothing, only what NVML charges its ranks
+    /// (`Memory`), or more.
+    pub fn moved(&self, b: &JobReport) -> crate::verdict::Moved {
+        use crate::verdict::Moved;
+        if self == b {
+            return Moved::Nothing;
+        }
         let JobReport {
             id,
             job,
@@ -338,13 +343,13 @@ impl JobReport {
             lost,
             kept,
         } = self;
-        *id == b.id
+        let but_memory = *id == b.id
             && *job == b.job
             && *launcher == b.launcher
             && *launcher_gone_ms == b.launcher_gone_ms
             && *name == b.name
-            && same_ranks(ranks, &b.ranks)
-            && same_ranks(helpers, &b.helpers)
+            && alike_but_charges(ranks, &b.ranks)
+            && alike_but_charges(helpers, &b.helpers)
             && *gpus == b.gpus
             && *started_ms == b.started_ms
             && *phase == b.phase
@@ -352,7 +357,12 @@ impl JobReport {
             && *warmup_ms == b.warmup_ms
             && *settled_bytes == b.settled_bytes
             && *lost == b.lost
-            && *kept == b.kept
+            && *kept == b.kept;
+        if but_memory {
+            Moved::Memory
+        } else {
+            Moved::More
+        }
     }
 
     /// Every process of it, ranks then helpers (what a sweep of it ends).
@@ -377,7 +387,7 @@ impl JobReport {
 }
 
 /// Whether two lists of ranks are the same processes, GPUs, states and stragglers (charges aside).
-fn same_ranks(a: &[Rank], b: &[Rank]) -> bool {
+fn alike_but_charges(a: &[Rank], b: &[Rank]) -> bool {
     a.len() == b.len()
         && a.iter().zip(b).all(|(x, y)| {
             (x.pid, &x.gpus, x.state, x.straggler) == (y.pid, &y.gpus, y.state, y.straggler)

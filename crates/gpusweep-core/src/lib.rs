@@ -25,5 +25,6 @@ pub mod signal;
 pub mod smem;
 pub mod sse;
 pub mod trace;
+pub mod verdict;
 
 pub use trace::trace;

@@ -6,6 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::verdict::Moved;
+
 pub const MIB: u64 = 1024 * 1024;
 pub const GIB: u64 = 1024 * MIB;
 /// Memory past what live listed processes are charged that is context overhead, not a residual, by default
@@ -927,10 +929,10 @@ impl Gpu {
         }
     }
 
-    /// Whether two readings of a GPU say the same, its gauges aside (and its used memory and what each
-    /// listed process is charged, unless `memory_too`). Every field is named, so a new one cannot be
-    /// forgotten here.
-    pub fn reads_the_same(&self, b: &Gpu, memory_too: bool) -> bool {
+    /// How far a later reading of this GPU moved from this one, its gauges aside: nothing, only its memory
+    /// (its used bytes, what each listed process is charged), or more. Every field is named, so a new one
+    /// cannot be forgotten here.
+    pub fn moved(&self, b: &Gpu) -> Moved {
         let Gpu {
             index,
             uuid,
@@ -956,28 +958,22 @@ impl Gpu {
             mig_error,
             xids,
         } = self;
-        *index == b.index
+        let same_shape = |x: &[ListedProcess], y: &[ListedProcess]| {
+            x.len() == y.len()
+                && x.iter()
+                    .zip(y)
+                    .all(|(p, q)| (p.pid, p.kind, &p.name) == (q.pid, q.kind, &q.name))
+        };
+        let same_but_memory = *index == b.index
             && *uuid == b.uuid
             && *name == b.name
             && *pci_bus_id == b.pci_bus_id
             && *minor == b.minor
-            && if memory_too {
-                *memory == b.memory
-            } else {
-                (memory.total, memory.reserved) == (b.memory.total, b.memory.reserved)
-            }
+            && (memory.total, memory.reserved) == (b.memory.total, b.memory.reserved)
             && *compute_capability == b.compute_capability
             && *mig_enabled == b.mig_enabled
             && *persistence_mode == b.persistence_mode
-            && if memory_too {
-                *processes == b.processes
-            } else {
-                processes.len() == b.processes.len()
-                    && processes
-                        .iter()
-                        .zip(&b.processes)
-                        .all(|(x, y)| (x.pid, x.kind, &x.name) == (y.pid, y.kind, &y.name))
-            }
+            && same_shape(processes, &b.processes)
             && *error == b.error
             && *judged == b.judged
             && *kept == b.kept
@@ -998,16 +994,25 @@ impl Gpu {
                     &y.profile,
                     &y.uuid,
                     &y.error,
-                ) && if memory_too {
-                    x.memory == y.memory && x.processes == y.processes
-                } else {
-                    x.processes.len() == y.processes.len()
-                        && x.processes
-                            .iter()
-                            .zip(&y.processes)
-                            .all(|(p, q)| p.pid == q.pid)
-                }
-            })
+                ) && x.processes.len() == y.processes.len()
+                    && x.processes
+                        .iter()
+                        .zip(&y.processes)
+                        .all(|(p, q)| p.pid == q.pid)
+            });
+        if !same_but_memory {
+            Moved::More
+        } else if *memory == b.memory
+            && *processes == b.processes
+            && mig
+                .iter()
+                .zip(&b.mig)
+                .all(|(x, y)| x.memory == y.memory && x.processes == y.processes)
+        {
+            Moved::Nothing
+        } else {
+            Moved::Memory
+        }
     }
 }
 
@@ -1134,26 +1139,6 @@ impl HostSnapshot {
         }
     }
 
-    /// Whether two readings of a host say the same, whatever their times: GPU gauges, a /dev/shm file's age
-    /// and a finding's wording (which may quote an age) aside. Every field is named, so a new one cannot be
-    /// forgotten here.
-    pub fn says_the_same(&self, b: &HostSnapshot) -> bool {
-        self.reads_the_same(b, true, true)
-    }
-
-    /// Whether a judged reading and a new one not judged yet say the same: what analysis adds (findings,
-    /// GPU states) is left out, except the findings a source itself carries (Prometheus).
-    pub fn same_input(&self, raw: &HostSnapshot) -> bool {
-        self.reads_the_same(raw, raw.source.judged_remotely(), true)
-    }
-
-    /// Whether `next` reads the same as this reading but for its memory: each GPU's used bytes and what
-    /// NVML charges each listed process, which move with every step of a job's warm-up. A serve then sends
-    /// a `memory` event in place of the whole reading, and the client puts it onto the reading it has.
-    pub fn same_but_memory(&self, next: &HostSnapshot) -> bool {
-        self.reads_the_same(next, false, false)
-    }
-
     /// Its memory as numbers: each GPU's used bytes, and per GPU what NVML charges each listed process (what a
     /// `memory` event carries, and what `put_memory` puts back).
     pub fn memory_numbers(&self) -> (Vec<Option<u64>>, Vec<Vec<Option<u64>>>) {
@@ -1206,8 +1191,11 @@ impl HostSnapshot {
         true
     }
 
+    /// How far a later reading of this host moved from this one as read, whatever their times: GPU gauges,
+    /// a /dev/shm file's age and what the ledger decides (findings, jobs, states: `verdict::Verdict`)
+    /// aside. Every field is named, so a new one cannot be forgotten here.
     #[allow(clippy::too_many_lines)] // every field named, each compared: none can be forgotten
-    fn reads_the_same(&self, b: &HostSnapshot, findings_too: bool, memory_too: bool) -> bool {
+    pub(crate) fn reading_moved(&self, b: &HostSnapshot) -> Moved {
         let a = self;
         let HostSnapshot {
             host,
@@ -1224,8 +1212,8 @@ impl HostSnapshot {
             unreadable_processes,
             in_child_pid_namespace,
             missing_features,
-            findings,
-            jobs,
+            findings: _,
+            jobs: _,
             live_url,
             simulated,
         } = a;
@@ -1249,16 +1237,12 @@ impl HostSnapshot {
             (None, None) => true,
             _ => false,
         };
-        *host == b.host
+        let rest_same = *host == b.host
             && *error == b.error
             && *source == b.source
             && *gpu_error == b.gpu_error
             && *driver_version == b.driver_version
             && gpus.len() == b.gpus.len()
-            && gpus
-                .iter()
-                .zip(&b.gpus)
-                .all(|(x, y)| x.reads_the_same(y, memory_too))
             && *processes == b.processes
             && *holders == b.holders
             && *zombies == b.zombies
@@ -1267,8 +1251,15 @@ impl HostSnapshot {
             && *in_child_pid_namespace == b.in_child_pid_namespace
             && *missing_features == b.missing_features
             && *simulated == b.simulated
-            && (!findings_too || (same_findings(findings, &b.findings) && *jobs == b.jobs))
-            && *live_url == b.live_url
+            && *live_url == b.live_url;
+        if !rest_same {
+            return Moved::More;
+        }
+        gpus.iter()
+            .zip(&b.gpus)
+            .map(|(x, y)| x.moved(y))
+            .max()
+            .unwrap_or(Moved::Nothing)
     }
 
     pub fn proc(&self, pid: u32) -> Option<&Proc> {
@@ -1315,62 +1306,6 @@ impl HostSnapshot {
             .map(|g| g.index)
             .collect()
     }
-}
-
-impl HostSnapshot {
-    /// Whether `next`'s judgement (findings, and jobs but for their memory) is this reading's: a serve then
-    /// may send only its memory, and a client that keeps the serve's judgement loses nothing by it.
-    pub fn same_judgement_but_memory(&self, next: &HostSnapshot) -> bool {
-        same_findings(&self.findings, &next.findings) && self.same_jobs_but_memory(next)
-    }
-
-    /// As `same_judgement_but_memory`, but the findings may differ in their figures (bytes, wording): a
-    /// straggler's "holds 24.8 GiB while its peers' median is 47.3 GiB" moves with every step of a
-    /// warm-up. A serve may then send the memory with the findings (`findings=moved`), not the whole reading.
-    pub fn same_judgement_but_figures(&self, next: &HostSnapshot) -> bool {
-        same_findings_but_figures(&self.findings, &next.findings) && self.same_jobs_but_memory(next)
-    }
-
-    fn same_jobs_but_memory(&self, next: &HostSnapshot) -> bool {
-        self.jobs.len() == next.jobs.len()
-            && self
-                .jobs
-                .iter()
-                .zip(&next.jobs)
-                .all(|(a, b)| a.same_but_memory(b))
-    }
-}
-
-/// Two readings' findings say the same, their wording (which may quote an age) aside.
-fn same_findings(a: &[Finding], b: &[Finding]) -> bool {
-    same_findings_but_figures(a, b) && a.iter().zip(b).all(|(x, y)| x.bytes == y.bytes)
-}
-
-/// Two lists of findings are of the same things, in the same order, at the same severities, asking the same
-/// actions: only their figures (bytes, wording) may differ.
-pub fn same_findings_but_figures(a: &[Finding], b: &[Finding]) -> bool {
-    a.len() == b.len()
-        && a.iter().zip(b).all(|(x, y)| {
-            (
-                x.kind,
-                x.severity,
-                &x.host,
-                x.gpu,
-                x.pid,
-                &x.action,
-                x.target_pid,
-                &x.file,
-            ) == (
-                y.kind,
-                y.severity,
-                &y.host,
-                y.gpu,
-                y.pid,
-                &y.action,
-                y.target_pid,
-                &y.file,
-            )
-        })
 }
 
 /// Unix time in milliseconds (0 if the clock is before 1970).
@@ -1540,19 +1475,19 @@ mod tests {
         b.taken_at_ms = 2;
         b.gpus[0].utilization = Some(99);
         b.findings[0].detail = "/dev/shm/nccl-1 (1 MiB, 6s old)".into();
-        assert!(a.says_the_same(&b));
+        assert!(a.diff(&b).is_nothing());
         let mut c = snap();
         c.gpus[0].memory.used = Some(2 * MIB);
-        assert!(!a.says_the_same(&c), "memory is news");
+        assert!(!a.diff(&c).is_nothing(), "memory is news");
         let mut c = snap();
         c.gpus[0].processes.push(ListedProcess {
             pid: 7,
             ..Default::default()
         });
-        assert!(!a.says_the_same(&c), "a listed process is news");
+        assert!(!a.diff(&c).is_nothing(), "a listed process is news");
         let mut c = snap();
         c.findings[0].bytes = Some(2);
-        assert!(!a.says_the_same(&c), "a finding's facts are news");
+        assert!(!a.diff(&c).is_nothing(), "a finding's facts are news");
         let mut r = snap();
         r.refresh(5, &b.gauges());
         assert_eq!((r.taken_at_ms, r.gpus[0].utilization), (5, Some(99)));
@@ -1571,13 +1506,19 @@ mod tests {
         let mut b = a.clone();
         b.gpus[0].memory.used = Some(5 * MIB);
         b.gpus[0].processes[0].used_bytes = Some(4 * MIB);
-        assert!(a.same_but_memory(&b) && !a.same_input(&b));
+        assert!(a.diff(&b).reading == Moved::Memory && a.diff(&b).input_moved(false));
         let mut c = b.clone();
         c.gpus[0].processes[0].pid = 8;
-        assert!(!a.same_but_memory(&c), "another process is no memory move");
+        assert!(
+            a.diff(&c).reading == Moved::More,
+            "another process is no memory move"
+        );
         let mut c = b.clone();
         c.gpus[0].memory.total = Some(MIB);
-        assert!(!a.same_but_memory(&c), "another total is another GPU");
+        assert!(
+            a.diff(&c).reading == Moved::More,
+            "another total is another GPU"
+        );
         let mut put = a.clone();
         assert!(put.put_memory(9, &[Some(5 * MIB)], &[vec![Some(4 * MIB)]]));
         assert_eq!((put.taken_at_ms, &put.gpus), (9, &b.gpus));

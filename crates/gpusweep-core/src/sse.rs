@@ -95,7 +95,7 @@ pub struct MemoryMoved {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moved: Option<crate::model::SaidList>,
     /// The host's findings, where their figures moved with the memory (the same findings, as
-    /// `model::same_findings_but_figures` says; sent only to a stream that asked `findings=moved`). None:
+    /// `verdict::findings_moved` says at most `Figures`; sent only to a stream that asked `findings=moved`). None:
     /// the findings are the reading's before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub findings: Option<Vec<crate::model::Finding>>,

@@ -18,10 +18,10 @@ use gpusweep_analyze::{AnalyzeOptions, analyzed};
 use gpusweep_core::action::{ActionAnswer, ActionRequest};
 use gpusweep_core::conn::ConnStatus;
 use gpusweep_core::event::{Event, EventKind};
-use gpusweep_core::job::JobReport;
 use gpusweep_core::model::{
-    Feature, Finding, Gauges, GpuState, HostSnapshot, SaidGauges, Severity, SourceKind,
+    Feature, Gauges, GpuState, HostSnapshot, SaidGauges, Severity, SourceKind,
 };
+use gpusweep_core::verdict::{Moved, Verdict, findings_moved};
 
 /// Where a reading came from and what may be done through it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,10 +142,8 @@ pub struct MemoryJudged {
     pub used: Vec<Option<u64>>,
     /// Per GPU, what NVML charges each of its listed processes.
     pub charged: Vec<Vec<Option<u64>>>,
-    /// Each GPU's state.
-    pub states: Vec<Option<GpuState>>,
-    pub findings: Vec<Finding>,
-    pub jobs: Vec<JobReport>,
+    /// The ledger's verdict of it.
+    pub verdict: Verdict,
     pub counts: StateCounts,
     pub leaks: usize,
     pub all_clean: bool,
@@ -163,9 +161,7 @@ impl MemoryJudged {
             gauges,
             used,
             charged,
-            states: s.gpus.iter().map(|g| g.state).collect(),
-            findings: s.findings.clone(),
-            jobs: s.jobs.clone(),
+            verdict: Verdict::of(s),
             counts: j.counts,
             leaks: j.leaks,
             all_clean: j.all_clean,
@@ -177,18 +173,12 @@ impl MemoryJudged {
     /// Put onto the reading it was judged after: `false`, and nothing changed, where that reading has
     /// another shape (then it was not the one).
     pub fn put_onto_reading(self, snap: &mut HostSnapshot) -> bool {
-        if self.states.len() != snap.gpus.len()
-            || !snap.put_memory(self.taken_at_ms, &self.used, &self.charged)
-        {
+        if !snap.memory_fits(&self.used, &self.charged) || !self.verdict.fits(snap) {
             return false;
         }
+        snap.put_memory(self.taken_at_ms, &self.used, &self.charged);
         snap.refresh_said(self.taken_at_ms, &self.gauges);
-        for (g, s) in snap.gpus.iter_mut().zip(self.states) {
-            g.state = s;
-        }
-        snap.findings = self.findings;
-        snap.jobs = self.jobs;
-        true
+        self.verdict.put(snap)
     }
 
     /// `put_onto_reading`, with what the ledger counted.
@@ -435,7 +425,10 @@ impl Ledger {
         // Busy or not is compared with the reading as judged: every crossing since was judged again.
         if !self.resend
             && let Some(last) = &self.last
-            && last.snap.same_input(&snap)
+            && !last
+                .snap
+                .diff(&snap)
+                .input_moved(snap.source.judged_remotely())
             && !busy_moved(
                 &last.snap,
                 snap.gpus.iter().map(|g| g.utilization),
@@ -489,7 +482,7 @@ impl Ledger {
         // not of this reading.
         if let Some(f) = &moved.findings
             && !(last.snap.source.judged_remotely()
-                && gpusweep_core::model::same_findings_but_figures(&last.snap.findings, f))
+                && findings_moved(&last.snap.findings, f) <= Moved::Figures)
         {
             return None;
         }
@@ -511,37 +504,19 @@ impl Ledger {
         }
         // The last reading becomes the new one in place (a whole reading copied and dropped per step of a
         // warm-up was a quarter of a 10,000-host client's time): its processes are the new one's, so only
-        // its findings and GPU states are kept apart, to judge the new one against.
+        // its verdict is kept apart, to judge the new one against.
         let mut snap = self.take_last()?;
+        let before = Verdict::of(&snap);
         // A serve's judgement stays the serve's: its findings and jobs are kept (the serve sends memory
-        // alone only when they are unchanged but for memory), its ranks' charges put in.
+        // alone only when they are unchanged but for memory, its findings' figures where they moved), its
+        // ranks' charges put in.
         let remote = snap.source.judged_remotely();
-        let before = HostSnapshot {
-            findings: if remote {
-                match &moved.findings {
-                    Some(f) => std::mem::replace(&mut snap.findings, f.clone()),
-                    None => snap.findings.clone(),
-                }
-            } else {
-                std::mem::take(&mut snap.findings)
-            },
-            gpus: snap
-                .gpus
-                .iter()
-                .map(|g| gpusweep_core::model::Gpu {
-                    index: g.index,
-                    state: g.state,
-                    ..Default::default()
-                })
-                .collect(),
-            // Judged here: what memory_from and figures_from compare against.
-            jobs: if remote {
-                Vec::new()
-            } else {
-                snap.jobs.clone()
-            },
-            ..Default::default()
-        };
+        if !remote {
+            // Made anew by the analysis below.
+            snap.findings.clear();
+        } else if let Some(f) = moved.findings {
+            snap.findings = f;
+        }
         snap.put_memory(at, &moved.used, &moved.charged);
         snap.refresh_said(at, &gauges);
         if remote {
@@ -627,7 +602,7 @@ impl Ledger {
         &mut self,
         mut snap: HostSnapshot,
         changes: Vec<JobChange>,
-        before: Option<&HostSnapshot>,
+        before: Option<&Verdict>,
     ) -> (Judged, Vec<Event>) {
         // A host read from Prometheus comes with its own gpusweep's findings, confirmed there.
         if !snap.source.judged_remotely() {
@@ -648,7 +623,7 @@ impl Ledger {
             || self
                 .last
                 .as_ref()
-                .is_none_or(|l| !l.snap.says_the_same(&snap));
+                .is_none_or(|l| !l.snap.diff(&snap).is_nothing());
         if changed {
             self.content += 1;
         }
@@ -656,20 +631,19 @@ impl Ledger {
         // The reading before it where this one reads as that one but for its memory: the last, or (memory
         // put in place) what was kept of it. A host read from Prometheus carries findings its reader cannot
         // make again: never memory alone.
-        let but_memory = match before {
-            Some(b) => Some((b, last_content)),
-            None => self
-                .last
-                .as_ref()
-                .filter(|l| l.snap.same_but_memory(&judged.snap))
-                .map(|l| (&*l.snap, l.content)),
+        let verdict_moved = match before {
+            Some(b) => Some((b.moved_to(&judged.snap), last_content)),
+            None => self.last.as_ref().and_then(|l| {
+                let d = l.snap.diff(&judged.snap);
+                (d.reading <= Moved::Memory).then_some((d.verdict, l.content))
+            }),
         }
         .filter(|_| changed && !judged.snap.source.judged_remotely());
-        judged.figures_from = but_memory
-            .filter(|(b, _)| b.same_judgement_but_figures(&judged.snap))
+        judged.figures_from = verdict_moved
+            .filter(|(m, _)| *m <= Moved::Figures)
             .map(|(_, c)| c);
-        judged.memory_from = but_memory
-            .filter(|(b, _)| b.same_judgement_but_memory(&judged.snap))
+        judged.memory_from = verdict_moved
+            .filter(|(m, _)| *m <= Moved::Memory)
             .map(|(_, c)| c);
         let mut events = self.events(&judged, before);
         let at = judged.snap.taken_at_ms;
@@ -731,25 +705,25 @@ impl Ledger {
     }
 
     /// The events of a judged reading against the last, with the clocks of time to clean kept.
-    fn events(&mut self, judged: &Judged, before: Option<&HostSnapshot>) -> Vec<Event> {
+    fn events(&mut self, judged: &Judged, before: Option<&Verdict>) -> Vec<Event> {
         let next = &judged.snap;
         let at = next.taken_at_ms;
-        let prev = before.or(self.last.as_ref().map(|l| &*l.snap));
+        let last = self.last.as_ref().map(|l| &*l.snap);
         let mut out = Vec::new();
-        if prev.is_none() || self.down {
-            out.push(EventKind::HostUp {
-                first: prev.is_none(),
-            });
+        let first = before.is_none() && last.is_none();
+        if first || self.down {
+            out.push(EventKind::HostUp { first });
             self.down = false;
         }
         // A first view from a summary says no finding's place: its findings are told once, with the whole
         // reading that follows, as a first reading's are.
         let summary = |s: &HostSnapshot| s.missing_features.contains(&Feature::GpuDetail);
-        let prev = prev.filter(|p| !summary(p));
-        // Only memory moved since `before`: no process came or went.
+        let prev = last.filter(|p| !summary(p));
+        // Only memory moved since `before` (the verdict of the reading this one is made from in place): no
+        // process came or went.
         let kinds = if summary(next) {
             Vec::new()
-        } else if let Some(b) = before.filter(|b| !summary(b)) {
+        } else if let Some(b) = before {
             verdict_events(b, next, false)
         } else {
             if let Some(p) = prev {

@@ -1,0 +1,248 @@
+//! What a host's ledger decided of a reading (`Verdict`: findings, jobs, each GPU's state), apart from what
+//! was read, and the one way two readings are compared (`HostSnapshot::diff`): how far what was read moved,
+//! and how far the verdict did. Every "is this news?" question of the ledger, the serve's memory-alone
+//! events and the agent is a comparison of one `Diff`, so none of them can drift from the others.
+//!
+//! `HostSnapshot` stays the JSON view every wire carries (the verdict's fields inside the reading's): a
+//! `Verdict` is taken out of it and put back whole.
+
+use crate::job::JobReport;
+use crate::model::{Finding, GpuState, HostSnapshot};
+
+/// How far one thing moved from another, in order: a comparison says "at most memory".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Moved {
+    Nothing,
+    /// Only memory: used bytes, what NVML charges each process or job.
+    Memory,
+    /// Only figures: the bytes findings quote (a straggler's "holds 24.8 GiB"), with memory.
+    Figures,
+    /// Anything else: a process, a finding's subject or severity, a phase, a GPU's identity.
+    More,
+}
+
+/// Two readings compared: what was read, and what was decided (a finding's wording, which may quote an
+/// age, aside; GPU states aside too, as they follow from the reading and the findings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Diff {
+    pub reading: Moved,
+    pub verdict: Moved,
+}
+
+impl Diff {
+    /// Nothing moved: the later reading says what this one said.
+    pub fn is_nothing(self) -> bool {
+        self.reading == Moved::Nothing && self.verdict == Moved::Nothing
+    }
+
+    /// Whether what was read moved (or, where `judged_remotely`, what its serve decided): a raw reading
+    /// compared with the last one judged.
+    pub fn input_moved(self, judged_remotely: bool) -> bool {
+        self.reading != Moved::Nothing || (judged_remotely && self.verdict != Moved::Nothing)
+    }
+}
+
+/// What a host's ledger decided of one reading.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Verdict {
+    pub findings: Vec<Finding>,
+    pub jobs: Vec<JobReport>,
+    /// Each GPU's state, in the reading's order: (its index, its state).
+    pub states: Vec<(u32, Option<GpuState>)>,
+}
+
+impl Verdict {
+    /// The verdict a judged reading carries (a copy).
+    pub fn of(snap: &HostSnapshot) -> Verdict {
+        Verdict {
+            findings: snap.findings.clone(),
+            jobs: snap.jobs.clone(),
+            states: snap.gpus.iter().map(|g| (g.index, g.state)).collect(),
+        }
+    }
+
+    /// The state it gave the GPU of `index`; `None` where its reading had no such GPU.
+    pub fn state(&self, index: u32) -> Option<Option<GpuState>> {
+        self.states
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, s)| *s)
+    }
+
+    /// Whether `snap` has the GPUs this verdict was made of (the same, in the same order).
+    pub fn fits(&self, snap: &HostSnapshot) -> bool {
+        self.states.len() == snap.gpus.len()
+            && snap
+                .gpus
+                .iter()
+                .zip(&self.states)
+                .all(|(g, (i, _))| g.index == *i)
+    }
+
+    /// Put into `snap` in place of its own: `false`, and nothing changed, where it does not fit (then
+    /// `snap` is not a reading of the shape this verdict was made of).
+    pub fn put(self, snap: &mut HostSnapshot) -> bool {
+        if !self.fits(snap) {
+            return false;
+        }
+        for (g, (_, s)) in snap.gpus.iter_mut().zip(self.states) {
+            g.state = s;
+        }
+        snap.findings = self.findings;
+        snap.jobs = self.jobs;
+        true
+    }
+
+    /// How far `next`'s verdict moved from this one.
+    pub fn moved_to(&self, next: &HostSnapshot) -> Moved {
+        findings_moved(&self.findings, &next.findings).max(jobs_moved(&self.jobs, &next.jobs))
+    }
+}
+
+impl HostSnapshot {
+    /// How far `next` moved from this reading, as read and as judged.
+    pub fn diff(&self, next: &HostSnapshot) -> Diff {
+        Diff {
+            reading: self.reading_moved(next),
+            verdict: findings_moved(&self.findings, &next.findings)
+                .max(jobs_moved(&self.jobs, &next.jobs)),
+        }
+    }
+}
+
+/// How far a list of findings moved: the same things in the same order, at the same severities, asking the
+/// same actions (else `More`), quoting other bytes (`Figures`) or not (`Nothing`). Wording is never compared:
+/// it may quote an age.
+pub fn findings_moved(a: &[Finding], b: &[Finding]) -> Moved {
+    fn subject(x: &Finding) -> impl PartialEq + '_ {
+        (
+            x.kind,
+            x.severity,
+            x.host.as_str(),
+            x.gpu,
+            x.pid,
+            x.action.as_str(),
+            x.target_pid,
+            &x.file,
+        )
+    }
+    if a.len() != b.len() || a.iter().zip(b).any(|(x, y)| subject(x) != subject(y)) {
+        Moved::More
+    } else if a.iter().zip(b).any(|(x, y)| x.bytes != y.bytes) {
+        Moved::Figures
+    } else {
+        Moved::Nothing
+    }
+}
+
+fn jobs_moved(a: &[JobReport], b: &[JobReport]) -> Moved {
+    if a.len() != b.len() {
+        return Moved::More;
+    }
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| x.moved(y))
+        .max()
+        .unwrap_or(Moved::Nothing)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{FindingKind, Gpu, ListedProcess, Memory, ProcessKind, Severity};
+
+    fn reading() -> HostSnapshot {
+        HostSnapshot {
+            host: "h".into(),
+            gpus: vec![Gpu {
+                index: 0,
+                memory: Memory {
+                    used: Some(10),
+                    total: Some(100),
+                    reserved: None,
+                },
+                processes: vec![ListedProcess {
+                    pid: 7,
+                    used_bytes: Some(10),
+                    kind: ProcessKind::Compute,
+                    name: None,
+                    gpu_instance: None,
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn finding(bytes: Option<u64>, detail: &str) -> Finding {
+        Finding {
+            kind: FindingKind::Ghost,
+            severity: Severity::Leak,
+            host: "h".into(),
+            gpu: Some(0),
+            pid: Some(7),
+            bytes,
+            detail: detail.into(),
+            action: String::new(),
+            target_pid: None,
+            gpu_instance: None,
+            file: None,
+            confirms_as: None,
+        }
+    }
+
+    #[test]
+    fn each_kind_of_move_is_told_apart() {
+        let a = reading();
+        assert!(a.diff(&a.clone()).is_nothing());
+        let mut b = a.clone();
+        b.gpus[0].utilization = Some(99);
+        assert!(a.diff(&b).is_nothing(), "gauges are not news");
+        b.gpus[0].memory.used = Some(20);
+        b.gpus[0].processes[0].used_bytes = Some(20);
+        assert_eq!(a.diff(&b).reading, Moved::Memory);
+        b.gpus[0].processes[0].pid = 8;
+        assert_eq!(a.diff(&b).reading, Moved::More, "another process");
+        let mut c = a.clone();
+        c.gpus[0].memory.total = Some(200);
+        assert_eq!(
+            a.diff(&c).reading,
+            Moved::More,
+            "another total is another GPU"
+        );
+
+        let mut j = a.clone();
+        j.findings = vec![finding(Some(10), "held 1 s")];
+        let mut k = j.clone();
+        k.findings[0].detail = "held 2 s".into();
+        assert!(j.diff(&k).is_nothing(), "wording (an age) is not news");
+        k.findings[0].bytes = Some(20);
+        assert_eq!(j.diff(&k).verdict, Moved::Figures);
+        k.findings[0].severity = Severity::Warning;
+        assert_eq!(j.diff(&k).verdict, Moved::More);
+        assert_eq!(
+            j.diff(&k).reading,
+            Moved::Nothing,
+            "the verdict is not the reading"
+        );
+        assert!(!j.diff(&k).input_moved(false) && j.diff(&k).input_moved(true));
+    }
+
+    #[test]
+    fn a_verdict_goes_back_only_into_a_reading_of_its_shape() {
+        let mut a = reading();
+        a.gpus[0].state = Some(GpuState::Leak);
+        a.findings = vec![finding(Some(10), "x")];
+        let v = Verdict::of(&a);
+        assert_eq!(v.state(0), Some(Some(GpuState::Leak)));
+        assert_eq!(v.state(1), None);
+        assert_eq!(v.moved_to(&a), Moved::Nothing);
+        let mut b = reading();
+        assert!(v.clone().put(&mut b));
+        assert_eq!(b, a);
+        let mut two = reading();
+        two.gpus.push(Gpu::default());
+        assert!(!v.put(&mut two));
+        assert!(two.findings.is_empty(), "nothing put into another shape");
+    }
+}
