@@ -64,7 +64,10 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo clippy --workspace --all-targets --locked --features kube -- -D warnings
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+# The act notes every sweep of the tests leaves for other watchers, in a place of their own, not the host's.
+GPUSWEEP_ACTS_DIR=$(mktemp -d)
+export GPUSWEEP_ACTS_DIR
+trap 'rm -f "$log"; rm -rf "$GPUSWEEP_ACTS_DIR"' EXIT
 cargo test --workspace --all-targets --locked --features kube 2>&1 | tee "$log"
 # One closing line with the totals over every test binary.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "all tests: %d passed, %d failed\n", p, f }' "$log"

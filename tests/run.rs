@@ -988,6 +988,153 @@ fn a_job_swept_by_gpusweep_loses_no_rank() {
     );
 }
 
+/// `GET path` of a serve at `addr`: the body of its HTTP/1.0 answer.
+fn get_body(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    write!(s, "GET {path} HTTP/1.0\r\n\r\n").expect("ask");
+    let mut r = String::new();
+    s.read_to_string(&mut r).expect("answer");
+    r.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string()
+}
+
+/// The sum of a serve's `gpusweep_job_lost_ranks_total` series.
+fn lost_ranks_total(addr: &str) -> f64 {
+    get_body(addr, "/metrics")
+        .lines()
+        .filter(|l| l.starts_with("gpusweep_job_lost_ranks_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A serve watching this host's stand-in devices every 100 ms, its events in `events`, its act notes read from
+/// `acts`: it and its address.
+fn act_watcher(
+    env: &Env,
+    glob: &str,
+    acts: &Path,
+    events: &Path,
+) -> (crate::support::Reaped, String) {
+    let mut c = env.cmd(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--no-socket",
+        "--no-nvml",
+        "--device-glob",
+        glob,
+        "--interval",
+        "100ms",
+        "--events",
+        events.to_str().expect("utf-8"),
+    ]);
+    c.env("GPUSWEEP_ACTS_DIR", acts)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = crate::support::Reaped(c.spawn().expect("serve"));
+    let (addr, _) = crate::support::serve_banner(&mut child.0);
+    (child, addr)
+}
+
+/// The job of four ranks a serve at `addr` names, and its ranks.
+fn four_ranks(addr: &str) -> Option<(String, Vec<u64>)> {
+    let v = get_json(addr, "/api/v1/snapshot");
+    v["hosts"][0]["jobs"].as_array()?.iter().find_map(|j| {
+        let ranks: Vec<u64> = j["ranks"]
+            .as_array()?
+            .iter()
+            .filter_map(|r| r["pid"].as_u64())
+            .collect();
+        (ranks.len() == 4).then(|| (j["id"].as_str().unwrap_or("").to_string(), ranks))
+    })
+}
+
+/// How many `rank_lost` events an events file holds.
+fn lost_in(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("\"event\":\"rank_lost\""))
+        .count()
+}
+
+/// Watchers of one host agree about gpusweep's own acts: two serves watch a launcher's four ranks (each
+/// process a watcher, as a second TUI is) while a rank is killed by hand (a crash: one lost rank, seen by
+/// both), then a third gpusweep sweeps the job. The sweep left its act note before its signals, so neither
+/// watcher counts the swept ranks as lost, and the serve's lost-rank counter stays at the crash's one.
+#[test]
+fn a_job_swept_by_one_gpusweep_is_no_crash_to_the_others_watching() {
+    let env = Env::new();
+    for i in 1..4 {
+        std::fs::write(env.path(&format!("nvidia{i}")), b"").expect("stand-in device");
+    }
+    let acts = env.path("acts");
+    let script = "sleep 300 <nvidia0 & sleep 301 <nvidia1 & sleep 302 <nvidia2 & sleep 303 <nvidia3 & \
+                  echo $$ >launcher; wait";
+    let launcher = crate::support::Reaped(
+        Command::new("sh")
+            .args(["-c", script])
+            .current_dir(env.dir.path())
+            .spawn()
+            .expect("sh"),
+    );
+    let pid = pids_in(&env.path("launcher"), 1)[0];
+    assert_eq!(pid, launcher.0.id());
+    let glob = format!("{}/nvidia*", env.dir.path().display());
+    let logs = [env.path("a.jsonl"), env.path("b.jsonl")];
+    let (_a, addr_a) = act_watcher(&env, &glob, &acts, &logs[0]);
+    let (_b, addr_b) = act_watcher(&env, &glob, &acts, &logs[1]);
+    let mut job = None;
+    await_cond("both watchers see the job's four ranks", 30, || {
+        job = four_ranks(&addr_a).filter(|_| four_ranks(&addr_b).is_some());
+        job.is_some()
+    });
+    let (job, ranks) = job.expect("the job");
+    // A crash: one rank killed by hand, which both watchers see as one lost rank.
+    let crashed = i32::try_from(ranks[0]).expect("pid");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(crashed),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill a rank");
+    await_cond("both watchers name the crashed rank lost", 30, || {
+        logs.iter().all(|l| lost_in(l) == 1) && lost_ranks_total(&addr_a) >= 1.0
+    });
+    // A third gpusweep sweeps the job.
+    let o = env
+        .cmd(&[
+            "sweep",
+            "--no-nvml",
+            "--device-glob",
+            &glob,
+            "--job",
+            &job,
+            "--yes",
+            "--grace",
+            "2s",
+        ])
+        .env("GPUSWEEP_ACTS_DIR", &acts)
+        .output()
+        .expect("sweep");
+    assert!(o.status.success(), "{}", text(&o));
+    await_cond("both watchers see the job end", 30, || {
+        four_ranks(&addr_a).is_none()
+            && four_ranks(&addr_b).is_none()
+            && logs.iter().all(|l| {
+                std::fs::read_to_string(l).is_ok_and(|t| t.contains("\"event\":\"job_ended\""))
+            })
+    });
+    for l in &logs {
+        assert_eq!(
+            lost_in(l),
+            1,
+            "the crash is one lost rank, the sweep none: {}",
+            std::fs::read_to_string(l).unwrap_or_default()
+        );
+    }
+    assert!((lost_ranks_total(&addr_a) - 1.0).abs() < f64::EPSILON);
+}
+
 /// `gpusweep serve` of this host on the stand-in devices and driver of `env`, polled every 200 ms; it and its
 /// `127.0.0.1:PORT`.
 fn standin_serve(env: &Env, lib: &Path, glob: &str) -> (crate::support::Reaped, String) {

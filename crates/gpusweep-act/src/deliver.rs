@@ -216,6 +216,11 @@ pub fn deliver(
             })
             .collect();
     }
+    // Every other gpusweep watching this host is told these ends are asked for, before any is sent.
+    let asked: Vec<(u32, u64)> = req.targets.iter().map(|t| (t.pid, t.start_time)).collect();
+    if let Err(e) = super::note::note(&gpusweep_core::acts::dir(), &asked) {
+        gpusweep_core::trace(host, &format!("no act note left: {e}"));
+    }
     let started = Instant::now();
     let mut outcomes: Vec<Outcome> = Vec::new();
     let mut live: Vec<Live> = Vec::new();

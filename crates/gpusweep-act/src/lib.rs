@@ -7,6 +7,7 @@
 pub mod audit;
 pub mod deliver;
 pub mod job;
+pub mod note;
 pub mod own;
 pub mod pidfd;
 pub mod protect;

@@ -114,6 +114,8 @@ struct Member {
     /// opening a rank's GPU). It is swept with the job; its exit is no lost rank.
     helper: bool,
     state: ProcState,
+    /// Its owner: whose act note may explain its end (`Act::proves_for`).
+    uid: Option<u32>,
     started_ms: Option<u64>,
     cmdline: String,
 }
@@ -252,6 +254,7 @@ fn groups(snap: &Indexed<'_>, known: &HashMap<(u32, u64), Remembered>) -> Vec<Gr
             unlisted,
             helper: false,
             state: p.state,
+            uid: p.uid,
             started_ms: p.started_at.map(|s| s * 1000),
             cmdline: p.display_cmd(),
         });
@@ -303,6 +306,7 @@ struct Seen {
     gpus: Vec<u32>,
     bytes: Option<u64>,
     cmdline: String,
+    uid: Option<u32>,
     /// Since when it is in state D, stopped (T, t) or a zombie not reaped.
     stuck_since: Option<u64>,
     /// Since when it lags its peers while loading.
@@ -740,7 +744,8 @@ fn held_up(s: ProcState) -> Option<LostHow> {
 
 /// The ranks alive now, and those lost since the last reading: gone from /proc (or their PID another
 /// process's), or held up past the window. A rank gpusweep signalled was ended, not lost (a sweep of a
-/// healthy job is no crash).
+/// healthy job is no crash): this process's own signals (`signalled`), and those another gpusweep on the
+/// host noted where its note's owner could have sent them (the reading's `acts`).
 fn losses<'a>(
     snap: &Indexed<'_>,
     t: &Track,
@@ -809,16 +814,23 @@ fn losses<'a>(
         }
     }
     lost.retain(|l| {
-        let start = t.ranks.get(&l.pid).map(|s| s.start_time).or_else(|| {
-            members
-                .iter()
-                .find(|m| m.pid == l.pid)
-                .map(|m| m.start_time)
+        let who = t
+            .ranks
+            .get(&l.pid)
+            .map(|s| (s.start_time, s.uid))
+            .or_else(|| {
+                members
+                    .iter()
+                    .find(|m| m.pid == l.pid)
+                    .map(|m| (m.start_time, m.uid))
+            });
+        let ended_by_us = who.is_some_and(|(start, uid)| {
+            signalled.get(&l.pid).is_some_and(|(s, _)| *s == start)
+                || snap
+                    .acts
+                    .iter()
+                    .any(|a| a.pid == l.pid && a.start_time == start && a.proves_for(uid))
         });
-        let ended_by_us = matches!(
-            (signalled.get(&l.pid), start),
-            (Some((signalled_start, _)), Some(start)) if *signalled_start == start
-        );
         !t.lost_pids.contains(&l.pid) && !ended_by_us
     });
     (alive, lost)
@@ -845,6 +857,7 @@ fn remember(t: &mut Track, ranks: &[&Member], at: u64) {
                 ),
                 bytes: m.bytes.or_else(|| prev.and_then(|s| s.bytes)),
                 cmdline: m.cmdline.clone(),
+                uid: m.uid,
                 stuck_since: held_up(m.state)
                     .map(|_| prev.and_then(|s| s.stuck_since).unwrap_or(at)),
                 lag_since: prev.and_then(|s| s.lag_since),

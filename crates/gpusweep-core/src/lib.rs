@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod action;
+pub mod acts;
 pub mod cgroup;
 pub mod conn;
 pub mod escape;

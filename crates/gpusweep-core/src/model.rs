@@ -256,6 +256,10 @@ pub struct HostSnapshot {
     /// too). Always in JSON.
     #[serde(default)]
     pub simulated: bool,
+    /// Signals a gpusweep on the host noted before it sent them (`acts`), read after `/proc`: a rank a
+    /// sweep ended is no lost rank to any watcher. Empty when none (and then not on the wire).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub acts: Vec<crate::acts::Act>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -1106,6 +1110,7 @@ impl HostSnapshot {
         self.zombies.shrink_to_fit();
         self.missing_features.shrink_to_fit();
         self.findings.shrink_to_fit();
+        self.acts.shrink_to_fit();
         for j in &mut self.jobs {
             j.ranks.shrink_to_fit();
             j.helpers.shrink_to_fit();
@@ -1216,6 +1221,7 @@ impl HostSnapshot {
             jobs: _,
             live_url,
             simulated,
+            acts,
         } = a;
         let shm_same = |x: &Option<ShmInfo>, y: &Option<ShmInfo>| match (x, y) {
             (Some(x), Some(y)) => {
@@ -1251,7 +1257,8 @@ impl HostSnapshot {
             && *in_child_pid_namespace == b.in_child_pid_namespace
             && *missing_features == b.missing_features
             && *simulated == b.simulated
-            && *live_url == b.live_url;
+            && *live_url == b.live_url
+            && *acts == b.acts;
         if !rest_same {
             return Moved::More;
         }

@@ -667,6 +667,7 @@ impl DemoHost {
             taken_at_ms: self.clock.base_unix_ms() + t,
             source: SourceKind::Demo,
             simulated: true,
+            acts: Vec::new(),
             gpu_error: None,
             driver_version: Some("580.159.04".into()),
             gpus,

@@ -755,3 +755,50 @@ fn a_job_begun_while_watched_and_first_seen_charged_is_loading() {
     assert_eq!(seen.reports[0].phase, Phase::Settled);
     assert!(seen.reports[0].warmup_ms.is_some(), "{:?}", seen.reports[0]);
 }
+
+/// The ranks of `reading` owned by `uid`.
+fn owned(mut r: HostSnapshot, uid: u32) -> HostSnapshot {
+    for p in &mut r.processes {
+        p.uid = Some(uid);
+    }
+    r
+}
+
+#[test]
+fn a_rank_another_gpusweep_noted_it_ended_is_no_loss_where_its_owner_or_root_noted_it() {
+    let act = |by_uid| gpusweep_core::acts::Act {
+        pid: 104,
+        start_time: 6,
+        by_uid,
+        at_ms: 2 * S,
+    };
+    let gone = [Some(8192), Some(8192), Some(8192), None];
+    for (by, lost) in [(1000, false), (0, false), (1001, true)] {
+        let mut b = JobBook::new(opts());
+        b.observe(&owned(reading(0, &[Some(8192); 4], &[]), 1000), S);
+        let mut r = owned(reading(0, &gone, &[]), 1000);
+        r.acts = vec![act(by)];
+        let seen = b.observe(&r, 2 * S);
+        assert_eq!(
+            seen.reports[0].lost.iter().any(|l| l.pid == 104),
+            lost,
+            "noted by uid {by}: {:?}",
+            seen.reports[0].lost
+        );
+        assert_eq!(
+            seen.changes
+                .iter()
+                .any(|c| matches!(c, JobChange::RankLost { .. })),
+            lost
+        );
+    }
+    // A note of another process of that PID (another start time) explains nothing.
+    let mut b = JobBook::new(opts());
+    b.observe(&owned(reading(0, &[Some(8192); 4], &[]), 1000), S);
+    let mut r = owned(reading(0, &gone, &[]), 1000);
+    r.acts = vec![gpusweep_core::acts::Act {
+        start_time: 99,
+        ..act(1000)
+    }];
+    assert_eq!(b.observe(&r, 2 * S).reports[0].lost.len(), 1);
+}

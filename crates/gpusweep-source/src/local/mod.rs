@@ -1,5 +1,6 @@
 //! This host: NVML (when a driver exists), /proc and /dev/shm, joined into one snapshot.
 
+pub mod acts;
 pub mod cgroups;
 pub mod early;
 pub mod exits;
@@ -430,5 +431,7 @@ pub(crate) fn build_snapshot(
         missing_features: Vec::new(),
         findings: Vec::new(),
         jobs: Vec::new(),
+        // After /proc: a death this reading saw was noted before it looked.
+        acts: acts::read(&gpusweep_core::acts::dir(), now_ms()),
     }
 }

@@ -342,6 +342,8 @@ pub(crate) fn agentless_snapshot(label: &str, out: &str, benign: &[String]) -> H
         missing_features: vec![Feature::Signals, Feature::Shm, Feature::Sensors],
         findings: vec![],
         jobs: vec![],
+        // Read over a shell, no act notes: a rank another gpusweep ended may read as lost here.
+        acts: Vec::new(),
     }
 }
 
