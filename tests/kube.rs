@@ -146,6 +146,21 @@ impl Cluster {
         });
     }
 
+    /// The API server hung (SIGSTOP: it keeps its connections and answers nothing) or going on (SIGCONT).
+    fn hang_api(&self, hung: bool) {
+        let pid = self.server.as_ref().expect("an API server").0.id();
+        let sig = if hung {
+            nix::sys::signal::Signal::SIGSTOP
+        } else {
+            nix::sys::signal::Signal::SIGCONT
+        };
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid")),
+            sig,
+        )
+        .expect("signal the API server");
+    }
+
     fn stop_api(&mut self) {
         self.server = None;
     }
@@ -155,9 +170,14 @@ impl Api {
     /// A pod of the writer's service account on gpu-a, and the token the kubelet would mount for it (bound to
     /// the pod, so to gpu-a).
     fn pod_token(&self, name: &str) -> String {
+        self.pod_token_in("gpusweep", name)
+    }
+
+    /// As `pod_token`, for the service account `gpusweep` of namespace `ns`.
+    fn pod_token_in(&self, ns: &str, name: &str) -> String {
         let pod = self.ok(
             "POST",
-            "/api/v1/namespaces/gpusweep/pods",
+            &format!("/api/v1/namespaces/{ns}/pods"),
             "application/json",
             json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {"nodeName": "gpu-a",
                 "serviceAccountName": "gpusweep", "automountServiceAccountToken": false,
@@ -166,7 +186,7 @@ impl Api {
         );
         let tr = self.ok(
             "POST",
-            "/api/v1/namespaces/gpusweep/serviceaccounts/gpusweep/token",
+            &format!("/api/v1/namespaces/{ns}/serviceaccounts/gpusweep/token"),
             "application/json",
             json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {
                 "expirationSeconds": 3600, "boundObjectRef": {"apiVersion": "v1", "kind": "Pod",
@@ -294,6 +314,46 @@ impl Api {
             self.ok("POST", &path, "application/yaml", doc.to_string());
         }
     }
+}
+
+/// Wait until each of node-writer.yaml's policies is in force for `token` (a policy holds a moment after it is
+/// created; a dry run says when): a label on gpu-b, a device taint in gpu-b's pool, an Event about gpu-b.
+fn policies_in_force(c: &Api, token: &str) {
+    let dev = gpusweep::serve::kube::body::Device {
+        driver: "gpu.nvidia.com".into(),
+        pool: "gpu-b".into(),
+        device: "gpu-0".into(),
+    };
+    let rule = gpusweep::serve::kube::body::taint_rule("gpu-a", &dev, "LeftoverHolds");
+    let event = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"generateName": "x-", "namespace": "default"}, "eventTime": "2026-12-07T00:00:00.000000Z",
+        "reportingController": "gpusweep.io/serve", "reportingInstance": "gpusweep-gpu-a", "action": "Judge",
+        "reason": "GPUHeld", "type": "Warning", "regarding": {"apiVersion": "v1", "kind": "Node",
+        "name": "gpu-b"}, "note": "x"});
+    await_cond("the admission policies in force", 60, || {
+        let label = json!({"metadata": {"labels": {"x": "y"}}}).to_string();
+        c.call(
+            token,
+            "PATCH",
+            "/api/v1/nodes/gpu-b?dryRun=All",
+            Some(("application/merge-patch+json", label)),
+        )
+        .0 == 403
+            && c.call(
+                token,
+                "POST",
+                "/apis/resource.k8s.io/v1/devicetaintrules?dryRun=All",
+                Some(("application/json", rule.to_string())),
+            )
+            .0 == 403
+            && c.call(
+                token,
+                "POST",
+                "/apis/events.k8s.io/v1/namespaces/default/events?dryRun=All",
+                Some(("application/json", event.to_string())),
+            )
+            .0 == 403
+    });
 }
 
 fn condition(node: &Value, kind: &str) -> Option<Value> {
@@ -454,18 +514,7 @@ fn the_serve_keeps_its_own_node_off_the_scheduler_while_a_gpu_is_held() {
 
     // The policy holds the writer to its own node and its own keys, whatever RBAC allows. A policy is in force
     // a moment after it is created: a dry run says when.
-    await_cond("the admission policy in force", 60, || {
-        c.call(
-            &token,
-            "PATCH",
-            "/api/v1/nodes/gpu-b?dryRun=All",
-            Some((
-                "application/merge-patch+json",
-                json!({"metadata": {"labels": {"x": "y"}}}).to_string(),
-            )),
-        )
-        .0 == 403
-    });
+    policies_in_force(&c, &token);
     let patch = |node: &str, body: Value| {
         c.call(
             &token,
@@ -585,10 +634,21 @@ fn the_serve_keeps_its_own_node_off_the_scheduler_while_a_gpu_is_held() {
         g.wait().expect("reaped");
         pid
     };
+    // That GPU's device is tainted for claims; the node's other devices and gpu-b's are not, and the node itself
+    // is not: DRA allocates the held GPU, so its siblings stay schedulable.
+    let rules = || {
+        let (_, v) = c.call(
+            ADMIN,
+            "GET",
+            "/apis/resource.k8s.io/v1/devicetaintrules",
+            None,
+        );
+        v["items"].as_array().cloned().unwrap_or_default()
+    };
     set_nvml(tmp, &format!("4096 {gone}:4096\n"));
     let since = Instant::now();
-    await_cond("taint on", 60, || {
-        taint_keys(&c.node("gpu-a")).contains(&"gpusweep.io/gpu-held".to_string())
+    await_cond("the device taint and the condition", 60, || {
+        rules().len() == 1 && held(&c.node("gpu-a")).as_deref() == Some("True")
     });
     let to_taint = since.elapsed();
     let node = c.node("gpu-a");
@@ -602,28 +662,14 @@ fn the_serve_keeps_its_own_node_off_the_scheduler_while_a_gpu_is_held() {
         msg.contains("GPU 0") && msg.contains(&gone.to_string()),
         "{msg}"
     );
-    // That GPU's device is tainted for claims; the node's other devices and gpu-b's are not.
-    let rules = || {
-        let (_, v) = c.call(
-            ADMIN,
-            "GET",
-            "/apis/resource.k8s.io/v1/devicetaintrules",
-            None,
-        );
-        v["items"].as_array().cloned().unwrap_or_default()
-    };
-    await_cond("the device taint", 30, || rules().len() == 1);
     let first = &rules()[0];
     assert_eq!(first["metadata"]["name"], "gpusweep-held.gpu-a.gpu-0");
     assert_eq!(
         first["spec"]["deviceSelector"],
         json!({"driver": "gpu.nvidia.com", "pool": "gpu-a", "device": "gpu-0"})
     );
-    // Nothing of the other manager's moved.
-    assert_eq!(
-        taint_keys(&node),
-        ["other.io/maintenance", "gpusweep.io/gpu-held"]
-    );
+    // Nothing of the other manager's moved, and no node-wide taint.
+    assert_eq!(taint_keys(&node), ["other.io/maintenance"]);
     assert_eq!(
         condition(&node, "KernelDeadlock").expect("kept")["reason"],
         "KernelHasNoDeadlock"
@@ -713,6 +759,25 @@ fn the_serve_keeps_its_own_node_off_the_scheduler_while_a_gpu_is_held() {
         !get(&addr, "/healthz").contains("could not be written")
     });
 
+    // The API hangs (stopped, not gone) while a GPU is held: the writer's requests time out (10 s) and
+    // `/healthz` says the condition could not be written; once the API answers again the node is marked.
+    c.hang_api(true);
+    set_nvml(tmp, &format!("4096 {gone}:4096\n"));
+    let since = Instant::now();
+    await_cond("the hung API said", 60, || {
+        get(&addr, "/healthz").contains("could not be written")
+    });
+    let to_said = since.elapsed();
+    c.hang_api(false);
+    await_cond("the taint once the API answers", 60, || {
+        taint_keys(&c.node("gpu-a")).contains(&"gpusweep.io/gpu-held".to_string())
+    });
+    set_nvml(tmp, "0\n");
+    await_cond("clean again", 60, || {
+        !taint_keys(&c.node("gpu-a")).contains(&"gpusweep.io/gpu-held".to_string())
+            && !get(&addr, "/healthz").contains("could not be written")
+    });
+
     // The token rotates: its service account is made anew (the old token is refused from then on) and the file
     // holds a new one. The next transition lands at once, not after the client's next timed re-read (50 s).
     c.ok(
@@ -772,9 +837,236 @@ fn the_serve_keeps_its_own_node_off_the_scheduler_while_a_gpu_is_held() {
     eprintln!(
         "kube: leftover's first reading to the taint {:.2} s; all-zero to its removal {:.2} s (hold 1 s, confirm 3 s, \
          poll 200 ms); {ticks} concurrent Node updates, {conflicts} guarded patches retried; after the token \
-         rotated {:.2} s",
+         rotated {:.2} s; a hung API said after {:.2} s",
         to_taint.as_secs_f64(),
         to_untaint.as_secs_f64(),
-        after_rotation.as_secs_f64()
+        after_rotation.as_secs_f64(),
+        to_said.as_secs_f64()
     );
+}
+
+/// A call of the writer's token that must be refused by a policy (403), not by RBAC or as malformed.
+fn refused(c: &Api, token: &str, method: &str, path: &str, ctype: &str, body: &Value, what: &str) {
+    let (code, v) = c.call(token, method, path, Some((ctype, body.to_string())));
+    assert_eq!(code, 403, "{what}: {v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("ValidatingAdmissionPolicy")),
+        "{what}: refused by a policy, not RBAC: {v}"
+    );
+}
+
+/// The writes a serve's token made past the policies before (each turned by the garbage collector, the taint
+/// manager or the scheduler into a deletion or an eviction), every one refused now: owners, finalizers, a
+/// NoExecute taint, the status but GPUHeld, device taints beyond one GPU of its own with NoSchedule, Events
+/// about another object or elsewhere; and the same token's account in another namespace (a kustomize
+/// `namespace:`) held to the same rules.
+#[test]
+#[allow(clippy::too_many_lines)] // one list of attacks, each a request and its answer
+fn the_writers_token_changes_nothing_of_its_node_but_its_mark_in_any_namespace() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let c = Cluster::start(tmp);
+    c.apply_file("daemonset.yaml");
+    c.apply_file("node-writer.yaml");
+    for n in ["gpu-a", "gpu-b"] {
+        c.ok(
+            "POST",
+            "/api/v1/nodes",
+            "application/json",
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n}}).to_string(),
+        );
+    }
+    let token = c.pod_token("serve-a");
+    policies_in_force(&c, &token);
+    let merge = "application/merge-patch+json";
+    let uid = c.node("gpu-a")["metadata"]["uid"].clone();
+    for (body, what) in [
+        (
+            json!({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "gone",
+            "uid": "00000000-0000-0000-0000-000000000000"}]}}),
+            "a dangling owner",
+        ),
+        (
+            json!({"metadata": {"finalizers": ["x.io/hold"]}}),
+            "a finalizer",
+        ),
+        (
+            json!({"spec": {"taints": [{"key": "gpusweep.io/gpu-held", "effect": "NoExecute"}]}}),
+            "its own taint, evicting",
+        ),
+    ] {
+        refused(
+            &c,
+            &token,
+            "PATCH",
+            "/api/v1/nodes/gpu-a?dryRun=All",
+            merge,
+            &body,
+            what,
+        );
+    }
+    for (body, what) in [
+        (
+            json!({"status": {"volumesInUse": ["kubernetes.io/csi/x^y"]}}),
+            "volumes in use",
+        ),
+        (
+            json!({"status": {"volumesAttached": [{"name": "kubernetes.io/csi/x^y", "devicePath": "/dev/x"}]}}),
+            "volumes attached",
+        ),
+        (
+            json!({"status": {"images": [{"names": ["evil:latest"], "sizeBytes": 1}]}}),
+            "images",
+        ),
+        (json!({"status": {"phase": "Terminated"}}), "the phase"),
+        (
+            json!({"status": {"runtimeHandlers": [{"name": "evil"}]}}),
+            "runtime handlers",
+        ),
+        (
+            json!({"status": {"features": {"supplementalGroupsPolicy": true}}}),
+            "features",
+        ),
+    ] {
+        refused(
+            &c,
+            &token,
+            "PATCH",
+            "/api/v1/nodes/gpu-a/status?dryRun=All",
+            merge,
+            &body,
+            what,
+        );
+    }
+    // Device taints: one GPU of its own pool with NoSchedule passes; a NIC, the whole pool or NoExecute not.
+    let dev = gpusweep::serve::kube::body::Device {
+        driver: "gpu.nvidia.com".into(),
+        pool: "gpu-a".into(),
+        device: "gpu-0".into(),
+    };
+    let rule = gpusweep::serve::kube::body::taint_rule("gpu-a", &dev, "LeftoverHolds");
+    let rules = "/apis/resource.k8s.io/v1/devicetaintrules?dryRun=All";
+    let (code, v) = c.call(
+        &token,
+        "POST",
+        rules,
+        Some(("application/json", rule.to_string())),
+    );
+    assert_eq!(code, 201, "one GPU of its own: {v}");
+    let mut nic = rule.clone();
+    nic["spec"]["deviceSelector"]["driver"] = json!("nic.example.com");
+    let mut pool = rule.clone();
+    pool["spec"]["deviceSelector"]
+        .as_object_mut()
+        .expect("selector")
+        .remove("device");
+    let mut evict = rule.clone();
+    evict["spec"]["taint"]["effect"] = json!("NoExecute");
+    for (r, what) in [
+        (nic, "another driver's device"),
+        (pool, "every device of the pool"),
+        (evict, "NoExecute"),
+    ] {
+        refused(&c, &token, "POST", rules, "application/json", &r, what);
+    }
+    // Events: about its own Node in default; never about another object, nor elsewhere.
+    let event = |ns: &str, node: &str| {
+        json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"generateName": "x-", "namespace": ns}, "eventTime": "2026-12-07T00:00:00.000000Z",
+        "reportingController": "gpusweep.io/serve", "reportingInstance": "gpusweep-gpu-a", "action": "Judge",
+        "reason": "GPUHeld", "type": "Warning", "regarding": {"apiVersion": "v1", "kind": "Node", "name": node,
+        "uid": uid}, "note": "x"})
+    };
+    let events = |ns: &str| format!("/apis/events.k8s.io/v1/namespaces/{ns}/events?dryRun=All");
+    let (code, v) = c.call(
+        &token,
+        "POST",
+        &events("default"),
+        Some(("application/json", event("default", "gpu-a").to_string())),
+    );
+    assert_eq!(code, 201, "its own Node's: {v}");
+    refused(
+        &c,
+        &token,
+        "POST",
+        &events("default"),
+        "application/json",
+        &event("default", "gpu-b"),
+        "about another node",
+    );
+    refused(
+        &c,
+        &token,
+        "POST",
+        &events("kube-system"),
+        "application/json",
+        &event("kube-system", "gpu-a"),
+        "in kube-system",
+    );
+    // The manifests applied under another namespace: its account is bound as the overlay binds it, and the
+    // policies still hold it to its own node and mark.
+    c.ok(
+        "POST",
+        "/api/v1/namespaces",
+        "application/json",
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "tools"}}).to_string(),
+    );
+    c.ok(
+        "POST",
+        "/api/v1/namespaces/tools/serviceaccounts",
+        "application/json",
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "gpusweep"}})
+            .to_string(),
+    );
+    c.ok("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", "application/json",
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": "gpusweep-node-writer-tools"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole", "name": "gpusweep-node-writer"},
+            "subjects": [{"kind": "ServiceAccount", "name": "gpusweep", "namespace": "tools"}]}).to_string());
+    let other = c.pod_token_in("tools", "serve-tools");
+    for (node, body, what) in [
+        (
+            "gpu-b",
+            json!({"spec": {"taints": [{"key": "gpusweep.io/gpu-held", "effect": "NoSchedule"}]}}),
+            "another node, from another namespace",
+        ),
+        (
+            "gpu-a",
+            json!({"spec": {"unschedulable": true}}),
+            "a cordon, from another namespace",
+        ),
+        (
+            "gpu-a",
+            json!({"metadata": {"labels": {"x": "y"}}}),
+            "a label, from another namespace",
+        ),
+    ] {
+        await_cond("the binding in force", 30, || {
+            c.call(&other, "GET", "/api/v1/nodes/gpu-a", None).0 == 200
+        });
+        refused(
+            &c,
+            &other,
+            "PATCH",
+            &format!("/api/v1/nodes/{node}?dryRun=All"),
+            merge,
+            &body,
+            what,
+        );
+    }
+    // Its own mark beside the taints already there (the API server's not-ready one).
+    let (code, v) = c.call(
+        &other,
+        "PATCH",
+        "/api/v1/nodes/gpu-a?dryRun=All",
+        Some((
+            "application/json-patch+json",
+            json!([{"op": "add", "path": "/spec/taints/-",
+            "value": {"key": "gpusweep.io/gpu-held", "effect": "NoSchedule"}}])
+            .to_string(),
+        )),
+    );
+    assert_eq!(code, 200, "its own mark, from another namespace: {v}");
 }

@@ -18,7 +18,7 @@ use tokio::sync::watch;
 
 use super::KubeStatus;
 use super::body;
-use super::hold::{Desired, Hold};
+use super::hold::{Desired, Held, Hold};
 use crate::analyze::node::{Gate, NodeVerdict, node_verdict};
 use crate::core::model::now_ms;
 use crate::serve::hub::HostChannel;
@@ -29,6 +29,11 @@ const PENDING_MAX: usize = 64;
 
 /// Attempts at one guarded taint patch before the round fails (and is retried later as a whole).
 const CONFLICT_TRIES: u32 = 6;
+
+/// How long one round of writes may take. A hung API server (one that accepts and never answers) would
+/// otherwise hold the writer for the client's read timeout (295 s, sized for watches) with `/healthz` saying
+/// nothing; past this the round is said failed and retried.
+const ROUND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the writer follows and how.
 pub struct Writer {
@@ -80,7 +85,19 @@ impl From<kube::Error> for Failed {
                 why: format!("{} {}: {}", s.code, s.reason, s.message),
                 status: Some(s.code),
             },
-            other => Failed::because(other.to_string()),
+            // Every cause, not the first alone ("client error (Connect)" says nothing of a timeout).
+            other => {
+                let mut why = other.to_string();
+                let mut cause = std::error::Error::source(&other);
+                while let Some(c) = cause {
+                    let said = c.to_string();
+                    if !why.contains(&said) {
+                        why = format!("{why}: {said}");
+                    }
+                    cause = c.source();
+                }
+                Failed::because(why)
+            }
         }
     }
 }
@@ -127,10 +144,18 @@ impl Writer {
                 continue;
             }
             let uuids = uuids_of(&latest, &want.gpus);
-            match self
-                .write(&mut client, &want, &uuids, &mut dra, &mut pending)
-                .await
-            {
+            let round = tokio::time::timeout(
+                ROUND_TIMEOUT,
+                self.write(&mut client, &want, &uuids, &mut dra, &mut pending),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(Failed::because(format!(
+                    "the API server did not answer within {}",
+                    humantime::format_duration(ROUND_TIMEOUT)
+                )))
+            });
+            match round {
                 Ok(()) => {
                     self.status.set_pending(0);
                     written = Some(want);
@@ -200,16 +225,30 @@ impl Writer {
         let c = if let Some(c) = client.as_ref() {
             c.clone()
         } else {
-            let config = Config::infer()
+            let mut config = Config::infer()
                 .await
                 .map_err(|e| Failed::because(format!("no Kubernetes API configuration: {e}")))?;
+            // Every request answers within a round's time or fails (it never watches).
+            config.connect_timeout = Some(ROUND_TIMEOUT);
+            config.read_timeout = Some(ROUND_TIMEOUT);
+            config.write_timeout = Some(ROUND_TIMEOUT);
             let made = Client::try_from(config).map_err(|e| Failed::because(e.to_string()))?;
             client.insert(made).clone()
         };
         let nodes: Api<Node> = Api::all(c.clone());
-        // The taint first: it is what keeps pods off, and it never waits on the condition (which another
+        // The taints first: they are what keep pods off, and they never wait on the condition (which another
         // manager may own: the apply is never forced, so that is a conflict said and retried, not taken over).
-        let uid = self.taint(&nodes, want.held.tainted()).await?;
+        // Where DRA allocates every held GPU, its devices are tainted one by one and the node's other GPUs stay
+        // schedulable; else (DRA not served, a GPU no driver publishes, a host unread) the node is.
+        // A device rule that failed leaves the node tainted, then is said.
+        let by_device = self.device_taints(&c, want, uuids, dra).await;
+        let uid = self
+            .taint(
+                &nodes,
+                want.held.tainted() && !matches!(by_device, Ok(true)),
+            )
+            .await?;
+        by_device?;
         let apply = body::condition_apply(&self.node, want, now_ms());
         let condition = nodes
             .patch_status(
@@ -221,7 +260,6 @@ impl Writer {
         if condition.is_ok() {
             self.status.wrote(Some(want.held));
         }
-        self.device_taints(&c, want, uuids, dra).await?;
         let events: Api<Event> = Api::namespaced(c, "default");
         while let Some(d) = pending.front() {
             let ev: Event =
@@ -289,17 +327,18 @@ impl Writer {
 }
 
 impl Writer {
-    /// One DeviceTaintRule per GPU whose device is held or unread (found by UUID in the node's ResourceSlices),
-    /// none for the others; rules are this writer's by label. Where the cluster serves no DRA, said once.
+    /// One DeviceTaintRule per GPU whose device is held (found by UUID in the node's ResourceSlices), none
+    /// for the others; rules are this writer's by label. Where the cluster serves no DRA, said once. `true`
+    /// where the rules keep every held GPU off (each one's device found; a host held, not unread).
     async fn device_taints(
         &self,
         c: &Client,
         want: &Desired,
         uuids: &[String],
         dra: &mut Dra,
-    ) -> Result<(), Failed> {
+    ) -> Result<bool, Failed> {
         if *dra == Dra::NotServed {
-            return Ok(());
+            return Ok(false);
         }
         let slices: Api<DynamicObject> =
             Api::all_with(c.clone(), &resource("ResourceSlice", "resourceslices"));
@@ -320,7 +359,7 @@ impl Writer {
                     crate::core::format::escape(&self.node)
                 );
                 *dra = Dra::NotServed;
-                return Ok(());
+                return Ok(false);
             }
             Err(e) => return Err(e.into()),
         };
@@ -330,11 +369,15 @@ impl Writer {
             .iter()
             .filter_map(|s| serde_json::to_value(s).ok())
             .collect();
-        let devices = if want.held.tainted() {
+        let devices = if want.held == Held::Yes {
             body::devices_of(&slices, uuids)
         } else {
             Vec::new()
         };
+        let mut covers = want.held == Held::Yes
+            && !want.gpus.is_empty()
+            && uuids.len() == want.gpus.len()
+            && devices.len() == want.gpus.len();
         let wanted: std::collections::BTreeMap<String, &body::Device> = devices
             .iter()
             .map(|d| (body::rule_name(&self.node, d), d))
@@ -358,19 +401,40 @@ impl Writer {
             .filter_map(|r| r.metadata.name.as_deref())
             .collect();
         for (name, d) in &wanted {
-            if have.contains(name.as_str()) {
-                continue;
-            }
-            let rule: DynamicObject =
-                serde_json::from_value(body::taint_rule(&self.node, d, want.held.reason()))
-                    .map_err(|e| Failed::because(format!("a DeviceTaintRule: {e}")))?;
-            match rules.create(&PostParams::default(), &rule).await {
-                Ok(_) => self.status.wrote(None),
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => return Err(e.into()),
+            if !have.contains(name.as_str()) && !self.create_rule(&rules, d, want).await? {
+                covers = false;
             }
         }
-        Ok(())
+        Ok(covers)
+    }
+
+    /// One device's rule created (or there already): `false` where the API refused it for what it is (a
+    /// policy, a driver it does not allow), said; then the node taint keeps the GPU off instead.
+    async fn create_rule(
+        &self,
+        rules: &Api<DynamicObject>,
+        d: &body::Device,
+        want: &Desired,
+    ) -> Result<bool, Failed> {
+        let rule: DynamicObject =
+            serde_json::from_value(body::taint_rule(&self.node, d, want.held.reason()))
+                .map_err(|e| Failed::because(format!("a DeviceTaintRule: {e}")))?;
+        match rules.create(&PostParams::default(), &rule).await {
+            Ok(_) => self.status.wrote(None),
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(kube::Error::Api(s)) if (400..500).contains(&s.code) && s.code != 429 => {
+                let why = format!("a DeviceTaintRule refused: {} {}", s.code, s.message);
+                eprintln!(
+                    "gpusweep serve: kube: node {}: {} (the node is tainted instead)",
+                    crate::core::format::escape(&self.node),
+                    crate::core::format::escape(&why)
+                );
+                self.status.failed(now_ms(), &why);
+                return Ok(false);
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Ok(true)
     }
 }
 
