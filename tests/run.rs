@@ -1557,3 +1557,190 @@ fn a_residual_walks_every_process_and_finds_a_holder_that_opened_the_gpu_late() 
         "{h}"
     );
 }
+
+/// A launcher and its ranks, each rank killed when this goes (they outlive the launcher's shell).
+struct Ranks {
+    _launcher: crate::support::Reaped,
+    by_gpu: Vec<u32>,
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for p in &self.by_gpu {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(i32::try_from(*p).unwrap_or(i32::MAX)),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// A launcher's four ranks, each `sleep 30N` holding the stand-in device nvidiaN: each GPU's rank once each
+/// has exec'd.
+fn ranks_by_gpu(env: &Env) -> Ranks {
+    let script = "sleep 300 <nvidia0 & sleep 301 <nvidia1 & sleep 302 <nvidia2 & sleep 303 <nvidia3 & \
+                  echo $$ >launcher; wait";
+    let launcher = crate::support::Reaped(
+        Command::new("sh")
+            .args(["-c", script])
+            .current_dir(env.dir.path())
+            .spawn()
+            .expect("sh"),
+    );
+    let pid = pids_in(&env.path("launcher"), 1)[0];
+    let ranks: Vec<u32> = {
+        let mut v = Vec::new();
+        await_cond("the four ranks", 20, || {
+            v = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect();
+            v.len() == 4
+        });
+        v.sort_unstable();
+        v
+    };
+    // Each rank on the GPU of its device (its `sleep 30N` reads nvidiaN), 8 GiB each, once each has exec'd.
+    let mut by_gpu: Vec<Option<u32>> = vec![None; 4];
+    await_cond("each rank's command", 20, || {
+        for (i, slot) in by_gpu.iter_mut().enumerate() {
+            let want = format!("sleep 30{i}");
+            *slot = ranks.iter().copied().find(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| c.replace('\0', " ").trim() == want)
+            });
+        }
+        by_gpu.iter().all(Option::is_some)
+    });
+    Ranks {
+        _launcher: launcher,
+        by_gpu: by_gpu
+            .into_iter()
+            .map(|p| p.expect("a rank per GPU"))
+            .collect(),
+    }
+}
+
+/// A job that hangs alive, watched by a serve on the stand-in driver (GPM activity, power): four ranks
+/// settle; three GPUs then read busy 100% at 110 W with no SM, tensor or DRAM activity (a collective's wait)
+/// while the fourth rank's GPU is idle and the rank asleep. Past the hang window (3 s here) the job is `hung`,
+/// the idle rank named as the one the others wait for, the evidence said, and `/metrics` says the phase.
+/// Then the same busy GPUs without GPM (no activity counters): `unknown`, said why, never settled.
+#[test]
+fn a_job_whose_gpus_spin_without_work_is_hung_and_names_the_rank_they_wait_for() {
+    let env = Env::new();
+    for i in 1..4 {
+        std::fs::write(env.path(&format!("nvidia{i}")), b"").expect("stand-in device");
+    }
+    std::fs::write(
+        env.path("no-config.toml"),
+        "[jobs]\nsettle = \"1s\"\nhang = \"3s\"\n",
+    )
+    .expect("config");
+    let ranks = ranks_by_gpu(&env);
+    let on_gpu = |i: usize| ranks.by_gpu[i];
+    let state = |gpm: bool| {
+        let mut out = String::new();
+        for i in 0..4 {
+            let doing = match (i, gpm) {
+                (3, _) => "util=0 power=70",
+                (_, true) => "util=100 power=110 sm=0.6 tensor=0 dram=0",
+                (_, false) => "util=100 power=110",
+            };
+            out.push_str(&format!("8192 {}:8192 {doing}\n", on_gpu(i)));
+        }
+        out
+    };
+    set_nvml(env.dir.path(), &state(true));
+    let lib = standin_nvml(env.dir.path());
+    let glob = format!("{}/nvidia*", env.dir.path().display());
+    let (_serve, addr) = standin_serve(&env, &lib, &glob);
+    let job = || -> serde_json::Value {
+        get_json(&addr, "/api/v1/snapshot")["hosts"][0]["jobs"]
+            .as_array()
+            .and_then(|j| j.first().cloned())
+            .unwrap_or_default()
+    };
+    await_cond("hung", 60, || job()["phase"] == "hung");
+    let j = job();
+    assert_eq!(j["waiting_on"], serde_json::json!([on_gpu(3)]), "{j}");
+    let why = j["phase_why"].as_str().unwrap_or("");
+    assert!(
+        why.starts_with("GPU 0-2 busy 100% at 330 W, SM 0.6%, tensor 0.0%, DRAM 0.0% for "),
+        "{why}"
+    );
+    let metrics = get_body(&addr, "/metrics");
+    assert!(
+        metrics.lines().any(|l| l.starts_with("gpusweep_job_phase{")
+            && l.contains("phase=\"hung\"")
+            && l.ends_with(" 1.0")),
+        "{metrics}"
+    );
+    hung_alert_fires_on(&metrics);
+    // The same spin on GPUs that give no activity counters: whether it progresses cannot be told.
+    set_nvml(env.dir.path(), &state(false));
+    await_cond("unknown", 60, || job()["phase"] == "unknown");
+    let j = job();
+    assert!(
+        j["phase_why"]
+            .as_str()
+            .is_some_and(|w| w.contains("give no activity counters")),
+        "{j}"
+    );
+    assert!(j["waiting_on"].is_null(), "{j}");
+}
+
+/// The shipped `GpuJobHung` alert fires on the hung phase a serve exported (its series as recorded, fed to
+/// `promtool test rules` with `deploy/prometheus/gpusweep-alerts.yml`), and not before its 30 s.
+fn hung_alert_fires_on(metrics: &str) {
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("gpusweep_job_phase{") && l.contains("phase=\"hung\""))
+        .expect("the hung series");
+    let (labels, _) = line.rsplit_once(' ').expect("a value");
+    let field = |name: &str| {
+        labels
+            .split(&format!("{name}=\""))
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .expect("label")
+            .to_string()
+    };
+    let (host, job) = (field("Hostname"), field("job_id"));
+    let rules = std::fs::canonicalize("deploy/prometheus/gpusweep-alerts.yml").expect("rules");
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("hung.test.yml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"rule_files: ["{rules}"]
+evaluation_interval: 15s
+tests:
+  - interval: 15s
+    input_series:
+      - series: '{labels}'
+        values: '1x8'
+    alert_rule_test:
+      - eval_time: 15s
+        alertname: GpuJobHung
+        exp_alerts: []
+      - eval_time: 60s
+        alertname: GpuJobHung
+        exp_alerts:
+          - exp_labels: {{severity: warning, Hostname: "{host}", job_id: "{job}", phase: hung}}
+            exp_annotations:
+              summary: "job {job} on {host} hangs: its GPUs spin without work"
+              description: "gpusweep snapshot --hosts {host} names the rank it waits for."
+"#,
+            rules = rules.display()
+        ),
+    )
+    .expect("test file");
+    let o = Command::new("promtool")
+        .args(["test", "rules"])
+        .arg(&file)
+        .output()
+        .expect("promtool (Debian's prometheus package)");
+    assert!(o.status.success(), "{}", text(&o));
+}

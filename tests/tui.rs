@@ -1167,7 +1167,7 @@ fn screen_jobs_view_names_the_lost_rank_and_sweeps_the_job_alone() {
     let rows = d.app.job_rows();
     // gpu-d's job lost rank 3: it comes first; gpu-a's warm-up with its straggler is among the others.
     assert_eq!(rows[0].id, "tree:6100", "{rows:?}");
-    assert!(rows[0].lost());
+    assert!(rows[0].troubled());
     assert!(rows.iter().any(|r| {
         r.id == "sglang-ep8.service"
             && r.members[0]

@@ -680,7 +680,7 @@ fn register_jobs(
 ) {
     r.register(
         m::JOB_PHASE,
-        "1 for the phase a job is in (starting, loading, holding, settled, lost_rank, unknown), 0 for the others",
+        "1 for the phase a job is in (starting, loading, holding, settled, lost_rank, hung, unknown), 0 for the others",
         phase,
     );
     r.register(

@@ -345,6 +345,8 @@ mod tests {
                     cmdline: "python3 rank1 --secret-rank".into(),
                 }],
                 kept: false,
+                phase_why: None,
+                waiting_on: Vec::new(),
             },
             crate::core::job::JobReport {
                 launcher_gone_ms: None,
@@ -363,6 +365,8 @@ mod tests {
                 settled_bytes: None,
                 lost: vec![],
                 kept: false,
+                phase_why: None,
+                waiting_on: Vec::new(),
             },
         ];
         let seen = redact(&snap, View::Own(1000)).expect("redacted");

@@ -19,11 +19,12 @@ pub struct JobRow {
 }
 
 impl JobRow {
-    /// A rank of it was lost on some host.
-    pub fn lost(&self) -> bool {
+    /// In trouble on some host: a rank lost, or hung alive (shown first).
+    pub fn troubled(&self) -> bool {
+        use crate::core::job::Phase;
         self.members
             .iter()
-            .any(|(_, j)| j.phase == crate::core::job::Phase::LostRank)
+            .any(|(_, j)| matches!(j.phase, Phase::LostRank | Phase::Hung))
     }
     /// What its live ranks hold over every host; `None` where no charge is known.
     pub fn bytes(&self) -> Option<u64> {
@@ -439,7 +440,7 @@ impl App {
         }
         rows.sort_by_key(|r| {
             (
-                !r.lost(),
+                !r.troubled(),
                 std::cmp::Reverse(r.bytes().unwrap_or(0)),
                 r.id.clone(),
             )
@@ -787,5 +788,16 @@ impl App {
     /// Findings worth a glance in the header: leaks on any host.
     pub fn leak_count(&self) -> usize {
         self.store.leaks()
+    }
+
+    /// Jobs hung alive, over every host (the header says so: no GPU leaks, yet nothing progresses).
+    pub fn hung_count(&self) -> usize {
+        self.store
+            .hosts
+            .iter()
+            .filter_map(|h| h.snap.as_ref())
+            .flat_map(|s| s.jobs.iter())
+            .filter(|j| j.phase == crate::core::job::Phase::Hung)
+            .count()
     }
 }

@@ -25,6 +25,9 @@ pub struct JobOptions {
     pub straggle_ms: u64,
     /// A rank in state D this long is lost (loading weights from a slow disk passes through D briefly).
     pub stuck_ms: u64,
+    /// GPUs spinning without work this long, memory flat and every rank alive, is hung (well inside NCCL's
+    /// 10-minute collective timeout; longer than a checkpoint's or an evaluation's barrier).
+    pub hang_ms: u64,
 }
 
 impl Default for JobOptions {
@@ -33,6 +36,7 @@ impl Default for JobOptions {
             settle_ms: 60_000,
             straggle_ms: 10_000,
             stuck_ms: 10_000,
+            hang_ms: 5 * 60_000,
         }
     }
 }
@@ -317,7 +321,16 @@ struct Seen {
 struct Track {
     launcher_start: u64,
     started_ms: u64,
+    /// The phase said (`hung` or `unknown` over the memory's phase, where the GPUs say so).
     phase: Phase,
+    /// The phase its memory says (starting, loading, holding, settled, lost rank).
+    flow: Phase,
+    /// Since when its GPUs spin without work, memory flat (`hang.rs`).
+    spin_since: Option<u64>,
+    /// Its GPUs were seen busy without activity counters: whether it progresses cannot be told.
+    no_signal: bool,
+    phase_why: Option<String>,
+    waiting_on: Vec<u32>,
     phase_since_ms: u64,
     ranks: BTreeMap<u32, Seen>,
     /// What its live ranks held at the last reading, and when it last rose.
@@ -439,15 +452,19 @@ impl JobBook {
         self.tracks
             .values()
             .flat_map(|t| {
-                let settle = matches!(t.phase, Phase::Loading | Phase::Holding)
+                let settle = matches!(t.flow, Phase::Loading | Phase::Holding)
                     .then(|| t.last_rise_ms.saturating_add(o.settle_ms));
+                let hang = t
+                    .spin_since
+                    .filter(|_| t.phase != Phase::Hung)
+                    .map(|s| s.saturating_add(o.hang_ms));
                 let ranks = t.ranks.values().flat_map(|s| {
                     [
                         s.stuck_since.map(|x| x.saturating_add(o.stuck_ms)),
                         s.lag_since.map(|x| x.saturating_add(o.straggle_ms)),
                     ]
                 });
-                settle.into_iter().chain(ranks.flatten())
+                settle.into_iter().chain(hang).chain(ranks.flatten())
             })
             .filter(|&c| c > after)
             .min()
@@ -553,7 +570,9 @@ impl JobBook {
             && self
                 .watching_since
                 .is_none_or(|w| started_ms / 1000 < w / 1000);
-        let phase = next_phase(t, &alive, left_bytes, unseen_start, started_ms, at, opts);
+        let flow = next_phase(t, &alive, left_bytes, unseen_start, started_ms, at, opts);
+        t.flow = flow;
+        let phase = hang::phase(t, snap, &alive, at, opts);
         if left_bytes.is_some() {
             t.last_total = left_bytes;
         }
@@ -599,6 +618,8 @@ impl JobBook {
                 && g.members
                     .iter()
                     .all(|m| snap.holder(m.pid).is_some_and(|h| h.kept)),
+            phase_why: t.phase_why.clone(),
+            waiting_on: t.waiting_on.clone(),
         }
     }
 }
@@ -625,6 +646,11 @@ fn begin<'t>(
         launcher_start: g.launcher_start,
         started_ms,
         phase: Phase::Starting,
+        flow: Phase::Starting,
+        spin_since: None,
+        no_signal: false,
+        phase_why: None,
+        waiting_on: Vec::new(),
         phase_since_ms: at,
         ranks: BTreeMap::new(),
         last_total: None,
@@ -722,11 +748,11 @@ fn note_phase(
             warmup_ms: (phase == Phase::Settled).then_some(t.warmup_ms).flatten(),
         });
     }
-    // Settled dates from when memory stopped rising.
-    t.phase_since_ms = if phase == Phase::Settled {
-        t.last_rise_ms
-    } else {
-        at
+    // Settled dates from when memory stopped rising, hung from when the GPUs began to spin.
+    t.phase_since_ms = match phase {
+        Phase::Settled => t.last_rise_ms,
+        Phase::Hung => t.spin_since.unwrap_or(at),
+        _ => at,
     };
     t.phase = phase;
 }
@@ -877,7 +903,7 @@ fn next_phase(
     at: u64,
     opts: JobOptions,
 ) -> Phase {
-    let before = t.phase;
+    let before = t.flow;
     if !t.lost.is_empty() {
         return Phase::LostRank;
     }
@@ -1086,6 +1112,8 @@ fn lost_finding(
         });
     }
 }
+
+mod hang;
 
 #[cfg(test)]
 mod tests;

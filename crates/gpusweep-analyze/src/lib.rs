@@ -12,6 +12,7 @@ pub mod jobs;
 pub mod node;
 pub mod plan;
 pub mod reset;
+pub mod spin;
 pub mod state;
 pub mod watch;
 

@@ -245,11 +245,38 @@ pub fn phase_line(snap: &super::model::HostSnapshot, j: &super::job::JobReport) 
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-        Phase::Unknown => format!(
-            "{} rank(s) on GPU {}; its memory cannot be read",
-            j.ranks.len(),
-            fmt_gpus(&j.gpus)
-        ),
+        Phase::Hung => {
+            let waits = if j.waiting_on.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; waiting on {}",
+                    j.waiting_on
+                        .iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            };
+            format!(
+                "hung: {}{waits}",
+                j.phase_why
+                    .as_deref()
+                    .unwrap_or("its GPUs spin without work")
+            )
+        }
+        Phase::Unknown => match &j.phase_why {
+            Some(why) => format!(
+                "{} rank(s) on GPU {}; {why}",
+                j.ranks.len(),
+                fmt_gpus(&j.gpus)
+            ),
+            None => format!(
+                "{} rank(s) on GPU {}; its memory cannot be read",
+                j.ranks.len(),
+                fmt_gpus(&j.gpus)
+            ),
+        },
     }
 }
 

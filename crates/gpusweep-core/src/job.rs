@@ -192,6 +192,10 @@ pub enum Phase {
     Settled,
     /// A rank ended (exited, turned zombie, or stuck in state D) while other ranks still hold GPU memory.
     LostRank,
+    /// Every rank alive, its memory flat, and its GPUs busy with no work (GPM: no SM, tensor or DRAM activity)
+    /// for the hang window: a collective waiting for a rank that does not come. The ranks whose GPUs do not
+    /// spin are named (`waiting_on`), the evidence said (`phase_why`).
+    Hung,
     /// What its ranks are charged cannot be read (no NVML, MIG): no phase can be told.
     Unknown,
 }
@@ -204,15 +208,17 @@ impl Phase {
             Phase::Holding => "holding",
             Phase::Settled => "settled",
             Phase::LostRank => "lost_rank",
+            Phase::Hung => "hung",
             Phase::Unknown => "unknown",
         }
     }
-    pub const ALL: [Phase; 6] = [
+    pub const ALL: [Phase; 7] = [
         Phase::Starting,
         Phase::Loading,
         Phase::Holding,
         Phase::Settled,
         Phase::LostRank,
+        Phase::Hung,
         Phase::Unknown,
     ];
 }
@@ -315,6 +321,15 @@ pub struct JobReport {
     /// Declared kept on purpose (config `keep`): shown, never swept, never a leak.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub kept: bool,
+    /// Why its phase is what it is, where that needs saying: a `hung` job's evidence ("GPU 0-6 busy 100% at
+    /// 780 W, SM 0.4%, tensor 0.0%, DRAM 0.0% for 4m"), or why a busy job's phase is `unknown` (its GPUs give
+    /// no activity counters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase_why: Option<String>,
+    /// A `hung` job's ranks whose GPUs do not spin (idle, computing, in D, stopped): the ones the others wait
+    /// for. Empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_on: Vec<u32>,
 }
 
 impl JobReport {
@@ -342,6 +357,8 @@ impl JobReport {
             settled_bytes,
             lost,
             kept,
+            phase_why,
+            waiting_on,
         } = self;
         let but_memory = *id == b.id
             && *job == b.job
@@ -357,7 +374,9 @@ impl JobReport {
             && *warmup_ms == b.warmup_ms
             && *settled_bytes == b.settled_bytes
             && *lost == b.lost
-            && *kept == b.kept;
+            && *kept == b.kept
+            && *phase_why == b.phase_why
+            && *waiting_on == b.waiting_on;
         if but_memory {
             Moved::Memory
         } else {

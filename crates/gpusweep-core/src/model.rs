@@ -912,6 +912,10 @@ pub struct Counters {
     pub dram_active: Option<f64>,
     pub pcie_tx_bytes_per_s: Option<f64>,
     pub pcie_rx_bytes_per_s: Option<f64>,
+    /// Whether the GPU gives GPM's activity ratios at all (`false`: before Hopper, MIG, a driver without
+    /// GPM): what tells "no ratios yet" from "never any".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpm_supported: Option<bool>,
 }
 
 impl Gpu {

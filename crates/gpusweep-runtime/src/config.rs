@@ -86,6 +86,8 @@ pub struct JobsConfig {
     pub straggler: Option<String>,
     /// A rank in state D this long: lost (default 10s).
     pub stuck: Option<String>,
+    /// GPUs spinning without work this long, memory flat: hung (default 5m).
+    pub hang: Option<String>,
 }
 
 impl Config {
@@ -108,6 +110,7 @@ impl JobsConfig {
             ("jobs.settle", &self.settle, &mut o.settle_ms),
             ("jobs.straggler", &self.straggler, &mut o.straggle_ms),
             ("jobs.stuck", &self.stuck, &mut o.stuck_ms),
+            ("jobs.hang", &self.hang, &mut o.hang_ms),
         ] {
             if let Some(v) = v {
                 let d =

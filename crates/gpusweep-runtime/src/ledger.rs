@@ -434,6 +434,12 @@ impl Ledger {
                 snap.gpus.iter().map(|g| g.utilization),
                 &self.opts,
             )
+            && !gpusweep_analyze::spin::moved(
+                &last.snap,
+                snap.gpus
+                    .iter()
+                    .map(|g| (g.utilization, g.counters.as_deref())),
+            )
         {
             let gauges = SaidGauges::every(snap.gauges());
             let taken_at_ms = self.note_fresh(snap.taken_at_ms, &gauges);
@@ -552,8 +558,10 @@ impl Ledger {
         if !self.jobs.due(at) {
             return None;
         }
+        // The last reading with the gauges said since: a hang is told by what the GPUs do now.
+        let now = self.latest_snap()?;
         let last = self.last.as_ref()?;
-        let seen = self.jobs.observe(&last.snap, at);
+        let seen = self.jobs.observe(&now, at);
         let same_findings = {
             let old: Vec<_> = last
                 .snap
@@ -572,7 +580,7 @@ impl Ledger {
         if seen.changes.is_empty() && same_findings && seen.reports == last.snap.jobs {
             return None;
         }
-        let mut snap = self.latest_snap()?;
+        let mut snap = now;
         put_jobs(&mut snap, seen.reports, seen.findings);
         Some(self.judge(snap, seen.changes))
     }
@@ -674,10 +682,16 @@ impl Ledger {
                         &last.snap,
                         f.gauges.iter().map(|g| g.utilization),
                         &self.opts,
+                    ) || gpusweep_analyze::spin::moved(
+                        &last.snap,
+                        f.gauges
+                            .iter()
+                            .map(|g| (g.utilization, g.counters.as_deref())),
                     )
                 });
         if moved && !self.resend {
-            // Clean means idle: the last reading with these gauges, judged again.
+            // Clean means idle, and a job's hang is told by what its GPUs do: the last reading with these
+            // gauges, judged again.
             let snap = analyzed(self.latest_snap()?, &self.opts);
             let (snap, changes) = self.with_jobs(snap, taken_at_ms);
             return Some(self.judge(snap, changes));

@@ -210,6 +210,7 @@ fn demo_counters(cc: &str, util: u32, energy_mj: Option<u64>) -> gpusweep_core::
         dram_active: Some(busy * 0.4),
         pcie_tx_bytes_per_s: Some(2.0e6 + busy * 1.5e9),
         pcie_rx_bytes_per_s: Some(3.0e6 + busy * 2.5e9),
+        gpm_supported: None,
     }
 }
 
@@ -521,6 +522,33 @@ impl DemoHost {
     }
 
     /// GPU `i` at simulated time `t`: what NVML would list and charge, and the gauges of a busy GPU.
+    /// A GPU's counters: dcgm-exporter's where a demo serve has them, else GPM's activity on a GPU that holds
+    /// a job (as a real reader's gauges have it), else none.
+    fn gpu_counters(
+        &self,
+        i: u32,
+        t: u64,
+        util: u32,
+        holds_job: bool,
+    ) -> Option<Box<gpusweep_core::model::Counters>> {
+        if self.counters {
+            return Some(Box::new(demo_counters(
+                self.cc,
+                util,
+                self.energy.at(i, t, watts(self.cc, util)),
+            )));
+        }
+        (self.gauges && holds_job).then(|| {
+            let c = demo_counters(self.cc, util, None);
+            Box::new(gpusweep_core::model::Counters {
+                gr_engine_active: c.gr_engine_active,
+                tensor_active: c.tensor_active,
+                dram_active: c.dram_active,
+                ..gpusweep_core::model::Counters::default()
+            })
+        })
+    }
+
     fn gpu(&self, i: u32, t: u64) -> Gpu {
         let mut listed = Vec::new();
         let mut used = 0u64;
@@ -558,13 +586,7 @@ impl DemoHost {
         } else {
             0
         };
-        let counters = self.counters.then(|| {
-            Box::new(demo_counters(
-                self.cc,
-                util,
-                self.energy.at(i, t, watts(self.cc, util)),
-            ))
-        });
+        let counters = self.gpu_counters(i, t, util, !listed.is_empty());
         Gpu {
             judged: None,
             state: None,

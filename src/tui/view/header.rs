@@ -59,6 +59,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect, banner: Rect) {
                 String::new()
             }),
             down_span(app, " {n}✗"),
+            hung_span(app, " {n} hung"),
             Span::raw(format!(
                 " │ {sweep} │ poll {}",
                 fmt_ms(app.cfg.interval.as_millis() as u64)
@@ -105,6 +106,7 @@ fn render_wide(
         spans.push(Span::raw(format!("  {unknown} ? N/A")));
     }
     spans.push(down_span(app, "  {n} ✗ host down"));
+    spans.push(hung_span(app, "  {n} job(s) hung"));
     if app.cfg.readonly {
         spans.push(Span::styled(" │ read-only", fg(app, Color::Yellow)));
     }
@@ -118,6 +120,17 @@ fn render_wide(
 /// Hosts without a reading now, in red; nothing when all answer. `{n}` in `fmt` is the count.
 fn down_span(app: &App, fmt: &str) -> Span<'static> {
     match app.down_count() {
+        0 => Span::raw(""),
+        n => Span::styled(
+            fmt.replace("{n}", &n.to_string()),
+            fg(app, Color::Red).add_modifier(Modifier::BOLD),
+        ),
+    }
+}
+
+/// Jobs hung alive, in red; nothing when none. `{n}` in `fmt` is the count.
+fn hung_span(app: &App, fmt: &str) -> Span<'static> {
+    match app.hung_count() {
         0 => Span::raw(""),
         n => Span::styled(
             fmt.replace("{n}", &n.to_string()),

@@ -16,7 +16,7 @@ use crate::tui::keymap::Cmd;
 
 fn phase_style(app: &App, p: Phase) -> Style {
     match p {
-        Phase::LostRank => fg(app, Color::Red).add_modifier(Modifier::BOLD),
+        Phase::LostRank | Phase::Hung => fg(app, Color::Red).add_modifier(Modifier::BOLD),
         Phase::Loading | Phase::Starting => fg(app, Color::Yellow),
         Phase::Settled => fg(app, Color::Green),
         Phase::Holding | Phase::Unknown => Style::default(),

@@ -81,6 +81,7 @@ fn opts() -> JobOptions {
         settle_ms: 10 * S,
         straggle_ms: 5 * S,
         stuck_ms: 5 * S,
+        hang_ms: 60 * S,
     }
 }
 
@@ -801,4 +802,169 @@ fn a_rank_another_gpusweep_noted_it_ended_is_no_loss_where_its_owner_or_root_not
         ..act(1000)
     }];
     assert_eq!(b.observe(&r, 2 * S).reports[0].lost.len(), 1);
+}
+
+/// What each GPU of a reading does: `(utilization, GPM's SM, tensor, DRAM ratios)`, `None` ratios for a GPU
+/// without GPM; power 110 W each.
+fn doing(mut r: HostSnapshot, what: &[(u32, Option<(f64, f64, f64)>)]) -> HostSnapshot {
+    for (g, (util, ratios)) in r.gpus.iter_mut().zip(what) {
+        g.utilization = Some(*util);
+        g.power_mw = Some(110_000);
+        g.counters = ratios.map(|(sm, tensor, dram)| {
+            Box::new(gpusweep_core::model::Counters {
+                gr_engine_active: Some(sm),
+                tensor_active: Some(tensor),
+                dram_active: Some(dram),
+                ..Default::default()
+            })
+        });
+    }
+    r
+}
+
+const SPIN: (u32, Option<(f64, f64, f64)>) = (100, Some((0.006, 0.0, 0.0)));
+const MATMUL: (u32, Option<(f64, f64, f64)>) = (81, Some((0.79, 0.77, 0.2)));
+const COPY: (u32, Option<(f64, f64, f64)>) = (82, Some((0.76, 0.0, 0.66)));
+const IDLE: (u32, Option<(f64, f64, f64)>) = (0, Some((0.0, 0.0, 0.0)));
+
+/// A book whose four-rank job settled at 8 GiB a rank by 20 s (settle window 10 s), and that time.
+fn settled() -> (JobBook, u64) {
+    let mut b = JobBook::new(opts());
+    for step in 0..=20 {
+        let mib = if step < 5 { 0 } else { 8192 };
+        b.observe(&reading(0, &[Some(mib); 4], &[]), step * S);
+    }
+    (b, 20 * S)
+}
+
+/// The phase each reading of `what` (all GPUs doing it, but rank 4's GPU doing `last`; the ranks in the
+/// states `states`) says, every 10 s for `for_s` seconds after the job settled.
+fn phases_while(
+    what: (u32, Option<(f64, f64, f64)>),
+    last: (u32, Option<(f64, f64, f64)>),
+    states: &[char],
+    for_s: u64,
+) -> Vec<JobReport> {
+    let (mut b, t0) = settled();
+    let mut out = Vec::new();
+    for k in 1..=for_s / 10 {
+        let r = doing(
+            reading(0, &[Some(8192); 4], states),
+            &[what, what, what, last],
+        );
+        out.push(b.observe(&r, t0 + k * 10 * S).reports.remove(0));
+    }
+    out
+}
+
+#[test]
+fn ranks_spinning_for_the_window_are_hung_and_the_rank_they_wait_for_is_named() {
+    let seen = phases_while(SPIN, IDLE, &[], 90);
+    // Spinning from 30 s; the window is 60 s: hung from the reading at 90 s, said since 30 s.
+    let first_hung = seen
+        .iter()
+        .position(|j| j.phase == Phase::Hung)
+        .expect("hung");
+    assert_eq!(
+        first_hung,
+        6,
+        "{:?}",
+        seen.iter().map(|j| j.phase).collect::<Vec<_>>()
+    );
+    let j = &seen[first_hung];
+    assert_eq!(
+        j.waiting_on,
+        [104],
+        "the idle rank is the one the others wait for"
+    );
+    assert_eq!(j.phase_since_ms, 30 * S);
+    let why = j.phase_why.as_deref().unwrap_or("");
+    assert!(
+        why.contains("GPU 0-2 busy 100% at 330 W, SM 0.6%, tensor 0.0%, DRAM 0.0%"),
+        "{why}"
+    );
+    assert!(
+        gpusweep_core::format::phase_line(&HostSnapshot::default(), j).contains("waiting on 104")
+    );
+    // A rank in D is named just the same.
+    let (mut b, t0) = settled();
+    for k in 1..=8 {
+        let r = doing(
+            reading(0, &[Some(8192); 4], &['S', 'S', 'D', 'S']),
+            &[SPIN, SPIN, SPIN, SPIN],
+        );
+        let j = b.observe(&r, t0 + k * 10 * S).reports.remove(0);
+        if k == 8 {
+            assert_eq!(
+                j.phase,
+                Phase::LostRank,
+                "in D past the stuck window: lost, not hung"
+            );
+        }
+    }
+}
+
+#[test]
+fn work_an_idle_server_or_a_pause_is_never_hung() {
+    for (what, last, states, name) in [
+        (MATMUL, MATMUL, &[][..], "a training loop"),
+        (IDLE, IDLE, &[], "a settled server waiting for requests"),
+        (COPY, COPY, &[], "a memory-bound copy loop"),
+        (
+            IDLE,
+            SPIN,
+            &['R', 'R', 'R', 'S'][..],
+            "three ranks compiling on the CPU while one waits",
+        ),
+        (
+            SPIN,
+            MATMUL,
+            &[],
+            "three waiting on a rank that computes (an evaluation step)",
+        ),
+    ] {
+        let seen = phases_while(what, last, states, 300);
+        assert!(
+            seen.iter().all(|j| j.phase == Phase::Settled),
+            "{name}: {:?}",
+            seen.iter().map(|j| j.phase).collect::<Vec<_>>()
+        );
+    }
+    // A pause of two minutes (the GPUs idle while the CPU works) between spells of spinning shorter than the
+    // window: the clock starts again after each.
+    let (mut b, t0) = settled();
+    for k in 1..=30u64 {
+        let what = if (k / 4) % 2 == 0 { SPIN } else { IDLE };
+        let r = doing(reading(0, &[Some(8192); 4], &[]), &[what; 4]);
+        assert_ne!(
+            b.observe(&r, t0 + k * 10 * S).reports[0].phase,
+            Phase::Hung,
+            "at {k}"
+        );
+    }
+}
+
+#[test]
+fn a_busy_job_on_gpus_without_activity_counters_is_unknown_said_why() {
+    let seen = phases_while((100, None), (100, None), &[], 30);
+    assert!(seen.iter().all(|j| j.phase == Phase::Unknown), "{seen:?}");
+    let why = seen[0].phase_why.as_deref().unwrap_or("");
+    assert!(why.contains("cannot be told"), "{why}");
+    // A first GPM sample (no ratios yet) is no blind spot: the job stays settled.
+    let (mut b, t0) = settled();
+    let mut r = doing(reading(0, &[Some(8192); 4], &[]), &[SPIN; 4]);
+    for g in &mut r.gpus {
+        g.counters = Some(Box::default());
+    }
+    assert_eq!(b.observe(&r, t0 + S).reports[0].phase, Phase::Settled);
+    // While loading (2 GiB more a rank each second, for longer than the window), spinning is no hang.
+    let mut b = JobBook::new(opts());
+    for step in 0..=90u64 {
+        let r = doing(reading(0, &[Some(2048 * (step + 1)); 4], &[]), &[SPIN; 4]);
+        assert_eq!(
+            b.observe(&r, step * S).reports[0].phase,
+            Phase::Loading,
+            "at {step} s"
+        );
+    }
 }

@@ -245,12 +245,12 @@ impl GpuReader for NvmlReader {
         gpu.utilization = rates.as_ref().map(|u| u.gpu);
         gpu.temperature_c = temp;
         gpu.power_mw = power_mw;
-        if self.readout == Readout::Counters {
-            let mut c = self.counters_now(index, &dev);
-            // Memory-copy utilization came with the gauges' call: as fresh as they are.
-            c.mem_copy_util = rates.as_ref().map(|u| u.memory);
-            gpu.counters = Some(Box::new(c));
-        }
+        gpu.counters = self.counters_of(
+            index,
+            &dev,
+            rates.as_ref().map(|u| u.memory),
+            procs.as_ref().is_ok_and(|p| !p.is_empty()),
+        );
         match procs {
             Ok(p) => gpu.processes = p,
             Err(e) => gpu.error = Some(format!("process list: {e}")),
@@ -395,6 +395,33 @@ const COUNTERS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 const GPM_MIN_GAP: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl NvmlReader {
+    /// The counters a reading at this readout has of a GPU: dcgm-exporter's (with memory-copy utilization,
+    /// which came with the gauges' call), or at the gauges' depth GPM's activity on a GPU that holds a job
+    /// (`holds_job`): what tells a rank spinning in a collective (busy, no SM, tensor or DRAM work) from one
+    /// computing. Only there (a sample per reading), with `None` ratios until two samples are far enough
+    /// apart; a GPU without GPM has none.
+    fn counters_of(
+        &self,
+        index: u32,
+        dev: &nvml_wrapper::Device<'static>,
+        mem_copy_util: Option<u32>,
+        holds_job: bool,
+    ) -> Option<Box<Counters>> {
+        match self.readout {
+            Readout::Counters => {
+                let mut c = self.counters_now(index, dev);
+                c.mem_copy_util = mem_copy_util;
+                Some(Box::new(c))
+            }
+            Readout::Gauges if holds_job && dev.gpm_support().unwrap_or(false) => {
+                let mut c = Counters::default();
+                self.gpm(index, dev, &mut c);
+                Some(Box::new(c))
+            }
+            _ => None,
+        }
+    }
+
     /// The GPU's counters: as last read while fresh, else read now.
     fn counters_now(&self, index: u32, dev: &nvml_wrapper::Device<'static>) -> Counters {
         let fresh = self.counters.lock().ok().and_then(|m| {
@@ -459,7 +486,9 @@ impl NvmlReader {
 
     /// GPM's activity ratios (Hopper and later), from this sample and the last one of this GPU.
     fn gpm(&self, index: u32, dev: &nvml_wrapper::Device<'static>, c: &mut Counters) {
-        if !dev.gpm_support().unwrap_or(false) {
+        let supported = dev.gpm_support().unwrap_or(false);
+        c.gpm_supported = Some(supported);
+        if !supported {
             return;
         }
         let Ok(now) = dev.gpm_sample() else { return };
