@@ -2149,3 +2149,108 @@ fn a_reading_counts_only_where_its_node_sealed_it() {
         "two targets relabelled as one",
     );
 }
+
+/// One GPU of a dcgm-exporter of `generation` ("4.8", "4.9", "4.10") on `host`, `used_mib` of 81,559 MiB
+/// used, each name in its own generation's unit: 4.8 MiB, percent, `Hostname` and `DCGM_FI_DRIVER_VERSION`;
+/// 4.9 bytes, 0..1 ratios, `hostname` and `DCGM_FI_SYSTEM_DRIVER_VERSION`; 4.10 as 4.9, its PCIe rates
+/// `..._BYTES_PER_SECOND`.
+fn exporter_of(generation: &str, host: &str, gpu: u32, used_mib: u64) -> String {
+    const MIB: u64 = 1 << 20;
+    let free_mib = 81_559 - used_mib;
+    let new = generation != "4.8";
+    let labels = format!(
+        "gpu=\"{gpu}\",UUID=\"GPU-{host}-{gpu}\",pci_bus_id=\"00000000:0{gpu}:00.0\",device=\"nvidia{gpu}\",\
+         modelName=\"NVIDIA H100 80GB HBM3\",{}=\"{host}\",{}=\"580.105.08\"",
+        if new { "hostname" } else { "Hostname" },
+        if new {
+            "DCGM_FI_SYSTEM_DRIVER_VERSION"
+        } else {
+            "DCGM_FI_DRIVER_VERSION"
+        },
+    );
+    let mut series: Vec<(&str, String)> = if new {
+        vec![
+            ("DCGM_FI_DEV_FB_USED_BYTES", (used_mib * MIB).to_string()),
+            ("DCGM_FI_DEV_FB_FREE_BYTES", (free_mib * MIB).to_string()),
+            ("DCGM_FI_DEV_FB_RESERVED_BYTES", (512 * MIB).to_string()),
+            (
+                "DCGM_FI_DEV_FB_CAPACITY_BYTES",
+                ((81_559 + 512) * MIB).to_string(),
+            ),
+            ("DCGM_FI_DEV_GPU_UTIL_RATIO", "0.42".into()),
+            ("DCGM_FI_DEV_SM_CLOCK_HERTZ", "1980000000".into()),
+        ]
+    } else {
+        vec![
+            ("DCGM_FI_DEV_FB_USED", used_mib.to_string()),
+            ("DCGM_FI_DEV_FB_FREE", free_mib.to_string()),
+            ("DCGM_FI_DEV_FB_RESERVED", "512".into()),
+            ("DCGM_FI_DEV_GPU_UTIL", "42".into()),
+            ("DCGM_FI_DEV_SM_CLOCK", "1980".into()),
+        ]
+    };
+    if generation == "4.10" {
+        series.push(("DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND", "2000000".into()));
+    }
+    series
+        .iter()
+        .map(|(name, v)| format!("# TYPE {name} gauge\n{name}{{{labels}}} {v}\n"))
+        .collect()
+}
+
+/// A `prom:` fleet of every dcgm-exporter generation reads the same: three exporters (4.8's names in MiB,
+/// 4.9's in bytes, 4.10's) and a fourth target that says one GPU under both generations' names (a custom
+/// collector beside a default one), scraped by a real Prometheus. Each host's GPUs read the same memory,
+/// size and identity, and two generations' series of one GPU are one reading, not a conflict.
+#[test]
+fn every_dcgm_exporter_generation_reads_the_same_memory_and_identity() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tmp = dir.path();
+    let page = |generation: &str, host: &str| {
+        exporter_of(generation, host, 0, 0) + &exporter_of(generation, host, 1, 1234)
+    };
+    let targets = vec![
+        static_target(page("4.8", "node-48")),
+        static_target(page("4.9", "node-49")),
+        static_target(page("4.10", "node-410")),
+        static_target(page("4.8", "node-both") + &page("4.9", "node-both")),
+    ];
+    let (_p, prom) = prometheus(tmp, &[("dcgm", targets)]);
+    let http = Http::new();
+    await_query(
+        &http,
+        &prom,
+        r#"count(DCGM_FI_DEV_FB_USED) + count(DCGM_FI_DEV_FB_USED_BYTES)"#,
+        "every target scraped",
+        |r| r.first().is_some_and(|(_, v)| is(*v, 10.0)),
+    );
+    let doc = snapshot_json(tmp, &format!("prom:{prom}"));
+    let hosts = crate::support::host_names(&doc);
+    assert_eq!(
+        hosts,
+        ["node-410", "node-48", "node-49", "node-both"],
+        "{doc}"
+    );
+    for h in doc["hosts"].as_array().expect("hosts") {
+        let name = h["host"].as_str().unwrap_or("");
+        assert!(h["error"].is_null(), "{name}: {h}");
+        let gpus = h["gpus"].as_array().expect("gpus");
+        assert_eq!(
+            gpus.len(),
+            2,
+            "{name}: one reading a GPU, whatever its names: {h}"
+        );
+        for (i, want_mib) in [(0usize, 0u64), (1, 1234)] {
+            let g = &gpus[i];
+            assert_eq!(g["memory"]["used"], want_mib << 20, "{name} GPU {i}: {g}");
+            assert_eq!(
+                g["memory"]["total"],
+                (81_559u64 + 512) << 20,
+                "{name} GPU {i}: {g}"
+            );
+            assert_eq!(g["memory"]["reserved"], 512u64 << 20, "{name} GPU {i}: {g}");
+            assert_eq!(g["uuid"], format!("GPU-{name}-{i}"), "{name} GPU {i}: {g}");
+            assert_eq!(g["name"], "NVIDIA H100 80GB HBM3", "{name} GPU {i}: {g}");
+        }
+    }
+}

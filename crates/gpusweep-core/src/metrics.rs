@@ -7,6 +7,10 @@ pub const FB_USED: &str = "DCGM_FI_DEV_FB_USED";
 pub const FB_FREE: &str = "DCGM_FI_DEV_FB_FREE";
 /// Framebuffer memory the driver reserves, MiB.
 pub const FB_RESERVED: &str = "DCGM_FI_DEV_FB_RESERVED";
+/// The same three in bytes, as dcgm-exporter 4.9 and later names them (DCGM 4.7's names; 4.10 keeps them).
+pub const FB_USED_BYTES: &str = "DCGM_FI_DEV_FB_USED_BYTES";
+pub const FB_FREE_BYTES: &str = "DCGM_FI_DEV_FB_FREE_BYTES";
+pub const FB_RESERVED_BYTES: &str = "DCGM_FI_DEV_FB_RESERVED_BYTES";
 
 /// dcgm-exporter's labels on every per-GPU series, in its order.
 pub const L_GPU: &str = "gpu";

@@ -78,17 +78,20 @@ impl Queries {
         };
         let by_host =
             |name: &str| format!("max by (Hostname, hostname, job, instance) ({})", sel(name));
+        let gpu_0 = only.map_or(GPU_0.to_string(), |o| format!("{o},{GPU_0}"));
         Queries {
             summary: SummaryQueries {
                 unreadable: format!("{} == 0", by_host(m::GPUS_READABLE)),
                 findings: by_host(m::HOST_FINDINGS),
             },
             // A GPU in MIG mode has one series per instance (`GPU_I_ID`): their sum is the GPU's.
+            // dcgm-exporter 4.8's MiB or 4.9's bytes (one series a GPU where a target says both).
             used: format!(
                 "sum by (Hostname, hostname, job, instance, gpu) (max by (Hostname, hostname, job, \
-                 instance, gpu, {}) ({}))",
+                 instance, gpu, {}) ({} or {} / 1048576))",
                 m::L_GPU_I_ID,
-                sel(m::FB_USED)
+                sel(m::FB_USED),
+                sel(m::FB_USED_BYTES)
             ),
             clean: by_gpu(m::GPU_CLEAN),
             // A GPU its serve could not read; and (without a `gpu` label) a host whose serve says the
@@ -107,9 +110,10 @@ impl Queries {
                 sel(m::FINDINGS)
             ),
             taken: format!(
-                "max by (Hostname, hostname, job, instance) ({} or timestamp({}))",
+                "max by (Hostname, hostname, job, instance) ({} or timestamp({}) or timestamp({}))",
                 sel(m::READING_TIMESTAMP),
-                sel(m::FB_USED)
+                sel(m::FB_USED),
+                sel(m::FB_USED_BYTES)
             ),
             // `up` of the scrape targets whose series the selector picks: Prometheus's own word on which
             // addresses it scrapes (a target's labels cannot add one), whatever labels the selector names.
@@ -117,12 +121,10 @@ impl Queries {
             // has its `up` asked by instance after (`all_up`), as any target this query leaves out.
             up: format!(
                 "max by (job, instance) (up and on (job, instance) group by (job, instance) \
-                 (last_over_time({}[{lb}]) or last_over_time({}[{lb}]))) \
+                 (last_over_time({}[{lb}]) or last_over_time({}[{lb}]) or last_over_time({}[{lb}]))) \
                  or max by (job, instance) (up == 0)",
-                p.sel_only(
-                    m::FB_USED,
-                    Some(&only.map_or(GPU_0.to_string(), |o| format!("{o},{GPU_0}")))
-                ),
+                p.sel_only(m::FB_USED, Some(&gpu_0)),
+                p.sel_only(m::FB_USED_BYTES, Some(&gpu_0)),
                 sel(m::SERVE_INFO)
             ),
         }
@@ -166,8 +168,9 @@ impl QuickQueries {
             ),
             unreadable: format!("{} == 0", by_host(m::GPUS_READABLE)),
             voices: format!(
-                "group by (Hostname, hostname, job, instance) (last_over_time({{__name__=~\"{}|{}\"{sel}}}[{}]))",
+                "group by (Hostname, hostname, job, instance) (last_over_time({{__name__=~\"{}|{}|{}\"{sel}}}[{}]))",
                 m::FB_USED,
+                m::FB_USED_BYTES,
                 m::SERVE_INFO,
                 lookback()
             ),
@@ -315,21 +318,25 @@ pub(super) fn identity_queries(p: &PromServer, only: Option<&str>) -> [String; 5
     let sel = |name: &str| p.sel_only(name, only);
     [
         format!(
-            "max by (Hostname, hostname, job, instance, gpu, UUID, modelName, pci_bus_id, device) (last_over_time({}[{lb}]))",
-            sel(m::FB_USED)
+            "max by (Hostname, hostname, job, instance, gpu, UUID, modelName, pci_bus_id, device) (last_over_time({}[{lb}]) or last_over_time({}[{lb}]) / 1048576)",
+            sel(m::FB_USED),
+            sel(m::FB_USED_BYTES)
         ),
         format!(
             "max by (Hostname, hostname, job, instance, scheme, api_path, simulated) (last_over_time({}[{lb}]))",
             sel(m::SERVE_INFO)
         ),
         format!(
-            "max by (Hostname, hostname, gpu) (last_over_time({}[{lb}]) + last_over_time({}[{lb}]))",
+            "max by (Hostname, hostname, gpu) (last_over_time({}[{lb}]) + last_over_time({}[{lb}]) or (last_over_time({}[{lb}]) + last_over_time({}[{lb}])) / 1048576)",
             sel(m::FB_FREE),
-            sel(m::FB_USED)
+            sel(m::FB_USED),
+            sel(m::FB_FREE_BYTES),
+            sel(m::FB_USED_BYTES)
         ),
         format!(
-            "max by (Hostname, hostname, gpu) (last_over_time({}[{lb}]))",
-            sel(m::FB_RESERVED)
+            "max by (Hostname, hostname, gpu) (last_over_time({}[{lb}]) or last_over_time({}[{lb}]) / 1048576)",
+            sel(m::FB_RESERVED),
+            sel(m::FB_RESERVED_BYTES)
         ),
         format!(
             "max by (Hostname, hostname, job, instance) ({})",
@@ -499,7 +506,7 @@ pub(super) async fn down_voices(
         .await?;
     let samples = p.samples(&body)?;
     let down: BTreeSet<&str> = samples.iter().filter_map(|s| s.label("instance")).collect();
-    let names = format!("{}|{}", m::SERVE_INFO, m::FB_USED);
+    let names = format!("{}|{}|{}", m::SERVE_INFO, m::FB_USED, m::FB_USED_BYTES);
     let sel = p
         .selector
         .as_ref()

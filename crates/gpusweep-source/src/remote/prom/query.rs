@@ -189,8 +189,9 @@ impl Query for PromServer {
     async fn discover(&self, http: &HttpClient) -> Result<Discovered, String> {
         let lb = lookback();
         let seen = format!(
-            "group by (Hostname, hostname, job, instance) (last_over_time({{__name__=~\"{}|{}|{}\"{}}}[{lb}]))",
+            "group by (Hostname, hostname, job, instance) (last_over_time({{__name__=~\"{}|{}|{}|{}\"{}}}[{lb}]))",
             m::FB_USED,
+            m::FB_USED_BYTES,
             m::SERVE_INFO,
             m::READING_TIMESTAMP,
             self.selector

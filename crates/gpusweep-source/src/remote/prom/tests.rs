@@ -506,11 +506,13 @@ fn queries_carry_the_selector() {
     let q = Queries::new(&p, None);
     assert_eq!(
         q.used,
-        r#"sum by (Hostname, hostname, job, instance, gpu) (max by (Hostname, hostname, job, instance, gpu, GPU_I_ID) (DCGM_FI_DEV_FB_USED{job="gpu"}))"#
+        r#"sum by (Hostname, hostname, job, instance, gpu) (max by (Hostname, hostname, job, instance, gpu, GPU_I_ID) (DCGM_FI_DEV_FB_USED{job="gpu"} or DCGM_FI_DEV_FB_USED_BYTES{job="gpu"} / 1048576))"#
     );
     assert!(q.up.starts_with("max by (job, instance) (up and on (job, instance)"));
     assert!(
-        q.up.contains(r#"DCGM_FI_DEV_FB_USED{job="gpu",gpu="0"}[10m]"#),
+        q.up.contains(r#"DCGM_FI_DEV_FB_USED{job="gpu",gpu="0"}[10m]"#)
+            && q.up
+                .contains(r#"DCGM_FI_DEV_FB_USED_BYTES{job="gpu",gpu="0"}[10m]"#),
         "{}",
         q.up
     );
