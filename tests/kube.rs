@@ -625,6 +625,9 @@ fn the_serve_keeps_its_own_node_off_the_scheduler_while_a_gpu_is_held() {
     await_cond("GPUHeld False", 60, || {
         held(&c.node("gpu-a")).as_deref() == Some("False")
     });
+    // The serve names its host by its node, not by the pod's UTS name (a new one at every restart).
+    let snap: Value = serde_json::from_str(&get(&addr, "/api/v1/snapshot")).unwrap_or_default();
+    assert_eq!(snap["hosts"][0]["host"], "gpu-a", "{snap}");
     assert_eq!(taint_keys(&c.node("gpu-a")), ["other.io/maintenance"]);
 
     // A leftover: a dead PID charged 4 GiB. The confirm window (3 s) and one poll, then the condition and taint.

@@ -80,6 +80,7 @@ pub(crate) fn options(interval: Duration, audit: &Path) -> FleetOptions {
         acts: false,
         events_file: None,
         quick_first_view: false,
+        local_name: None,
     }
 }
 

@@ -297,6 +297,7 @@ async fn serve(s: &Settings, a: &ServeArgs, plan: Plan) -> anyhow::Result<i32> {
     // The serve exports dcgm-exporter's counters: read them at its interval.
     let opts = crate::runtime::FleetOptions {
         counters: true,
+        local_name: a.kube.kube_node.clone(),
         ..s.fleet.clone()
     };
     let fleet = Fleet::start(&s.specs, &opts).await?;

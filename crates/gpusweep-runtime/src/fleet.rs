@@ -103,6 +103,9 @@ pub struct FleetOptions {
     /// their bytes and identities a poll later: for a front end that shows readings as they come (the
     /// TUI). A one-shot reader takes a host's first reading as its answer, so it waits for the whole one.
     pub quick_first_view: bool,
+    /// This host's name where it is not its kernel's (a serve in a pod says its Kubernetes node's name,
+    /// `--kube-node`, not the pod's UTS name, which changes at every restart).
+    pub local_name: Option<String>,
 }
 
 impl FleetOptions {
@@ -505,8 +508,16 @@ impl Fleet {
             None => None,
         };
         let (tx, events) = mpsc::unbounded_channel();
+        let mut labels = unique_labels(&specs);
+        if let Some(name) = &opts.local_name {
+            for (label, spec) in labels.iter_mut().zip(&specs) {
+                if matches!(spec, HostSpec::Local) {
+                    label.clone_from(name);
+                }
+            }
+        }
         let mut fleet = Fleet {
-            labels: unique_labels(&specs),
+            labels,
             hosts: Vec::with_capacity(specs.len()),
             remote: RemoteOptions {
                 interval: opts.interval,

@@ -575,6 +575,7 @@ pub fn resolve(o: &Overrides) -> Result<Settings, SettingsError> {
         events_file: o.events.clone(),
         // The TUI says so: it shows readings as they come.
         quick_first_view: false,
+        local_name: None,
     };
     Ok(Settings {
         specs,
