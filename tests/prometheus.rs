@@ -2192,10 +2192,11 @@ fn exporter_of(generation: &str, host: &str, gpu: u32, used_mib: u64) -> String 
     if generation == "4.10" {
         series.push(("DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND", "2000000".into()));
     }
-    series
-        .iter()
-        .map(|(name, v)| format!("# TYPE {name} gauge\n{name}{{{labels}}} {v}\n"))
-        .collect()
+    let mut page = String::new();
+    for (name, v) in &series {
+        page.push_str(&format!("# TYPE {name} gauge\n{name}{{{labels}}} {v}\n"));
+    }
+    page
 }
 
 /// A `prom:` fleet of every dcgm-exporter generation reads the same: three exporters (4.8's names in MiB,
@@ -2220,7 +2221,7 @@ fn every_dcgm_exporter_generation_reads_the_same_memory_and_identity() {
     await_query(
         &http,
         &prom,
-        r#"count(DCGM_FI_DEV_FB_USED) + count(DCGM_FI_DEV_FB_USED_BYTES)"#,
+        "count(DCGM_FI_DEV_FB_USED) + count(DCGM_FI_DEV_FB_USED_BYTES)",
         "every target scraped",
         |r| r.first().is_some_and(|(_, v)| is(*v, 10.0)),
     );

@@ -193,39 +193,42 @@ mod tests {
 
     #[test]
     fn each_kind_of_move_is_told_apart() {
-        let a = reading();
-        assert!(a.diff(&a.clone()).is_nothing());
-        let mut b = a.clone();
-        b.gpus[0].utilization = Some(99);
-        assert!(a.diff(&b).is_nothing(), "gauges are not news");
-        b.gpus[0].memory.used = Some(20);
-        b.gpus[0].processes[0].used_bytes = Some(20);
-        assert_eq!(a.diff(&b).reading, Moved::Memory);
-        b.gpus[0].processes[0].pid = 8;
-        assert_eq!(a.diff(&b).reading, Moved::More, "another process");
-        let mut c = a.clone();
-        c.gpus[0].memory.total = Some(200);
+        let base = reading();
+        assert!(base.diff(&base.clone()).is_nothing());
+        let mut later = base.clone();
+        later.gpus[0].utilization = Some(99);
+        assert!(base.diff(&later).is_nothing(), "gauges are not news");
+        later.gpus[0].memory.used = Some(20);
+        later.gpus[0].processes[0].used_bytes = Some(20);
+        assert_eq!(base.diff(&later).reading, Moved::Memory);
+        later.gpus[0].processes[0].pid = 8;
+        assert_eq!(base.diff(&later).reading, Moved::More, "another process");
+        let mut other = base.clone();
+        other.gpus[0].memory.total = Some(200);
         assert_eq!(
-            a.diff(&c).reading,
+            base.diff(&other).reading,
             Moved::More,
             "another total is another GPU"
         );
 
-        let mut j = a.clone();
-        j.findings = vec![finding(Some(10), "held 1 s")];
-        let mut k = j.clone();
-        k.findings[0].detail = "held 2 s".into();
-        assert!(j.diff(&k).is_nothing(), "wording (an age) is not news");
-        k.findings[0].bytes = Some(20);
-        assert_eq!(j.diff(&k).verdict, Moved::Figures);
-        k.findings[0].severity = Severity::Warning;
-        assert_eq!(j.diff(&k).verdict, Moved::More);
+        let mut judged = base.clone();
+        judged.findings = vec![finding(Some(10), "held 1 s")];
+        let mut next = judged.clone();
+        next.findings[0].detail = "held 2 s".into();
+        assert!(
+            judged.diff(&next).is_nothing(),
+            "wording (an age) is not news"
+        );
+        next.findings[0].bytes = Some(20);
+        assert_eq!(judged.diff(&next).verdict, Moved::Figures);
+        next.findings[0].severity = Severity::Warning;
+        assert_eq!(judged.diff(&next).verdict, Moved::More);
         assert_eq!(
-            j.diff(&k).reading,
+            judged.diff(&next).reading,
             Moved::Nothing,
             "the verdict is not the reading"
         );
-        assert!(!j.diff(&k).input_moved(false) && j.diff(&k).input_moved(true));
+        assert!(!judged.diff(&next).input_moved(false) && judged.diff(&next).input_moved(true));
     }
 
     #[test]

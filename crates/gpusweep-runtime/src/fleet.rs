@@ -302,6 +302,19 @@ pub enum OpenLiveError {
 
 /// What "open live" may open: a serve's URL, or SSH to a host name alone. The address comes from what a
 /// Prometheus server holds, so a user, a port or `local` is never taken from it.
+/// Each host's label: its spec's, made unique, and `local_name` for this host where one is given.
+fn labels_of(specs: &[HostSpec], local_name: Option<&str>) -> Vec<String> {
+    let mut labels = unique_labels(specs);
+    if let Some(name) = local_name {
+        for (label, spec) in labels.iter_mut().zip(specs) {
+            if matches!(spec, HostSpec::Local) {
+                name.clone_into(label);
+            }
+        }
+    }
+    labels
+}
+
 pub(crate) fn live_spec(url: &str) -> Result<HostSpec, OpenLiveError> {
     match url.strip_prefix("ssh://") {
         Some(name) if gpusweep_core::host::is_bare_host(name) => {
@@ -508,16 +521,8 @@ impl Fleet {
             None => None,
         };
         let (tx, events) = mpsc::unbounded_channel();
-        let mut labels = unique_labels(&specs);
-        if let Some(name) = &opts.local_name {
-            for (label, spec) in labels.iter_mut().zip(&specs) {
-                if matches!(spec, HostSpec::Local) {
-                    label.clone_from(name);
-                }
-            }
-        }
         let mut fleet = Fleet {
-            labels,
+            labels: labels_of(&specs, opts.local_name.as_deref()),
             hosts: Vec::with_capacity(specs.len()),
             remote: RemoteOptions {
                 interval: opts.interval,

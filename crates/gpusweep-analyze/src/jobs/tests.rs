@@ -804,9 +804,12 @@ fn a_rank_another_gpusweep_noted_it_ended_is_no_loss_where_its_owner_or_root_not
     assert_eq!(b.observe(&r, 2 * S).reports[0].lost.len(), 1);
 }
 
+/// What a GPU does: utilization, and GPM's SM, tensor and DRAM ratios (`None`: a GPU without GPM).
+type Doing = (u32, Option<(f64, f64, f64)>);
+
 /// What each GPU of a reading does: `(utilization, GPM's SM, tensor, DRAM ratios)`, `None` ratios for a GPU
 /// without GPM; power 110 W each.
-fn doing(mut r: HostSnapshot, what: &[(u32, Option<(f64, f64, f64)>)]) -> HostSnapshot {
+fn doing(mut r: HostSnapshot, what: &[Doing]) -> HostSnapshot {
     for (g, (util, ratios)) in r.gpus.iter_mut().zip(what) {
         g.utilization = Some(*util);
         g.power_mw = Some(110_000);
@@ -822,10 +825,10 @@ fn doing(mut r: HostSnapshot, what: &[(u32, Option<(f64, f64, f64)>)]) -> HostSn
     r
 }
 
-const SPIN: (u32, Option<(f64, f64, f64)>) = (100, Some((0.006, 0.0, 0.0)));
-const MATMUL: (u32, Option<(f64, f64, f64)>) = (81, Some((0.79, 0.77, 0.2)));
-const COPY: (u32, Option<(f64, f64, f64)>) = (82, Some((0.76, 0.0, 0.66)));
-const IDLE: (u32, Option<(f64, f64, f64)>) = (0, Some((0.0, 0.0, 0.0)));
+const SPIN: Doing = (100, Some((0.006, 0.0, 0.0)));
+const MATMUL: Doing = (81, Some((0.79, 0.77, 0.2)));
+const COPY: Doing = (82, Some((0.76, 0.0, 0.66)));
+const IDLE: Doing = (0, Some((0.0, 0.0, 0.0)));
 
 /// A book whose four-rank job settled at 8 GiB a rank by 20 s (settle window 10 s), and that time.
 fn settled() -> (JobBook, u64) {
@@ -839,12 +842,7 @@ fn settled() -> (JobBook, u64) {
 
 /// The phase each reading of `what` (all GPUs doing it, but rank 4's GPU doing `last`; the ranks in the
 /// states `states`) says, every 10 s for `for_s` seconds after the job settled.
-fn phases_while(
-    what: (u32, Option<(f64, f64, f64)>),
-    last: (u32, Option<(f64, f64, f64)>),
-    states: &[char],
-    for_s: u64,
-) -> Vec<JobReport> {
+fn phases_while(what: Doing, last: Doing, states: &[char], for_s: u64) -> Vec<JobReport> {
     let (mut b, t0) = settled();
     let mut out = Vec::new();
     for k in 1..=for_s / 10 {
