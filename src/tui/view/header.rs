@@ -119,7 +119,12 @@ fn render_wide(
 
 /// Hosts without a reading now, in red; nothing when all answer. `{n}` in `fmt` is the count.
 fn down_span(app: &App, fmt: &str) -> Span<'static> {
-    match app.down_count() {
+    alarm_span(app, app.down_count(), fmt)
+}
+
+/// A count that needs a look, in bold red (`{n}` in `fmt`); nothing at 0.
+fn alarm_span(app: &App, n: usize, fmt: &str) -> Span<'static> {
+    match n {
         0 => Span::raw(""),
         n => Span::styled(
             fmt.replace("{n}", &n.to_string()),
@@ -130,13 +135,7 @@ fn down_span(app: &App, fmt: &str) -> Span<'static> {
 
 /// Jobs hung alive, in red; nothing when none. `{n}` in `fmt` is the count.
 fn hung_span(app: &App, fmt: &str) -> Span<'static> {
-    match app.hung_count() {
-        0 => Span::raw(""),
-        n => Span::styled(
-            fmt.replace("{n}", &n.to_string()),
-            fg(app, Color::Red).add_modifier(Modifier::BOLD),
-        ),
-    }
+    alarm_span(app, app.hung_count(), fmt)
 }
 
 fn render_banner(app: &App, f: &mut Frame, banner: Rect) {
