@@ -66,6 +66,8 @@ deb="dist/gpusweep_${version}-1_amd64.deb"
 # under pipefail its SIGPIPE (141) ended the run once.
 synopsis=$(dpkg-deb -f "$deb" Description | sed -n 1p)
 [ "${#synopsis}" -le 80 ] || fail "deb: the synopsis is ${#synopsis} characters (at most 80): $synopsis"
+# Debian's own checks: no error and no warning (the one override the package carries says why).
+lintian --tag-display-limit 0 --fail-on error,warning "$deb" || fail "deb: lintian"
 dpkg-deb -c "$deb" | awk '{print $6}' | sed 's#^\./#/#' | grep -v '/$' >"$tmp/files"
 for f in /usr/bin/gpusweep /usr/lib/systemd/system/gpusweep.service /usr/share/man/man1/gpusweep-serve.1.gz \
   /usr/share/bash-completion/completions/gpusweep /usr/share/zsh/vendor-completions/_gpusweep \
@@ -84,6 +86,6 @@ while read -r f; do [ ! -e "$f" ] || fail "deb: $f is left after dpkg -r"; done 
 $sudo dpkg -P gpusweep >/dev/null
 ! dpkg-query -W gpusweep >/dev/null 2>&1 || fail "deb: dpkg still knows gpusweep after purge"
 [ ! -e /etc/systemd/system/gpusweep.service ] || fail "deb: a mask of gpusweep.service is left after purge"
-echo "test-packages: deb: installed, unit verified, man page found, removed and purged cleanly"
+echo "test-packages: deb: lintian clean, installed, unit verified, man page found, removed and purged cleanly"
 
 echo "test-packages: passed in $(($(date +%s) - start)) s"

@@ -4,7 +4,7 @@
 # their own sshd on loopback), slurmctld, slurmd, slurm-client and munge (the Slurm test, which starts its
 # own one-node cluster), prometheus (the metrics test, which starts its own server) and openssl, and from PyPI
 # kubernetes-validate (in a venv under target/); then builds the packages and installs each
-# (scripts/test-packages.sh). A real Kubernetes API server and etcd for the node writer's test are built from
+# (scripts/test-packages.sh, with lintian on the .deb). A real Kubernetes API server and etcd for the node writer's test are built from
 # the Go module proxy into target/kube (scripts/kube-apiserver.sh; Go 1.26). Run as root (slurmd, the cgroup
 # tests and dpkg need it).
 set -euo pipefail
@@ -35,6 +35,8 @@ command -v fish >/dev/null 2>&1 || need+=(fish)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 # scripts/test-packages.sh reads the binary's dynamic symbols with objdump.
 command -v objdump >/dev/null 2>&1 || need+=(binutils)
+# ...and checks the .deb with Debian's own checker.
+command -v lintian >/dev/null 2>&1 || need+=(lintian)
 # kubernetes-validate (PyPI) checks deploy/kubernetes/ against Kubernetes 1.37's schemas, from a venv of its own.
 command -v kubernetes-validate >/dev/null 2>&1 || /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null \
   || need+=(python3-venv)
