@@ -33,6 +33,23 @@ impl Env {
             .stdin(Stdio::null());
         c
     }
+    /// `gpusweep sweep --no-nvml --device-glob <stand-ins> --job JOB --yes --grace 2s [extra]`.
+    fn sweep_job(&self, job: &str, extra: &[&str]) -> Command {
+        let glob = format!("{}/nvidia*", self.dir.path().display());
+        let mut c = self.cmd(&[
+            "sweep",
+            "--no-nvml",
+            "--device-glob",
+            &glob,
+            "--job",
+            job,
+            "--yes",
+            "--grace",
+            "2s",
+        ]);
+        c.args(extra);
+        c
+    }
     /// `gpusweep run --no-nvml --device-glob <stand-ins> [extra] -- sh -c SCRIPT`.
     fn run_cmd(&self, extra: &[&str], script: &str) -> Command {
         let glob = format!("{}/nvidia*", self.dir.path().display());
@@ -269,21 +286,7 @@ fn a_job_is_named_by_its_cgroup_and_an_orphaned_one_is_found_and_swept_by_job() 
                     .any(|x| x["kind"] == "orphaned_job" && x["pid"] == workers[0])
             })
     });
-    let glob = format!("{}/nvidia*", env.dir.path().display());
-    let o = env
-        .cmd(&[
-            "sweep",
-            "--no-nvml",
-            "--device-glob",
-            &glob,
-            "--job",
-            &job,
-            "--yes",
-            "--grace",
-            "2s",
-        ])
-        .output()
-        .expect("sweep");
+    let o = env.sweep_job(&job, &[]).output().expect("sweep");
     let t = crate::support::exited(&o, 0);
     for w in &workers {
         assert!(!alive(*w), "{w} survived the job sweep: {t}");
@@ -934,7 +937,6 @@ fn a_job_swept_by_gpusweep_loses_no_rank() {
     );
     let pid = pids_in(&env.path("launcher"), 1)[0];
     assert_eq!(pid, launcher.0.id());
-    let glob = format!("{}/nvidia*", env.dir.path().display());
     // The job its ranks (the launcher's children) are in, as gpusweep names it.
     let mut job = String::new();
     await_cond("the job's ranks", 20, || {
@@ -963,21 +965,15 @@ fn a_job_swept_by_gpusweep_loses_no_rank() {
     });
     let events = env.path("events.jsonl");
     let o = env
-        .cmd(&[
-            "sweep",
-            "--no-nvml",
-            "--device-glob",
-            &glob,
-            "--job",
+        .sweep_job(
             &job,
-            "--yes",
-            "--grace",
-            "2s",
-            "--interval",
-            "100ms",
-            "--events",
-            events.to_str().expect("utf-8"),
-        ])
+            &[
+                "--interval",
+                "100ms",
+                "--events",
+                events.to_str().expect("utf-8"),
+            ],
+        )
         .output()
         .expect("sweep");
     let log = std::fs::read_to_string(&events).unwrap_or_default();
@@ -1093,17 +1089,7 @@ fn a_job_swept_by_one_gpusweep_is_no_crash_to_the_others_watching() {
     });
     // A third gpusweep sweeps the job.
     let o = env
-        .cmd(&[
-            "sweep",
-            "--no-nvml",
-            "--device-glob",
-            &glob,
-            "--job",
-            &job,
-            "--yes",
-            "--grace",
-            "2s",
-        ])
+        .sweep_job(&job, &[])
         .env("GPUSWEEP_ACTS_DIR", &acts)
         .output()
         .expect("sweep");

@@ -9,7 +9,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::GpuState;
 use gpusweep_core::event::EventKind;
 use gpusweep_core::model::{Finding, HostSnapshot, Severity, Subject};
-use gpusweep_core::verdict::Verdict;
 
 /// A GPU process as one reading shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,23 +97,33 @@ pub fn between(prev: Option<&HostSnapshot>, next: &HostSnapshot) -> Vec<EventKin
             out.push(process_event(next, pid, true));
         }
     }
-    out.extend(verdict_events(&Verdict::of(prev), next, first));
+    out.extend(verdict_events(
+        &prev.findings,
+        |i| prev.gpu(i).map(|g| g.state),
+        next,
+        first,
+    ));
     out
 }
 
-/// The findings that cleared, appeared or rose, and the GPUs that turned clean, between `prev` and `next`:
-/// all `between` reads of `prev` but its processes (a reading that moved only its memory is judged against
-/// its findings and GPU states alone).
-pub fn verdict_events(prev: &Verdict, next: &HostSnapshot, first: bool) -> Vec<EventKind> {
+/// The findings that cleared, appeared or rose, and the GPUs that turned clean, between the verdict before
+/// (its findings, and each GPU's state by index: `None` for a GPU it did not have) and `next`: all `between`
+/// reads of the reading before but its processes (a reading that moved only its memory is judged against
+/// the ledger's `Verdict` of the last one alone).
+pub fn verdict_events(
+    prev_findings: &[Finding],
+    prev_state: impl Fn(u32) -> Option<Option<GpuState>>,
+    next: &HostSnapshot,
+    first: bool,
+) -> Vec<EventKind> {
     let mut out = Vec::new();
     // A finding whose severity rose (one seen to appear, now confirmed) is told again.
-    let was: BTreeMap<Subject, Severity> = prev
-        .findings
+    let was: BTreeMap<Subject, Severity> = prev_findings
         .iter()
         .map(|f| (f.subject(), f.severity))
         .collect();
     let is: BTreeSet<Subject> = next.findings.iter().map(Finding::subject).collect();
-    for f in prev.findings.iter().filter(|f| !is.contains(&f.subject())) {
+    for f in prev_findings.iter().filter(|f| !is.contains(&f.subject())) {
         out.push(EventKind::FindingCleared {
             kind: f.kind,
             gpu: f.gpu,
@@ -138,7 +147,7 @@ pub fn verdict_events(prev: &Verdict, next: &HostSnapshot, first: bool) -> Vec<E
     if !first {
         for g in &next.gpus {
             let now_clean = g.state == Some(GpuState::Clean);
-            let was = prev.state(g.index);
+            let was = prev_state(g.index);
             let was_clean = was == Some(Some(GpuState::Clean));
             if now_clean && !was_clean && was.is_some() {
                 out.push(EventKind::GpuClean {

@@ -333,57 +333,6 @@ pub struct JobReport {
 }
 
 impl JobReport {
-    /// How far a later report of this job moved from this one: nothing, only what NVML charges its ranks
-    /// (`Memory`), or more.
-    pub fn moved(&self, b: &JobReport) -> crate::verdict::Moved {
-        use crate::verdict::Moved;
-        if self == b {
-            return Moved::Nothing;
-        }
-        let JobReport {
-            id,
-            job,
-            launcher,
-            launcher_gone_ms,
-            name,
-            ranks,
-            helpers,
-            gpus,
-            bytes: _,
-            started_ms,
-            phase,
-            phase_since_ms,
-            warmup_ms,
-            settled_bytes,
-            lost,
-            kept,
-            phase_why,
-            waiting_on,
-        } = self;
-        let but_memory = *id == b.id
-            && *job == b.job
-            && *launcher == b.launcher
-            && *launcher_gone_ms == b.launcher_gone_ms
-            && *name == b.name
-            && alike_but_charges(ranks, &b.ranks)
-            && alike_but_charges(helpers, &b.helpers)
-            && *gpus == b.gpus
-            && *started_ms == b.started_ms
-            && *phase == b.phase
-            && *phase_since_ms == b.phase_since_ms
-            && *warmup_ms == b.warmup_ms
-            && *settled_bytes == b.settled_bytes
-            && *lost == b.lost
-            && *kept == b.kept
-            && *phase_why == b.phase_why
-            && *waiting_on == b.waiting_on;
-        if but_memory {
-            Moved::Memory
-        } else {
-            Moved::More
-        }
-    }
-
     /// Every process of it, ranks then helpers (what a sweep of it ends).
     pub fn members(&self) -> impl Iterator<Item = &Rank> {
         self.ranks.iter().chain(&self.helpers)
@@ -403,14 +352,6 @@ impl JobReport {
         }
         self.bytes = total;
     }
-}
-
-/// Whether two lists of ranks are the same processes, GPUs, states and stragglers (charges aside).
-fn alike_but_charges(a: &[Rank], b: &[Rank]) -> bool {
-    a.len() == b.len()
-        && a.iter().zip(b).all(|(x, y)| {
-            (x.pid, &x.gpus, x.state, x.straggler) == (y.pid, &y.gpus, y.state, y.straggler)
-        })
 }
 
 fn hex_id(s: &str) -> Option<String> {

@@ -6,8 +6,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::verdict::Moved;
-
 pub const MIB: u64 = 1024 * 1024;
 pub const GIB: u64 = 1024 * MIB;
 /// Memory past what live listed processes are charged that is context overhead, not a residual, by default
@@ -936,92 +934,6 @@ impl Gpu {
             counters: self.counters.clone(),
         }
     }
-
-    /// How far a later reading of this GPU moved from this one, its gauges aside: nothing, only its memory
-    /// (its used bytes, what each listed process is charged), or more. Every field is named, so a new one
-    /// cannot be forgotten here.
-    pub fn moved(&self, b: &Gpu) -> Moved {
-        let Gpu {
-            index,
-            uuid,
-            name,
-            pci_bus_id,
-            minor,
-            memory,
-            utilization: _,
-            temperature_c: _,
-            power_mw: _,
-            counters: _,
-            compute_capability,
-            mig_enabled,
-            persistence_mode,
-            processes,
-            error,
-            judged,
-            state: _,
-            kept,
-            reset_blockers: _,
-            recovery_action,
-            mig,
-            mig_error,
-            xids,
-        } = self;
-        let same_shape = |x: &[ListedProcess], y: &[ListedProcess]| {
-            x.len() == y.len()
-                && x.iter()
-                    .zip(y)
-                    .all(|(p, q)| (p.pid, p.kind, &p.name) == (q.pid, q.kind, &q.name))
-        };
-        let same_but_memory = *index == b.index
-            && *uuid == b.uuid
-            && *name == b.name
-            && *pci_bus_id == b.pci_bus_id
-            && *minor == b.minor
-            && (memory.total, memory.reserved) == (b.memory.total, b.memory.reserved)
-            && *compute_capability == b.compute_capability
-            && *mig_enabled == b.mig_enabled
-            && *persistence_mode == b.persistence_mode
-            && same_shape(processes, &b.processes)
-            && *error == b.error
-            && *judged == b.judged
-            && *kept == b.kept
-            && *recovery_action == b.recovery_action
-            && *mig_error == b.mig_error
-            && *xids == b.xids
-            && mig.len() == b.mig.len()
-            && mig.iter().zip(&b.mig).all(|(x, y)| {
-                (
-                    x.gpu_instance,
-                    x.compute_instance,
-                    &x.profile,
-                    &x.uuid,
-                    &x.error,
-                ) == (
-                    y.gpu_instance,
-                    y.compute_instance,
-                    &y.profile,
-                    &y.uuid,
-                    &y.error,
-                ) && x.processes.len() == y.processes.len()
-                    && x.processes
-                        .iter()
-                        .zip(&y.processes)
-                        .all(|(p, q)| p.pid == q.pid)
-            });
-        if !same_but_memory {
-            Moved::More
-        } else if *memory == b.memory
-            && *processes == b.processes
-            && mig
-                .iter()
-                .zip(&b.mig)
-                .all(|(x, y)| x.memory == y.memory && x.processes == y.processes)
-        {
-            Moved::Nothing
-        } else {
-            Moved::Memory
-        }
-    }
 }
 
 /// A label made safe in place: its control and bidi characters written as escapes.
@@ -1200,79 +1112,6 @@ impl HostSnapshot {
         true
     }
 
-    /// How far a later reading of this host moved from this one as read, whatever their times: GPU gauges,
-    /// a /dev/shm file's age and what the ledger decides (findings, jobs, states: `verdict::Verdict`)
-    /// aside. Every field is named, so a new one cannot be forgotten here.
-    #[allow(clippy::too_many_lines)] // every field named, each compared: none can be forgotten
-    pub(crate) fn reading_moved(&self, b: &HostSnapshot) -> Moved {
-        let a = self;
-        let HostSnapshot {
-            host,
-            error,
-            taken_at_ms: _,
-            source,
-            gpu_error,
-            driver_version,
-            gpus,
-            processes,
-            holders,
-            zombies,
-            shm,
-            unreadable_processes,
-            in_child_pid_namespace,
-            missing_features,
-            findings: _,
-            jobs: _,
-            live_url,
-            simulated,
-            acts,
-        } = a;
-        let shm_same = |x: &Option<ShmInfo>, y: &Option<ShmInfo>| match (x, y) {
-            (Some(x), Some(y)) => {
-                x.total == y.total
-                    && x.used == y.used
-                    && x.free == y.free
-                    && x.shmmax == y.shmmax
-                    && x.shmall == y.shmall
-                    && x.shmmax_unlimited == y.shmmax_unlimited
-                    && x.shmall_unlimited == y.shmall_unlimited
-                    && x.shmmni == y.shmmni
-                    && x.sysv_segments == y.sysv_segments
-                    && x.segments.len() == y.segments.len()
-                    && x.segments.iter().zip(&y.segments).all(|(s, t)| {
-                        (&s.name, s.bytes, &s.users, s.dev, s.ino, s.special)
-                            == (&t.name, t.bytes, &t.users, t.dev, t.ino, t.special)
-                    })
-            }
-            (None, None) => true,
-            _ => false,
-        };
-        let rest_same = *host == b.host
-            && *error == b.error
-            && *source == b.source
-            && *gpu_error == b.gpu_error
-            && *driver_version == b.driver_version
-            && gpus.len() == b.gpus.len()
-            && *processes == b.processes
-            && *holders == b.holders
-            && *zombies == b.zombies
-            && shm_same(shm, &b.shm)
-            && *unreadable_processes == b.unreadable_processes
-            && *in_child_pid_namespace == b.in_child_pid_namespace
-            && *missing_features == b.missing_features
-            && *simulated == b.simulated
-            && *live_url == b.live_url
-            && *acts == b.acts;
-        if !rest_same {
-            return Moved::More;
-        }
-        gpus.iter()
-            .zip(&b.gpus)
-            .map(|(x, y)| x.moved(y))
-            .max()
-            .unwrap_or(Moved::Nothing)
-    }
-
     pub fn proc(&self, pid: u32) -> Option<&Proc> {
         self.processes.iter().find(|p| p.pid == pid)
     }
@@ -1329,6 +1168,7 @@ pub fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verdict::Moved;
 
     /// `FindingKind::ALL` holds every kind once: each kind's place in it, told by a match with no wildcard
     /// (a kind added later fails to compile here until it has one).

@@ -6,8 +6,8 @@
 //! `HostSnapshot` stays the JSON view every wire carries (the verdict's fields inside the reading's): a
 //! `Verdict` is taken out of it and put back whole.
 
-use crate::job::JobReport;
-use crate::model::{Finding, GpuState, HostSnapshot};
+use crate::job::{JobReport, Rank};
+use crate::model::{Finding, Gpu, GpuState, HostSnapshot, ListedProcess, ShmInfo};
 
 /// How far one thing moved from another, in order: a comparison says "at most memory".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -54,8 +54,13 @@ pub struct Verdict {
 impl Verdict {
     /// The verdict a judged reading carries (a copy).
     pub fn of(snap: &HostSnapshot) -> Verdict {
+        Verdict::with_findings(snap, snap.findings.clone())
+    }
+
+    /// A judged reading's jobs and GPU states (copied) with `findings`, its own taken out of it.
+    pub fn with_findings(snap: &HostSnapshot, findings: Vec<Finding>) -> Verdict {
         Verdict {
-            findings: snap.findings.clone(),
+            findings,
             jobs: snap.jobs.clone(),
             states: snap.gpus.iter().map(|g| (g.index, g.state)).collect(),
         }
@@ -103,7 +108,7 @@ impl HostSnapshot {
     /// How far `next` moved from this reading, as read and as judged.
     pub fn diff(&self, next: &HostSnapshot) -> Diff {
         Diff {
-            reading: self.reading_moved(next),
+            reading: reading_moved(self, next),
             verdict: findings_moved(&self.findings, &next.findings)
                 .max(jobs_moved(&self.jobs, &next.jobs)),
         }
@@ -141,9 +146,225 @@ fn jobs_moved(a: &[JobReport], b: &[JobReport]) -> Moved {
     }
     a.iter()
         .zip(b)
-        .map(|(x, y)| x.moved(y))
+        .map(|(x, y)| job_moved(x, y))
         .max()
         .unwrap_or(Moved::Nothing)
+}
+
+/// How far a later reading of this host moved from this one as read, whatever their times: GPU gauges,
+/// a /dev/shm file's age and what the ledger decides (findings, jobs, states: `Verdict`)
+/// aside. Every field is named, so a new one cannot be forgotten here.
+#[allow(clippy::too_many_lines)] // every field named, each compared: none can be forgotten
+fn reading_moved(a: &HostSnapshot, b: &HostSnapshot) -> Moved {
+    let HostSnapshot {
+        host,
+        error,
+        taken_at_ms: _,
+        source,
+        gpu_error,
+        driver_version,
+        gpus,
+        processes,
+        holders,
+        zombies,
+        shm,
+        unreadable_processes,
+        in_child_pid_namespace,
+        missing_features,
+        findings: _,
+        jobs: _,
+        live_url,
+        simulated,
+        acts,
+    } = a;
+    let shm_same = |x: &Option<ShmInfo>, y: &Option<ShmInfo>| match (x, y) {
+        (Some(x), Some(y)) => {
+            x.total == y.total
+                && x.used == y.used
+                && x.free == y.free
+                && x.shmmax == y.shmmax
+                && x.shmall == y.shmall
+                && x.shmmax_unlimited == y.shmmax_unlimited
+                && x.shmall_unlimited == y.shmall_unlimited
+                && x.shmmni == y.shmmni
+                && x.sysv_segments == y.sysv_segments
+                && x.segments.len() == y.segments.len()
+                && x.segments.iter().zip(&y.segments).all(|(s, t)| {
+                    (&s.name, s.bytes, &s.users, s.dev, s.ino, s.special)
+                        == (&t.name, t.bytes, &t.users, t.dev, t.ino, t.special)
+                })
+        }
+        (None, None) => true,
+        _ => false,
+    };
+    let rest_same = *host == b.host
+        && *error == b.error
+        && *source == b.source
+        && *gpu_error == b.gpu_error
+        && *driver_version == b.driver_version
+        && gpus.len() == b.gpus.len()
+        && *processes == b.processes
+        && *holders == b.holders
+        && *zombies == b.zombies
+        && shm_same(shm, &b.shm)
+        && *unreadable_processes == b.unreadable_processes
+        && *in_child_pid_namespace == b.in_child_pid_namespace
+        && *missing_features == b.missing_features
+        && *simulated == b.simulated
+        && *live_url == b.live_url
+        && *acts == b.acts;
+    if !rest_same {
+        return Moved::More;
+    }
+    gpus.iter()
+        .zip(&b.gpus)
+        .map(|(x, y)| gpu_moved(x, y))
+        .max()
+        .unwrap_or(Moved::Nothing)
+}
+
+/// How far a later reading of this GPU moved from this one, its gauges aside: nothing, only its memory
+/// (its used bytes, what each listed process is charged), or more. Every field is named, so a new one
+/// cannot be forgotten here.
+fn gpu_moved(a: &Gpu, b: &Gpu) -> Moved {
+    let Gpu {
+        index,
+        uuid,
+        name,
+        pci_bus_id,
+        minor,
+        memory,
+        utilization: _,
+        temperature_c: _,
+        power_mw: _,
+        counters: _,
+        compute_capability,
+        mig_enabled,
+        persistence_mode,
+        processes,
+        error,
+        judged,
+        state: _,
+        kept,
+        reset_blockers: _,
+        recovery_action,
+        mig,
+        mig_error,
+        xids,
+    } = a;
+    let same_shape = |x: &[ListedProcess], y: &[ListedProcess]| {
+        x.len() == y.len()
+            && x.iter()
+                .zip(y)
+                .all(|(p, q)| (p.pid, p.kind, &p.name) == (q.pid, q.kind, &q.name))
+    };
+    let same_but_memory = *index == b.index
+        && *uuid == b.uuid
+        && *name == b.name
+        && *pci_bus_id == b.pci_bus_id
+        && *minor == b.minor
+        && (memory.total, memory.reserved) == (b.memory.total, b.memory.reserved)
+        && *compute_capability == b.compute_capability
+        && *mig_enabled == b.mig_enabled
+        && *persistence_mode == b.persistence_mode
+        && same_shape(processes, &b.processes)
+        && *error == b.error
+        && *judged == b.judged
+        && *kept == b.kept
+        && *recovery_action == b.recovery_action
+        && *mig_error == b.mig_error
+        && *xids == b.xids
+        && mig.len() == b.mig.len()
+        && mig.iter().zip(&b.mig).all(|(x, y)| {
+            (
+                x.gpu_instance,
+                x.compute_instance,
+                &x.profile,
+                &x.uuid,
+                &x.error,
+            ) == (
+                y.gpu_instance,
+                y.compute_instance,
+                &y.profile,
+                &y.uuid,
+                &y.error,
+            ) && x.processes.len() == y.processes.len()
+                && x.processes
+                    .iter()
+                    .zip(&y.processes)
+                    .all(|(p, q)| p.pid == q.pid)
+        });
+    if !same_but_memory {
+        Moved::More
+    } else if *memory == b.memory
+        && *processes == b.processes
+        && mig
+            .iter()
+            .zip(&b.mig)
+            .all(|(x, y)| x.memory == y.memory && x.processes == y.processes)
+    {
+        Moved::Nothing
+    } else {
+        Moved::Memory
+    }
+}
+
+/// How far a later report of this job moved from this one: nothing, only what NVML charges its ranks
+/// (`Memory`), or more.
+fn job_moved(a: &JobReport, b: &JobReport) -> Moved {
+    if a == b {
+        return Moved::Nothing;
+    }
+    let JobReport {
+        id,
+        job,
+        launcher,
+        launcher_gone_ms,
+        name,
+        ranks,
+        helpers,
+        gpus,
+        bytes: _,
+        started_ms,
+        phase,
+        phase_since_ms,
+        warmup_ms,
+        settled_bytes,
+        lost,
+        kept,
+        phase_why,
+        waiting_on,
+    } = a;
+    let but_memory = *id == b.id
+        && *job == b.job
+        && *launcher == b.launcher
+        && *launcher_gone_ms == b.launcher_gone_ms
+        && *name == b.name
+        && alike_but_charges(ranks, &b.ranks)
+        && alike_but_charges(helpers, &b.helpers)
+        && *gpus == b.gpus
+        && *started_ms == b.started_ms
+        && *phase == b.phase
+        && *phase_since_ms == b.phase_since_ms
+        && *warmup_ms == b.warmup_ms
+        && *settled_bytes == b.settled_bytes
+        && *lost == b.lost
+        && *kept == b.kept
+        && *phase_why == b.phase_why
+        && *waiting_on == b.waiting_on;
+    if but_memory {
+        Moved::Memory
+    } else {
+        Moved::More
+    }
+}
+
+/// Whether two lists of ranks are the same processes, GPUs, states and stragglers (charges aside).
+fn alike_but_charges(a: &[Rank], b: &[Rank]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            (x.pid, &x.gpus, x.state, x.straggler) == (y.pid, &y.gpus, y.state, y.straggler)
+        })
 }
 
 #[cfg(test)]

@@ -512,17 +512,15 @@ impl Ledger {
         // warm-up was a quarter of a 10,000-host client's time): its processes are the new one's, so only
         // its verdict is kept apart, to judge the new one against.
         let mut snap = self.take_last()?;
-        let before = Verdict::of(&snap);
-        // A serve's judgement stays the serve's: its findings and jobs are kept (the serve sends memory
-        // alone only when they are unchanged but for memory, its findings' figures where they moved), its
-        // ranks' charges put in.
+        // The findings move into the verdict before (made anew by the analysis below). A serve's judgement
+        // stays the serve's: its findings and jobs are kept (the serve sends memory alone only when they are
+        // unchanged but for memory, its findings' figures where they moved), its ranks' charges put in.
+        let findings = std::mem::take(&mut snap.findings);
         let remote = snap.source.judged_remotely();
-        if !remote {
-            // Made anew by the analysis below.
-            snap.findings.clear();
-        } else if let Some(f) = moved.findings {
-            snap.findings = f;
+        if remote {
+            snap.findings = moved.findings.unwrap_or_else(|| findings.clone());
         }
+        let before = Verdict::with_findings(&snap, findings);
         snap.put_memory(at, &moved.used, &moved.charged);
         snap.refresh_said(at, &gauges);
         if remote {
@@ -558,9 +556,13 @@ impl Ledger {
         if !self.jobs.due(at) {
             return None;
         }
-        // The last reading with the gauges said since: a hang is told by what the GPUs do now.
-        let now = self.latest_snap()?;
+        // The last reading with the gauges said since (a hang is told by what the GPUs do now): a copy only
+        // where some were said.
         let last = self.last.as_ref()?;
+        let now = match self.fresh {
+            Some(_) => std::borrow::Cow::Owned(self.latest_snap()?),
+            None => std::borrow::Cow::Borrowed(&*last.snap),
+        };
         let seen = self.jobs.observe(&now, at);
         let same_findings = {
             let old: Vec<_> = last
@@ -580,7 +582,7 @@ impl Ledger {
         if seen.changes.is_empty() && same_findings && seen.reports == last.snap.jobs {
             return None;
         }
-        let mut snap = now;
+        let mut snap = now.into_owned();
         put_jobs(&mut snap, seen.reports, seen.findings);
         Some(self.judge(snap, seen.changes))
     }
@@ -738,7 +740,7 @@ impl Ledger {
         let kinds = if summary(next) {
             Vec::new()
         } else if let Some(b) = before {
-            verdict_events(b, next, false)
+            verdict_events(&b.findings, |i| b.state(i), next, false)
         } else {
             if let Some(p) = prev {
                 // A GPU process's death is when it leaves /proc or turns zombie; NVML may list it a while
